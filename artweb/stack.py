@@ -1,0 +1,77 @@
+"""Start and stop the processes of one host: a Celery worker (with beat) and the web server.
+
+Used by ``manage.py up`` and ``manage.py demo``. Children run in their own process group so
+Ctrl-C (or any exit) stops them and everything they spawned.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+
+from projects.queues import Queue
+
+BASE_DIR = Path(settings.BASE_DIR)
+
+
+def worker_command(*, concurrency: int = 1, beat: bool = True, loglevel: str = "INFO") -> list[str]:
+    # One training process per worker: a run owns the CPU/GPU it trains on.
+    command = [
+        sys.executable, "-m", "celery", "-A", "artweb", "worker",
+        "-Q", f"{Queue.TRAIN},{Queue.DEFAULT}",
+        "-c", str(concurrency), "--prefetch-multiplier", "1",
+        "--loglevel", loglevel, "-n", f"artweb-{os.getpid()}@%h",
+    ]  # fmt: skip
+    if beat:
+        command += ["-B", "--schedule", str(settings.CELERY_BEAT_SCHEDULE_FILENAME)]
+    return command
+
+
+def web_command(*, host: str = "127.0.0.1", port: int = 8000) -> list[str]:
+    return [sys.executable, "-m", "uvicorn", "artweb.asgi:application", "--host", host, "--port", str(port),
+            "--log-level", "warning"]  # fmt: skip
+
+
+class Stack:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, command: list[str]) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
+        process = subprocess.Popen(
+            command, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ.copy()
+        )
+        self.processes[name] = process
+        return process
+
+    def check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {process.returncode}; see {self.log_dir / (name + '.log')}")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait()
+        self.processes.clear()

@@ -1,0 +1,14 @@
+from django.contrib import admin
+from django.http import JsonResponse
+from django.urls import include, path
+
+
+def healthz(request):
+    return JsonResponse({"status": "ok"})
+
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("projects.api.urls")),
+    path("healthz", healthz),
+]

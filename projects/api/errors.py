@@ -1,0 +1,94 @@
+"""One error handler: every error is an OpenAI-style error object.
+
+``{"error": {"message": ..., "type": ..., "code": ..., "param": <field or null>, "fields": {...}}}``
+— ``param`` names the (first) offending field, ``fields`` maps every bad field to its reasons.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from projects.errors import DomainError, ValidationFailed
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """Turn DRF's nested error detail into {"field.sub": [reasons]}."""
+    out: dict[str, list[str]] = {}
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = str(key) if key != "non_field_errors" else ""
+            path = f"{prefix}.{name}" if prefix and name else (prefix or name)
+            out.update(_flatten(value, path))
+    elif isinstance(detail, list):
+        if all(not isinstance(item, dict | list) for item in detail):
+            out.setdefault(prefix or "non_field_errors", []).extend(str(item) for item in detail)
+        else:
+            for index, item in enumerate(detail):
+                out.update(_flatten(item, f"{prefix}[{index}]"))
+    else:
+        out.setdefault(prefix or "non_field_errors", []).append(str(detail))
+    return out
+
+
+def error_response(
+    status_code: int, message: str, *, code: str, param: str | None = None, fields: dict | None = None, headers=None
+) -> Response:
+    body = {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status_code, "api_error"),
+            "code": code,
+            "param": param,
+        }
+    }
+    if fields:
+        body["error"]["fields"] = fields
+    return Response(body, status=status_code, headers=headers)
+
+
+def exception_handler(exc: Exception, context: dict) -> Response | None:
+    if isinstance(exc, ValidationFailed):
+        fields: dict[str, list[str]] = {}
+        for field, message in exc.problems:
+            fields.setdefault(field, []).append(message)
+        return error_response(exc.status_code, str(exc), code=exc.code, param=exc.field, fields=fields)
+    if isinstance(exc, DomainError):
+        return error_response(exc.status_code, exc.message, code=exc.code, param=exc.field)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail)
+        param, reasons = next(iter(fields.items()))
+        message = f"{param}: {reasons[0]}" if param != "non_field_errors" else reasons[0]
+        return error_response(status.HTTP_400_BAD_REQUEST, message, code="invalid", param=param, fields=fields)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    detail = getattr(exc, "detail", None)
+    message = str(detail) if detail is not None else str(exc)
+    code = getattr(detail, "code", None) or getattr(exc, "default_code", "error")
+    result = error_response(response.status_code, message, code=str(code))
+    for header in ("WWW-Authenticate", "Retry-After", "Allow"):
+        if header in response:
+            result[header] = response[header]
+    return result

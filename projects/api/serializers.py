@@ -1,0 +1,208 @@
+"""Input serializers validate shapes; output serializers render rows. Business rules live in
+projects.services (which raise ValidationFailed naming the field)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from projects.models import (
+    ApiKey,
+    BaseModel,
+    Checkpoint,
+    Environment,
+    Project,
+    RewardDefinition,
+    Run,
+    RunEvent,
+    StepMetrics,
+    TaskRow,
+    TaskSet,
+    TrainableModel,
+    Trajectory,
+)
+
+# --- output ---------------------------------------------------------------------------------
+
+
+class ProjectOut(serializers.ModelSerializer):
+    class Meta:
+        model = Project
+        fields = ["id", "name", "description", "created_at"]
+
+
+class BaseModelOut(serializers.ModelSerializer):
+    class Meta:
+        model = BaseModel
+        fields = ["id", "name", "source", "description"]
+
+
+class TrainableModelOut(serializers.ModelSerializer):
+    base_model = serializers.CharField(source="base_model.name")
+    latest_step = serializers.SerializerMethodField()
+
+    class Meta:
+        model = TrainableModel
+        fields = ["id", "project", "name", "base_model", "lora", "latest_step", "created_at"]
+
+    def get_latest_step(self, obj: TrainableModel) -> int | None:
+        latest = obj.checkpoints.order_by("-step").first()
+        return latest.step if latest else None
+
+
+class RewardDefinitionOut(serializers.ModelSerializer):
+    class Meta:
+        model = RewardDefinition
+        fields = ["id", "project", "name", "version", "spec", "created_at"]
+
+
+class TaskSetOut(serializers.ModelSerializer):
+    class Meta:
+        model = TaskSet
+        fields = ["id", "project", "name", "row_count", "train_count", "validation_count", "created_at"]
+
+
+class TaskRowOut(serializers.ModelSerializer):
+    class Meta:
+        model = TaskRow
+        fields = ["index", "split", "data"]
+
+
+class EnvironmentOut(serializers.ModelSerializer):
+    class Meta:
+        model = Environment
+        fields = ["id", "project", "name", "kind", "system_prompt", "max_turns", "tools", "sampling", "created_at"]
+
+
+class RunOut(serializers.ModelSerializer):
+    object = serializers.SerializerMethodField()
+    steps_done = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Run
+        fields = [
+            "id", "object", "project", "model", "task_set", "environment", "reward", "config", "status",
+            "error", "cancel_requested", "start_step", "current_step", "steps_done", "total_steps",
+            "attempts", "heartbeat_at", "created_at", "started_at", "finished_at",
+        ]  # fmt: skip
+
+    def get_object(self, obj: Run) -> str:
+        return "run"
+
+
+class RunEventOut(serializers.ModelSerializer):
+    object = serializers.SerializerMethodField()
+
+    class Meta:
+        model = RunEvent
+        fields = ["id", "object", "created_at", "level", "type", "message", "data"]
+
+    def get_object(self, obj: RunEvent) -> str:
+        return "run.event"
+
+
+class StepMetricsOut(serializers.ModelSerializer):
+    class Meta:
+        model = StepMetrics
+        fields = ["step", "reward_mean", "reward_std", "loss", "metrics", "created_at"]
+
+
+class CheckpointOut(serializers.ModelSerializer):
+    model_id = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Checkpoint
+        fields = ["id", "model", "run", "step", "model_id", "metrics", "created_at"]
+
+    def get_model_id(self, obj: Checkpoint) -> str:
+        """The id to use with /v1/chat/completions: ``<project>/<model>:<step>``."""
+        return f"{obj.model.project.name}/{obj.model.name}:{obj.step}"
+
+
+class TrajectoryOut(serializers.ModelSerializer):
+    class Meta:
+        model = Trajectory
+        fields = [
+            "id", "step", "group_index", "sample_index", "task_row_index", "messages", "reward",
+            "sub_rewards", "errors", "metrics", "prompt_tokens", "completion_tokens", "finish_reason",
+        ]  # fmt: skip
+
+
+class ApiKeyOut(serializers.ModelSerializer):
+    class Meta:
+        model = ApiKey
+        fields = ["id", "name", "prefix", "read_only", "created_at", "last_used_at", "revoked_at"]
+
+
+# --- input ----------------------------------------------------------------------------------
+
+
+class ProjectIn(serializers.Serializer):
+    name = serializers.CharField(max_length=63)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class ProjectUpdateIn(serializers.Serializer):
+    name = serializers.CharField(max_length=63, required=False)
+    description = serializers.CharField(required=False, allow_blank=True)
+
+
+class TrainableModelIn(serializers.Serializer):
+    project = serializers.IntegerField()
+    name = serializers.CharField(max_length=63)
+    base_model = serializers.CharField(help_text="name of a base model from /api/v1/base-models")
+    lora = serializers.DictField(required=False, default=dict)
+
+
+class TrainableModelUpdateIn(serializers.Serializer):
+    lora = serializers.DictField(required=False)
+
+
+class RewardDefinitionIn(serializers.Serializer):
+    project = serializers.IntegerField()
+    name = serializers.CharField(max_length=63)
+    spec = serializers.JSONField(help_text="grader spec, e.g. {'type': 'string_check', ...}")
+
+
+class RewardDefinitionUpdateIn(serializers.Serializer):
+    spec = serializers.JSONField()
+
+
+class TaskSetIn(serializers.Serializer):
+    project = serializers.IntegerField()
+    name = serializers.CharField(max_length=63)
+    rows = serializers.ListField(child=serializers.JSONField(), required=False, help_text="task rows")
+    jsonl = serializers.CharField(required=False, trim_whitespace=False, help_text="JSONL text")
+    file = serializers.FileField(required=False, help_text="JSONL file (multipart upload)")
+    validation_fraction = serializers.FloatField(required=False, default=0.0)
+    seed = serializers.IntegerField(required=False, default=0)
+
+
+class EnvironmentIn(serializers.Serializer):
+    project = serializers.IntegerField()
+    name = serializers.CharField(max_length=63)
+    kind = serializers.CharField(required=False, default="chat")
+    system_prompt = serializers.CharField(required=False, allow_blank=True, default="", trim_whitespace=False)
+    max_turns = serializers.IntegerField(required=False, default=1)
+    tools = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
+    sampling = serializers.DictField(required=False, default=dict)
+
+
+class EnvironmentUpdateIn(serializers.Serializer):
+    kind = serializers.CharField(required=False)
+    system_prompt = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+    max_turns = serializers.IntegerField(required=False)
+    tools = serializers.ListField(child=serializers.JSONField(), required=False)
+    sampling = serializers.DictField(required=False)
+
+
+class RunIn(serializers.Serializer):
+    model = serializers.IntegerField()
+    task_set = serializers.IntegerField()
+    environment = serializers.IntegerField()
+    reward = serializers.IntegerField(help_text="id of a reward definition version")
+    config = serializers.DictField(required=False, default=dict, help_text="see /api/v1/hyperparameters")
+
+
+class ApiKeyIn(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    read_only = serializers.BooleanField(required=False, default=False)

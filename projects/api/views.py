@@ -1,0 +1,389 @@
+"""REST API views. Each action: one input serializer, one service call, one output serializer.
+
+Tenancy is enforced once, in ``TeamScopedViewSet.get_queryset``; subclasses provide
+``base_queryset()`` and cannot override the scoping (``__init_subclass__`` refuses).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Max, QuerySet
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from projects import selectors, services
+from projects.api import serializers as s
+from projects.api.permissions import IsTeamOwner
+from projects.errors import ValidationFailed
+from projects.models import (
+    ApiKey,
+    BaseModel,
+    Checkpoint,
+    Environment,
+    Project,
+    RewardDefinition,
+    Run,
+    RunStatus,
+    TaskSet,
+    TrainableModel,
+)
+from training.config import TrainConfig
+
+
+class TeamScopedViewSet(viewsets.GenericViewSet):
+    """Base of every team-owned resource: the queryset is always filtered to the caller's team."""
+
+    model: type = None  # type: ignore[assignment]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "get_queryset" in cls.__dict__:
+            raise TypeError(f"{cls.__name__} must not override get_queryset; override base_queryset")
+
+    def base_queryset(self) -> QuerySet:
+        return self.model._default_manager.all()
+
+    def get_queryset(self) -> QuerySet:
+        if getattr(self, "swagger_fake_view", False):  # schema generation has no caller
+            return self.model._default_manager.none()
+        return self.base_queryset().filter(**{self.model.TEAM_PATH: self.request.team})
+
+    @property
+    def team(self):
+        return self.request.team
+
+    def ref(self, model: type, value: Any, field: str) -> Any:
+        return selectors.scoped_reference(model, self.request.team, value, field=field)
+
+    def filter_by_project(self, queryset: QuerySet) -> QuerySet:
+        project = self.request.query_params.get("project")
+        if project is not None:
+            if not project.isdigit():
+                raise ValidationFailed("must be an integer id", field="project")
+            queryset = queryset.filter(project_id=int(project))
+        return queryset
+
+    def paginated(self, queryset: QuerySet, serializer_class: type) -> Response:
+        page = self.paginate_queryset(queryset)
+        return self.get_paginated_response(serializer_class(page, many=True).data)
+
+
+def _valid(serializer_class: type, data: Any, partial: bool = False) -> dict[str, Any]:
+    serializer = serializer_class(data=data, partial=partial)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+class ProjectViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    model = Project
+    serializer_class = s.ProjectOut
+
+    @extend_schema(request=s.ProjectIn, responses={201: s.ProjectOut})
+    def create(self, request: Request) -> Response:
+        data = _valid(s.ProjectIn, request.data)
+        project = services.project_create(team=self.team, **data)
+        return Response(s.ProjectOut(project).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.ProjectUpdateIn, responses=s.ProjectOut)
+    def partial_update(self, request: Request, pk: str) -> Response:
+        data = _valid(s.ProjectUpdateIn, request.data)
+        project = services.project_update(project=self.get_object(), **data)
+        return Response(s.ProjectOut(project).data)
+
+    update = partial_update
+
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.project_delete(project=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class BaseModelViewSet(viewsets.ReadOnlyModelViewSet):
+    """The operator-maintained catalogue of base models (readable by every team)."""
+
+    queryset = BaseModel.objects.order_by("name")
+    serializer_class = s.BaseModelOut
+
+
+class TrainableModelViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
+    model = TrainableModel
+    serializer_class = s.TrainableModelOut
+
+    def base_queryset(self) -> QuerySet:
+        return TrainableModel.objects.select_related("base_model")
+
+    @extend_schema(parameters=[OpenApiParameter("project", int)])
+    def list(self, request: Request) -> Response:
+        return self.paginated(self.filter_by_project(self.get_queryset()), s.TrainableModelOut)
+
+    @extend_schema(request=s.TrainableModelIn, responses={201: s.TrainableModelOut})
+    def create(self, request: Request) -> Response:
+        data = _valid(s.TrainableModelIn, request.data)
+        project = self.ref(Project, data["project"], "project")
+        base_model = BaseModel.objects.filter(name=data["base_model"]).first()
+        if base_model is None:
+            raise ValidationFailed(f"unknown base model {data['base_model']!r}", field="base_model")
+        model = services.trainable_model_create(
+            project=project, name=data["name"], base_model=base_model, lora=data["lora"]
+        )
+        return Response(s.TrainableModelOut(model).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.TrainableModelUpdateIn, responses=s.TrainableModelOut)
+    def partial_update(self, request: Request, pk: str) -> Response:
+        data = _valid(s.TrainableModelUpdateIn, request.data)
+        model = services.trainable_model_update(model=self.get_object(), **data)
+        return Response(s.TrainableModelOut(model).data)
+
+    update = partial_update
+
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.trainable_model_delete(model=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=s.CheckpointOut(many=True))
+    @action(detail=True, methods=["get"])
+    def checkpoints(self, request: Request, pk: str) -> Response:
+        checkpoints = Checkpoint.objects.filter(model=self.get_object()).select_related("model__project")
+        return self.paginated(checkpoints.order_by("step"), s.CheckpointOut)
+
+
+class RewardDefinitionViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
+    """Versioned grader specs: an update inserts the next version and returns it (201)."""
+
+    model = RewardDefinition
+    serializer_class = s.RewardDefinitionOut
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("project", int),
+            OpenApiParameter("name", str),
+            OpenApiParameter("latest", bool, description="only the newest version of each name"),
+        ]
+    )
+    def list(self, request: Request) -> Response:
+        queryset = self.filter_by_project(self.get_queryset())
+        if name := request.query_params.get("name"):
+            queryset = queryset.filter(name=name)
+        if request.query_params.get("latest") in {"1", "true"}:
+            newest = queryset.values("project", "name").annotate(v=Max("version"))
+            ids = [
+                queryset.filter(project=row["project"], name=row["name"], version=row["v"]).values_list("id", flat=True)[0]
+                for row in newest
+            ]
+            queryset = queryset.filter(id__in=ids)
+        return self.paginated(queryset, s.RewardDefinitionOut)
+
+    @extend_schema(request=s.RewardDefinitionIn, responses={201: s.RewardDefinitionOut})
+    def create(self, request: Request) -> Response:
+        data = _valid(s.RewardDefinitionIn, request.data)
+        project = self.ref(Project, data["project"], "project")
+        definition = services.reward_definition_create(project=project, name=data["name"], spec=data["spec"])
+        return Response(s.RewardDefinitionOut(definition).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.RewardDefinitionUpdateIn, responses={201: s.RewardDefinitionOut})
+    def partial_update(self, request: Request, pk: str) -> Response:
+        data = _valid(s.RewardDefinitionUpdateIn, request.data)
+        definition = services.reward_definition_update(definition=self.get_object(), spec=data["spec"])
+        return Response(s.RewardDefinitionOut(definition).data, status=status.HTTP_201_CREATED)
+
+    update = partial_update
+
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.reward_definition_delete(definition=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=s.RewardDefinitionOut(many=True))
+    @action(detail=True, methods=["get"])
+    def versions(self, request: Request, pk: str) -> Response:
+        definition = self.get_object()
+        versions = self.get_queryset().filter(project=definition.project, name=definition.name).order_by("version")
+        return Response(s.RewardDefinitionOut(versions, many=True).data)
+
+
+class TaskSetViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
+    model = TaskSet
+    serializer_class = s.TaskSetOut
+
+    @extend_schema(parameters=[OpenApiParameter("project", int)])
+    def list(self, request: Request) -> Response:
+        return self.paginated(self.filter_by_project(self.get_queryset()), s.TaskSetOut)
+
+    @extend_schema(request=s.TaskSetIn, responses={201: s.TaskSetOut})
+    def create(self, request: Request) -> Response:
+        """Upload rows as JSON (``rows``), as JSONL text (``jsonl``) or as a multipart ``file``."""
+        data = _valid(s.TaskSetIn, request.data)
+        project = self.ref(Project, data["project"], "project")
+        jsonl = data.get("jsonl")
+        if upload := data.get("file"):
+            from django.conf import settings
+
+            if upload.size > settings.MAX_TASKSET_BYTES:
+                raise ValidationFailed(f"larger than {settings.MAX_TASKSET_BYTES} bytes", field="file")
+            try:
+                jsonl = upload.read().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValidationFailed(f"not UTF-8 text (byte {exc.start})", field="file") from exc
+        task_set = services.task_set_create(
+            project=project,
+            name=data["name"],
+            jsonl=jsonl,
+            rows=data.get("rows") if jsonl is None else None,
+            validation_fraction=data["validation_fraction"],
+            seed=data["seed"],
+        )
+        return Response(s.TaskSetOut(task_set).data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.task_set_delete(task_set=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=s.TaskRowOut(many=True), parameters=[OpenApiParameter("split", str)])
+    @action(detail=True, methods=["get"])
+    def rows(self, request: Request, pk: str) -> Response:
+        rows = self.get_object().rows.order_by("index")
+        if split := request.query_params.get("split"):
+            rows = rows.filter(split=split)
+        return self.paginated(rows, s.TaskRowOut)
+
+
+class EnvironmentViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
+    model = Environment
+    serializer_class = s.EnvironmentOut
+
+    @extend_schema(parameters=[OpenApiParameter("project", int)])
+    def list(self, request: Request) -> Response:
+        return self.paginated(self.filter_by_project(self.get_queryset()), s.EnvironmentOut)
+
+    @extend_schema(request=s.EnvironmentIn, responses={201: s.EnvironmentOut})
+    def create(self, request: Request) -> Response:
+        data = _valid(s.EnvironmentIn, request.data)
+        project = self.ref(Project, data.pop("project"), "project")
+        environment = services.environment_create(project=project, **data)
+        return Response(s.EnvironmentOut(environment).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.EnvironmentUpdateIn, responses=s.EnvironmentOut)
+    def partial_update(self, request: Request, pk: str) -> Response:
+        data = _valid(s.EnvironmentUpdateIn, request.data)
+        environment = services.environment_update(environment=self.get_object(), **data)
+        return Response(s.EnvironmentOut(environment).data)
+
+    update = partial_update
+
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.environment_delete(environment=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class RunViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
+    """Training runs (shaped like OpenAI fine-tuning jobs: events, checkpoints, cancel)."""
+
+    model = Run
+    serializer_class = s.RunOut
+
+    @extend_schema(parameters=[OpenApiParameter("project", int), OpenApiParameter("status", str)])
+    def list(self, request: Request) -> Response:
+        queryset = self.filter_by_project(self.get_queryset())
+        if run_status := request.query_params.get("status"):
+            if run_status not in RunStatus.values:
+                raise ValidationFailed(f"must be one of {', '.join(RunStatus.values)}", field="status")
+            queryset = queryset.filter(status=run_status)
+        return self.paginated(queryset, s.RunOut)
+
+    @extend_schema(request=s.RunIn, responses={201: s.RunOut})
+    def create(self, request: Request) -> Response:
+        data = _valid(s.RunIn, request.data)
+        run = services.run_create(
+            model=self.ref(TrainableModel, data["model"], "model"),
+            task_set=self.ref(TaskSet, data["task_set"], "task_set"),
+            environment=self.ref(Environment, data["environment"], "environment"),
+            reward=self.ref(RewardDefinition, data["reward"], "reward"),
+            config=data["config"],
+            created_by=request.user if getattr(request.user, "pk", None) else None,
+        )
+        return Response(s.RunOut(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=s.RunOut)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        run = services.run_cancel(run=self.get_object())
+        return Response(s.RunOut(run).data)
+
+    @extend_schema(
+        responses=s.RunEventOut(many=True),
+        parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)],
+    )
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str) -> Response:
+        """Events after the id ``after`` (poll with the last id you saw), oldest first."""
+        run = self.get_object()
+        after = _int_param(request, "after", None)
+        limit = min(max(_int_param(request, "limit", 100) or 100, 1), 1000)
+        events, has_more = selectors.run_events(run=run, after=after, limit=limit)
+        return Response({"object": "list", "data": s.RunEventOut(events, many=True).data, "has_more": has_more})
+
+    @extend_schema(responses=s.StepMetricsOut(many=True))
+    @action(detail=True, methods=["get"])
+    def metrics(self, request: Request, pk: str) -> Response:
+        metrics = selectors.run_step_metrics(run=self.get_object())
+        return Response({"object": "list", "data": s.StepMetricsOut(metrics, many=True).data})
+
+    @extend_schema(responses=s.CheckpointOut(many=True))
+    @action(detail=True, methods=["get"])
+    def checkpoints(self, request: Request, pk: str) -> Response:
+        checkpoints = selectors.run_checkpoints(run=self.get_object()).select_related("model__project")
+        return Response({"object": "list", "data": s.CheckpointOut(checkpoints, many=True).data})
+
+    @extend_schema(responses=s.TrajectoryOut(many=True), parameters=[OpenApiParameter("step", int)])
+    @action(detail=True, methods=["get"])
+    def trajectories(self, request: Request, pk: str) -> Response:
+        trajectories = selectors.run_trajectories(run=self.get_object(), step=_int_param(request, "step", None))
+        return self.paginated(trajectories, s.TrajectoryOut)
+
+
+def _int_param(request: Request, name: str, default: int | None) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValidationFailed("must be an integer", field=name) from None
+
+
+class ApiKeyViewSet(TeamScopedViewSet, mixins.ListModelMixin):
+    """Team API keys. Owners create and revoke; the plaintext key is returned once, at creation."""
+
+    model = ApiKey
+    serializer_class = s.ApiKeyOut
+    permission_classes = [IsTeamOwner]
+
+    @extend_schema(request=s.ApiKeyIn, responses={201: s.ApiKeyOut})
+    def create(self, request: Request) -> Response:
+        data = _valid(s.ApiKeyIn, request.data)
+        created = services.api_key_create(
+            team=self.team,
+            name=data["name"],
+            read_only=data["read_only"],
+            created_by=request.user if getattr(request.user, "pk", None) else None,
+        )
+        body = dict(s.ApiKeyOut(created.api_key).data)
+        body["key"] = created.plaintext
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=s.ApiKeyOut)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str) -> Response:
+        api_key = services.api_key_revoke(api_key=self.get_object())
+        return Response(s.ApiKeyOut(api_key).data)
+
+
+class HyperparametersView(APIView):
+    """Defaults and help text of every run hyperparameter (the run form reads these)."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request) -> Response:
+        return Response(TrainConfig.field_help())

@@ -1,0 +1,43 @@
+"""Domain errors raised by services; the API's error handler maps each to one HTTP status."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    status_code = 400
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, field: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        if code:
+            self.code = code
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+class ValidationFailed(DomainError):
+    """Bad input. ``problems`` lists every ``(field, message)`` found, not only the first."""
+
+    status_code = 400
+    code = "invalid"
+
+    def __init__(self, message: str, *, field: str | None = None, problems: list[tuple[str, str]] | None = None):
+        super().__init__(message, field=field)
+        self.problems = problems or [(field or "non_field_errors", message)]
+
+
+class NotFound(DomainError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(DomainError):
+    status_code = 409
+    code = "conflict"
+
+
+class InvalidTransition(Conflict):
+    code = "invalid_transition"

@@ -1,0 +1,445 @@
+"""Every endpoint: happy path, outsider 404, viewer / read-only 403, bad input 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from projects import services
+from projects.models import ApiKey, Run, RunStatus, Trajectory
+from tests.conftest import REWARD_SPEC
+
+pytestmark = pytest.mark.django_db
+
+
+def error_of(response) -> dict:
+    body = response.json()
+    assert "error" in body, body
+    return body["error"]
+
+
+# --- authentication -------------------------------------------------------------------------
+
+
+def test_anonymous_request_is_rejected(anonymous_client):
+    response = anonymous_client.get("/api/v1/projects/")
+    assert response.status_code in (401, 403)
+    assert error_of(response)["type"] in {"authentication_error", "permission_error"}
+
+
+def test_unknown_api_key_gets_401(anonymous_client):
+    anonymous_client.credentials(HTTP_AUTHORIZATION="Bearer aw_000000000000_nope")
+    response = anonymous_client.get("/api/v1/projects/")
+    assert response.status_code == 401
+    assert "invalid" in error_of(response)["message"]
+
+
+def test_api_key_is_stored_hashed_and_updates_last_used(cast, key_client, alpha_key):
+    key = ApiKey.objects.get(team=cast.alpha, name="ci")
+    assert alpha_key not in key.key_hash and key.prefix in alpha_key
+    assert key.last_used_at is None
+    assert key_client.get("/api/v1/projects/").status_code == 200
+    key.refresh_from_db()
+    assert key.last_used_at is not None
+
+
+def test_revoked_key_stops_working(cast, alice_client):
+    created = alice_client.post("/api/v1/api-keys/", {"name": "temp"}, format="json")
+    assert created.status_code == 201
+    plaintext = created.json()["key"]
+    assert plaintext.startswith("aw_")
+    listed = alice_client.get("/api/v1/api-keys/").json()["results"]
+    assert all("key" not in row for row in listed), "the plaintext key must only be shown at creation"
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    assert client.get("/api/v1/projects/").status_code == 200
+    assert alice_client.post(f"/api/v1/api-keys/{created.json()['id']}/revoke/").status_code == 200
+    assert client.get("/api/v1/projects/").status_code == 401
+
+
+def test_only_owners_manage_api_keys(bob_client, key_client, charlie_client, cast):
+    assert bob_client.post("/api/v1/api-keys/", {"name": "x"}, format="json").status_code == 403
+    assert key_client.post("/api/v1/api-keys/", {"name": "x"}, format="json").status_code == 403
+    alpha_key_id = services.api_key_create(team=cast.alpha, name="k").api_key.pk
+    assert charlie_client.post(f"/api/v1/api-keys/{alpha_key_id}/revoke/").status_code == 404
+
+
+def test_session_user_picks_team_with_header(cast, alice_client):
+    gamma = services.team_create(name="gamma", owner=cast.alice)
+    services.project_create(team=gamma, name="in-gamma")
+    services.project_create(team=cast.alpha, name="in-alpha")
+    names = [p["name"] for p in alice_client.get("/api/v1/projects/", HTTP_X_TEAM="gamma").json()["results"]]
+    assert names == ["in-gamma"]
+    names = [p["name"] for p in alice_client.get("/api/v1/projects/").json()["results"]]
+    assert names == ["in-alpha"]  # first team by name
+    assert alice_client.get("/api/v1/projects/", HTTP_X_TEAM="beta").status_code == 403
+
+
+# --- projects -------------------------------------------------------------------------------
+
+
+def test_project_crud(alice_client):
+    created = alice_client.post("/api/v1/projects/", {"name": "agents", "description": "d"}, format="json")
+    assert created.status_code == 201, created.json()
+    project_id = created.json()["id"]
+    assert alice_client.get(f"/api/v1/projects/{project_id}/").json()["name"] == "agents"
+    updated = alice_client.patch(f"/api/v1/projects/{project_id}/", {"description": "new"}, format="json")
+    assert updated.json()["description"] == "new"
+    assert alice_client.delete(f"/api/v1/projects/{project_id}/").status_code == 204
+    assert alice_client.get(f"/api/v1/projects/{project_id}/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"name": "Bad Name!"}, "name"), ({}, "name"), ({"name": "x" * 80}, "name")],
+)
+def test_project_bad_input_names_the_field(alice_client, body, field):
+    response = alice_client.post("/api/v1/projects/", body, format="json")
+    assert response.status_code == 400
+    assert error_of(response)["param"] == field
+
+
+def test_duplicate_project_name_is_400(alice_client):
+    assert alice_client.post("/api/v1/projects/", {"name": "p"}, format="json").status_code == 201
+    response = alice_client.post("/api/v1/projects/", {"name": "p"}, format="json")
+    assert response.status_code == 400 and error_of(response)["param"] == "name"
+
+
+def test_malformed_json_is_400(alice_client):
+    response = alice_client.post("/api/v1/projects/", data='{"name": ', content_type="application/json")
+    assert response.status_code == 400
+    assert "JSON" in error_of(response)["message"]
+
+
+# --- tenancy and roles on every resource ----------------------------------------------------
+
+DETAIL_URLS = [
+    "/api/v1/projects/{project}/",
+    "/api/v1/models/{model}/",
+    "/api/v1/models/{model}/checkpoints/",
+    "/api/v1/reward-definitions/{reward}/",
+    "/api/v1/reward-definitions/{reward}/versions/",
+    "/api/v1/task-sets/{task_set}/",
+    "/api/v1/task-sets/{task_set}/rows/",
+    "/api/v1/environments/{environment}/",
+    "/api/v1/runs/{run}/",
+    "/api/v1/runs/{run}/events/",
+    "/api/v1/runs/{run}/metrics/",
+    "/api/v1/runs/{run}/checkpoints/",
+    "/api/v1/runs/{run}/trajectories/",
+]
+
+
+def _ids(setup) -> dict[str, int]:
+    run = Run.objects.create(
+        project=setup.project, model=setup.model, task_set=setup.task_set, environment=setup.environment,
+        reward=setup.reward, config={}, total_steps=1,
+    )  # fmt: skip
+    return {
+        "project": setup.project.pk, "model": setup.model.pk, "reward": setup.reward.pk,
+        "task_set": setup.task_set.pk, "environment": setup.environment.pk, "run": run.pk,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("url", DETAIL_URLS)
+def test_outsider_gets_404_and_member_gets_200(alpha_setup, charlie_client, bob_client, url):
+    ids = _ids(alpha_setup)
+    assert charlie_client.get(url.format(**ids)).status_code == 404
+    assert bob_client.get(url.format(**ids)).status_code == 200
+
+
+WRITES = [
+    ("patch", "/api/v1/projects/{project}/", {"description": "x"}),
+    ("delete", "/api/v1/projects/{project}/", None),
+    ("patch", "/api/v1/models/{model}/", {"lora": {"rank": 4}}),
+    ("delete", "/api/v1/models/{model}/", None),
+    ("patch", "/api/v1/reward-definitions/{reward}/", {"spec": REWARD_SPEC}),
+    ("delete", "/api/v1/reward-definitions/{reward}/", None),
+    ("delete", "/api/v1/task-sets/{task_set}/", None),
+    ("patch", "/api/v1/environments/{environment}/", {"max_turns": 2}),
+    ("delete", "/api/v1/environments/{environment}/", None),
+    ("post", "/api/v1/runs/{run}/cancel/", None),
+]
+
+
+@pytest.mark.parametrize(("method", "url", "body"), WRITES)
+def test_viewer_and_read_only_key_cannot_write(alpha_setup, bob_client, read_only_client, method, url, body):
+    ids = _ids(alpha_setup)
+    for client in (bob_client, read_only_client):
+        response = getattr(client, method)(url.format(**ids), body, format="json")
+        assert response.status_code == 403, (client, response.content)
+
+
+@pytest.mark.parametrize(("method", "url", "body"), WRITES)
+def test_outsider_cannot_write(alpha_setup, charlie_client, method, url, body):
+    ids = _ids(alpha_setup)
+    assert getattr(charlie_client, method)(url.format(**ids), body, format="json").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("url", "body"),
+    [
+        ("/api/v1/projects/", {"name": "new"}),
+        ("/api/v1/models/", {"project": 0, "name": "m", "base_model": "tiny"}),
+        ("/api/v1/task-sets/", {"project": 0, "name": "t", "rows": [{"prompt": "p"}]}),
+        ("/api/v1/environments/", {"project": 0, "name": "e"}),
+        ("/api/v1/reward-definitions/", {"project": 0, "name": "r", "spec": REWARD_SPEC}),
+    ],
+)
+def test_viewer_cannot_create(alpha_setup, bob_client, read_only_client, url, body):
+    for client in (bob_client, read_only_client):
+        assert client.post(url, body, format="json").status_code == 403
+
+
+def test_lists_show_only_own_team(alpha_setup, charlie_client, key_client):
+    _ids(alpha_setup)
+    for url in ["projects", "models", "reward-definitions", "task-sets", "environments", "runs"]:
+        assert charlie_client.get(f"/api/v1/{url}/").json()["count"] == 0, url
+        assert key_client.get(f"/api/v1/{url}/").json()["count"] >= 1, url
+
+
+def test_referencing_another_teams_project_is_rejected(alpha_setup, charlie_client):
+    response = charlie_client.post(
+        "/api/v1/environments/", {"project": alpha_setup.project.pk, "name": "e"}, format="json"
+    )
+    assert response.status_code == 400
+    assert error_of(response)["param"] == "project"
+
+
+# --- models ---------------------------------------------------------------------------------
+
+
+def test_model_create_and_validation(alpha_setup, alice_client):
+    project = alpha_setup.project.pk
+    ok = alice_client.post(
+        "/api/v1/models/", {"project": project, "name": "m2", "base_model": "tiny", "lora": {"rank": 4}}, format="json"
+    )
+    assert ok.status_code == 201, ok.json()
+    assert ok.json()["lora"]["rank"] == 4 and ok.json()["latest_step"] is None
+    unknown = alice_client.post("/api/v1/models/", {"project": project, "name": "m3", "base_model": "gpt-9"}, format="json")
+    assert unknown.status_code == 400 and error_of(unknown)["param"] == "base_model"
+    bad_lora = alice_client.post(
+        "/api/v1/models/", {"project": project, "name": "m4", "base_model": "tiny", "lora": {"rank": -1}}, format="json"
+    )
+    assert bad_lora.status_code == 400 and error_of(bad_lora)["param"] == "lora.rank"
+    listed = alice_client.get(f"/api/v1/models/?project={project}").json()
+    assert {m["name"] for m in listed["results"]} == {"agent", "m2"}
+
+
+def test_base_models_are_listed(alpha_setup, key_client):
+    assert [m["name"] for m in key_client.get("/api/v1/base-models/").json()["results"]] == ["tiny"]
+
+
+# --- reward definitions ---------------------------------------------------------------------
+
+
+def test_reward_definition_versions(alpha_setup, alice_client):
+    reward_id = alpha_setup.reward.pk
+    spec2 = {**REWARD_SPEC, "operation": "eq"}
+    updated = alice_client.patch(f"/api/v1/reward-definitions/{reward_id}/", {"spec": spec2}, format="json")
+    assert updated.status_code == 201
+    assert updated.json()["version"] == 2 and updated.json()["spec"]["operation"] == "eq"
+    versions = alice_client.get(f"/api/v1/reward-definitions/{reward_id}/versions/").json()
+    assert [v["version"] for v in versions] == [1, 2]
+    assert versions[0]["spec"]["operation"] == "ilike", "version 1 must stay as it was"
+    latest = alice_client.get("/api/v1/reward-definitions/?latest=true").json()["results"]
+    assert [(r["name"], r["version"]) for r in latest] == [("exact", 2)]
+
+
+def test_invalid_grader_spec_names_the_path(alpha_setup, alice_client):
+    response = alice_client.post(
+        "/api/v1/reward-definitions/",
+        {"project": alpha_setup.project.pk, "name": "bad", "spec": {"type": "regex", "pattern": "(unclosed"}},
+        format="json",
+    )
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["param"] == "spec.pattern", error
+    unknown_type = alice_client.post(
+        "/api/v1/reward-definitions/",
+        {"project": alpha_setup.project.pk, "name": "bad2", "spec": {"type": "nope"}},
+        format="json",
+    )
+    assert unknown_type.status_code == 400 and error_of(unknown_type)["param"].startswith("spec")
+
+
+# --- task sets ------------------------------------------------------------------------------
+
+
+def test_task_set_upload_as_json_jsonl_and_file(alpha_setup, alice_client):
+    project = alpha_setup.project.pk
+    rows = [{"prompt": "a", "item": {"x": 1}}, {"messages": [{"role": "user", "content": "b"}], "split": "validation"}]
+    as_json = alice_client.post("/api/v1/task-sets/", {"project": project, "name": "j", "rows": rows}, format="json")
+    assert as_json.status_code == 201, as_json.json()
+    assert (as_json.json()["train_count"], as_json.json()["validation_count"]) == (1, 1)
+    jsonl = "\n".join(json.dumps(r) for r in rows)
+    as_text = alice_client.post("/api/v1/task-sets/", {"project": project, "name": "t", "jsonl": jsonl}, format="json")
+    assert as_text.status_code == 201 and as_text.json()["row_count"] == 2
+    upload = SimpleUploadedFile("tasks.jsonl", jsonl.encode(), content_type="application/jsonl")
+    as_file = alice_client.post("/api/v1/task-sets/", {"project": project, "name": "f", "file": upload}, format="multipart")
+    assert as_file.status_code == 201, as_file.json()
+    listed = alice_client.get(f"/api/v1/task-sets/{as_file.json()['id']}/rows/?split=validation").json()
+    assert listed["count"] == 1 and listed["results"][0]["data"]["messages"][0]["content"] == "b"
+
+
+def test_malformed_jsonl_names_line_and_field(alpha_setup, alice_client):
+    jsonl = '{"prompt": "ok"}\n{"prompt": \n{"messages": "nope"}\n{"prompt": "x", "item": 3}\n'
+    response = alice_client.post(
+        "/api/v1/task-sets/", {"project": alpha_setup.project.pk, "name": "bad", "jsonl": jsonl}, format="json"
+    )
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["param"] == "jsonl" or error["param"] == "file"
+    assert "line 2: invalid JSON" in error["message"]
+    assert "line 3: messages" in error["message"]
+    assert "line 4: item: must be an object" in error["message"]
+
+
+def test_binary_upload_is_a_clear_400(alpha_setup, alice_client):
+    upload = SimpleUploadedFile("tasks.jsonl", b"\xff\xfe\x00garbage", content_type="application/octet-stream")
+    response = alice_client.post(
+        "/api/v1/task-sets/", {"project": alpha_setup.project.pk, "name": "bin", "file": upload}, format="multipart"
+    )
+    assert response.status_code == 400 and error_of(response)["param"] == "file"
+
+
+# --- environments ---------------------------------------------------------------------------
+
+
+def test_environment_validation(alpha_setup, alice_client):
+    project = alpha_setup.project.pk
+    bad_turns = alice_client.post("/api/v1/environments/", {"project": project, "name": "e", "max_turns": 0}, format="json")
+    assert bad_turns.status_code == 400 and error_of(bad_turns)["param"] == "max_turns"
+    bad_sampling = alice_client.post(
+        "/api/v1/environments/", {"project": project, "name": "e", "sampling": {"temperature": -1}}, format="json"
+    )
+    assert bad_sampling.status_code == 400 and error_of(bad_sampling)["param"] == "sampling.temperature"
+    ok = alice_client.post(
+        "/api/v1/environments/",
+        {"project": project, "name": "e", "system_prompt": "hi", "sampling": {"stop": ["\n\n"]}},
+        format="json",
+    )
+    assert ok.status_code == 201 and ok.json()["sampling"] == {"stop": ["\n\n"]}
+
+
+# --- runs -----------------------------------------------------------------------------------
+
+
+def _run_body(setup, **config):
+    return {
+        "model": setup.model.pk, "task_set": setup.task_set.pk, "environment": setup.environment.pk,
+        "reward": setup.reward.pk, "config": {"steps": 2, **config},
+    }  # fmt: skip
+
+
+def test_run_create_enqueues_after_commit(alpha_setup, key_client, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["status"] == "queued" and body["total_steps"] == 2 and body["config"]["steps"] == 2
+    assert len(callbacks) == 1, "exactly one enqueue, deferred to commit"
+    events = key_client.get(f"/api/v1/runs/{body['id']}/events/").json()
+    assert events["object"] == "list" and "Run created" in events["data"][0]["message"]
+
+
+def test_run_bad_config_names_the_field(alpha_setup, key_client):
+    response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, learning_rate="fast"), format="json")
+    assert response.status_code == 400 and error_of(response)["param"] == "config.learning_rate"
+    response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, bogus=1), format="json")
+    assert response.status_code == 400 and error_of(response)["param"] == "config.bogus"
+
+
+def test_run_inputs_must_share_the_project(alpha_setup, key_client, cast):
+    other = services.project_create(team=cast.alpha, name="other")
+    env = services.environment_create(project=other, name="e")
+    body = {**_run_body(alpha_setup), "environment": env.pk}
+    response = key_client.post("/api/v1/runs/", body, format="json")
+    assert response.status_code == 400 and error_of(response)["param"] == "environment"
+
+
+def test_second_active_run_on_a_model_is_409(alpha_setup, key_client):
+    assert key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").status_code == 201
+    response = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json")
+    assert response.status_code == 409 and error_of(response)["code"] == "model_busy"
+
+
+def test_cancel_queued_run_then_cancel_again_is_409(alpha_setup, key_client):
+    run_id = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()["id"]
+    cancelled = key_client.post(f"/api/v1/runs/{run_id}/cancel/")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    again = key_client.post(f"/api/v1/runs/{run_id}/cancel/")
+    assert again.status_code == 409
+
+
+def test_run_list_filters_and_paginates(alpha_setup, key_client):
+    run_id = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()["id"]
+    key_client.post(f"/api/v1/runs/{run_id}/cancel/")
+    assert key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").status_code == 201
+    assert key_client.get("/api/v1/runs/?status=queued").json()["count"] == 1
+    assert key_client.get("/api/v1/runs/?status=cancelled").json()["count"] == 1
+    page = key_client.get("/api/v1/runs/?limit=1").json()
+    assert page["count"] == 2 and len(page["results"]) == 1 and page["next"]
+    assert key_client.get("/api/v1/runs/?status=bogus").status_code == 400
+    assert key_client.get(f"/api/v1/runs/?project={alpha_setup.project.pk + 999}").json()["count"] == 0
+
+
+def test_events_after_cursor(alpha_setup, key_client):
+    run_id = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()["id"]
+    key_client.post(f"/api/v1/runs/{run_id}/cancel/")
+    events = key_client.get(f"/api/v1/runs/{run_id}/events/").json()["data"]
+    assert len(events) == 2
+    after = key_client.get(f"/api/v1/runs/{run_id}/events/?after={events[0]['id']}").json()["data"]
+    assert [e["id"] for e in after] == [events[1]["id"]]
+    assert after[0]["data"] == {"from": "queued", "to": "cancelled"}
+    assert key_client.get(f"/api/v1/runs/{run_id}/events/?after=abc").status_code == 400
+
+
+def test_metrics_checkpoints_and_trajectories_after_a_recorded_step(alpha_setup, key_client):
+    run_id = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()["id"]
+    run = services.run_claim(run_id=run_id, worker="w1")
+    assert run is not None
+    record = services.TrajectoryRecord(
+        group_index=0, sample_index=0, task_row_index=1, messages=[{"role": "assistant", "content": "1"}],
+        reward=1.0, sub_rewards={"exact": 1.0}, errors=[], metrics={}, prompt_tokens=3, completion_tokens=1,
+        finish_reason="stop",
+    )  # fmt: skip
+    assert services.step_record(
+        run=run, worker="w1", step=1, metrics={"reward_mean": 1.0, "loss": 0.5}, trajectories=[record], checkpoint_path="/x"
+    )
+    metrics = key_client.get(f"/api/v1/runs/{run_id}/metrics/").json()["data"]
+    assert metrics[0]["step"] == 1 and metrics[0]["reward_mean"] == 1.0
+    checkpoints = key_client.get(f"/api/v1/runs/{run_id}/checkpoints/").json()["data"]
+    assert checkpoints[0]["model_id"] == "math/agent:1"
+    trajectories = key_client.get(f"/api/v1/runs/{run_id}/trajectories/?step=1").json()
+    assert trajectories["count"] == 1 and trajectories["results"][0]["sub_rewards"] == {"exact": 1.0}
+    assert key_client.get(f"/api/v1/runs/{run_id}/trajectories/?step=2").json()["count"] == 0
+    assert Trajectory.objects.count() == 1
+
+
+def test_hyperparameters_have_defaults_and_help(key_client):
+    body = key_client.get("/api/v1/hyperparameters").json()
+    assert body["learning_rate"]["help"] and "default" in body["group_size"]
+
+
+def test_schema_and_docs_are_served(anonymous_client):
+    schema = anonymous_client.get("/api/v1/schema/")
+    assert schema.status_code == 200 and b"/api/v1/runs/" in schema.content
+    docs = anonymous_client.get("/api/v1/docs/")
+    assert docs.status_code == 200 and b"swagger" in docs.content.lower()
+    assert b"cdn" not in docs.content.lower()
+
+
+def test_delete_in_use_reward_is_409(alpha_setup, key_client):
+    key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json")
+    response = key_client.delete(f"/api/v1/reward-definitions/{alpha_setup.reward.pk}/")
+    assert response.status_code == 409
+
+
+def test_run_status_field_is_one_of_the_machine_states(alpha_setup, key_client):
+    run = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()
+    assert run["status"] in RunStatus.values

@@ -1,0 +1,118 @@
+"""Shared fixtures. The cast (healthchecks style): alice owns team alpha, bob is a viewer in alpha,
+charlie owns team beta (an outsider to alpha)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random-init causal LM with a local tokenizer (seconds to build, a few MB)."""
+    from training.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny", seed=0)
+
+
+@pytest.fixture
+def cast(db):
+    from django.contrib.auth import get_user_model
+
+    from projects import services
+
+    User = get_user_model()
+    alice = User.objects.create_user("alice", password="pw-alice-123")
+    bob = User.objects.create_user("bob", password="pw-bob-123")
+    charlie = User.objects.create_user("charlie", password="pw-charlie-123")
+    alpha = services.team_create(name="alpha", owner=alice)
+    services.membership_set(team=alpha, user=bob, role="viewer")
+    beta = services.team_create(name="beta", owner=charlie)
+    return type("Cast", (), {"alice": alice, "bob": bob, "charlie": charlie, "alpha": alpha, "beta": beta})
+
+
+def _client(user=None, key: str | None = None):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    if user is not None:
+        client.force_login(user)
+    if key is not None:
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    return client
+
+
+@pytest.fixture
+def alice_client(cast):
+    return _client(cast.alice)
+
+
+@pytest.fixture
+def bob_client(cast):
+    return _client(cast.bob)
+
+
+@pytest.fixture
+def charlie_client(cast):
+    return _client(cast.charlie)
+
+
+@pytest.fixture
+def alpha_key(cast) -> str:
+    from projects import services
+
+    return services.api_key_create(team=cast.alpha, name="ci").plaintext
+
+
+@pytest.fixture
+def key_client(alpha_key):
+    return _client(key=alpha_key)
+
+
+@pytest.fixture
+def read_only_client(cast):
+    from projects import services
+
+    return _client(key=services.api_key_create(team=cast.alpha, name="ro", read_only=True).plaintext)
+
+
+@pytest.fixture
+def anonymous_client():
+    return _client()
+
+
+REWARD_SPEC = {"type": "string_check", "input": "{{sample.output_text}}", "reference": "{{item.answer}}", "operation": "ilike"}
+
+
+@pytest.fixture
+def alpha_setup(cast):
+    """A complete set of inputs for a run in team alpha (not started)."""
+    from projects import services
+
+    base = services.base_model_register(name="tiny", source="/nonexistent/tiny")
+    project = services.project_create(team=cast.alpha, name="math")
+    model = services.trainable_model_create(project=project, name="agent", base_model=base)
+    task_set = services.task_set_create(
+        project=project,
+        name="qa",
+        rows=[{"prompt": f"q{i}", "item": {"answer": str(i)}} for i in range(6)],
+        validation_fraction=0.34,
+    )
+    environment = services.environment_create(project=project, name="chat", system_prompt="Be brief.")
+    reward = services.reward_definition_create(project=project, name="exact", spec=REWARD_SPEC)
+    return type(
+        "Setup",
+        (),
+        {"base": base, "project": project, "model": model, "task_set": task_set, "environment": environment, "reward": reward},
+    )
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    # Password hashing is deliberately slow in production; tests create many users.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,0 +1,186 @@
+"""The training loop of one run, top to bottom: roll out, grade, update, checkpoint, record.
+
+No Django here: the caller passes a ``RunHooks`` object that records results and answers "should
+I stop?". Invariants the loop keeps:
+- checkpoint files are complete (atomic rename) before ``hooks.record_step`` is called;
+- a step is a pure function of (seed, step, checkpoint before it), so a resumed run redoes an
+  unrecorded step exactly as the dead worker would have, and never records one twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from training.config import LoraSpec, TrainConfig
+from training.rollout import EnvironmentSpec, Trajectory, rollout_group, to_train_group
+
+logger = logging.getLogger(__name__)
+
+
+class RewardFailure(RuntimeError):
+    """Too many samples of a step could not be graded: the run fails with this message."""
+
+
+@dataclass
+class RunSpec:
+    base_model_source: str  # BUNDLED_MODEL or a local model directory
+    model_cache_dir: Path  # where converted base models are cached
+    checkpoint_root: Path  # one folder per step: <root>/step-000003
+    config: TrainConfig
+    lora: LoraSpec
+    environment: EnvironmentSpec
+    grader_spec: dict[str, Any]
+    train_rows: list[dict[str, Any]]  # each {"index": int, "data": task row}
+    start_step: int  # model step this run started from
+    resume_step: int | None  # recorded checkpoint to resume from; None = fresh adapter (step 0)
+    stop: list[str] = field(default_factory=list)
+    max_grader_error_fraction: float = 0.5
+    device: str = "cpu"
+
+
+class RunHooks(Protocol):
+    def should_stop(self) -> str | None:
+        """A reason to stop before the next step ("cancelled", "lost") or None."""
+
+    def record_checkpoint(self, *, step: int, path: Path, metrics: dict[str, Any]) -> None: ...
+
+    def record_step(
+        self, *, step: int, metrics: dict[str, Any], trajectories: list[tuple[int, int, Trajectory]], path: Path
+    ) -> bool:
+        """Persist a finished step; trajectories are (group_index, task_row_index, trajectory)."""
+
+    def event(self, message: str, *, level: str = "info", data: dict[str, Any] | None = None) -> None: ...
+
+
+def checkpoint_path(root: Path, step: int) -> Path:
+    return root / f"step-{step:06d}"
+
+
+def rows_for_step(rows: list[dict[str, Any]], *, seed: int, step: int, count: int) -> list[dict[str, Any]]:
+    """The task rows of one step: deterministic in (seed, step), so resuming replays them."""
+    rng = random.Random(seed * 1_000_003 + step)
+    if count <= len(rows):
+        return rng.sample(rows, count)
+    return [rng.choice(rows) for _ in range(count)]
+
+
+def grade_trajectories(
+    grader_spec: dict[str, Any], groups: list[list[Trajectory]], rows: list[dict[str, Any]], max_error_fraction: float
+) -> dict[str, float]:
+    """Fill in reward, sub_rewards and errors of every trajectory; errors are data, not crashes,
+    unless more than ``max_error_fraction`` of the step's samples failed."""
+    from training.rewards import Sample, build_grader, grade_many
+
+    grader = build_grader(grader_spec)
+    samples, items, flat = [], [], []
+    for group, row in zip(groups, rows, strict=True):
+        for trajectory in group:
+            samples.append(Sample(output_text=trajectory.output_text, messages=trajectory.messages))
+            items.append(row["data"].get("item", {}))
+            flat.append(trajectory)
+    results = grade_many(grader, samples, items)
+    failed = 0
+    example = ""
+    for trajectory, result in zip(flat, results, strict=True):
+        trajectory.reward = float(result.reward)
+        trajectory.sub_rewards = dict(result.sub_rewards)
+        trajectory.errors = list(result.errors)
+        if result.errors:
+            failed += 1
+            if not example:
+                first = result.errors[0]
+                example = f"{first.get('grader', '?')}: {first.get('code')}: {first.get('detail')}"
+    fraction = failed / max(1, len(flat))
+    if fraction > max_error_fraction:
+        name = grader_spec.get("name") or grader_spec.get("type")
+        raise RewardFailure(
+            f"grader {name!r} failed on {failed} of {len(flat)} samples (limit {max_error_fraction:.0%}); e.g. {example}"
+        )
+    return {"grader_error_fraction": fraction, "grader_errors": float(failed)}
+
+
+def run_training(spec: RunSpec, hooks: RunHooks) -> str:
+    """Train ``spec.config.steps`` steps from ``spec.start_step``; returns "succeeded", "cancelled"
+    or "lost" (another worker owns the run now)."""
+    import torch
+
+    from training.engines.base import SamplingParams
+    from training.engines.transformers_engine import TransformersEngine
+    from training.models import load_base_model
+    from training.trainer import Trainer
+
+    config = spec.config
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    started = time.monotonic()
+    base_model, tokenizer = load_base_model(spec.base_model_source, spec.model_cache_dir)
+    hooks.event(f"Loaded base model {spec.base_model_source} in {time.monotonic() - started:.1f}s")
+
+    if spec.resume_step is None:
+        trainer = Trainer(base_model, tokenizer, config, spec.lora, device=spec.device)
+        current = spec.start_step
+        path = checkpoint_path(spec.checkpoint_root, current)
+        if path.exists():  # left by a worker that died before recording it
+            shutil.rmtree(path)
+        trainer.save_checkpoint(path, step=current, metrics={})
+        hooks.record_checkpoint(step=current, path=path, metrics={})
+    else:
+        current = spec.resume_step
+        trainer = Trainer.resume(
+            base_model, tokenizer, checkpoint_path(spec.checkpoint_root, current), config, spec.lora
+        )
+        hooks.event(f"Resumed from checkpoint step {current}")
+    engine = TransformersEngine(trainer.policy, tokenizer, device=spec.device)
+    final_step = spec.start_step + config.steps
+
+    for step in range(current + 1, final_step + 1):
+        reason = hooks.should_stop()
+        if reason:
+            return reason
+        step_started = time.monotonic()
+        rows = rows_for_step(spec.train_rows, seed=config.seed, step=step, count=config.groups_per_step)
+        sampling = SamplingParams(
+            temperature=config.temperature,
+            top_p=config.top_p,
+            max_new_tokens=config.max_new_tokens,
+            stop=spec.stop,
+            seed=config.seed * 100_003 + step,
+        )
+        groups = [
+            rollout_group(engine, row["data"], spec.environment, sampling, config.group_size) for row in rows
+        ]
+        rollout_seconds = time.monotonic() - step_started
+        grading = grade_trajectories(spec.grader_spec, groups, rows, spec.max_grader_error_fraction)
+        if hooks.should_stop() == "cancelled":
+            return "cancelled"
+        metrics = trainer.train_step([to_train_group(group) for group in groups])
+        completion_tokens = sum(len(t.completion_token_ids) for group in groups for t in group)
+        step_seconds = time.monotonic() - step_started
+        metrics.update(grading)
+        metrics.update(
+            {
+                "rollout_seconds": rollout_seconds,
+                "step_seconds": step_seconds,
+                "completion_tokens": float(completion_tokens),
+                "tokens_per_second": completion_tokens / max(rollout_seconds, 1e-9),
+            }
+        )
+        path = checkpoint_path(spec.checkpoint_root, step)
+        if path.exists():
+            shutil.rmtree(path)
+        trainer.save_checkpoint(path, step=step, metrics=metrics)
+        flat = [
+            (group_index, row["index"], trajectory)
+            for group_index, (group, row) in enumerate(zip(groups, rows, strict=True))
+            for trajectory in group
+        ]
+        if not hooks.record_step(step=step, metrics=metrics, trajectories=flat, path=path):
+            return "lost"
+        logger.info("step %d done in %.1fs: reward %.3f", step, step_seconds, metrics.get("reward_mean", 0.0))
+    return "succeeded"

@@ -1,0 +1,179 @@
+"""Celery tasks: thin wrappers that load rows, call the training core, write through services.
+
+``train_run`` is delivered at least once. Its first act is ``run_claim`` (idempotent): a duplicate
+delivery, a finished run or a run owned by a live worker is a no-op. A worker that dies is
+detected by its stale heartbeat; ``requeue_orphaned_runs`` (celery beat) re-enqueues the run and
+the next claim resumes it from its last recorded checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+from celery import shared_task
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+from projects import services
+from projects.models import Checkpoint, Run, RunStatus, Split, TaskRow
+from projects.queues import Queue
+from training.loop import RewardFailure, RunSpec, run_training
+from training.rollout import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class _Heartbeat(threading.Thread):
+    """Beats while a step runs (steps can be long); notices if the run was taken over."""
+
+    def __init__(self, run_id: int, worker: str, interval: float) -> None:
+        super().__init__(daemon=True, name=f"heartbeat-{run_id}")
+        self.run_id, self.worker, self.interval = run_id, worker, interval
+        self.stopped = threading.Event()
+        self.lost = False
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.wait(self.interval):
+                try:
+                    if not services.run_heartbeat(run_id=self.run_id, worker=self.worker):
+                        self.lost = True
+                except Exception:  # a DB blip must not kill training; the next beat retries
+                    logger.exception("heartbeat failed for run %s", self.run_id)
+        finally:
+            connection.close()
+
+
+class DjangoRunHooks:
+    """The training loop's view of the database (training.loop.RunHooks)."""
+
+    def __init__(self, run: Run, worker: str, heartbeat: _Heartbeat) -> None:
+        self.run, self.worker, self.heartbeat = run, worker, heartbeat
+
+    def should_stop(self) -> str | None:
+        if self.heartbeat.lost:
+            return "lost"
+        state = Run.objects.filter(pk=self.run.pk).values("cancel_requested", "status", "worker").first()
+        if state is None or state["status"] != RunStatus.RUNNING or state["worker"] != self.worker:
+            return "lost"
+        return "cancelled" if state["cancel_requested"] else None
+
+    def record_checkpoint(self, *, step: int, path: Path, metrics: dict[str, Any]) -> None:
+        services.checkpoint_record(model=self.run.model, run=self.run, step=step, path=str(path), metrics=metrics)
+
+    def record_step(
+        self, *, step: int, metrics: dict[str, Any], trajectories: list[tuple[int, int, Trajectory]], path: Path
+    ) -> bool:
+        counters: dict[int, int] = {}
+        records = []
+        for group_index, row_index, trajectory in trajectories:
+            sample_index = counters.get(group_index, 0)
+            counters[group_index] = sample_index + 1
+            records.append(
+                services.TrajectoryRecord(
+                    group_index=group_index,
+                    sample_index=sample_index,
+                    task_row_index=row_index,
+                    messages=trajectory.messages,
+                    reward=trajectory.reward,
+                    sub_rewards=trajectory.sub_rewards,
+                    errors=trajectory.errors,
+                    metrics=trajectory.metrics,
+                    prompt_tokens=len(trajectory.prompt_token_ids),
+                    completion_tokens=len(trajectory.completion_token_ids),
+                    finish_reason=trajectory.finish_reason,
+                )
+            )
+        return services.step_record(
+            run=self.run, worker=self.worker, step=step, metrics=metrics, trajectories=records, checkpoint_path=str(path)
+        )
+
+    def event(self, message: str, *, level: str = "info", data: dict[str, Any] | None = None) -> None:
+        services.run_event_add(run=self.run, message=message, level=level, data=data)
+
+
+def build_run_spec(run: Run) -> RunSpec:
+    from training.config import LoraSpec, TrainConfig
+    from training.rollout import EnvironmentSpec
+
+    model = run.model
+    if run.attempts == 1:
+        latest = Checkpoint.objects.filter(model=model).order_by("-step").first()
+        services.run_set_start_step(run=run, start_step=latest.step if latest else 0)
+    resume = Checkpoint.objects.filter(model=model, step=run.current_step).exists()
+    rows = list(
+        TaskRow.objects.filter(task_set=run.task_set, split=Split.TRAIN).order_by("index").values("index", "data")
+    )
+    environment = run.environment
+    return RunSpec(
+        base_model_source=model.base_model.source,
+        model_cache_dir=settings.MODEL_CACHE_DIR,
+        checkpoint_root=settings.CHECKPOINT_DIR / f"model-{model.pk}",
+        config=TrainConfig.from_dict(run.config),
+        lora=LoraSpec.from_dict(model.lora),
+        environment=EnvironmentSpec(
+            system_prompt=environment.system_prompt, max_turns=environment.max_turns, tools=environment.tools
+        ),
+        grader_spec=run.reward.spec,
+        train_rows=rows,
+        start_step=run.start_step,
+        resume_step=run.current_step if resume else None,
+        stop=list(environment.sampling.get("stop", [])),
+        max_grader_error_fraction=settings.GRADER_MAX_ERROR_FRACTION,
+        device=settings.TRAINING_DEVICE,
+    )
+
+
+@shared_task(name="training.train_run", queue=Queue.TRAIN, acks_late=True, time_limit=settings.RUN_TIME_LIMIT_S)
+def train_run(run_id: int) -> str:
+    close_old_connections()
+    worker = worker_id()
+    run = services.run_claim(run_id=run_id, worker=worker)
+    if run is None:
+        return "skipped"
+    if settings.TORCH_THREADS:
+        import torch
+
+        torch.set_num_threads(settings.TORCH_THREADS)
+    heartbeat = _Heartbeat(run.pk, worker, interval=max(0.2, settings.RUN_HEARTBEAT_TIMEOUT_S / 4))
+    heartbeat.start()
+    try:
+        spec = build_run_spec(run)
+        outcome = run_training(spec, DjangoRunHooks(run, worker, heartbeat))
+    except RewardFailure as exc:
+        services.run_fail(run_id=run.pk, error=str(exc))
+        return "failed"
+    except Exception as exc:
+        logger.exception("run %s failed", run.pk)
+        services.run_fail(run_id=run.pk, error=_readable(exc))
+        return "failed"
+    finally:
+        heartbeat.stopped.set()
+        heartbeat.join(timeout=5)
+    if outcome == "succeeded":
+        services.run_transition(run_id=run.pk, to=RunStatus.SUCCEEDED, message="Run succeeded")
+    elif outcome == "cancelled":
+        services.run_transition(run_id=run.pk, to=RunStatus.CANCELLED, message="Run cancelled")
+    return outcome
+
+
+def _readable(exc: BaseException) -> str:
+    """One line a user can act on, plus where it happened (the full traceback is in the worker log)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+@shared_task(name="training.requeue_orphaned_runs", queue=Queue.DEFAULT, time_limit=60)
+def requeue_orphaned_runs() -> list[int]:
+    return services.runs_requeue_orphaned()
