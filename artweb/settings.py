@@ -196,6 +196,10 @@ LOGGING = {
 GRADER_MAX_ERROR_FRACTION = env_float("GRADER_MAX_ERROR_FRACTION", 0.5)
 RUN_REAPER_INTERVAL_S = env_float("RUN_REAPER_INTERVAL_S", 60.0)
 CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_ROUTES = {
+    "training.train_run": {"queue": "train"},
+    "training.requeue_orphaned_runs": {"queue": "default"},
+}
 CELERY_BEAT_SCHEDULE = {
     "requeue-orphaned-runs": {"task": "training.requeue_orphaned_runs", "schedule": RUN_REAPER_INTERVAL_S},
 }

@@ -574,6 +574,18 @@ class TrajectoryRecord:
     finish_reason: str
 
 
+def _jsonb_safe(value: Any) -> Any:
+    """PostgreSQL text and jsonb cannot hold NUL characters, but a model can sample one: replace it
+    (U+FFFD) rather than lose the whole step."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_jsonb_safe(k): _jsonb_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonb_safe(v) for v in value]
+    return value
+
+
 def step_record(
     *,
     run: Run,
@@ -600,7 +612,8 @@ def step_record(
             metrics=metrics,
         )
         Trajectory.objects.bulk_create(
-            [Trajectory(run=locked, step=step, **record.__dict__) for record in trajectories], batch_size=200
+            [Trajectory(run=locked, step=step, **_jsonb_safe(record.__dict__)) for record in trajectories],
+            batch_size=200,
         )
         checkpoint_record(model=locked.model, run=locked, step=step, path=checkpoint_path, metrics=metrics)
         locked.current_step = step

@@ -42,6 +42,7 @@ class RunSpec:
     stop: list[str] = field(default_factory=list)
     max_grader_error_fraction: float = 0.5
     device: str = "cpu"
+    reward_name: str = ""  # how users know the reward definition, for error messages
 
 
 class RunHooks(Protocol):
@@ -71,7 +72,11 @@ def rows_for_step(rows: list[dict[str, Any]], *, seed: int, step: int, count: in
 
 
 def grade_trajectories(
-    grader_spec: dict[str, Any], groups: list[list[Trajectory]], rows: list[dict[str, Any]], max_error_fraction: float
+    grader_spec: dict[str, Any],
+    groups: list[list[Trajectory]],
+    rows: list[dict[str, Any]],
+    max_error_fraction: float,
+    reward_name: str = "",
 ) -> dict[str, float]:
     """Fill in reward, sub_rewards and errors of every trajectory; errors are data, not crashes,
     unless more than ``max_error_fraction`` of the step's samples failed."""
@@ -99,8 +104,9 @@ def grade_trajectories(
     fraction = failed / max(1, len(flat))
     if fraction > max_error_fraction:
         name = grader_spec.get("name") or grader_spec.get("type")
+        owner = f"reward definition {reward_name}: " if reward_name else ""
         raise RewardFailure(
-            f"grader {name!r} failed on {failed} of {len(flat)} samples (limit {max_error_fraction:.0%}); e.g. {example}"
+            f"{owner}grader {name!r} failed on {failed} of {len(flat)} samples (limit {max_error_fraction:.0%}); e.g. {example}"
         )
     return {"grader_error_fraction": fraction, "grader_errors": float(failed)}
 
@@ -156,7 +162,9 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
             rollout_group(engine, row["data"], spec.environment, sampling, config.group_size) for row in rows
         ]
         rollout_seconds = time.monotonic() - step_started
-        grading = grade_trajectories(spec.grader_spec, groups, rows, spec.max_grader_error_fraction)
+        grading = grade_trajectories(
+            spec.grader_spec, groups, rows, spec.max_grader_error_fraction, spec.reward_name
+        )
         if hooks.should_stop() == "cancelled":
             return "cancelled"
         metrics = trainer.train_step([to_train_group(group) for group in groups])

@@ -22,7 +22,6 @@ from django.db import close_old_connections, connection
 
 from projects import services
 from projects.models import Checkpoint, Run, RunStatus, Split, TaskRow
-from projects.queues import Queue
 from training.loop import RewardFailure, RunSpec, run_training
 from training.rollout import Trajectory
 
@@ -131,10 +130,11 @@ def build_run_spec(run: Run) -> RunSpec:
         stop=list(environment.sampling.get("stop", [])),
         max_grader_error_fraction=settings.GRADER_MAX_ERROR_FRACTION,
         device=settings.TRAINING_DEVICE,
+        reward_name=f"{run.reward.name!r} v{run.reward.version}",
     )
 
 
-@shared_task(name="training.train_run", queue=Queue.TRAIN, acks_late=True, time_limit=settings.RUN_TIME_LIMIT_S)
+@shared_task(name="training.train_run", acks_late=True, time_limit=settings.RUN_TIME_LIMIT_S)
 def train_run(run_id: int) -> str:
     close_old_connections()
     worker = worker_id()
@@ -174,6 +174,6 @@ def _readable(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-@shared_task(name="training.requeue_orphaned_runs", queue=Queue.DEFAULT, time_limit=60)
+@shared_task(name="training.requeue_orphaned_runs", time_limit=60)
 def requeue_orphaned_runs() -> list[int]:
     return services.runs_requeue_orphaned()

@@ -191,3 +191,17 @@ def test_api_key_authenticate_rejects_tampered_keys(cast):
     assert services.api_key_authenticate(raw="garbage") is None
     services.api_key_revoke(api_key=created.api_key)
     assert services.api_key_authenticate(raw=created.plaintext) is None
+
+
+def test_nul_characters_sampled_by_a_model_are_stored(alpha_setup):
+    run = services.run_claim(run_id=make_run(alpha_setup).pk, worker="w1")
+    trajectory = services.TrajectoryRecord(
+        group_index=0, sample_index=0, task_row_index=0, messages=[{"role": "assistant", "content": "a\x00b"}],
+        reward=0.0, sub_rewards={}, errors=[{"detail": "\x00"}], metrics={}, prompt_tokens=1, completion_tokens=2,
+        finish_reason="length",
+    )  # fmt: skip
+    assert services.step_record(
+        run=run, worker="w1", step=1, metrics={}, trajectories=[trajectory], checkpoint_path="/c"
+    )
+    stored = run.trajectories.get()
+    assert stored.messages[0]["content"] == "a\ufffdb"

@@ -1,0 +1,151 @@
+"""A real Celery worker trains a real (tiny) model end to end against PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projects import services
+from projects.models import Checkpoint, Run, RunEvent, RunStatus, StepMetrics, Trajectory
+from tests.integration.conftest import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+TERMINAL = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
+SMALL = {"group_size": 4, "groups_per_step": 2, "max_new_tokens": 8}
+
+
+@pytest.fixture
+def api(cast, alpha_key):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {alpha_key}")
+    return client
+
+
+@pytest.fixture
+def inputs(cast, tiny_model_dir, api):
+    """Project, model, task set, environment and reward created through the REST API."""
+    services.base_model_register(name="tiny", source=str(tiny_model_dir))
+    project = api.post("/api/v1/projects/", {"name": "it"}, format="json").json()["id"]
+    rows = [{"prompt": f"Say {word}", "item": {"answer": word}} for word in ["a", "b", "c", "d", "e"]]
+    ids = {
+        "task_set": api.post("/api/v1/task-sets/", {"project": project, "name": "words", "rows": rows}, format="json"),
+        "environment": api.post("/api/v1/environments/", {"project": project, "name": "chat"}, format="json"),
+        "reward": api.post(
+            "/api/v1/reward-definitions/",
+            {"project": project, "name": "has-a", "spec": {"type": "regex", "pattern": "a"}},
+            format="json",
+        ),
+    }
+    for name, response in ids.items():
+        assert response.status_code == 201, (name, response.json())
+    result = {name: response.json()["id"] for name, response in ids.items()}
+    result["project"] = project
+    return result
+
+
+def create_run(api, inputs, model_name: str, **config) -> int:
+    model = api.post(
+        "/api/v1/models/", {"project": inputs["project"], "name": model_name, "base_model": "tiny"}, format="json"
+    )
+    assert model.status_code == 201, model.json()
+    body = {
+        "model": model.json()["id"], "task_set": inputs["task_set"], "environment": inputs["environment"],
+        "reward": inputs["reward"], "config": {**SMALL, **config},
+    }  # fmt: skip
+    response = api.post("/api/v1/runs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()["id"]
+
+
+def status_of(run_id: int) -> str:
+    return Run.objects.values_list("status", flat=True).get(pk=run_id)
+
+
+def test_run_succeeds_with_metrics_trajectories_and_checkpoint_files(start_worker, api, inputs):
+    worker = start_worker()
+    run_id = create_run(api, inputs, "m1", steps=3)
+    wait_for(lambda: status_of(run_id) in TERMINAL, timeout=180, what="run to finish", worker=worker)
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.SUCCEEDED, (run.error, worker.output()[-3000:])
+    metrics = api.get(f"/api/v1/runs/{run_id}/metrics/").json()["data"]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        assert m["reward_mean"] is not None and m["loss"] is not None
+        assert m["metrics"]["completion_tokens"] > 0 and "grad_norm" in m["metrics"]
+    assert Trajectory.objects.filter(run=run).count() == 3 * 2 * 4
+    trajectory = api.get(f"/api/v1/runs/{run_id}/trajectories/?step=2").json()["results"][0]
+    assert trajectory["messages"][-1]["role"] == "assistant" and trajectory["completion_tokens"] > 0
+    checkpoints = Checkpoint.objects.filter(run=run).order_by("step")
+    assert [c.step for c in checkpoints] == [0, 1, 2, 3]
+    for checkpoint in checkpoints:
+        files = {p.name for p in Path(checkpoint.path).iterdir()}
+        assert {"adapter_model.safetensors", "adapter_config.json", "state.json"} <= files, files
+    levels = set(RunEvent.objects.filter(run=run).values_list("level", flat=True))
+    assert "error" not in levels
+
+
+def test_cancel_stops_run_within_one_step(start_worker, api, inputs):
+    worker = start_worker()
+    run_id = create_run(api, inputs, "m2", steps=200)
+    wait_for(
+        lambda: Run.objects.get(pk=run_id).current_step >= 1, timeout=180, what="the first step", worker=worker
+    )
+    response = api.post(f"/api/v1/runs/{run_id}/cancel/")
+    assert response.status_code == 200
+    step_at_cancel = response.json()["current_step"]
+    wait_for(lambda: status_of(run_id) == RunStatus.CANCELLED, timeout=120, what="cancellation", worker=worker)
+    recorded = StepMetrics.objects.filter(run_id=run_id).count()
+    assert recorded <= step_at_cancel + 1, (recorded, step_at_cancel)
+
+
+def test_killed_worker_run_resumes_from_last_checkpoint_exactly_once(start_worker, api, inputs):
+    first = start_worker()
+    run_id = create_run(api, inputs, "m3", steps=8, max_new_tokens=12)
+    wait_for(lambda: Run.objects.get(pk=run_id).current_step >= 2, timeout=180, what="two steps", worker=first)
+    first.kill()
+    killed_at = Run.objects.get(pk=run_id).current_step
+    assert status_of(run_id) == RunStatus.RUNNING
+    second = start_worker()
+    wait_for(lambda: status_of(run_id) in TERMINAL, timeout=240, what="the resumed run", worker=second)
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.SUCCEEDED, (run.error, second.output()[-3000:])
+    assert run.attempts == 2
+    steps = list(StepMetrics.objects.filter(run=run).order_by("step").values_list("step", flat=True))
+    assert steps == list(range(1, 9)), "every step recorded exactly once"
+    trajectories_per_step = {
+        step: Trajectory.objects.filter(run=run, step=step).count() for step in range(1, 9)
+    }
+    assert set(trajectories_per_step.values()) == {8}, trajectories_per_step
+    assert [c.step for c in Checkpoint.objects.filter(model=run.model).order_by("step")] == list(range(0, 9))
+    resumed = RunEvent.objects.filter(run=run, message__contains="resuming").first()
+    assert resumed is not None and f"from step {killed_at}" in resumed.message or killed_at < 8
+
+
+def test_failures_are_readable_and_keep_what_was_recorded(start_worker, api, inputs, tiny_model_dir):
+    worker = start_worker()
+    # A reward that errors on every sample: the run fails naming the grader and an example.
+    bad_reward = api.post(
+        "/api/v1/reward-definitions/",
+        {"project": inputs["project"], "name": "broken", "spec": {"type": "regex", "pattern": "{{item.missing}}"}},
+        format="json",
+    ).json()["id"]
+    run_id = create_run(api, {**inputs, "reward": bad_reward}, "m4", steps=2)
+    wait_for(lambda: status_of(run_id) in TERMINAL, timeout=180, what="the failing run", worker=worker)
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.FAILED
+    assert "broken" in run.error and "item.missing" in run.error, run.error
+    assert Checkpoint.objects.filter(run=run, step=0).exists(), "the step-0 checkpoint stays recorded"
+    assert RunEvent.objects.filter(run=run, level="error").exists()
+    # An engine that cannot load: a readable message, not a traceback.
+    services.base_model_register(name="gone", source=str(tiny_model_dir.parent / "does-not-exist"))
+    model = api.post("/api/v1/models/", {"project": inputs["project"], "name": "m5", "base_model": "gone"}, format="json")
+    body = {"model": model.json()["id"], "task_set": inputs["task_set"], "environment": inputs["environment"],
+            "reward": inputs["reward"], "config": {**SMALL, "steps": 1}}  # fmt: skip
+    run_id = api.post("/api/v1/runs/", body, format="json").json()["id"]
+    wait_for(lambda: status_of(run_id) in TERMINAL, timeout=120, what="the unloadable run", worker=worker)
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.FAILED and "does-not-exist" in run.error, run.error
