@@ -6,6 +6,7 @@ Ctrl-C (or any exit) stops them and everything they spawned.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -47,7 +48,12 @@ class Stack:
     def start(self, name: str, command: list[str]) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
         process = subprocess.Popen(
-            command, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ.copy()
+            command,
+            cwd=BASE_DIR,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=os.environ.copy(),
         )
         self.processes[name] = process
         return process
@@ -55,23 +61,21 @@ class Stack:
     def check_alive(self) -> None:
         for name, process in self.processes.items():
             if process.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {process.returncode}; see {self.log_dir / (name + '.log')}")
+                raise RuntimeError(
+                    f"{name} exited with code {process.returncode}; see {self.log_dir / (name + '.log')}"
+                )
 
     def stop(self, timeout: float = 15.0) -> None:
         for process in self.processes.values():
             if process.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         deadline = time.monotonic() + timeout
         for process in self.processes.values():
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 process.wait()
         self.processes.clear()

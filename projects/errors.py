@@ -24,7 +24,9 @@ class ValidationFailed(DomainError):
     status_code = 400
     code = "invalid"
 
-    def __init__(self, message: str, *, field: str | None = None, problems: list[tuple[str, str]] | None = None):
+    def __init__(
+        self, message: str, *, field: str | None = None, problems: list[tuple[str, str]] | None = None
+    ):
         super().__init__(message, field=field)
         self.problems = problems or [(field or "non_field_errors", message)]
 

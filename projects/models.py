@@ -41,6 +41,9 @@ class Membership(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["team", "user"], name="unique_membership")]
 
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
 
 class ApiKey(models.Model):
     """A team API key. Only a SHA-256 of the key is stored; the plaintext is shown once.
@@ -59,6 +62,9 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix})"
 
     @property
     def is_active(self) -> bool:
@@ -110,6 +116,9 @@ class TrainableModel(models.Model):
         constraints = [models.UniqueConstraint(fields=["project", "name"], name="unique_model_name")]
         ordering = ["-id"]
 
+    def __str__(self) -> str:
+        return f"{self.project.name}/{self.name}"
+
 
 class RewardDefinition(models.Model):
     """One version of a named grader spec. Updating a definition inserts the next version, so a run
@@ -128,6 +137,9 @@ class RewardDefinition(models.Model):
         ]
         ordering = ["-id"]
 
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
+
 
 class TaskSet(models.Model):
     TEAM_PATH = "project__team"
@@ -141,6 +153,9 @@ class TaskSet(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["project", "name"], name="unique_taskset_name")]
         ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Split(models.TextChoices):
@@ -157,6 +172,9 @@ class TaskRow(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["task_set", "index"], name="unique_task_row")]
         ordering = ["index"]
+
+    def __str__(self) -> str:
+        return f"{self.task_set.name}[{self.index}]"
 
 
 class EnvironmentKind(models.TextChoices):
@@ -177,6 +195,9 @@ class Environment(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["project", "name"], name="unique_environment_name")]
         ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class RunStatus(models.TextChoices):
@@ -214,6 +235,9 @@ class Run(models.Model):
         ordering = ["-id"]
         indexes = [models.Index(fields=["status", "heartbeat_at"])]
 
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.status})"
+
     @property
     def steps_done(self) -> int:
         return max(0, self.current_step - self.start_step) if self.started_at else 0
@@ -244,6 +268,9 @@ class RunEvent(models.Model):
     class Meta:
         ordering = ["id"]
 
+    def __str__(self) -> str:
+        return f"[{self.level}] {self.message[:60]}"
+
 
 class StepMetrics(models.Model):
     TEAM_PATH = "run__project__team"
@@ -258,6 +285,9 @@ class StepMetrics(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "step"], name="unique_step_metrics")]
         ordering = ["step"]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step}"
 
 
 class Trajectory(models.Model):
@@ -278,9 +308,14 @@ class Trajectory(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["run", "step", "group_index", "sample_index"], name="unique_trajectory")
+            models.UniqueConstraint(
+                fields=["run", "step", "group_index", "sample_index"], name="unique_trajectory"
+            )
         ]
         ordering = ["step", "group_index", "sample_index"]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step} group {self.group_index} #{self.sample_index}"
 
 
 class Checkpoint(models.Model):
@@ -297,3 +332,6 @@ class Checkpoint(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["model", "step"], name="unique_checkpoint_step")]
         ordering = ["step"]
+
+    def __str__(self) -> str:
+        return f"{self.model} step {self.step}"

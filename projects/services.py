@@ -19,11 +19,11 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from projects.errors import Conflict, InvalidTransition, NotFound, ValidationFailed
+from projects.errors import Conflict, InvalidTransition, ValidationFailed
 from projects.models import (
     ApiKey,
     BaseModel,
@@ -75,7 +75,7 @@ def _unique(create, *, field: str, message: str):
 # --- teams, members, keys -------------------------------------------------------------------
 
 
-def team_create(*, name: str, owner: AbstractBaseUser | None = None) -> Team:
+def team_create(*, name: str, owner: User | None = None) -> Team:
     _check_slug(name, "name")
     if Team.objects.filter(name=name).exists():
         raise ValidationFailed(f"a team named {name!r} already exists", field="name")
@@ -86,7 +86,7 @@ def team_create(*, name: str, owner: AbstractBaseUser | None = None) -> Team:
     return team
 
 
-def membership_set(*, team: Team, user: AbstractBaseUser, role: str) -> Membership:
+def membership_set(*, team: Team, user: User, role: str) -> Membership:
     if role not in Role.values:
         raise ValidationFailed(f"must be one of {', '.join(Role.values)}", field="role")
     membership, _ = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})
@@ -107,7 +107,7 @@ class CreatedApiKey:
 
 
 def api_key_create(
-    *, team: Team, name: str, read_only: bool = False, created_by: AbstractBaseUser | None = None
+    *, team: Team, name: str, read_only: bool = False, created_by: User | None = None
 ) -> CreatedApiKey:
     if not name.strip():
         raise ValidationFailed("must not be empty", field="name")
@@ -239,9 +239,13 @@ def _grader(spec: Any) -> dict[str, Any]:
     try:
         return validate_grader(spec)
     except GraderSpecError as exc:
-        problems = [(f"spec.{p['path'].removeprefix('grader.').removeprefix('grader')}".rstrip("."), p["message"])
-                    for p in exc.problems]
-        raise ValidationFailed(str(exc), field=problems[0][0] if problems else "spec", problems=problems) from exc
+        problems = [
+            (f"spec.{p['path'].removeprefix('grader.').removeprefix('grader')}".rstrip("."), p["message"])
+            for p in exc.problems
+        ]
+        raise ValidationFailed(
+            str(exc), field=problems[0][0] if problems else "spec", problems=problems
+        ) from exc
 
 
 def reward_definition_create(*, project: Project, name: str, spec: dict[str, Any]) -> RewardDefinition:
@@ -336,7 +340,9 @@ def _environment_fields(
         raise ValidationFailed("must be an object", field="sampling")
     for key in sampling:
         if key not in _SAMPLING_KEYS:
-            raise ValidationFailed(f"unknown key (allowed: {', '.join(sorted(_SAMPLING_KEYS))})", field=f"sampling.{key}")
+            raise ValidationFailed(
+                f"unknown key (allowed: {', '.join(sorted(_SAMPLING_KEYS))})", field=f"sampling.{key}"
+            )
     stop = sampling.get("stop", [])
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise ValidationFailed("must be a list of non-empty strings", field="sampling.stop")
@@ -345,7 +351,13 @@ def _environment_fields(
         TrainConfig.from_dict(overrides)
     except ConfigError as exc:
         raise ValidationFailed(exc.message, field=f"sampling.{exc.field}") from exc
-    return {"kind": kind, "system_prompt": system_prompt, "max_turns": max_turns, "tools": tools, "sampling": sampling}
+    return {
+        "kind": kind,
+        "system_prompt": system_prompt,
+        "max_turns": max_turns,
+        "tools": tools,
+        "sampling": sampling,
+    }
 
 
 def environment_create(
@@ -409,7 +421,12 @@ ALLOWED_TRANSITIONS: dict[str, set[str]] = {
 
 
 def run_event_add(
-    *, run: Run, message: str, level: str = EventLevel.INFO, type: str = EventType.MESSAGE, data: dict | None = None
+    *,
+    run: Run,
+    message: str,
+    level: str = EventLevel.INFO,
+    type: str = EventType.MESSAGE,
+    data: dict | None = None,
 ) -> RunEvent:
     return RunEvent.objects.create(run=run, message=message, level=level, type=type, data=data or {})
 
@@ -459,7 +476,7 @@ def run_create(
     environment: Environment,
     reward: RewardDefinition,
     config: dict[str, Any] | None = None,
-    created_by: AbstractBaseUser | None = None,
+    created_by: User | None = None,
 ) -> Run:
     project = model.project
     for field, obj in (("task_set", task_set), ("environment", environment), ("reward", reward)):
@@ -503,7 +520,9 @@ def run_cancel(*, run: Run) -> Run:
             if not locked.cancel_requested:
                 locked.cancel_requested = True
                 locked.save(update_fields=["cancel_requested"])
-                run_event_add(run=locked, message="Cancellation requested; the run stops before its next step")
+                run_event_add(
+                    run=locked, message="Cancellation requested; the run stops before its next step"
+                )
             return locked
     return run_transition(run_id=run.pk, to=RunStatus.CANCELLED, message="Run cancelled before it started")
 
@@ -515,7 +534,9 @@ def run_claim(*, run_id: int, worker: str, stale_after_s: float | None = None) -
     not sent a heartbeat for ``stale_after_s`` (died). Otherwise (a duplicate delivery, a finished or
     cancelled run, a live owner) returns None and changes nothing.
     """
-    stale_after = timedelta(seconds=stale_after_s if stale_after_s is not None else settings.RUN_HEARTBEAT_TIMEOUT_S)
+    stale_after = timedelta(
+        seconds=stale_after_s if stale_after_s is not None else settings.RUN_HEARTBEAT_TIMEOUT_S
+    )
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id).first()
         if run is None:
@@ -525,7 +546,9 @@ def run_claim(*, run_id: int, worker: str, stale_after_s: float | None = None) -
             if run.cancel_requested:
                 return None
             message = f"Run started on worker {worker}"
-        elif run.status == RunStatus.RUNNING and (run.heartbeat_at is None or now - run.heartbeat_at > stale_after):
+        elif run.status == RunStatus.RUNNING and (
+            run.heartbeat_at is None or now - run.heartbeat_at > stale_after
+        ):
             message = f"Worker {run.worker or '?'} stopped sending heartbeats; resuming on {worker} from step {run.current_step}"
         else:
             return None
@@ -632,7 +655,10 @@ def run_fail(*, run_id: int, error: str) -> Run | None:
     message = error if len(error) <= 2000 else error[:2000] + "…"
     try:
         return run_transition(
-            run_id=run_id, to=RunStatus.FAILED, message=f"Run failed: {message}", level=EventLevel.ERROR,
+            run_id=run_id,
+            to=RunStatus.FAILED,
+            message=f"Run failed: {message}",
+            level=EventLevel.ERROR,
             updates={"error": message},
         )
     except InvalidTransition:
@@ -649,5 +675,3 @@ def runs_requeue_orphaned(*, stale_after_s: float | None = None) -> list[int]:
     for run_id in run_ids:
         _enqueue_run(run_id)
     return run_ids
-
-

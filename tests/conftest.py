@@ -86,7 +86,12 @@ def anonymous_client():
     return _client()
 
 
-REWARD_SPEC = {"type": "string_check", "input": "{{sample.output_text}}", "reference": "{{item.answer}}", "operation": "ilike"}
+REWARD_SPEC = {
+    "type": "string_check",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.answer}}",
+    "operation": "ilike",
+}
 
 
 @pytest.fixture
@@ -108,7 +113,14 @@ def alpha_setup(cast):
     return type(
         "Setup",
         (),
-        {"base": base, "project": project, "model": model, "task_set": task_set, "environment": environment, "reward": reward},
+        {
+            "base": base,
+            "project": project,
+            "model": model,
+            "task_set": task_set,
+            "environment": environment,
+            "reward": reward,
+        },
     )
 
 

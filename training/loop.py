@@ -52,7 +52,12 @@ class RunHooks(Protocol):
     def record_checkpoint(self, *, step: int, path: Path, metrics: dict[str, Any]) -> None: ...
 
     def record_step(
-        self, *, step: int, metrics: dict[str, Any], trajectories: list[tuple[int, int, Trajectory]], path: Path
+        self,
+        *,
+        step: int,
+        metrics: dict[str, Any],
+        trajectories: list[tuple[int, int, Trajectory]],
+        path: Path,
     ) -> bool:
         """Persist a finished step; trajectories are (group_index, task_row_index, trajectory)."""
 

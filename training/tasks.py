@@ -68,10 +68,17 @@ class DjangoRunHooks:
         return "cancelled" if state["cancel_requested"] else None
 
     def record_checkpoint(self, *, step: int, path: Path, metrics: dict[str, Any]) -> None:
-        services.checkpoint_record(model=self.run.model, run=self.run, step=step, path=str(path), metrics=metrics)
+        services.checkpoint_record(
+            model=self.run.model, run=self.run, step=step, path=str(path), metrics=metrics
+        )
 
     def record_step(
-        self, *, step: int, metrics: dict[str, Any], trajectories: list[tuple[int, int, Trajectory]], path: Path
+        self,
+        *,
+        step: int,
+        metrics: dict[str, Any],
+        trajectories: list[tuple[int, int, Trajectory]],
+        path: Path,
     ) -> bool:
         counters: dict[int, int] = {}
         records = []
@@ -94,7 +101,12 @@ class DjangoRunHooks:
                 )
             )
         return services.step_record(
-            run=self.run, worker=self.worker, step=step, metrics=metrics, trajectories=records, checkpoint_path=str(path)
+            run=self.run,
+            worker=self.worker,
+            step=step,
+            metrics=metrics,
+            trajectories=records,
+            checkpoint_path=str(path),
         )
 
     def event(self, message: str, *, level: str = "info", data: dict[str, Any] | None = None) -> None:
@@ -110,9 +122,10 @@ def build_run_spec(run: Run) -> RunSpec:
         latest = Checkpoint.objects.filter(model=model).order_by("-step").first()
         services.run_set_start_step(run=run, start_step=latest.step if latest else 0)
     resume = Checkpoint.objects.filter(model=model, step=run.current_step).exists()
-    rows = list(
-        TaskRow.objects.filter(task_set=run.task_set, split=Split.TRAIN).order_by("index").values("index", "data")
-    )
+    rows = [
+        {"index": row.index, "data": row.data}
+        for row in TaskRow.objects.filter(task_set=run.task_set, split=Split.TRAIN).order_by("index")
+    ]
     environment = run.environment
     return RunSpec(
         base_model_source=model.base_model.source,

@@ -26,7 +26,9 @@ class DemoSetup:
     password: str | None  # only when the user was created now
 
 
-def demo_start(*, steps: int, base_model_source: str = BUNDLED_MODEL, config: dict[str, Any] | None = None) -> DemoSetup:
+def demo_start(
+    *, steps: int, base_model_source: str = BUNDLED_MODEL, config: dict[str, Any] | None = None
+) -> DemoSetup:
     User = get_user_model()
     password = api_key = None
     with transaction.atomic():
@@ -43,16 +45,17 @@ def demo_start(*, steps: int, base_model_source: str = BUNDLED_MODEL, config: di
         project = Project.objects.filter(team=team, name="demo").first() or services.project_create(
             team=team, name="demo", description="The demo run started by `make up` / `manage.py demo`."
         )
-        task_set = TaskSet.objects.filter(project=project, name="answer-format").first() or services.task_set_create(
+        task_set = TaskSet.objects.filter(
+            project=project, name="answer-format"
+        ).first() or services.task_set_create(
             project=project, name="answer-format", jsonl=TASKS_PATH.read_text()
         )
         environment = Environment.objects.filter(project=project, name="answer-format").first() or (
             services.environment_create(project=project, name="answer-format", system_prompt=SYSTEM_PROMPT)
         )
-        reward = (
-            RewardDefinition.objects.filter(project=project, name="answer-tags").order_by("-version").first()
-            or services.reward_definition_create(project=project, name="answer-tags", spec=REWARD_SPEC)
-        )
+        reward = RewardDefinition.objects.filter(project=project, name="answer-tags").order_by(
+            "-version"
+        ).first() or services.reward_definition_create(project=project, name="answer-tags", spec=REWARD_SPEC)
         # A fresh model per demo run, so an earlier demo's run never blocks this one.
         number = TrainableModel.objects.filter(project=project).count() + 1
         while TrainableModel.objects.filter(project=project, name=f"agent-{number}").exists():

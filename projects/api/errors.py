@@ -49,9 +49,15 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
 
 
 def error_response(
-    status_code: int, message: str, *, code: str, param: str | None = None, fields: dict | None = None, headers=None
+    status_code: int,
+    message: str,
+    *,
+    code: str,
+    param: str | None = None,
+    fields: dict | None = None,
+    headers=None,
 ) -> Response:
-    body = {
+    body: dict[str, dict[str, Any]] = {
         "error": {
             "message": message,
             "type": _TYPES.get(status_code, "api_error"),
@@ -80,7 +86,9 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         fields = _flatten(exc.detail)
         param, reasons = next(iter(fields.items()))
         message = f"{param}: {reasons[0]}" if param != "non_field_errors" else reasons[0]
-        return error_response(status.HTTP_400_BAD_REQUEST, message, code="invalid", param=param, fields=fields)
+        return error_response(
+            status.HTTP_400_BAD_REQUEST, message, code="invalid", param=param, fields=fields
+        )
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -8,4 +8,8 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
     name = "ApiKey"
 
     def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "bearer", "description": "A team API key: `Authorization: Bearer aw_…`"}
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A team API key: `Authorization: Bearer aw_…`",
+        }

@@ -70,7 +70,17 @@ class TaskRowOut(serializers.ModelSerializer):
 class EnvironmentOut(serializers.ModelSerializer):
     class Meta:
         model = Environment
-        fields = ["id", "project", "name", "kind", "system_prompt", "max_turns", "tools", "sampling", "created_at"]
+        fields = [
+            "id",
+            "project",
+            "name",
+            "kind",
+            "system_prompt",
+            "max_turns",
+            "tools",
+            "sampling",
+            "created_at",
+        ]
 
 
 class RunOut(serializers.ModelSerializer):
@@ -205,4 +215,4 @@ class RunIn(serializers.Serializer):
 
 class ApiKeyIn(serializers.Serializer):
     name = serializers.CharField(max_length=100)
-    read_only = serializers.BooleanField(required=False, default=False)
+    read_only = serializers.BooleanField(required=False, default=False)  # type: ignore[assignment]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.db.models import Max, QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -30,6 +31,7 @@ from projects.models import (
     Run,
     RunStatus,
     TaskSet,
+    Team,
     TrainableModel,
 )
 from training.config import TrainConfig
@@ -38,7 +40,7 @@ from training.config import TrainConfig
 class TeamScopedViewSet(viewsets.GenericViewSet):
     """Base of every team-owned resource: the queryset is always filtered to the caller's team."""
 
-    model: type = None  # type: ignore[assignment]
+    model: Any = None  # the Django model; it must define TEAM_PATH
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -51,14 +53,14 @@ class TeamScopedViewSet(viewsets.GenericViewSet):
     def get_queryset(self) -> QuerySet:
         if getattr(self, "swagger_fake_view", False):  # schema generation has no caller
             return self.model._default_manager.none()
-        return self.base_queryset().filter(**{self.model.TEAM_PATH: self.request.team})
+        return self.base_queryset().filter(**{self.model.TEAM_PATH: self.team})
 
     @property
-    def team(self):
-        return self.request.team
+    def team(self) -> Team:
+        return self.request.team  # type: ignore[attr-defined]  # set by IsTeamMember
 
     def ref(self, model: type, value: Any, field: str) -> Any:
-        return selectors.scoped_reference(model, self.request.team, value, field=field)
+        return selectors.scoped_reference(model, self.team, value, field=field)
 
     def filter_by_project(self, queryset: QuerySet) -> QuerySet:
         project = self.request.query_params.get("project")
@@ -171,7 +173,9 @@ class RewardDefinitionViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
         if request.query_params.get("latest") in {"1", "true"}:
             newest = queryset.values("project", "name").annotate(v=Max("version"))
             ids = [
-                queryset.filter(project=row["project"], name=row["name"], version=row["v"]).values_list("id", flat=True)[0]
+                queryset.filter(project=row["project"], name=row["name"], version=row["v"]).values_list(
+                    "id", flat=True
+                )[0]
                 for row in newest
             ]
             queryset = queryset.filter(id__in=ids)
@@ -200,7 +204,9 @@ class RewardDefinitionViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
     @action(detail=True, methods=["get"])
     def versions(self, request: Request, pk: str) -> Response:
         definition = self.get_object()
-        versions = self.get_queryset().filter(project=definition.project, name=definition.name).order_by("version")
+        versions = (
+            self.get_queryset().filter(project=definition.project, name=definition.name).order_by("version")
+        )
         return Response(s.RewardDefinitionOut(versions, many=True).data)
 
 
@@ -302,7 +308,7 @@ class RunViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
             environment=self.ref(Environment, data["environment"], "environment"),
             reward=self.ref(RewardDefinition, data["reward"], "reward"),
             config=data["config"],
-            created_by=request.user if getattr(request.user, "pk", None) else None,
+            created_by=_user(request),
         )
         return Response(s.RunOut(run).data, status=status.HTTP_201_CREATED)
 
@@ -323,7 +329,9 @@ class RunViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
         after = _int_param(request, "after", None)
         limit = min(max(_int_param(request, "limit", 100) or 100, 1), 1000)
         events, has_more = selectors.run_events(run=run, after=after, limit=limit)
-        return Response({"object": "list", "data": s.RunEventOut(events, many=True).data, "has_more": has_more})
+        return Response(
+            {"object": "list", "data": s.RunEventOut(events, many=True).data, "has_more": has_more}
+        )
 
     @extend_schema(responses=s.StepMetricsOut(many=True))
     @action(detail=True, methods=["get"])
@@ -340,8 +348,15 @@ class RunViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
     @extend_schema(responses=s.TrajectoryOut(many=True), parameters=[OpenApiParameter("step", int)])
     @action(detail=True, methods=["get"])
     def trajectories(self, request: Request, pk: str) -> Response:
-        trajectories = selectors.run_trajectories(run=self.get_object(), step=_int_param(request, "step", None))
+        trajectories = selectors.run_trajectories(
+            run=self.get_object(), step=_int_param(request, "step", None)
+        )
         return self.paginated(trajectories, s.TrajectoryOut)
+
+
+def _user(request: Request) -> User | None:
+    """The signed-in person, or None for API-key requests (keys belong to teams)."""
+    return request.user if isinstance(request.user, User) else None
 
 
 def _int_param(request: Request, name: str, default: int | None) -> int | None:
@@ -368,7 +383,7 @@ class ApiKeyViewSet(TeamScopedViewSet, mixins.ListModelMixin):
             team=self.team,
             name=data["name"],
             read_only=data["read_only"],
-            created_by=request.user if getattr(request.user, "pk", None) else None,
+            created_by=_user(request),
         )
         body = dict(s.ApiKeyOut(created.api_key).data)
         body["key"] = created.plaintext

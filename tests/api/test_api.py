@@ -216,14 +216,20 @@ def test_referencing_another_teams_project_is_rejected(alpha_setup, charlie_clie
 def test_model_create_and_validation(alpha_setup, alice_client):
     project = alpha_setup.project.pk
     ok = alice_client.post(
-        "/api/v1/models/", {"project": project, "name": "m2", "base_model": "tiny", "lora": {"rank": 4}}, format="json"
+        "/api/v1/models/",
+        {"project": project, "name": "m2", "base_model": "tiny", "lora": {"rank": 4}},
+        format="json",
     )
     assert ok.status_code == 201, ok.json()
     assert ok.json()["lora"]["rank"] == 4 and ok.json()["latest_step"] is None
-    unknown = alice_client.post("/api/v1/models/", {"project": project, "name": "m3", "base_model": "gpt-9"}, format="json")
+    unknown = alice_client.post(
+        "/api/v1/models/", {"project": project, "name": "m3", "base_model": "gpt-9"}, format="json"
+    )
     assert unknown.status_code == 400 and error_of(unknown)["param"] == "base_model"
     bad_lora = alice_client.post(
-        "/api/v1/models/", {"project": project, "name": "m4", "base_model": "tiny", "lora": {"rank": -1}}, format="json"
+        "/api/v1/models/",
+        {"project": project, "name": "m4", "base_model": "tiny", "lora": {"rank": -1}},
+        format="json",
     )
     assert bad_lora.status_code == 400 and error_of(bad_lora)["param"] == "lora.rank"
     listed = alice_client.get(f"/api/v1/models/?project={project}").json()
@@ -272,15 +278,24 @@ def test_invalid_grader_spec_names_the_path(alpha_setup, alice_client):
 
 def test_task_set_upload_as_json_jsonl_and_file(alpha_setup, alice_client):
     project = alpha_setup.project.pk
-    rows = [{"prompt": "a", "item": {"x": 1}}, {"messages": [{"role": "user", "content": "b"}], "split": "validation"}]
-    as_json = alice_client.post("/api/v1/task-sets/", {"project": project, "name": "j", "rows": rows}, format="json")
+    rows = [
+        {"prompt": "a", "item": {"x": 1}},
+        {"messages": [{"role": "user", "content": "b"}], "split": "validation"},
+    ]
+    as_json = alice_client.post(
+        "/api/v1/task-sets/", {"project": project, "name": "j", "rows": rows}, format="json"
+    )
     assert as_json.status_code == 201, as_json.json()
     assert (as_json.json()["train_count"], as_json.json()["validation_count"]) == (1, 1)
     jsonl = "\n".join(json.dumps(r) for r in rows)
-    as_text = alice_client.post("/api/v1/task-sets/", {"project": project, "name": "t", "jsonl": jsonl}, format="json")
+    as_text = alice_client.post(
+        "/api/v1/task-sets/", {"project": project, "name": "t", "jsonl": jsonl}, format="json"
+    )
     assert as_text.status_code == 201 and as_text.json()["row_count"] == 2
     upload = SimpleUploadedFile("tasks.jsonl", jsonl.encode(), content_type="application/jsonl")
-    as_file = alice_client.post("/api/v1/task-sets/", {"project": project, "name": "f", "file": upload}, format="multipart")
+    as_file = alice_client.post(
+        "/api/v1/task-sets/", {"project": project, "name": "f", "file": upload}, format="multipart"
+    )
     assert as_file.status_code == 201, as_file.json()
     listed = alice_client.get(f"/api/v1/task-sets/{as_file.json()['id']}/rows/?split=validation").json()
     assert listed["count"] == 1 and listed["results"][0]["data"]["messages"][0]["content"] == "b"
@@ -289,7 +304,9 @@ def test_task_set_upload_as_json_jsonl_and_file(alpha_setup, alice_client):
 def test_malformed_jsonl_names_line_and_field(alpha_setup, alice_client):
     jsonl = '{"prompt": "ok"}\n{"prompt": \n{"messages": "nope"}\n{"prompt": "x", "item": 3}\n'
     response = alice_client.post(
-        "/api/v1/task-sets/", {"project": alpha_setup.project.pk, "name": "bad", "jsonl": jsonl}, format="json"
+        "/api/v1/task-sets/",
+        {"project": alpha_setup.project.pk, "name": "bad", "jsonl": jsonl},
+        format="json",
     )
     assert response.status_code == 400
     error = error_of(response)
@@ -300,9 +317,13 @@ def test_malformed_jsonl_names_line_and_field(alpha_setup, alice_client):
 
 
 def test_binary_upload_is_a_clear_400(alpha_setup, alice_client):
-    upload = SimpleUploadedFile("tasks.jsonl", b"\xff\xfe\x00garbage", content_type="application/octet-stream")
+    upload = SimpleUploadedFile(
+        "tasks.jsonl", b"\xff\xfe\x00garbage", content_type="application/octet-stream"
+    )
     response = alice_client.post(
-        "/api/v1/task-sets/", {"project": alpha_setup.project.pk, "name": "bin", "file": upload}, format="multipart"
+        "/api/v1/task-sets/",
+        {"project": alpha_setup.project.pk, "name": "bin", "file": upload},
+        format="multipart",
     )
     assert response.status_code == 400 and error_of(response)["param"] == "file"
 
@@ -312,10 +333,14 @@ def test_binary_upload_is_a_clear_400(alpha_setup, alice_client):
 
 def test_environment_validation(alpha_setup, alice_client):
     project = alpha_setup.project.pk
-    bad_turns = alice_client.post("/api/v1/environments/", {"project": project, "name": "e", "max_turns": 0}, format="json")
+    bad_turns = alice_client.post(
+        "/api/v1/environments/", {"project": project, "name": "e", "max_turns": 0}, format="json"
+    )
     assert bad_turns.status_code == 400 and error_of(bad_turns)["param"] == "max_turns"
     bad_sampling = alice_client.post(
-        "/api/v1/environments/", {"project": project, "name": "e", "sampling": {"temperature": -1}}, format="json"
+        "/api/v1/environments/",
+        {"project": project, "name": "e", "sampling": {"temperature": -1}},
+        format="json",
     )
     assert bad_sampling.status_code == 400 and error_of(bad_sampling)["param"] == "sampling.temperature"
     ok = alice_client.post(
@@ -409,7 +434,12 @@ def test_metrics_checkpoints_and_trajectories_after_a_recorded_step(alpha_setup,
         finish_reason="stop",
     )  # fmt: skip
     assert services.step_record(
-        run=run, worker="w1", step=1, metrics={"reward_mean": 1.0, "loss": 0.5}, trajectories=[record], checkpoint_path="/x"
+        run=run,
+        worker="w1",
+        step=1,
+        metrics={"reward_mean": 1.0, "loss": 0.5},
+        trajectories=[record],
+        checkpoint_path="/x",
     )
     metrics = key_client.get(f"/api/v1/runs/{run_id}/metrics/").json()["data"]
     assert metrics[0]["step"] == 1 and metrics[0]["reward_mean"] == 1.0

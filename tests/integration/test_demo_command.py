@@ -39,13 +39,17 @@ def test_demo_runs_on_embedded_defaults_with_the_tiny_model(tmp_path, tiny_model
         assert db.execute("select status from projects_run").fetchall() == [("succeeded",)]
         assert db.execute("select count(*) from projects_stepmetrics").fetchone() == (2,)
     # A second demo reuses the team (no new key printed) and trains a fresh model.
-    again = run_demo(data_dir, "--steps", "1", "--base-model", str(tiny_model_dir), "--max-new-tokens", "4", timeout=300)
+    again = run_demo(
+        data_dir, "--steps", "1", "--base-model", str(tiny_model_dir), "--max-new-tokens", "4", timeout=300
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "API key" not in again.stdout
 
 
 def test_demo_exits_nonzero_when_the_run_fails(tmp_path):
-    result = run_demo(tmp_path / "data", "--steps", "1", "--base-model", str(tmp_path / "missing"), timeout=300)
+    result = run_demo(
+        tmp_path / "data", "--steps", "1", "--base-model", str(tmp_path / "missing"), timeout=300
+    )
     assert result.returncode != 0
     assert "failed" in (result.stdout + result.stderr)
 

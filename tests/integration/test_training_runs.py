@@ -32,7 +32,9 @@ def inputs(cast, tiny_model_dir, api):
     project = api.post("/api/v1/projects/", {"name": "it"}, format="json").json()["id"]
     rows = [{"prompt": f"Say {word}", "item": {"answer": word}} for word in ["a", "b", "c", "d", "e"]]
     ids = {
-        "task_set": api.post("/api/v1/task-sets/", {"project": project, "name": "words", "rows": rows}, format="json"),
+        "task_set": api.post(
+            "/api/v1/task-sets/", {"project": project, "name": "words", "rows": rows}, format="json"
+        ),
         "environment": api.post("/api/v1/environments/", {"project": project, "name": "chat"}, format="json"),
         "reward": api.post(
             "/api/v1/reward-definitions/",
@@ -49,7 +51,9 @@ def inputs(cast, tiny_model_dir, api):
 
 def create_run(api, inputs, model_name: str, **config) -> int:
     model = api.post(
-        "/api/v1/models/", {"project": inputs["project"], "name": model_name, "base_model": "tiny"}, format="json"
+        "/api/v1/models/",
+        {"project": inputs["project"], "name": model_name, "base_model": "tiny"},
+        format="json",
     )
     assert model.status_code == 201, model.json()
     body = {
@@ -92,12 +96,17 @@ def test_cancel_stops_run_within_one_step(start_worker, api, inputs):
     worker = start_worker()
     run_id = create_run(api, inputs, "m2", steps=200)
     wait_for(
-        lambda: Run.objects.get(pk=run_id).current_step >= 1, timeout=180, what="the first step", worker=worker
+        lambda: Run.objects.get(pk=run_id).current_step >= 1,
+        timeout=180,
+        what="the first step",
+        worker=worker,
     )
     response = api.post(f"/api/v1/runs/{run_id}/cancel/")
     assert response.status_code == 200
     step_at_cancel = response.json()["current_step"]
-    wait_for(lambda: status_of(run_id) == RunStatus.CANCELLED, timeout=120, what="cancellation", worker=worker)
+    wait_for(
+        lambda: status_of(run_id) == RunStatus.CANCELLED, timeout=120, what="cancellation", worker=worker
+    )
     recorded = StepMetrics.objects.filter(run_id=run_id).count()
     assert recorded <= step_at_cancel + 1, (recorded, step_at_cancel)
 
@@ -105,7 +114,9 @@ def test_cancel_stops_run_within_one_step(start_worker, api, inputs):
 def test_killed_worker_run_resumes_from_last_checkpoint_exactly_once(start_worker, api, inputs):
     first = start_worker()
     run_id = create_run(api, inputs, "m3", steps=8, max_new_tokens=12)
-    wait_for(lambda: Run.objects.get(pk=run_id).current_step >= 2, timeout=180, what="two steps", worker=first)
+    wait_for(
+        lambda: Run.objects.get(pk=run_id).current_step >= 2, timeout=180, what="two steps", worker=first
+    )
     first.kill()
     killed_at = Run.objects.get(pk=run_id).current_step
     assert status_of(run_id) == RunStatus.RUNNING
@@ -130,7 +141,11 @@ def test_failures_are_readable_and_keep_what_was_recorded(start_worker, api, inp
     # A reward that errors on every sample: the run fails naming the grader and an example.
     bad_reward = api.post(
         "/api/v1/reward-definitions/",
-        {"project": inputs["project"], "name": "broken", "spec": {"type": "regex", "pattern": "{{item.missing}}"}},
+        {
+            "project": inputs["project"],
+            "name": "broken",
+            "spec": {"type": "regex", "pattern": "{{item.missing}}"},
+        },
         format="json",
     ).json()["id"]
     run_id = create_run(api, {**inputs, "reward": bad_reward}, "m4", steps=2)
@@ -142,7 +157,9 @@ def test_failures_are_readable_and_keep_what_was_recorded(start_worker, api, inp
     assert RunEvent.objects.filter(run=run, level="error").exists()
     # An engine that cannot load: a readable message, not a traceback.
     services.base_model_register(name="gone", source=str(tiny_model_dir.parent / "does-not-exist"))
-    model = api.post("/api/v1/models/", {"project": inputs["project"], "name": "m5", "base_model": "gone"}, format="json")
+    model = api.post(
+        "/api/v1/models/", {"project": inputs["project"], "name": "m5", "base_model": "gone"}, format="json"
+    )
     body = {"model": model.json()["id"], "task_set": inputs["task_set"], "environment": inputs["environment"],
             "reward": inputs["reward"], "config": {**SMALL, "steps": 1}}  # fmt: skip
     run_id = api.post("/api/v1/runs/", body, format="json").json()["id"]

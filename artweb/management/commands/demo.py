@@ -38,7 +38,9 @@ def watch_run(run: Run, *, stack: Stack | None, stdout, timeout_s: float) -> Run
             if stack is not None:
                 stack.check_alive()
             if time.monotonic() > deadline:
-                raise CommandError(f"run {run.pk} did not finish within {timeout_s:.0f}s (status {run.status})")
+                raise CommandError(
+                    f"run {run.pk} did not finish within {timeout_s:.0f}s (status {run.status})"
+                )
             time.sleep(0.5)
     finally:
         bar.close()
@@ -49,7 +51,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--steps", type=int, default=10)
-        parser.add_argument("--base-model", default=BUNDLED_MODEL, help="bundled model or a local model directory")
+        parser.add_argument(
+            "--base-model", default=BUNDLED_MODEL, help="bundled model or a local model directory"
+        )
         parser.add_argument("--no-worker", action="store_true", help="use an already running worker")
         parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before giving up")
         parser.add_argument("--group-size", type=int, default=None)

@@ -7,7 +7,9 @@ from training.models import BUNDLED_MODEL
 
 
 class Command(BaseCommand):
-    help = f"Add or update a base model in the catalogue. SOURCE is {BUNDLED_MODEL} or a local model directory."
+    help = (
+        f"Add or update a base model in the catalogue. SOURCE is {BUNDLED_MODEL} or a local model directory."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("name")

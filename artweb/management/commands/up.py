@@ -36,7 +36,9 @@ class Command(BaseCommand):
                 setup = demo_start(steps=demo_steps, base_model_source=base_model)
                 print_credentials(self.stdout, setup)
                 run = watch_run(setup.run, stack=stack, stdout=self.stdout, timeout_s=float("inf"))
-                self.stdout.write(f"Demo run {run.pk} {run.status}. The platform keeps running; Ctrl-C stops it.")
+                self.stdout.write(
+                    f"Demo run {run.pk} {run.status}. The platform keeps running; Ctrl-C stops it."
+                )
             while True:
                 stack.check_alive()
                 time.sleep(1)

@@ -55,7 +55,9 @@ def test_every_environment_variable_is_a_setting():
         unknown = set(env) - known
         assert not unknown, f"{name} sets variables that artweb/settings.py never reads: {unknown}"
         assert {"DATABASE_URL", "CELERY_BROKER_URL", "SECRET_KEY"} <= set(env), name
-        assert env["DATABASE_URL"].startswith("postgres://") and env["CELERY_BROKER_URL"].startswith("redis://")
+        assert env["DATABASE_URL"].startswith("postgres://") and env["CELERY_BROKER_URL"].startswith(
+            "redis://"
+        )
 
 
 def _command(service: dict) -> list[str]:
@@ -70,7 +72,7 @@ def _command(service: dict) -> list[str]:
 def test_commands_refer_to_real_entry_points():
     import importlib
 
-    for name, service in compose()["services"].items():
+    for _name, service in compose()["services"].items():
         if "build" not in service:
             continue
         words = _command(service)

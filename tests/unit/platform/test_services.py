@@ -144,7 +144,9 @@ def test_run_config_defaults_are_filled_in(alpha_setup):
 
 
 def test_environment_sampling_defaults_feed_the_run_config(alpha_setup):
-    services.environment_update(environment=alpha_setup.environment, sampling={"temperature": 0.7, "stop": ["\n"]})
+    services.environment_update(
+        environment=alpha_setup.environment, sampling={"temperature": 0.7, "stop": ["\n"]}
+    )
     run = make_run(alpha_setup)
     assert run.config["temperature"] == 0.7
     override = Run.objects.get(pk=run.pk)
@@ -154,10 +156,16 @@ def test_environment_sampling_defaults_feed_the_run_config(alpha_setup):
 
 def test_task_set_split_is_deterministic(alpha_setup):
     a = services.task_set_create(
-        project=alpha_setup.project, name="a", rows=[{"prompt": str(i)} for i in range(20)], validation_fraction=0.25
+        project=alpha_setup.project,
+        name="a",
+        rows=[{"prompt": str(i)} for i in range(20)],
+        validation_fraction=0.25,
     )
     b = services.task_set_create(
-        project=alpha_setup.project, name="b", rows=[{"prompt": str(i)} for i in range(20)], validation_fraction=0.25
+        project=alpha_setup.project,
+        name="b",
+        rows=[{"prompt": str(i)} for i in range(20)],
+        validation_fraction=0.25,
     )
     assert a.validation_count == 5 and a.train_count == 15
     splits_a = list(TaskRow.objects.filter(task_set=a).values_list("split", flat=True))

@@ -38,7 +38,15 @@ def test_secret_key_from_file(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("from-a-file-" + "k" * 50)
     env = {**PRODUCTION, "SECRET_KEY": "", "SECRET_KEY_FILE": str(secret)}
-    result = manage("shell", "-v", "0", "-c", "from django.conf import settings; print(settings.SECRET_KEY)", env=env, tmp_path=tmp_path)
+    result = manage(
+        "shell",
+        "-v",
+        "0",
+        "-c",
+        "from django.conf import settings; print(settings.SECRET_KEY)",
+        env=env,
+        tmp_path=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == secret.read_text()
 
