@@ -1,0 +1,261 @@
+"""Batched sampling with plain transformers models (CPU or GPU), with exact per-token logprobs.
+
+The sampling loop is written out here rather than using `model.generate`, so that the logprob of
+every sampled token is the one the trainer recomputes (see `engines/base.py` for the convention).
+The engine either wraps the trainer's live PeftModel (sampling follows the adapter as it trains)
+or owns a plain model and loads LoRA checkpoints into it for serving.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel
+
+from training.engines.base import Choice, Engine, FinishReason, SamplingParams
+
+
+def sample_next_token(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row from `logits` [B, V]; return (tokens [B], their logprobs [B]).
+
+    The logprob is under the full tempered distribution, before top-p truncation.
+    """
+    logits = logits.float()
+    if temperature == 0:
+        logprobs = torch.log_softmax(logits, dim=-1)
+        tokens = logits.argmax(dim=-1)
+    else:
+        logprobs = torch.log_softmax(logits / temperature, dim=-1)
+        probs = logprobs.exp()
+        if top_p < 1.0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass
+            # before it already does. The most likely token is always kept.
+            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        tokens = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class TransformersEngine(Engine):
+    """Engine over an in-memory transformers model (plain or peft).
+
+    `adapter=None` means the model as given: the active adapter of a PeftModel, the base weights of
+    a plain model (even after `load_adapter` has wrapped it). The model is not moved: put it on
+    `device` first.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, device: str | torch.device = "cpu") -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self._given_peft = isinstance(model, PeftModel)
+        self._loaded: set[str] = set()
+        self.stop_token_ids = self._stop_token_ids()
+        base = model.get_base_model() if self._given_peft else model
+        # Computing vocabulary logits for the last position only saves most of the prompt pass.
+        parameters = inspect.signature(base.forward).parameters
+        self._can_keep_last_logits = "logits_to_keep" in parameters
+        # transformers 5.x renamed the KV-cache argument `past_key_values` to `cache`.
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id = int(pad)
+
+    def _stop_token_ids(self) -> set[int]:
+        ids = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        generation_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(generation_eos, int):
+            ids.add(generation_eos)
+        elif isinstance(generation_eos, list):
+            ids.update(int(i) for i in generation_eos)
+        return ids
+
+    def render(self, messages: list[dict]) -> list[int]:
+        """Prompt token ids of a chat request, ending with the assistant header."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        # The template already wrote any bos token; do not let the tokenizer add another.
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def generate(
+        self, requests: list[list[dict]], sampling: SamplingParams, adapter: str | None = None
+    ) -> list[Choice]:
+        if not requests:
+            return []
+        prompts = [self.render(messages) for messages in requests]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._adapter_scope(adapter):
+                return self._sample(prompts, sampling)
+        finally:
+            self.model.train(was_training)
+
+    def _sample(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Choice]:
+        batch = len(prompts)
+        width = max(len(p) for p in prompts)
+        # Left padding lines up every row's last prompt token, so one column of logits per step
+        # serves the whole batch. Positions count real tokens only, as if each row were alone.
+        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((batch, width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        input_ids, attention_mask, position_ids = (
+            t.to(self.device) for t in (input_ids, attention_mask, position_ids)
+        )
+        generator = None
+        if sampling.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
+
+        extra = {"logits_to_keep": 1} if self._can_keep_last_logits else {}
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **extra,
+        )
+        cache = self._returned_cache(out)
+        logits = out.logits[:, -1, :]
+        next_position = position_ids[:, -1:] + 1
+
+        token_ids: list[list[int]] = [[] for _ in range(batch)]
+        logprobs: list[list[float]] = [[] for _ in range(batch)]
+        finish: list[FinishReason | None] = [None] * batch
+        texts: list[str | None] = [None] * batch
+        for step in range(sampling.max_new_tokens):
+            tokens, token_logprobs = sample_next_token(
+                logits, sampling.temperature, sampling.top_p, generator
+            )
+            for row in range(batch):
+                if finish[row] is not None:
+                    continue
+                token = int(tokens[row])
+                token_ids[row].append(token)
+                logprobs[row].append(float(token_logprobs[row]))
+                if token in self.stop_token_ids:
+                    finish[row] = "stop"
+                elif sampling.stop:
+                    text = self.tokenizer.decode(token_ids[row], skip_special_tokens=True)
+                    cut = _first_stop(text, sampling.stop)
+                    if cut is not None:
+                        finish[row], texts[row] = "stop", text[:cut]
+            if all(reason is not None for reason in finish) or step == sampling.max_new_tokens - 1:
+                break
+            # Finished rows keep being fed their last sample; their outputs are ignored.
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_position,
+                use_cache=True,
+                **{self._cache_argument: cache},
+            )
+            cache = self._returned_cache(out)
+            logits = out.logits[:, -1, :]
+            next_position = next_position + 1
+
+        choices = []
+        for row in range(batch):
+            text = texts[row]
+            if text is None:
+                text = self.tokenizer.decode(token_ids[row], skip_special_tokens=True)
+            choices.append(
+                Choice(
+                    text=text,
+                    prompt_token_ids=prompts[row],
+                    token_ids=token_ids[row],
+                    logprobs=logprobs[row],
+                    finish_reason=finish[row] or "length",
+                )
+            )
+        return choices
+
+    def _returned_cache(self, out: Any) -> Any:
+        return out.cache if self._cache_argument == "cache" else out.past_key_values
+
+    @contextmanager
+    def _adapter_scope(self, adapter: str | None) -> Iterator[None]:
+        model = self.model
+        if adapter is None:
+            if isinstance(model, PeftModel) and not self._given_peft:
+                with model.disable_adapter():
+                    yield
+            else:
+                yield
+            return
+        if not isinstance(model, PeftModel) or adapter not in model.peft_config:
+            raise ValueError(f"adapter {adapter!r} is not loaded")
+        previous = model.active_adapter
+        flags = _requires_grad_flags(model)
+        model.set_adapter(adapter, inference_mode=True)
+        try:
+            yield
+        finally:
+            model.set_adapter(previous)
+            _restore_requires_grad(model, flags)
+
+    def load_adapter(self, name: str, path: Path) -> None:
+        path = Path(path)
+        if name in self._loaded or (isinstance(self.model, PeftModel) and name in self.model.peft_config):
+            raise ValueError(f"adapter {name!r} is already loaded")
+        if not (path / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"no LoRA adapter in {path} (adapter_config.json missing)")
+        if isinstance(self.model, PeftModel):
+            # peft's loaders flip requires_grad on other adapters; the trainer's must stay as it was.
+            flags = _requires_grad_flags(self.model)
+            self.model.load_adapter(str(path), adapter_name=name, is_trainable=False)
+            _restore_requires_grad(self.model, flags)
+        else:
+            with warnings.catch_warnings():
+                # peft 0.21 reads transformers 5's deprecated `is_gradient_checkpointing`.
+                warnings.filterwarnings(
+                    "ignore", message=".*is_gradient_checkpointing", category=FutureWarning
+                )
+                self.model = PeftModel.from_pretrained(
+                    self.model, str(path), adapter_name=name, is_trainable=False
+                )
+        self._loaded.add(name)
+
+    def unload_adapter(self, name: str) -> None:
+        if name not in self._loaded:
+            raise ValueError(f"adapter {name!r} was not loaded by this engine")
+        model = self.model
+        if not self._given_peft and len(model.peft_config) == 1:
+            # The last adapter of a model we wrapped: go back to the plain model.
+            self.model = model.unload()
+        else:
+            previous = model.active_adapter
+            flags = _requires_grad_flags(model)
+            model.delete_adapter(name)
+            if previous != name:
+                model.set_adapter(previous)
+            _restore_requires_grad(model, flags)
+        self._loaded.discard(name)
+
+
+def _first_stop(text: str, stops: list[str]) -> int | None:
+    positions = [text.find(stop) for stop in stops if stop]
+    found = [p for p in positions if p >= 0]
+    return min(found) if found else None
+
+
+def _requires_grad_flags(model: torch.nn.Module) -> dict[str, bool]:
+    return {name: p.requires_grad for name, p in model.named_parameters()}
+
+
+def _restore_requires_grad(model: torch.nn.Module, flags: dict[str, bool]) -> None:
+    for name, p in model.named_parameters():
+        p.requires_grad_(flags.get(name, False))

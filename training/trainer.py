@@ -1,0 +1,364 @@
+"""The GRPO trainer: a LoRA adapter on a frozen base model, one policy update per step.
+
+A checkpoint is a directory, complete or absent: it is written under a temporary sibling name and
+renamed into place, so a crash mid-save leaves the previous checkpoints and no half-written one.
+
+Checkpoint layout (format_version 1):
+    adapter_model.safetensors, adapter_config.json   the LoRA adapter (peft; servable as is)
+    optimizer.pt                                     AdamW state_dict
+    rng_state.pt                                     {"torch", "python"[, "cuda"]} RNG states
+    state.json                                       {format_version, step, config, lora, metrics}
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+from safetensors.torch import load_file
+
+from training.config import LoraSpec, TrainConfig
+from training.grpo import (
+    compute_advantages,
+    entropy_from_logits,
+    is_zero_variance,
+    micro_batch_weight,
+    policy_loss,
+)
+
+CHECKPOINT_FORMAT_VERSION = 1
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A directory that is not a readable checkpoint, or one that does not fit the run."""
+
+
+@dataclass
+class TrainSample:
+    """One sampled completion: exactly the tokens the engine produced, their logprobs, its reward."""
+
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_logprobs: list[float]
+    reward: float
+
+
+@dataclass
+class TrainGroup:
+    """The completions of one task row; advantages are computed within it."""
+
+    samples: list[TrainSample]
+
+
+class Trainer:
+    """Owns the policy (base model + LoRA) and its optimizer.
+
+    The base model is modified in place (peft injects the LoRA layers), so give each Trainer its
+    own freshly loaded base model. Train in fp32 on CPU: bf16 matmuls are ~30x slower there.
+    """
+
+    def __init__(
+        self,
+        base_model: Any,
+        tokenizer: Any,
+        config: TrainConfig,
+        lora: LoraSpec,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.config = config
+        self.lora = lora
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.step = 0  # train_step calls so far; restored by resume()
+        # Seeding here makes a run reproducible from its config: the LoRA init below and every
+        # rollout sampled with seed=None draw from these generators.
+        random.seed(config.seed)
+        torch.manual_seed(config.seed)
+        peft_config = LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        with warnings.catch_warnings():
+            # peft 0.21 reads transformers 5's deprecated `is_gradient_checkpointing`: not ours to fix.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+            self.model: PeftModel = get_peft_model(base_model.to(self.device), peft_config)
+        self.model.train()
+        forward = self.model.get_base_model().forward
+        self._can_keep_logits = "logits_to_keep" in inspect.signature(forward).parameters
+        self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.trainable_parameters, lr=config.learning_rate, weight_decay=config.weight_decay
+        )
+
+    @property
+    def policy(self) -> PeftModel:
+        """The live policy; give it to TransformersEngine so rollouts sample the current adapter."""
+        return self.model
+
+    # ---------------------------------------------------------------- one update
+    def train_step(self, groups: list[TrainGroup]) -> dict[str, float]:
+        """One GRPO update from sampled groups; returns the step's metrics."""
+        start = time.perf_counter()
+        config = self.config
+        rewards = [[sample.reward for sample in group.samples] for group in groups]
+        advantages, zero_variance_groups = compute_advantages(rewards, scale=config.scale_rewards)
+        all_rewards = torch.tensor([r for group in rewards for r in group], dtype=torch.float64)
+        metrics: dict[str, float] = {
+            "loss": 0.0,
+            "grad_norm": 0.0,
+            "entropy": 0.0,
+            "clip_fraction": 0.0,
+            "kl": 0.0,
+            "ratio_mean": 1.0,
+            "trainable_tokens": 0.0,
+            "zero_variance_fraction": zero_variance_groups / max(len(groups), 1),
+            "reward_mean": float(all_rewards.mean()) if len(all_rewards) else 0.0,
+            "reward_std": float(all_rewards.std(unbiased=False)) if len(all_rewards) else 0.0,
+        }
+        # Groups whose rewards are all equal have zero advantage everywhere: nothing to learn.
+        samples: list[tuple[TrainSample, float]] = []
+        for group, group_rewards, group_advantages in zip(groups, rewards, advantages, strict=True):
+            if not is_zero_variance(group_rewards):
+                samples.extend(zip(group.samples, group_advantages, strict=True))
+        self.step += 1
+        if not samples:
+            metrics["train_seconds"] = time.perf_counter() - start
+            return metrics
+        for sample, _ in samples:
+            _check_sample(sample)
+
+        total_sequences = len(samples)
+        total_tokens = sum(len(sample.completion_token_ids) for sample, _ in samples)
+        sums = {"loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "kl": 0.0, "ratio_mean": 0.0}
+        for micro in self._micro_batches(samples):
+            batch = self._collate(micro)
+            logprobs, entropy = self._completion_logprobs(batch)
+            ref_logprobs = None
+            if config.kl_coef > 0:
+                with torch.no_grad(), self.model.disable_adapter():
+                    ref_logprobs, _ = self._completion_logprobs(batch)
+            loss, loss_metrics = policy_loss(
+                logprobs,
+                batch["old_logprobs"],
+                batch["advantages"],
+                batch["mask"],
+                loss_type=config.loss_type,
+                epsilon=config.epsilon,
+                epsilon_high=config.epsilon_high,
+                normalization=config.normalization,
+                ref_logprobs=ref_logprobs,
+                kl_coef=config.kl_coef,
+                max_tokens_constant=config.max_new_tokens,
+            )
+            # Scale so that the gradients summed over micro-batches are those of the whole batch.
+            micro_tokens = int(batch["mask"].sum())
+            weight = micro_batch_weight(
+                config.normalization, micro_tokens, len(micro), total_tokens, total_sequences
+            )
+            (loss * weight).backward()
+            sums["loss"] += float(loss.detach()) * weight
+            share = micro_tokens / max(total_tokens, 1)
+            sums["entropy"] += float((entropy * batch["mask"]).sum()) / max(total_tokens, 1)
+            for name in ("clip_fraction", "kl", "ratio_mean"):
+                sums[name] += loss_metrics[name] * share
+
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics.update(sums)
+        metrics["grad_norm"] = float(grad_norm)
+        metrics["trainable_tokens"] = float(total_tokens)
+        metrics["train_seconds"] = time.perf_counter() - start
+        return metrics
+
+    def _micro_batches(
+        self, samples: list[tuple[TrainSample, float]]
+    ) -> list[list[tuple[TrainSample, float]]]:
+        """Split into batches of at most micro_batch_tokens padded tokens (at least one sample
+        each), so memory depends on the budget, not on group size or groups per step."""
+        budget = self.config.micro_batch_tokens
+        batches: list[list[tuple[TrainSample, float]]] = []
+        current: list[tuple[TrainSample, float]] = []
+        width = 0
+        for item in samples:
+            length = len(item[0].prompt_token_ids) + len(item[0].completion_token_ids)
+            if current and max(width, length) * (len(current) + 1) > budget:
+                batches.append(current)
+                current, width = [], 0
+            current.append(item)
+            width = max(width, length)
+        if current:
+            batches.append(current)
+        return batches
+
+    def _collate(self, micro: list[tuple[TrainSample, float]]) -> dict[str, torch.Tensor]:
+        """Left-padded prompt+completion rows, as the engine lays them out: every completion ends
+        in the last column, so the last `completion_width` positions hold all completion tokens."""
+        rows = len(micro)
+        width = max(len(s.prompt_token_ids) + len(s.completion_token_ids) for s, _ in micro)
+        completion_width = max(max(len(s.completion_token_ids) for s, _ in micro), 1)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        input_ids = torch.full((rows, width), int(pad), dtype=torch.long)
+        attention_mask = torch.zeros((rows, width), dtype=torch.long)
+        mask = torch.zeros((rows, completion_width))
+        old_logprobs = torch.zeros((rows, completion_width))
+        for row, (sample, _) in enumerate(micro):
+            sequence = sample.prompt_token_ids + sample.completion_token_ids
+            input_ids[row, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
+            attention_mask[row, width - len(sequence) :] = 1
+            n = len(sample.completion_token_ids)
+            if n:
+                mask[row, completion_width - n :] = 1.0
+                old_logprobs[row, completion_width - n :] = torch.tensor(sample.completion_logprobs)
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+            "mask": mask,
+            "old_logprobs": old_logprobs,
+            "advantages": torch.tensor([advantage for _, advantage in micro], dtype=torch.float32),
+        }
+        return {name: tensor.to(self.device) for name, tensor in batch.items()}
+
+    def _completion_logprobs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprobs [B, T] of the completion tokens under the current model (with grad), computed
+        as the engine does: log_softmax(logits / temperature). Also their entropy [B, T], detached."""
+        completion_width = batch["mask"].shape[1]
+        # Vocabulary logits only where they are needed: the positions predicting completions.
+        extra = {"logits_to_keep": completion_width + 1} if self._can_keep_logits else {}
+        out = self.model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+            **extra,
+        )
+        logits = out.logits[:, -(completion_width + 1) : -1, :].float() / self.config.temperature
+        targets = batch["input_ids"][:, -completion_width:]
+        logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach())
+        return logprobs, entropy
+
+    # ---------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, path: Path, *, step: int, metrics: dict) -> None:
+        """Write a complete checkpoint directory at `path` (replacing one that is there)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        try:
+            self.model.save_pretrained(str(scratch))
+            torch.save(self.optimizer.state_dict(), scratch / "optimizer.pt")
+            rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+            if torch.cuda.is_available():
+                rng["cuda"] = torch.cuda.get_rng_state_all()
+            torch.save(rng, scratch / "rng_state.pt")
+            state = {
+                "format_version": CHECKPOINT_FORMAT_VERSION,
+                "step": step,
+                "config": self.config.to_dict(),
+                "lora": self.lora.to_dict(),
+                "metrics": metrics,
+            }
+            (scratch / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+            _move_into_place(scratch, path)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    @classmethod
+    def resume(
+        cls,
+        base_model: Any,
+        tokenizer: Any,
+        checkpoint_path: Path,
+        config: TrainConfig,
+        lora: LoraSpec,
+        device: str | torch.device = "cpu",
+    ) -> Trainer:
+        """A Trainer that continues from a checkpoint exactly as if it had never stopped: adapter
+        weights, optimizer moments and RNG states are restored. `config` may differ from the
+        checkpoint's (e.g. more steps, another learning rate); `lora` must match it."""
+        checkpoint_path = Path(checkpoint_path)
+        state = read_checkpoint_state(checkpoint_path)
+        if LoraSpec.from_dict(state["lora"]) != lora:
+            raise CheckpointError(
+                f"{checkpoint_path}: LoRA settings differ from the checkpoint's {state['lora']}"
+            )
+        trainer = cls(base_model, tokenizer, config, lora, device)
+        weights = load_file(checkpoint_path / ADAPTER_WEIGHTS, device=str(trainer.device))
+        result: Any = set_peft_model_state_dict(trainer.model, weights)
+        if result.unexpected_keys:
+            raise CheckpointError(
+                f"{checkpoint_path}: adapter weights do not fit the model: {result.unexpected_keys[:3]}"
+            )
+        optimizer_state = torch.load(
+            checkpoint_path / "optimizer.pt", map_location=trainer.device, weights_only=True
+        )
+        trainer.optimizer.load_state_dict(optimizer_state)
+        # load_state_dict also restores the saved hyperparameters; the new config wins.
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = config.learning_rate
+            group["weight_decay"] = config.weight_decay
+        rng = torch.load(checkpoint_path / "rng_state.pt", weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(_as_python_rng_state(rng["python"]))
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        trainer.step = int(state["step"])
+        return trainer
+
+
+def read_checkpoint_state(path: Path) -> dict:
+    """The `state.json` of a checkpoint directory."""
+    state_file = Path(path) / "state.json"
+    try:
+        state = json.loads(state_file.read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path} is not a checkpoint (no state.json)") from exc
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{state_file} is not valid JSON: {exc}") from exc
+    if state.get("format_version") != CHECKPOINT_FORMAT_VERSION:
+        raise CheckpointError(f"{path}: unsupported checkpoint format {state.get('format_version')!r}")
+    return state
+
+
+def _check_sample(sample: TrainSample) -> None:
+    if len(sample.completion_logprobs) != len(sample.completion_token_ids):
+        raise ValueError("a sample needs one logprob per completion token")
+    if not sample.prompt_token_ids:
+        raise ValueError("a sample needs a non-empty prompt")
+
+
+def _move_into_place(scratch: Path, path: Path) -> None:
+    if path.exists():
+        # A directory cannot be renamed over a non-empty one: move the old one aside first.
+        # Between the two renames `path` is absent, never partial.
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex}"
+        os.replace(path, old)
+        os.replace(scratch, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(scratch, path)
+
+
+def _as_python_rng_state(state: Any) -> tuple:
+    """random.setstate wants tuples; a round trip through torch.save may hand back lists."""
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
