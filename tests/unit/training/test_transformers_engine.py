@@ -210,3 +210,16 @@ def test_extra_adapter_on_the_trainers_policy_leaves_training_untouched(tiny_mod
     engine.unload_adapter("other")
     assert {n: p.requires_grad for n, p in trainer.policy.named_parameters()} == flags
     assert trainer.policy.active_adapter == "default"
+
+
+def test_tiny_top_p_keeps_only_the_most_likely_token(tiny_model):
+    model, tokenizer = tiny_model
+    engine = TransformersEngine(model, tokenizer)
+    greedy = engine.generate(REQUESTS, SamplingParams(temperature=0, max_new_tokens=6))
+    nucleus = engine.generate(REQUESTS, SamplingParams(top_p=1e-6, max_new_tokens=6, seed=4))
+    assert [c.token_ids for c in nucleus] == [c.token_ids for c in greedy]
+    # The logprob stays the one under the full distribution, not the truncated one (which is 0).
+    for choice in nucleus:
+        expected = teacher_forced_logprobs(model, choice)
+        assert torch.allclose(torch.tensor(choice.logprobs), expected, atol=1e-4)
+        assert max(choice.logprobs) < -0.5
