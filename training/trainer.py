@@ -114,7 +114,11 @@ class Trainer:
 
     # ---------------------------------------------------------------- one update
     def train_step(self, groups: list[TrainGroup]) -> dict[str, float]:
-        """One GRPO update from sampled groups; returns the step's metrics."""
+        """One GRPO update from sampled groups; returns the step's metrics.
+
+        When every group has zero variance there is no update: loss, grad_norm, entropy, kl and
+        trainable_tokens are 0 (the step still counts, as the run's step counter does).
+        """
         start = time.perf_counter()
         config = self.config
         rewards = [[sample.reward for sample in group.samples] for group in groups]
@@ -137,12 +141,12 @@ class Trainer:
         for group, group_rewards, group_advantages in zip(groups, rewards, advantages, strict=True):
             if not is_zero_variance(group_rewards):
                 samples.extend(zip(group.samples, group_advantages, strict=True))
+        for sample, _ in samples:
+            _check_sample(sample)
         self.step += 1
         if not samples:
             metrics["train_seconds"] = time.perf_counter() - start
             return metrics
-        for sample, _ in samples:
-            _check_sample(sample)
 
         total_sequences = len(samples)
         total_tokens = sum(len(sample.completion_token_ids) for sample, _ in samples)
