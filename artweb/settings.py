@@ -154,12 +154,13 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or "filesystem://"
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
     # Embedded broker: messages are files in one folder of the data dir; no server needed.
-    for _sub in ("queue", "processed"):
+    for _sub in ("queue", "processed", "control"):
         (BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "queue"),
         "data_folder_out": str(BROKER_DIR / "queue"),
         "processed_folder": str(BROKER_DIR / "processed"),
+        "control_folder": str(BROKER_DIR / "control"),
         "store_processed": False,
     }
 elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):

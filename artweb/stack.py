@@ -56,6 +56,7 @@ class Stack:
             env=os.environ.copy(),
         )
         self.processes[name] = process
+        (self.log_dir / f"{name}.pid").write_text(str(process.pid))
         return process
 
     def check_alive(self) -> None:
@@ -78,4 +79,6 @@ class Stack:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+        for name in self.processes:
+            (self.log_dir / f"{name}.pid").unlink(missing_ok=True)
         self.processes.clear()

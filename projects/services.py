@@ -336,6 +336,12 @@ def _environment_fields(
         raise ValidationFailed("must be an integer from 1 to 100", field="max_turns")
     if not isinstance(tools, list):
         raise ValidationFailed("must be a list of tool definitions", field="tools")
+    if kind == EnvironmentKind.CHAT:
+        # The single-turn environment; tools and several turns need the multi-turn agent loop.
+        if tools:
+            raise ValidationFailed("a chat environment takes no tools", field="tools")
+        if max_turns != 1:
+            raise ValidationFailed("a chat environment has exactly one turn", field="max_turns")
     if not isinstance(sampling, dict):
         raise ValidationFailed("must be an object", field="sampling")
     for key in sampling:

@@ -128,3 +128,9 @@ def alpha_setup(cast):
 def _fast_password_hashing(settings):
     # Password hashing is deliberately slow in production; tests create many users.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _plain_http_test_client(settings):
+    # Production defaults redirect HTTP to HTTPS; the test client speaks plain HTTP.
+    settings.SECURE_SSL_REDIRECT = False

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from training.config import LoraSpec, TrainConfig
-from training.rollout import EnvironmentSpec, Trajectory, rollout_group, to_train_group
+from training.rollout import EnvironmentSpec, Trajectory, rollout_groups, to_train_group
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,12 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
     else:
         current = spec.resume_step
         trainer = Trainer.resume(
-            base_model, tokenizer, checkpoint_path(spec.checkpoint_root, current), config, spec.lora
+            base_model,
+            tokenizer,
+            checkpoint_path(spec.checkpoint_root, current),
+            config,
+            spec.lora,
+            device=spec.device,
         )
         hooks.event(f"Resumed from checkpoint step {current}")
     engine = TransformersEngine(trainer.policy, tokenizer, device=spec.device)
@@ -163,9 +168,9 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
             stop=spec.stop,
             seed=config.seed * 100_003 + step,
         )
-        groups = [
-            rollout_group(engine, row["data"], spec.environment, sampling, config.group_size) for row in rows
-        ]
+        groups = rollout_groups(
+            engine, [row["data"] for row in rows], spec.environment, sampling, config.group_size
+        )
         rollout_seconds = time.monotonic() - step_started
         grading = grade_trajectories(
             spec.grader_spec, groups, rows, spec.max_grader_error_fraction, spec.reward_name

@@ -46,16 +46,18 @@ def demo_start(
             team=team, name="demo", description="The demo run started by `make up` / `manage.py demo`."
         )
         task_set = TaskSet.objects.filter(
-            project=project, name="answer-format"
+            project=project, name="short-answers"
         ).first() or services.task_set_create(
-            project=project, name="answer-format", jsonl=TASKS_PATH.read_text()
+            project=project, name="short-answers", jsonl=TASKS_PATH.read_text()
         )
-        environment = Environment.objects.filter(project=project, name="answer-format").first() or (
-            services.environment_create(project=project, name="answer-format", system_prompt=SYSTEM_PROMPT)
+        environment = Environment.objects.filter(project=project, name="short-answers").first() or (
+            services.environment_create(project=project, name="short-answers", system_prompt=SYSTEM_PROMPT)
         )
-        reward = RewardDefinition.objects.filter(project=project, name="answer-tags").order_by(
+        reward = RewardDefinition.objects.filter(project=project, name="contains-answer").order_by(
             "-version"
-        ).first() or services.reward_definition_create(project=project, name="answer-tags", spec=REWARD_SPEC)
+        ).first() or services.reward_definition_create(
+            project=project, name="contains-answer", spec=REWARD_SPEC
+        )
         # A fresh model per demo run, so an earlier demo's run never blocks this one.
         number = TrainableModel.objects.filter(project=project).count() + 1
         while TrainableModel.objects.filter(project=project, name=f"agent-{number}").exists():

@@ -343,6 +343,10 @@ def test_environment_validation(alpha_setup, alice_client):
         format="json",
     )
     assert bad_sampling.status_code == 400 and error_of(bad_sampling)["param"] == "sampling.temperature"
+    tools = alice_client.post(
+        "/api/v1/environments/", {"project": project, "name": "e", "tools": [{"name": "calc"}]}, format="json"
+    )
+    assert tools.status_code == 400 and error_of(tools)["param"] == "tools"
     ok = alice_client.post(
         "/api/v1/environments/",
         {"project": project, "name": "e", "system_prompt": "hi", "sampling": {"stop": ["\n\n"]}},

