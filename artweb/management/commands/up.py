@@ -15,6 +15,10 @@ from artweb.stack import Stack, web_command, worker_command
 from training.models import BUNDLED_MODEL
 
 
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 class Command(BaseCommand):
     help = "Run the platform (Celery worker + web server on 127.0.0.1:8000) and a demo run. Ctrl-C stops it."
 
@@ -27,7 +31,10 @@ class Command(BaseCommand):
     def handle(self, *args, host: str, port: int, demo_steps: int, base_model: str, **options):
         call_command("migrate", interactive=False, verbosity=0)
         stack = Stack(settings.DATA_DIR / "logs")
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        # Ctrl-C and SIGTERM both stop the stack; SIGINT is re-armed because a parent (a script, a
+        # non-interactive shell) may have started us with it ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         try:
             stack.start("worker", worker_command())
             stack.start("web", web_command(host=host, port=port))
