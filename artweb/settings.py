@@ -150,7 +150,8 @@ SPECTACULAR_SETTINGS = {
 
 # --- Celery ---------------------------------------------------------------------------------
 BROKER_DIR = DATA_DIR / "broker"
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or "filesystem://"
+# "localhost" only keeps kombu from warning about a missing host; the folders below are the broker.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or "filesystem://localhost//"
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
     # Embedded broker: messages are files in one folder of the data dir; no server needed.
