@@ -16,6 +16,7 @@ from typing import Any, Self
 
 LOSS_TYPES = ("ppo", "cispo")
 NORMALIZATIONS = ("sequence", "token", "constant")
+IMPORTANCE_LEVELS = ("token", "sequence")
 
 # The seven projections of a Llama-style block: attention and MLP.
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -154,6 +155,13 @@ class TrainConfig(_Settings):
         metadata=_help(
             "Loss averaging: sequence (GRPO), token (DAPO) or constant (Dr.GRPO, / max_new_tokens).",
             choices=NORMALIZATIONS,
+        ),
+    )
+    importance_level: str = field(
+        default="token",
+        metadata=_help(
+            "Importance ratio vs the sampler: per token, or per sequence (GSPO: geometric mean over the sequence).",
+            choices=IMPORTANCE_LEVELS,
         ),
     )
     scale_rewards: bool = field(default=True, metadata=_help("Divide advantages by the group's reward std."))

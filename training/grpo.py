@@ -62,11 +62,16 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     max_tokens_constant: int | None = None,
+    importance_level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss to minimise, and metrics.
 
     logprobs: current policy, with grad, [B, T]. old_logprobs: the sampler's, [B, T].
     ratio r = exp(logprobs - old_logprobs), clipped to [1 - epsilon, 1 + epsilon_high].
+    importance_level "sequence" (GSPO) replaces each token's ratio by its sequence's geometric mean
+      s = exp(mean over the sequence's tokens of (logprobs - old_logprobs)); its value is the same
+      for every token of a sequence, its gradient reaches each token as in GSPO-token:
+      r_t = sg(s) * exp(logprobs_t - sg(logprobs_t)).
       ppo:   per-token loss -min(r * A, clip(r) * A)  (PPO's pessimistic clipped surrogate)
       cispo: per-token loss -sg(clip(r)) * A * logprobs  (CISPO, MiniMax-M1: the IS weight is
              clipped and detached, so every token keeps a gradient, unlike PPO's clipped ones)
@@ -83,7 +88,16 @@ def policy_loss(
         epsilon_high = epsilon
     mask = mask.to(logprobs.dtype)
     advantages = advantages.to(logprobs.dtype)[:, None]
-    ratio = torch.exp(logprobs - old_logprobs)
+    if importance_level == "token":
+        ratio = torch.exp(logprobs - old_logprobs)
+    elif importance_level == "sequence":
+        log_ratio = (logprobs - old_logprobs) * mask
+        sequence_log_ratio = log_ratio.sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp(
+            min=1.0
+        )
+        ratio = torch.exp(sequence_log_ratio.detach() + logprobs - logprobs.detach())
+    else:
+        raise ValueError(f"unknown importance_level {importance_level!r}")
     clipped_ratio = torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon_high)
     if loss_type == "ppo":
         per_token = -torch.minimum(ratio * advantages, clipped_ratio * advantages)
