@@ -1,9 +1,11 @@
-"""The demo run: short factual questions the bundled SmolLM2-135M-Instruct can learn on CPU.
+"""The demo run: a format task the bundled SmolLM2-135M-Instruct learns visibly on CPU.
 
-The reward is a string_check grader: 1 when the reply contains the expected answer (case
-insensitive). The base model (fp32, dequantised from Q4_1) gets about a third right at temperature
-1, so GRPO groups have reward variance to learn from. (A tag-format task was tried first: the base
-model never produced the tags in 72 samples, so every group had zero variance and nothing to learn.)
+The task rows are short factual questions; the reward is a regex grader that gives 1 when the
+whole reply is at most eight words (the system prompt asks for "a few words"). The base model
+rambles in about three replies of four, so GRPO groups have reward variance from step 1, and the
+reward climbs within ten steps (the issue notes have a measured curve). Alternatives tried:
+<answer>-tag format (never produced by the base model in 72 samples: no variance, nothing to learn)
+and "contains the answer" (about 0.35 at step 1 but noisy and bounded by what a 135M model knows).
 """
 
 from pathlib import Path
@@ -13,11 +15,11 @@ TASKS_PATH = Path(__file__).with_name("format_tasks.jsonl")
 SYSTEM_PROMPT = "Answer the question in a few words."
 
 REWARD_SPEC = {
-    "type": "string_check",
-    "name": "contains_answer",
+    "type": "regex",
+    "name": "at_most_8_words",
     "input": "{{sample.output_text}}",
-    "reference": "{{item.answer}}",
-    "operation": "ilike",
+    "pattern": r"^\W*(?:\S+\s+){0,7}\S+\W*$",
+    "flags": ["DOTALL"],
 }
 
 RUN_CONFIG = {

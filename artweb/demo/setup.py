@@ -53,10 +53,10 @@ def demo_start(
         environment = Environment.objects.filter(project=project, name="short-answers").first() or (
             services.environment_create(project=project, name="short-answers", system_prompt=SYSTEM_PROMPT)
         )
-        reward = RewardDefinition.objects.filter(project=project, name="contains-answer").order_by(
+        reward = RewardDefinition.objects.filter(project=project, name="brief-answer").order_by(
             "-version"
         ).first() or services.reward_definition_create(
-            project=project, name="contains-answer", spec=REWARD_SPEC
+            project=project, name="brief-answer", spec=REWARD_SPEC
         )
         # A fresh model per demo run, so an earlier demo's run never blocks this one.
         number = TrainableModel.objects.filter(project=project).count() + 1

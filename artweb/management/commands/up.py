@@ -25,7 +25,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--demo-steps", type=int, default=10, help="0 to skip the demo run")
+        parser.add_argument("--demo-steps", type=int, default=20, help="0 to skip the demo run")
         parser.add_argument("--base-model", default=BUNDLED_MODEL)
 
     def handle(self, *args, host: str, port: int, demo_steps: int, base_model: str, **options):
