@@ -71,6 +71,27 @@ class ApiKey(models.Model):
         return self.revoked_at is None
 
 
+class JudgeEndpoint(models.Model):
+    """An OpenAI-compatible endpoint a team's LLM-judge graders call (score_model, label_model,
+    ruler). The API key is encrypted at rest (projects.secrets) and never returned by the API."""
+
+    TEAM_PATH = "team"
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="judge_endpoints")
+    name = models.CharField(max_length=63, validators=[slug_validator])
+    base_url = models.URLField(max_length=500)
+    api_key_encrypted = models.TextField(blank=True, default="")
+    default_model = models.CharField(max_length=200, blank=True, default="")
+    timeout_s = models.FloatField(default=60.0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="unique_judge_endpoint_name")]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.base_url})"
+
+
 class Project(models.Model):
     TEAM_PATH = "team"
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="projects")
