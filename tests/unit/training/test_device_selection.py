@@ -1,0 +1,120 @@
+"""What a worker picks for its device: engine, weight dtype, unsloth or plain peft. What the machine
+has (CUDA, bf16 units, vLLM, unsloth) is set per test; unsloth and vLLM themselves are not run."""
+
+import sys
+
+import pytest
+import torch
+
+import training.engines as engines
+import training.unsloth_loader as unsloth_loader
+from training.engines import select_engine_kind
+from training.models import load_base_model, resolve_dtype
+from training.unsloth_loader import load_with_unsloth, use_unsloth
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Declare what this worker has: machine(cuda=..., bf16=..., vllm=..., unsloth=...)."""
+    monkeypatch.delenv(engines.ENGINE_ENV, raising=False)
+    monkeypatch.delenv(unsloth_loader.UNSLOTH_ENV, raising=False)
+
+    def declare(cuda=False, bf16=False, vllm=False, unsloth=False):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
+        monkeypatch.setattr(engines, "vllm_installed", lambda: vllm)
+        monkeypatch.setattr(unsloth_loader, "unsloth_available", lambda: unsloth)
+
+    return declare
+
+
+def test_vllm_on_a_gpu_that_has_it(machine):
+    machine(cuda=True, vllm=True)
+    assert select_engine_kind("cuda") == "vllm"
+    assert select_engine_kind("cuda:1") == "vllm"
+
+
+@pytest.mark.parametrize(
+    ("device", "cuda", "vllm"),
+    [("cpu", False, False), ("cpu", True, True), ("cuda", True, False), ("cuda", False, True)],
+)
+def test_transformers_everywhere_else(machine, device, cuda, vllm):
+    machine(cuda=cuda, vllm=vllm)
+    assert select_engine_kind(device) == "transformers"
+
+
+def test_transformers_can_be_forced_by_argument_or_environment(machine, monkeypatch):
+    machine(cuda=True, vllm=True)
+    assert select_engine_kind("cuda", "transformers") == "transformers"
+    monkeypatch.setenv(engines.ENGINE_ENV, "transformers")
+    assert select_engine_kind("cuda") == "transformers"
+    assert select_engine_kind("cuda", "auto") == "vllm"  # the argument wins over the environment
+
+
+def test_insisting_on_vllm_fails_early_with_the_reason(machine):
+    machine(cuda=True, vllm=False)
+    with pytest.raises(ValueError, match=r"pip install \.\[gpu\]"):
+        select_engine_kind("cuda", "vllm")
+    machine(cuda=False, vllm=True)
+    with pytest.raises(ValueError, match="CUDA"):
+        select_engine_kind("cpu", "vllm")
+    with pytest.raises(ValueError, match="must be one of"):
+        select_engine_kind("cpu", "tensorrt")
+
+
+def test_auto_dtype_is_fp32_on_cpu_even_with_bf16(machine):
+    machine(cuda=True, bf16=True)
+    assert resolve_dtype("auto", "cpu") == torch.float32
+
+
+def test_auto_dtype_on_cuda_is_bf16_where_supported_else_fp32(machine):
+    machine(cuda=True, bf16=True)
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16
+    machine(cuda=True, bf16=False)
+    assert resolve_dtype("auto", "cuda") == torch.float32
+
+
+def test_explicit_dtype_is_kept_and_nonsense_refused(machine):
+    machine(cuda=True, bf16=True)
+    assert resolve_dtype(torch.float16, "cuda") == torch.float16
+    assert resolve_dtype(torch.bfloat16, "cpu") == torch.bfloat16
+    with pytest.raises(ValueError, match="auto"):
+        resolve_dtype("bf16", "cuda")
+
+
+def test_load_base_model_takes_auto_or_a_torch_dtype(tiny_model_dir, tmp_path):
+    model, _ = load_base_model(str(tiny_model_dir), tmp_path)
+    assert model.dtype == torch.float32
+    model, _ = load_base_model(str(tiny_model_dir), tmp_path, torch.bfloat16)
+    assert model.dtype == torch.bfloat16
+
+
+def test_unsloth_only_on_cuda_when_installed(machine):
+    machine(cuda=True, unsloth=True)
+    assert use_unsloth("cuda") is True
+    assert use_unsloth("cpu") is False
+    machine(cuda=True, unsloth=False)
+    assert use_unsloth("cuda") is False
+    machine(cuda=False, unsloth=True)
+    assert use_unsloth("cuda") is False
+
+
+def test_unsloth_can_be_switched_off_or_insisted_on(machine, monkeypatch):
+    machine(cuda=True, unsloth=True)
+    monkeypatch.setenv(unsloth_loader.UNSLOTH_ENV, "off")
+    assert use_unsloth("cuda") is False
+    assert use_unsloth("cuda", "on") is True
+    machine(cuda=True, unsloth=False)
+    with pytest.raises(ValueError, match=r"pip install \.\[gpu\]"):
+        use_unsloth("cuda", "on")
+    with pytest.raises(ValueError, match="CUDA"):
+        use_unsloth("cpu", "on")
+    with pytest.raises(ValueError, match="must be one of"):
+        use_unsloth("cuda", "maybe")
+
+
+def test_loading_with_unsloth_without_it_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "unsloth", None)
+    with pytest.raises(ImportError, match=r"pip install \.\[gpu\]"):
+        load_with_unsloth(tmp_path, max_seq_length=512, dtype=None)

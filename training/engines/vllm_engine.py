@@ -1,0 +1,251 @@
+"""Sampling with vLLM on a GPU: many LoRA adapters over one base model, swapped between steps.
+
+vLLM is imported inside `VLLMEngine` only, so this module imports anywhere; the conversions between
+our types and vLLM's are plain functions, tested without vLLM. Needs vLLM >= 0.10.1 (`logprobs_mode`).
+
+Invariants:
+- vLLM caches an adapter by its integer id and never rereads the files of an id it has seen, so
+  every `load_adapter` takes a fresh id, never reused, even for a name or path loaded before.
+  Reusing ids is how a sampler keeps serving an old adapter while training goes on.
+- Logprobs follow `engines/base.py`: the engine runs with logprobs_mode="processed_logprobs", the
+  log-softmax after temperature (untempered for greedy decoding) and after top-p truncation. The
+  two agree only when top_p == 1, so `generate` refuses top_p < 1 with temperature > 0 rather than
+  hand the trainer logprobs whose importance ratios silently do not start at 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from training.engines.base import Choice, Engine, FinishReason, SamplingParams
+
+# LoRA ranks vLLM's kernels are built for; max_lora_rank must be one of them (vllm LoRAConfig).
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+LOGPROBS_MODE = "processed_logprobs"
+
+
+class VLLMUnavailableError(ImportError):
+    """vLLM is not installed (it needs CUDA; `pip install .[gpu]`)."""
+
+
+class LoraRegistry:
+    """Adapter names → (vLLM integer id, path). Ids start at 1 (0 means "no adapter" in vLLM) and
+    are never reused; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._next_id = 1
+        self._loaded: dict[str, tuple[int, Path]] = {}
+
+    def register(self, name: str, path: Path) -> int:
+        if not name:
+            raise ValueError("an adapter needs a name")
+        if name in self._loaded:
+            raise ValueError(f"adapter {name!r} is already loaded")
+        lora_id = self._next_id
+        self._next_id += 1
+        self._loaded[name] = (lora_id, Path(path))
+        return lora_id
+
+    def forget(self, name: str) -> int:
+        """Drop `name`; returns the id it had, for removing it from the engine."""
+        if name not in self._loaded:
+            raise ValueError(f"adapter {name!r} was not loaded by this engine")
+        lora_id, _ = self._loaded.pop(name)
+        return lora_id
+
+    def lookup(self, name: str) -> tuple[int, Path]:
+        if name not in self._loaded:
+            raise ValueError(f"adapter {name!r} is not loaded")
+        return self._loaded[name]
+
+    def names(self) -> list[str]:
+        return list(self._loaded)
+
+
+def max_lora_rank_for(rank: int) -> int:
+    """The smallest rank vLLM accepts as `max_lora_rank` that fits an adapter of `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest supported rank {VLLM_LORA_RANKS[-1]}")
+
+
+def check_logprob_convention(sampling: SamplingParams) -> None:
+    """Refuse sampling settings for which vLLM's logprobs differ from the trainer's."""
+    if sampling.temperature > 0 and sampling.top_p < 1:
+        raise ValueError(
+            "the vLLM engine cannot report logprobs without top-p truncation, which the trainer "
+            "expects (engines/base.py): use top_p=1 with it, or the transformers engine"
+        )
+
+
+def request_seed(seed: int | None, index: int) -> int | None:
+    """A per-request seed. vLLM seeds each request on its own, so one seed for a batch of copies of
+    the same prompt (a GRPO group) would give identical samples and zero-variance groups."""
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1  # 31 bits: fits every generator vLLM seeds
+
+
+def vllm_sampling_kwargs(sampling: SamplingParams, index: int = 0) -> dict[str, Any]:
+    """Keyword arguments of `vllm.SamplingParams` for request `index` of a batch."""
+    check_logprob_convention(sampling)
+    return {
+        "n": 1,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_new_tokens,
+        "stop": list(sampling.stop),
+        "include_stop_str_in_output": False,  # the text is cut before a stop string, as OpenAI does
+        "skip_special_tokens": True,
+        "seed": request_seed(sampling.seed, index),
+        "logprobs": 0,  # 0 = only the sampled token's logprob
+    }
+
+
+def sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
+    """The logprob of each sampled token from vLLM's per-position `{token_id: Logprob}` entries."""
+    if logprobs is None:
+        raise RuntimeError("vLLM returned no logprobs: the request must set logprobs=0")
+    if len(logprobs) != len(token_ids):
+        raise RuntimeError(f"vLLM returned {len(logprobs)} logprob entries for {len(token_ids)} tokens")
+    values = []
+    for position, token in enumerate(token_ids):
+        entry = logprobs[position]
+        if token not in entry:
+            raise RuntimeError(f"vLLM's logprobs at position {position} lack the sampled token {token}")
+        values.append(float(entry[token].logprob))
+    return values
+
+
+def choice_from_output(output: Any) -> Choice:
+    """Our Choice from one vLLM RequestOutput (generated with n=1 and logprobs=0)."""
+    if len(output.outputs) != 1:
+        raise RuntimeError(f"expected one completion per request, got {len(output.outputs)}")
+    completion = output.outputs[0]
+    finish_reason: FinishReason
+    if completion.finish_reason == "stop":
+        finish_reason = "stop"
+    elif completion.finish_reason == "length":
+        finish_reason = "length"
+    else:  # "abort" or unfinished: there is no complete sample to train on
+        raise RuntimeError(f"vLLM did not finish a request (finish_reason={completion.finish_reason!r})")
+    token_ids = [int(token) for token in completion.token_ids]
+    return Choice(
+        text=completion.text,
+        prompt_token_ids=[int(token) for token in output.prompt_token_ids],
+        token_ids=token_ids,
+        logprobs=sampled_logprobs(token_ids, completion.logprobs),
+        finish_reason=finish_reason,
+    )
+
+
+def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
+    """Prompt token ids of a chat request, ending with the assistant header (as TransformersEngine)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # The template already wrote any bos token; do not let the tokenizer add another.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class VLLMEngine(Engine):
+    """Engine over a vLLM `LLM` with LoRA enabled. `adapter=None` samples the base model.
+
+    Give it the trainer's tokenizer (from `load_base_model`), so that prompts are rendered exactly as
+    the trainer sees them; without one it uses vLLM's. `max_lora_rank` is rounded up to a rank vLLM
+    supports. Leave GPU memory for the trainer with `gpu_memory_utilization` when both share a GPU.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        tokenizer: Any = None,
+        max_lora_rank: int = 8,
+        max_loras: int = 2,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.4,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        **llm_kwargs: Any,
+    ) -> None:
+        try:
+            import vllm
+            from vllm.lora.request import LoRARequest
+        except ImportError as exc:
+            raise VLLMUnavailableError(
+                "the vLLM engine needs vLLM, which is not installed here: pip install .[gpu] "
+                "(CUDA machines only; use the transformers engine elsewhere)"
+            ) from exc
+        self._vllm = vllm
+        self._lora_request_type = LoRARequest
+        self._llm = vllm.LLM(
+            model=str(model),
+            enable_lora=True,
+            max_lora_rank=max_lora_rank_for(max_lora_rank),
+            max_loras=max_loras,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            seed=seed,
+            logprobs_mode=LOGPROBS_MODE,
+            **llm_kwargs,
+        )
+        if tokenizer is None:
+            tokenizer = self._llm.get_tokenizer()
+            if not getattr(tokenizer, "chat_template", None):
+                from training.models import CHATML_TEMPLATE
+
+                tokenizer.chat_template = CHATML_TEMPLATE
+        self.tokenizer = tokenizer
+        self._registry = LoraRegistry()
+
+    def render(self, messages: list[dict]) -> list[int]:
+        return render_prompt(self.tokenizer, messages)
+
+    def generate(
+        self, requests: list[list[dict]], sampling: SamplingParams, adapter: str | None = None
+    ) -> list[Choice]:
+        if not requests:
+            return []
+        check_logprob_convention(sampling)
+        lora = None
+        if adapter is not None:
+            lora_id, path = self._registry.lookup(adapter)
+            lora = self._lora_request_type(adapter, lora_id, str(path))
+        # Token ids, not text: vLLM must not re-tokenize (or add a second bos to) the prompt.
+        prompts = [{"prompt_token_ids": self.render(messages)} for messages in requests]
+        params = [
+            self._vllm.SamplingParams(**vllm_sampling_kwargs(sampling, index))
+            for index in range(len(prompts))
+        ]
+        outputs = self._llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
+        return [choice_from_output(output) for output in outputs]
+
+    def load_adapter(self, name: str, path: Path) -> None:
+        path = Path(path)
+        if not (path / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"no LoRA adapter in {path} (adapter_config.json missing)")
+        lora_id = self._registry.register(name, path)
+        try:
+            # Load now rather than at the first generate, so that a bad adapter fails here, by name.
+            self._llm.llm_engine.add_lora(self._lora_request_type(name, lora_id, str(path)))
+        except Exception:
+            self._registry.forget(name)
+            raise
+
+    def unload_adapter(self, name: str) -> None:
+        lora_id = self._registry.forget(name)
+        remove = getattr(self._llm.llm_engine, "remove_lora", None)
+        if remove is not None:
+            remove(lora_id)
+
+    def adapter_path(self, name: str) -> Path:
+        """Where the adapter loaded as `name` was read from."""
+        return self._registry.lookup(name)[1]
+
+    def loaded_adapters(self) -> list[str]:
+        return self._registry.names()
