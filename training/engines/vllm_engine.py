@@ -16,7 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +91,13 @@ def request_seed(seed: int | None, index: int) -> int | None:
     return int.from_bytes(digest[:4], "big") >> 1  # 31 bits: fits every generator vLLM seeds
 
 
-def vllm_sampling_kwargs(sampling: SamplingParams, index: int = 0) -> dict[str, Any]:
-    """Keyword arguments of `vllm.SamplingParams` for request `index` of a batch."""
+def vllm_sampling_kwargs(
+    sampling: SamplingParams, index: int = 0, stop_token_ids: Iterable[int] = ()
+) -> dict[str, Any]:
+    """Keyword arguments of `vllm.SamplingParams` for request `index` of a batch.
+
+    `stop_token_ids` end a completion; the token stays in `token_ids`, as an eos does.
+    """
     check_logprob_convention(sampling)
     return {
         "n": 1,
@@ -100,6 +105,7 @@ def vllm_sampling_kwargs(sampling: SamplingParams, index: int = 0) -> dict[str, 
         "top_p": sampling.top_p,
         "max_tokens": sampling.max_new_tokens,
         "stop": list(sampling.stop),
+        "stop_token_ids": sorted(stop_token_ids),
         "include_stop_str_in_output": False,  # the text is cut before a stop string, as OpenAI does
         "skip_special_tokens": True,
         "seed": request_seed(sampling.seed, index),
@@ -142,6 +148,19 @@ def choice_from_output(output: Any) -> Choice:
         logprobs=sampled_logprobs(token_ids, completion.logprobs),
         finish_reason=finish_reason,
     )
+
+
+def stop_token_ids_for(tokenizer: Any, generation_eos: int | list[int] | None) -> frozenset[int]:
+    """The ids that end a completion: the tokenizer's eos and the generation config's (the ones
+    TransformersEngine stops on)."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if isinstance(generation_eos, int):
+        ids.add(generation_eos)
+    elif isinstance(generation_eos, list):
+        ids.update(int(token) for token in generation_eos)
+    return frozenset(ids)
 
 
 def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
@@ -201,6 +220,7 @@ class VLLMEngine(Engine):
 
                 tokenizer.chat_template = CHATML_TEMPLATE
         self.tokenizer = tokenizer
+        self.stop_token_ids = stop_token_ids_for(tokenizer, generation_eos(Path(model)))
         self._registry = LoraRegistry()
 
     def render(self, messages: list[dict]) -> list[int]:
@@ -209,17 +229,24 @@ class VLLMEngine(Engine):
     def generate(
         self, requests: list[list[dict]], sampling: SamplingParams, adapter: str | None = None
     ) -> list[Choice]:
-        if not requests:
+        return self.generate_from_tokens([self.render(messages) for messages in requests], sampling, adapter)
+
+    def generate_from_tokens(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, adapter: str | None = None
+    ) -> list[Choice]:
+        """One Choice per prompt given as token ids; vLLM does not re-tokenise them (or add a bos)."""
+        if not prompt_token_ids:
             return []
+        if not all(prompt_token_ids):
+            raise ValueError("every prompt needs at least one token")
         check_logprob_convention(sampling)
         lora = None
         if adapter is not None:
             lora_id, path = self._registry.lookup(adapter)
             lora = self._lora_request_type(adapter, lora_id, str(path))
-        # Token ids, not text: vLLM must not re-tokenize (or add a second bos to) the prompt.
-        prompts = [{"prompt_token_ids": self.render(messages)} for messages in requests]
+        prompts = [{"prompt_token_ids": [int(token) for token in prompt]} for prompt in prompt_token_ids]
         params = [
-            self._vllm.SamplingParams(**vllm_sampling_kwargs(sampling, index))
+            self._vllm.SamplingParams(**vllm_sampling_kwargs(sampling, index, self.stop_token_ids))
             for index in range(len(prompts))
         ]
         outputs = self._llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
@@ -249,3 +276,13 @@ class VLLMEngine(Engine):
 
     def loaded_adapters(self) -> list[str]:
         return self._registry.names()
+
+
+def generation_eos(model_dir: Path) -> int | list[int] | None:
+    """The eos id(s) in a model directory's generation_config.json, if it has one."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_dir, local_files_only=True).eos_token_id
+    except OSError:
+        return None

@@ -18,10 +18,12 @@ from training.engines.vllm_engine import (
     VLLMUnavailableError,
     check_logprob_convention,
     choice_from_output,
+    generation_eos,
     max_lora_rank_for,
     render_prompt,
     request_seed,
     sampled_logprobs,
+    stop_token_ids_for,
     vllm_sampling_kwargs,
 )
 
@@ -65,6 +67,8 @@ def test_sampling_params_map_to_vllm_names():
     assert kwargs["n"] == 1
     assert kwargs["include_stop_str_in_output"] is False
     assert kwargs["seed"] == request_seed(5, 0)
+    assert kwargs["stop_token_ids"] == []
+    assert vllm_sampling_kwargs(sampling, 1, stop_token_ids={7, 2})["stop_token_ids"] == [2, 7]
 
 
 def test_each_request_of_a_batch_gets_its_own_reproducible_seed():
@@ -161,6 +165,14 @@ def test_prompts_render_as_the_transformers_engine_renders_them(tiny_model):
     model, tokenizer = tiny_model
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
     assert render_prompt(tokenizer, messages) == TransformersEngine(model, tokenizer).render(messages)
+
+
+def test_stop_tokens_are_those_the_transformers_engine_stops_on(tiny_model, tiny_model_dir, tmp_path):
+    model, tokenizer = tiny_model
+    expected = TransformersEngine(model, tokenizer).stop_token_ids
+    assert stop_token_ids_for(tokenizer, generation_eos(tiny_model_dir)) == expected
+    assert stop_token_ids_for(tokenizer, [5, 6]) == {tokenizer.eos_token_id, 5, 6}
+    assert generation_eos(tmp_path) is None  # no generation_config.json
 
 
 def test_without_vllm_the_engine_says_how_to_install_it(monkeypatch, tmp_path):
