@@ -116,21 +116,79 @@ def grade_trajectories(
     return {"grader_error_fraction": fraction, "grader_errors": float(failed)}
 
 
+def _load_policy_model(spec: RunSpec) -> tuple[Any, Any, Any]:
+    """The base model for training: unsloth's loader on CUDA when installed, else transformers."""
+    from training.models import base_model_dir, load_base_model, resolve_dtype
+    from training.unsloth_loader import load_with_unsloth, use_unsloth
+
+    dtype = resolve_dtype("auto", spec.device)
+    if use_unsloth(spec.device):
+        directory = base_model_dir(spec.base_model_source, spec.model_cache_dir)
+        model, tokenizer = load_with_unsloth(directory, max_seq_length=4096, dtype=dtype)
+    else:
+        model, tokenizer = load_base_model(
+            spec.base_model_source, spec.model_cache_dir, dtype=dtype, device=spec.device
+        )
+    return model, tokenizer, dtype
+
+
+class _Sampler:
+    """The rollout engine and the adapter it samples with.
+
+    On CPU (and whenever vLLM is absent) the TransformersEngine samples from the trainer's live
+    policy, so there is nothing to load. With vLLM, every saved checkpoint is loaded as a new
+    adapter (fresh id: vLLM caches adapters by id) and the previous one is dropped.
+    """
+
+    def __init__(self, spec: RunSpec, trainer: Any, tokenizer: Any, dtype: Any, step: int) -> None:
+        from training.engines import select_engine_kind
+
+        self.kind = select_engine_kind(spec.device)
+        if self.kind == "vllm" and spec.config.top_p < 1:
+            # vLLM reports top-p-truncated logprobs, which the trainer cannot reproduce.
+            self.kind = "transformers"
+        self.adapter: str | None = None
+        if self.kind == "vllm":
+            from training.engines.vllm_engine import VLLMEngine
+            from training.models import base_model_dir
+
+            self.engine: Any = VLLMEngine(
+                base_model_dir(spec.base_model_source, spec.model_cache_dir),
+                tokenizer=tokenizer,
+                max_lora_rank=spec.lora.rank,
+                dtype=str(dtype).removeprefix("torch."),
+            )
+            self.use_checkpoint(f"step-{step}", checkpoint_path(spec.checkpoint_root, step))
+        else:
+            from training.engines.transformers_engine import TransformersEngine
+
+            self.engine = TransformersEngine(trainer.policy, tokenizer, device=spec.device)
+
+    def use_checkpoint(self, name: str, path: Path) -> None:
+        if self.kind != "vllm":
+            return
+        previous = self.adapter
+        self.engine.load_adapter(name, path)
+        self.adapter = name
+        if previous is not None:
+            self.engine.unload_adapter(previous)
+
+
 def run_training(spec: RunSpec, hooks: RunHooks) -> str:
     """Train ``spec.config.steps`` steps from ``spec.start_step``; returns "succeeded", "cancelled"
     or "lost" (another worker owns the run now)."""
     import torch
 
+    from training.adapter_check import verify_sampler
     from training.engines.base import SamplingParams
-    from training.engines.transformers_engine import TransformersEngine
-    from training.models import load_base_model
+    from training.rollout import build_messages
     from training.trainer import Trainer
 
     config = spec.config
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     started = time.monotonic()
-    base_model, tokenizer = load_base_model(spec.base_model_source, spec.model_cache_dir)
+    base_model, tokenizer, dtype = _load_policy_model(spec)
     hooks.event(f"Loaded base model {spec.base_model_source} in {time.monotonic() - started:.1f}s")
 
     if spec.resume_step is None:
@@ -152,7 +210,10 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
             device=spec.device,
         )
         hooks.event(f"Resumed from checkpoint step {current}")
-    engine = TransformersEngine(trainer.policy, tokenizer, device=spec.device)
+    sampler = _Sampler(spec, trainer, tokenizer, dtype, current)
+    # A fixed probe prompt: after every save, the sampler must score it exactly as the trainer does.
+    probes = [build_messages(spec.train_rows[0]["data"], spec.environment)]
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
     final_step = spec.start_step + config.steps
 
     for step in range(current + 1, final_step + 1):
@@ -169,7 +230,12 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
             seed=config.seed * 100_003 + step,
         )
         groups = rollout_groups(
-            engine, [row["data"] for row in rows], spec.environment, sampling, config.group_size
+            sampler.engine,
+            [row["data"] for row in rows],
+            spec.environment,
+            sampling,
+            config.group_size,
+            adapter=sampler.adapter,
         )
         rollout_seconds = time.monotonic() - step_started
         grading = grade_trajectories(
@@ -179,6 +245,15 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
             return "cancelled"
         metrics = trainer.train_step([to_train_group(group) for group in groups])
         completion_tokens = sum(len(t.completion_token_ids) for group in groups for t in group)
+        path = checkpoint_path(spec.checkpoint_root, step)
+        if path.exists():
+            shutil.rmtree(path)
+        trainer.save_checkpoint(path, step=step, metrics=metrics)
+        sampler.use_checkpoint(f"step-{step}", path)
+        # Fail loudly if training did not reach the sampler (peers shipped exactly that bug).
+        check = verify_sampler(
+            sampler.engine, trainer, tokenizer, path, probes, adapter=sampler.adapter, tolerance=tolerance
+        )
         step_seconds = time.monotonic() - step_started
         metrics.update(grading)
         metrics.update(
@@ -187,12 +262,9 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
                 "step_seconds": step_seconds,
                 "completion_tokens": float(completion_tokens),
                 "tokens_per_second": completion_tokens / max(rollout_seconds, 1e-9),
+                "sampler_logprob_gap": check.max_logprob_gap,
             }
         )
-        path = checkpoint_path(spec.checkpoint_root, step)
-        if path.exists():
-            shutil.rmtree(path)
-        trainer.save_checkpoint(path, step=step, metrics=metrics)
         flat = [
             (group_index, row["index"], trajectory)
             for group_index, (group, row) in enumerate(zip(groups, rows, strict=True))
