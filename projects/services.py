@@ -233,19 +233,26 @@ def trainable_model_delete(*, model: TrainableModel) -> None:
     _delete(model, "model")
 
 
-def _grader(spec: Any) -> dict[str, Any]:
+def grader_problems(spec: Any, *, field: str) -> dict[str, Any]:
+    """The normalised grader spec, or ValidationFailed listing every problem with its path under
+    ``field`` (``spec.pattern``, ``grader.graders.fmt.operation``)."""
     if not isinstance(spec, dict):
-        raise ValidationFailed("must be a JSON object", field="spec")
+        raise ValidationFailed("must be a JSON object", field=field)
     try:
         return validate_grader(spec)
     except GraderSpecError as exc:
-        problems = [
-            (f"spec.{p['path'].removeprefix('grader.').removeprefix('grader')}".rstrip("."), p["message"])
-            for p in exc.problems
-        ]
+        problems = []
+        for problem in exc.problems:
+            path = problem["path"].removeprefix("grader").lstrip(".")
+            problems.append((f"{field}.{path}" if path else field, problem["message"]))
+        message = "; ".join(f"{where}: {why}" for where, why in problems)
         raise ValidationFailed(
-            str(exc), field=problems[0][0] if problems else "spec", problems=problems
+            message, field=problems[0][0] if problems else field, problems=problems
         ) from exc
+
+
+def _grader(spec: Any) -> dict[str, Any]:
+    return grader_problems(spec, field="spec")
 
 
 def reward_definition_create(*, project: Project, name: str, spec: dict[str, Any]) -> RewardDefinition:

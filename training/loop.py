@@ -43,6 +43,8 @@ class RunSpec:
     max_grader_error_fraction: float = 0.5
     device: str = "cpu"
     reward_name: str = ""  # how users know the reward definition, for error messages
+    judge: Any = None  # training.rewards.JudgeClient for LLM-judge graders (the team's endpoint)
+    sandbox: Any = None  # training.rewards.SandboxConfig: the operator's python-grader limits
 
 
 class RunHooks(Protocol):
@@ -82,38 +84,53 @@ def grade_trajectories(
     rows: list[dict[str, Any]],
     max_error_fraction: float,
     reward_name: str = "",
+    *,
+    judge: Any = None,
+    sandbox: Any = None,
 ) -> dict[str, float]:
-    """Fill in reward, sub_rewards and errors of every trajectory; errors are data, not crashes,
-    unless more than ``max_error_fraction`` of the step's samples failed."""
-    from training.rewards import Sample, build_grader, grade_many
+    """Fill in reward, sub_rewards and errors of every trajectory, one group at a time (a relative
+    judge like RULER compares a group's trajectories). Errors are data, not crashes, unless more
+    than ``max_error_fraction`` of the step's samples failed."""
+    from training.rewards import Sample, build_grader, grade_group
 
-    grader = build_grader(grader_spec)
-    samples, items, flat = [], [], []
-    for group, row in zip(groups, rows, strict=True):
-        for trajectory in group:
-            samples.append(Sample(output_text=trajectory.output_text, messages=trajectory.messages))
-            items.append(row["data"].get("item", {}))
-            flat.append(trajectory)
-    results = grade_many(grader, samples, items)
-    failed = 0
+    grader = build_grader(grader_spec, judge=judge, sandbox=sandbox)
+    failed = total = 0
+    errors_by_code: dict[str, int] = {}
     example = ""
-    for trajectory, result in zip(flat, results, strict=True):
-        trajectory.reward = float(result.reward)
-        trajectory.sub_rewards = dict(result.sub_rewards)
-        trajectory.errors = list(result.errors)
-        if result.errors:
-            failed += 1
-            if not example:
-                first = result.errors[0]
-                example = f"{first.get('grader', '?')}: {first.get('code')}: {first.get('detail')}"
-    fraction = failed / max(1, len(flat))
+    for group, row in zip(groups, rows, strict=True):
+        samples = [
+            Sample(
+                output_text=t.output_text, messages=t.messages, output_tools=getattr(t, "output_tools", [])
+            )
+            for t in group
+        ]
+        results = grade_group(grader, samples, row["data"].get("item", {}))
+        for trajectory, result in zip(group, results, strict=True):
+            total += 1
+            trajectory.reward = float(result.reward)
+            trajectory.sub_rewards = dict(result.sub_rewards)
+            trajectory.errors = list(result.errors)
+            if result.scores:
+                trajectory.metrics = {**trajectory.metrics, "grader_scores": result.scores}
+            if result.errors:
+                failed += 1
+                for error in result.errors:
+                    errors_by_code[error.get("code", "error")] = (
+                        errors_by_code.get(error.get("code", "error"), 0) + 1
+                    )
+                if not example:
+                    first = result.errors[0]
+                    example = f"{first.get('grader', '?')}: {first.get('code')}: {first.get('detail')}"
+    fraction = failed / max(1, total)
     if fraction > max_error_fraction:
         name = grader_spec.get("name") or grader_spec.get("type")
         owner = f"reward definition {reward_name}: " if reward_name else ""
         raise RewardFailure(
-            f"{owner}grader {name!r} failed on {failed} of {len(flat)} samples (limit {max_error_fraction:.0%}); e.g. {example}"
+            f"{owner}grader {name!r} failed on {failed} of {total} samples (limit {max_error_fraction:.0%}); e.g. {example}"
         )
-    return {"grader_error_fraction": fraction, "grader_errors": float(failed)}
+    metrics = {"grader_error_fraction": fraction, "grader_errors": float(failed)}
+    metrics.update({f"grader_errors.{code}": float(count) for code, count in errors_by_code.items()})
+    return metrics
 
 
 def _load_policy_model(spec: RunSpec) -> tuple[Any, Any, Any]:
@@ -239,7 +256,13 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
         )
         rollout_seconds = time.monotonic() - step_started
         grading = grade_trajectories(
-            spec.grader_spec, groups, rows, spec.max_grader_error_fraction, spec.reward_name
+            spec.grader_spec,
+            groups,
+            rows,
+            spec.max_grader_error_fraction,
+            spec.reward_name,
+            judge=spec.judge,
+            sandbox=spec.sandbox,
         )
         if hooks.should_stop() == "cancelled":
             return "cancelled"

@@ -20,7 +20,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from projects import services
+from projects import judges, services
 from projects.models import Checkpoint, Run, RunStatus, Split, TaskRow
 from training.loop import RewardFailure, RunSpec, run_training
 from training.rollout import Trajectory
@@ -144,6 +144,8 @@ def build_run_spec(run: Run) -> RunSpec:
         max_grader_error_fraction=settings.GRADER_MAX_ERROR_FRACTION,
         device=settings.TRAINING_DEVICE,
         reward_name=f"{run.reward.name!r} v{run.reward.version}",
+        judge=judges.judge_client(team=run.project.team),
+        sandbox=judges.sandbox_config(),
     )
 
 
