@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from training.rewards.base import Field, Grader, Sample
+from training.rewards.base import Field, Grader, GraderRuntime, Sample
 from training.rewards.errors import GradingError
 from training.rewards.templates import Template, TemplateSyntaxError
 
@@ -64,8 +64,8 @@ class RegexGrader(Grader):
             return [{"path": f"{path}.pattern", "message": f"invalid regular expression{note}: {error}"}]
         return []
 
-    def __init__(self, spec: dict[str, Any]) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: dict[str, Any], runtime: GraderRuntime | None = None) -> None:
+        super().__init__(spec, runtime)
         self.input = Template.parse(spec["input"])
         self.pattern = Template.parse(spec["pattern"])
         self.flags = _compile_flags(spec["flags"])

@@ -1,24 +1,49 @@
 """The grader registry and the functions callers use. Adding a grader type is one module with a
 `Grader` subclass plus one line in GRADER_TYPES; an explicit dict (not import-time registration
-by decorator) so the full list of types is readable in one place."""
+by decorator) so the full list of types is readable in one place.
+
+    spec = validate_grader(payload)                               # on save; GraderSpecError lists problems
+    grader = build_grader(spec, judge=team_judge, sandbox=limits)  # GraderSetupError if a judge is missing
+    result = grade(grader, Sample(output_text="4"), {"answer": "4"})
+    results = grade_group(grader, group_samples, group_items)     # one GRPO group (needed by ruler)
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from training.rewards.base import Grader, GradeResult, Sample
+from training.rewards.base import Grader, GradeResult, GraderRuntime, Sample
 from training.rewards.errors import GraderSpecError
+from training.rewards.json_match import JsonMatchGrader
+from training.rewards.judge import JudgeClient
+from training.rewards.label_model import LabelModelGrader
+from training.rewards.multi import MultiGrader
+from training.rewards.python_grader import PythonGrader
 from training.rewards.regex import RegexGrader
+from training.rewards.ruler import RulerGrader
+from training.rewards.sandbox import SandboxConfig
+from training.rewards.score_model import ScoreModelGrader
 from training.rewards.string_check import StringCheckGrader
+from training.rewards.text_similarity import TextSimilarityGrader
+from training.rewards.tool_call import ToolCallGrader
 
 GRADER_TYPES: dict[str, type[Grader]] = {
     StringCheckGrader.type: StringCheckGrader,
+    TextSimilarityGrader.type: TextSimilarityGrader,
     RegexGrader.type: RegexGrader,
+    JsonMatchGrader.type: JsonMatchGrader,
+    ToolCallGrader.type: ToolCallGrader,
+    PythonGrader.type: PythonGrader,
+    ScoreModelGrader.type: ScoreModelGrader,
+    LabelModelGrader.type: LabelModelGrader,
+    MultiGrader.type: MultiGrader,
+    RulerGrader.type: RulerGrader,
 }
 
 
 def validate_grader(spec: Any, path: str = "grader") -> dict[str, Any]:
-    """Return the normalised spec (defaults filled in) or raise GraderSpecError with all problems."""
+    """Return the normalised spec (defaults filled in) or raise GraderSpecError with all problems.
+    Needs no judge and runs no user code (a python grader's source is only compiled)."""
     if not isinstance(spec, dict):
         raise GraderSpecError([{"path": path, "message": "must be an object"}])
     if "type" not in spec:
@@ -30,21 +55,43 @@ def validate_grader(spec: Any, path: str = "grader") -> dict[str, Any]:
     return GRADER_TYPES[grader_type].validate(spec, path)
 
 
-def build_grader(spec: dict[str, Any]) -> Grader:
+def build_grader(
+    spec: dict[str, Any], *, judge: JudgeClient | None = None, sandbox: SandboxConfig | None = None
+) -> Grader:
+    """A ready grader. `judge` is the team's judge endpoint (needed by score_model, label_model and
+    ruler, also inside multi); `sandbox` the operator's limits for python graders."""
     normalised = validate_grader(spec)
-    return GRADER_TYPES[normalised["type"]](normalised)
+    runtime = GraderRuntime(judge=judge, sandbox=sandbox or SandboxConfig())
+    return GRADER_TYPES[normalised["type"]](normalised, runtime)
+
+
+def _built(grader: dict[str, Any] | Grader) -> Grader:
+    return grader if isinstance(grader, Grader) else build_grader(grader)
 
 
 def grade(spec_or_grader: dict[str, Any] | Grader, sample: Sample, item: dict[str, Any]) -> GradeResult:
-    grader = spec_or_grader if isinstance(spec_or_grader, Grader) else build_grader(spec_or_grader)
-    return grader.grade(sample, item)
+    return _built(spec_or_grader).grade(sample, item)
 
 
 def grade_many(
     grader: dict[str, Any] | Grader, samples: list[Sample], items: list[dict[str, Any]]
 ) -> list[GradeResult]:
-    """Grade samples[i] against items[i]; a spec is validated once for the whole batch."""
+    """Grade samples[i] against items[i], each on its own; a spec is validated once for the batch.
+    A grader that compares a group (`ruler`) refuses: use grade_group per group."""
     if len(samples) != len(items):
         raise ValueError(f"got {len(samples)} samples but {len(items)} items")
-    built = grader if isinstance(grader, Grader) else build_grader(grader)
-    return [built.grade(sample, item) for sample, item in zip(samples, items, strict=True)]
+    built = _built(grader)
+    if built.grades_groups:
+        raise ValueError(f"{built.type} grades whole groups: call grade_group once per group")
+    return built.grade_batch(samples, items)
+
+
+def grade_group(
+    grader: dict[str, Any] | Grader, samples: list[Sample], items: list[dict[str, Any]] | dict[str, Any]
+) -> list[GradeResult]:
+    """Grade one group: all the samples answering one task (one item, or one per sample). Works
+    for every grader type; `ruler` needs it, the others grade each sample on its own."""
+    item_list = [items] * len(samples) if isinstance(items, dict) else items
+    if len(samples) != len(item_list):
+        raise ValueError(f"got {len(samples)} samples but {len(item_list)} items")
+    return _built(grader).grade_group(samples, item_list)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from training.rewards.base import Field, Grader, Sample
+from training.rewards.base import Field, Grader, GraderRuntime, Sample
 from training.rewards.templates import Template
 
 OPERATIONS = ("eq", "ne", "like", "ilike")
@@ -25,8 +25,8 @@ class StringCheckGrader(Grader):
         "operation": Field("string", required=True, choices=OPERATIONS),
     }
 
-    def __init__(self, spec: dict[str, Any]) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: dict[str, Any], runtime: GraderRuntime | None = None) -> None:
+        super().__init__(spec, runtime)
         self.input = Template.parse(spec["input"])
         self.reference = Template.parse(spec["reference"])
         self.operation: str = spec["operation"]

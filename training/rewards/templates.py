@@ -56,6 +56,17 @@ class Template:
             part if isinstance(part, str) else _to_text(_lookup(part, sample, item)) for part in self.parts
         )
 
+    def value(self, sample: Sample, item: dict[str, Any]) -> Any:
+        """The looked-up value itself (a dict stays a dict) when the template is one variable and
+        nothing else, as `{{item.expected}}`; otherwise the rendered text."""
+        if len(self.parts) == 1 and isinstance(self.parts[0], tuple):
+            return _lookup(self.parts[0], sample, item)
+        return self.render(sample, item)
+
+    @property
+    def variables(self) -> list[tuple[str, ...]]:
+        return [part for part in self.parts if isinstance(part, tuple)]
+
     def with_stand_in(self, stand_in: str) -> str:
         """The template with every variable replaced by `stand_in`, to check the literal parts."""
         return "".join(part if isinstance(part, str) else stand_in for part in self.parts)

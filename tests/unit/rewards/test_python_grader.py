@@ -1,0 +1,382 @@
+"""The python grader and its sandbox. Each hostile source below is contained and reported as
+error data, the batch goes on in a fresh sandbox, and this (the parent) process stays healthy."""
+
+import json
+import os
+import resource
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from training.rewards import GraderSpecError, Sample, SandboxConfig, build_grader, grade_many, validate_grader
+from training.rewards.errors import GradingError
+from training.rewards.sandbox import MAX_SOURCE_BYTES, PythonSandbox, sandbox_mode
+
+FAST = SandboxConfig(timeout_seconds=2.0, cpu_seconds=1, memory_bytes=256 * 1024 * 1024)
+
+
+def python(source, **extra):
+    return {"type": "python", "name": "code", "source": textwrap.dedent(source), **extra}
+
+
+def run(source, item=None, output="", config=FAST):
+    with PythonSandbox(textwrap.dedent(source), config) as sandbox:
+        return sandbox.grade({"output_text": output}, item or {})
+
+
+def failure(source, item=None, config=FAST):
+    with pytest.raises(GradingError) as caught:
+        run(source, item, config=config)
+    return caught.value
+
+
+def test_grades_with_the_users_function_on_sample_and_item():
+    spec = python(
+        """
+        import json, re
+        def grade(sample, item):
+            numbers = re.findall(r"-?\\d+", sample["output_text"])
+            if not numbers:
+                return 0.0
+            return 1.0 if int(numbers[-1]) == item["answer"] else 0.25
+        """
+    )
+    grader = build_grader(spec, sandbox=FAST)
+    samples = [Sample(output_text=text) for text in ["So 12.", "It is 13", "no idea", '{"a": 1}']]
+    results = grade_many(grader, samples, [{"answer": 12}] * 4)
+    assert [r.reward for r in results] == [1.0, 0.25, 0.0, 0.25]
+    assert all(r.errors == [] and r.name == "code" and r.type == "python" for r in results)
+
+
+def test_sample_dict_has_openai_fields():
+    source = """
+        def grade(sample, item):
+            assert sorted(sample) == ["messages", "output_json", "output_text", "output_tools"]
+            return sample["output_json"]["score"] + len(sample["messages"]) + len(sample["output_tools"])
+        """
+    grader = build_grader(python(source), sandbox=FAST)
+    sample = Sample(
+        output_text='{"score": 0.5}',
+        messages=[{"role": "user", "content": "hi"}],
+        output_tools=[{"name": "t"}],
+    )
+    assert grader.grade(sample, {}).reward == 2.5
+
+
+def test_one_sandbox_process_serves_a_whole_batch():
+    source = "calls = []\ndef grade(sample, item):\n    calls.append(1)\n    return float(len(calls))\n"
+    with PythonSandbox(source, FAST) as sandbox:
+        rewards = [sandbox.grade({}, {}) for _ in range(20)]
+        assert rewards == [float(n) for n in range(1, 21)]  # the module's state persisted
+        assert sandbox.starts == 1
+
+
+def test_network_is_unreachable_even_with_the_socket_module():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    config = SandboxConfig(timeout_seconds=5, extra_modules=("socket",))
+    source = f"""
+        import socket
+        def grade(sample, item):
+            socket.create_connection(("127.0.0.1", {port}), timeout=2)
+            return 1.0
+        """
+    error = failure(source, config=config)
+    assert error.code == "python_grader_runtime_error"
+    assert "Network is unreachable" in error.detail
+    with pytest.raises(TimeoutError):
+        listener.accept()  # nothing got through
+    listener.close()
+    # With the default allow-list the module is not even importable.
+    assert "No module named 'socket'" in failure("import socket\ndef grade(s, i):\n    return 1.0\n").detail
+
+
+def test_environment_secrets_are_not_inherited(monkeypatch):
+    monkeypatch.setenv("ARTWEB_FAKE_SECRET", "hunter2")
+    assert "DJANGO_SETTINGS_MODULE" in os.environ  # pytest-django set it in this process
+    source = """
+        def grade(sample, item):
+            import os
+            raise RuntimeError(repr(sorted(os.environ.items())))
+        """
+    detail = failure(source).detail
+    assert "hunter2" not in detail and "DJANGO_SETTINGS_MODULE" not in detail
+    assert "[('HOME', '/'), ('LC_CTYPE', 'C.UTF-8')]" in detail
+    # Nor through /proc: there is no /proc in the sandbox.
+    proc = failure("def grade(s, i):\n    return float(len(open('/proc/1/environ').read()))\n")
+    assert "No such file or directory" in proc.detail
+
+
+def test_files_outside_its_directory_cannot_be_read():
+    outside = Path(tempfile.mkdtemp(prefix="artweb-test-outside-"))
+    secret = outside / "secret.txt"
+    secret.write_text("top secret")
+    # World-readable, so only the sandbox's own walls can keep it out.
+    outside.chmod(0o755)
+    secret.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
+    try:
+        for path in [str(secret), "/etc/passwd", "../../../etc/passwd", sys.executable]:
+            error = failure(
+                "def grade(s, i):\n    return float(len(open(i['path'], 'rb').read()))\n", {"path": path}
+            )
+            assert "No such file or directory" in error.detail, path
+        listing = (
+            "def grade(s, i):\n    import os\n    raise RuntimeError(repr(os.listdir('/')) + os.getcwd())\n"
+        )
+        assert "[]/" in failure(listing).detail
+    finally:
+        secret.unlink()
+        outside.rmdir()
+
+
+def test_its_own_directory_is_writable_within_the_file_size_limit():
+    source = """
+        def grade(sample, item):
+            with open("notes.txt", "w") as f:
+                f.write("x" * item["size"])
+            return float(len(open("notes.txt").read()))
+        """
+    assert run(source, {"size": 1000}) == 1000.0
+    error = failure(source, {"size": 2 * 1024 * 1024})
+    assert "File too large" in error.detail
+
+
+def test_fork_bomb_is_contained():
+    source = """
+        def grade(sample, item):
+            import os
+            while True:
+                os.fork()
+        """
+    error = failure(source)
+    assert error.code == "python_grader_runtime_error"
+    assert "Resource temporarily unavailable" in error.detail
+    threads = failure(
+        "import _thread\ndef grade(s, i):\n    _thread.start_new_thread(print, ())\n    return 1.0\n"
+    )
+    assert "can't start new thread" in threads.detail
+
+
+@pytest.mark.parametrize(
+    "bomb",
+    [
+        "x = bytearray(50 * 1024 ** 3)",
+        "x = []\n    while True:\n        x.append(' ' * 1024 * 1024)",
+    ],
+)
+def test_memory_bomb_is_a_memory_limit_error(bomb):
+    error = failure(f"def grade(sample, item):\n    {bomb}\n    return 1.0\n")
+    assert error.code == "memory_limit"
+    assert "256 MiB" in error.detail
+
+
+def test_infinite_loop_is_killed_at_the_wall_clock_timeout():
+    started = time.perf_counter()
+    error = failure("def grade(s, i):\n    while True:\n        pass\n")
+    assert error.code == "timeout"
+    assert time.perf_counter() - started < 5
+
+
+def test_cpu_time_limit_stops_a_loop_before_the_wall_clock():
+    config = SandboxConfig(timeout_seconds=20, cpu_seconds=1)
+    started = time.perf_counter()
+    error = failure("def grade(s, i):\n    while True:\n        pass\n", config=config)
+    assert error.code == "timeout"
+    assert "CPU time" in error.detail  # not the 20 s wall clock
+    assert time.perf_counter() - started < 19
+
+
+def test_after_a_crash_the_rest_of_the_batch_gets_a_fresh_sandbox():
+    source = """
+        def grade(sample, item):
+            mode = item.get("mode")
+            if mode == "loop":
+                while True:
+                    pass
+            if mode == "memory":
+                x = bytearray(50 * 1024 ** 3)
+            if mode == "exit":
+                __import__("os")._exit(3)  # the allow-list is checked statically only
+            if mode == "raise":
+                raise ValueError("bad item")
+            if mode == "text":
+                return "high"
+            return 1.0
+        """
+    grader = build_grader(python(source, error_reward=-1), sandbox=FAST)
+    modes = ["ok", "loop", "ok", "memory", "ok", "exit", "ok", "raise", "text", "ok"]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    results = grade_many(grader, [Sample(output_text="")] * len(modes), [{"mode": m} for m in modes])
+    assert [r.reward for r in results] == [1.0, -1, 1.0, -1, 1.0, -1, 1.0, -1, -1, 1.0]
+    codes = [r.errors[0]["code"] if r.errors else None for r in results]
+    assert codes == [
+        None,
+        "timeout",
+        None,
+        "memory_limit",
+        None,
+        "python_grader_runtime_error",
+        None,
+        "python_grader_runtime_error",
+        "python_grader_runtime_error",
+        None,
+    ]
+    assert "exited (status 3)" in results[5].errors[0]["detail"]
+    assert "ValueError: bad item" in results[7].errors[0]["detail"]
+    assert 'raise ValueError("bad item")' in results[7].errors[0]["detail"]  # the user's line, for debugging
+    assert "returned str, not a number" in results[8].errors[0]["detail"]
+    # The parent did not grow by the bombs' size.
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024
+    assert _no_sandbox_processes_left()
+
+
+def test_print_does_not_break_the_protocol_and_shows_in_errors():
+    source = """
+        import sys
+        def grade(sample, item):
+            print("thinking about", item)
+            print('{"reward": 99}')
+            sys.stderr.write("debug line\\n")
+            if item.get("fail"):
+                raise RuntimeError("nope")
+            return 0.5
+        """
+    assert run(source) == 0.5
+    detail = failure(source, {"fail": True}).detail
+    assert "RuntimeError: nope" in detail and "debug line" in detail
+
+
+def test_a_source_that_fails_to_load_fails_every_sample_once():
+    grader = build_grader(python("def grade(s, i):\n    return 1.0\nraise SystemExit(4)\n"), sandbox=FAST)
+    results = grade_many(grader, [Sample(output_text="")] * 3, [{}] * 3)
+    assert all(r.errors[0]["code"] == "python_grader_runtime_error" for r in results)
+    assert "SystemExit: 4" in results[0].errors[0]["detail"]
+
+
+def test_syntax_errors_and_missing_grade_are_validation_problems():
+    with pytest.raises(GraderSpecError) as caught:
+        validate_grader(python("def grade(sample, item)\n    return 1.0\n"))
+    [problem] = caught.value.problems
+    assert problem["path"] == "grader.source"
+    assert problem["message"].startswith("syntax error at line 1")
+    with pytest.raises(GraderSpecError, match="must define a top-level function grade"):
+        validate_grader(python("def score(sample, item):\n    return 1.0\n"))
+    with pytest.raises(GraderSpecError, match=r"bytes; the limit is 100000"):
+        validate_grader(python("def grade(s, i):\n    return 1.0\n" + "#" * MAX_SOURCE_BYTES))
+
+
+def test_imports_outside_the_allow_list_are_validation_problems():
+    source = "import os\nfrom subprocess import run\nimport math, json\nfrom collections import Counter\ndef grade(s, i):\n    return 1.0\n"
+    with pytest.raises(GraderSpecError) as caught:
+        validate_grader(python(source))
+    messages = [p["message"] for p in caught.value.problems]
+    assert len(messages) == 2
+    assert messages[0].startswith("line 1: module 'os' is not available in the sandbox")
+    assert messages[1].startswith("line 2: module 'subprocess' is not available")
+
+
+def test_validation_never_runs_the_source(tmp_path):
+    marker = tmp_path / "ran"
+    validate_grader(python(f"open({str(marker)!r}, 'w').close()\ndef grade(s, i):\n    return 1.0\n"))
+    assert not marker.exists()
+
+
+def test_missing_unshare_fails_closed_unless_opted_out():
+    closed = SandboxConfig(unshare="/nonexistent/unshare")
+    error = failure("def grade(s, i):\n    return 1.0\n", config=closed)
+    assert error.code == "python_grader_server_error"
+    assert "sandbox unavailable" in error.detail and "not found" in error.detail
+    opted_out = SandboxConfig(unshare="/nonexistent/unshare", allow_unsandboxed=True)
+    assert sandbox_mode(opted_out) == "unsandboxed"
+    assert run("def grade(s, i):\n    return 0.75\n", config=opted_out) == 0.75
+
+
+def test_openai_shaped_result_flags_python_errors():
+    grader = build_grader(python("def grade(s, i):\n    return 1 / 0\n"), sandbox=FAST)
+    data = grader.grade(Sample(output_text=""), {}).to_openai_dict()
+    errors = data["metadata"]["errors"]
+    assert errors["python_grader_runtime_error"] is True
+    assert "ZeroDivisionError" in errors["python_grader_runtime_error_details"]
+    assert data["reward"] == 0.0 and data["metadata"]["type"] == "python"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK) or not Path("/usr/bin/setpriv").exists(),
+    reason="needs root (to become an unprivileged user), /usr/bin/python3 and setpriv",
+)
+def test_unprivileged_callers_get_a_user_namespace_sandbox():
+    # A worker that does not run as root: the same sandbox through `unshare --map-root-user`.
+    # Run as nobody with the system Python (this venv's interpreter is not readable by nobody).
+    repo = Path(__file__).resolve().parents[3]
+    script = f"""
+import json, sys
+sys.path.insert(0, {str(repo)!r})
+from training.rewards.sandbox import PythonSandbox, SandboxConfig, sandbox_mode
+from training.rewards.errors import GradingError
+config = SandboxConfig(python="/usr/bin/python3", timeout_seconds=3)
+out = {{"mode": sandbox_mode(config)}}
+source = "def grade(s, i):\\n    import os\\n    if i.get('fork'):\\n        os.fork()\\n    return float(len(os.listdir('/')))\\n"
+with PythonSandbox(source, config) as box:
+    out["empty_root"] = box.grade({{}}, {{}})
+    try:
+        box.grade({{}}, {{"fork": True}})
+    except GradingError as error:
+        out["fork"] = error.detail
+print(json.dumps(out))
+"""
+    probe = subprocess.run(
+        [
+            "/usr/bin/setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    if "Permission denied" in probe.stderr or "No module named" in probe.stderr:
+        pytest.skip(f"the repository is not readable by nobody: {probe.stderr[-200:]}")
+    if "sandbox unavailable" in probe.stderr:
+        pytest.skip("unprivileged user namespaces are disabled on this host")
+    assert probe.returncode == 0, probe.stderr
+    out = json.loads(probe.stdout)
+    assert out["mode"] == "namespaces"
+    assert out["empty_root"] == 0.0
+    assert "Resource temporarily unavailable" in out["fork"]
+
+
+def _no_sandbox_processes_left(within=3.0):
+    """True once no sandbox process is alive on this machine. A killed child can outlive its
+    `unshare` parent by a moment (its kill-child signal is asynchronous), hence the wait."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    arguments = cmdline.read()
+                with open(f"/proc/{entry}/stat") as stat_file:
+                    state = stat_file.read().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, NotADirectoryError, ProcessLookupError, PermissionError):
+                continue
+            if b"print() lands here" in arguments and state != "Z":
+                alive.append(int(entry))
+        if not alive or time.monotonic() > deadline:
+            return not alive
+        time.sleep(0.05)

@@ -1,0 +1,531 @@
+"""Runs the `python` grader's user code in a separate, locked-down interpreter; never in this process.
+
+Invariant: user code only ever runs in a child that has already (1) entered fresh network, mount,
+PID, IPC and UTS namespaces, (2) chrooted into an empty, size-capped tmpfs, (3) dropped to an
+unprivileged uid and (4) set its resource limits. One child grades a whole batch over a JSON-lines
+pipe; a child that dies or overruns is killed and the rest of the batch gets a fresh one.
+
+Threat model. The author of the code is a member of some team; the code must not reach anything
+beyond its own samples. Protected:
+- network: a fresh network namespace has only a loopback interface, and it is down ("Network is
+  unreachable"), so no exfiltration and no access to the database, Redis or internal services;
+- secrets: the child gets an empty environment (only HOME), `python -I -S` ignores PYTHON* variables
+  and site-packages, and its files are an empty tmpfs: no /proc (so no /proc/1/environ), no
+  settings files, no keys, nothing world-readable from the host, no other team's data;
+- privileges: as root we drop to uid/gid 65534 (nobody) with no supplementary groups, so no
+  capabilities (no mount, chroot escape, ptrace of others); run as non-root, a user namespace maps
+  the caller to root inside and the kernel confines that "root" to the namespaces;
+- other processes: a PID namespace, so `kill(-1, ...)` reaches only the child itself;
+- resources: RLIMIT_CPU per sample (and a cap per child), a wall-clock timeout per sample (the
+  parent kills the child), RLIMIT_AS (memory), RLIMIT_NPROC=0 (no fork, no threads: a fork bomb
+  gets EAGAIN), RLIMIT_FSIZE (file size) plus a tmpfs of `disk_bytes` (total disk), RLIMIT_NOFILE,
+  no core dumps, and a source-size cap (checked when the spec is validated);
+- the protocol: the child's stdin/stdout are moved to private descriptors; `print` goes to a
+  bounded buffer whose tail is shown with errors, so output cannot corrupt the replies.
+Not protected: kernel vulnerabilities (there is no seccomp filter; the syscall surface is the
+whole kernel's), CPU caches and other side channels, and whatever a sample itself contains (the
+code sees its samples and items, by design). The module allow-list (`ALLOWED_MODULES`, checked at
+validation and the only stdlib modules importable once chrooted) is a convenience, not a boundary:
+builtins such as `posix` stay reachable, which is why every boundary above is kernel-enforced.
+
+Where `unshare` is missing or not permitted (a container without CAP_SYS_ADMIN and without user
+namespaces) the grader fails closed with `python_grader_server_error`. `allow_unsandboxed=True`
+is a development-only opt-out: the child then still gets the clean environment, its own directory,
+the resource limits and (as root) the drop to nobody, but shares the host's network, PID space and
+file system (it can read world-readable files; as a non-root caller, the caller's own files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import IO, Any
+
+from training.rewards.errors import GradingError
+
+# The stdlib a grader may import: preloaded before the chroot, so these (and what they import)
+# are all that `import` can find afterwards. Pure computation only: no os, io, socket, subprocess.
+ALLOWED_MODULES = (
+    "bisect",
+    "cmath",
+    "collections",
+    "copy",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "enum",
+    "fractions",
+    "functools",
+    "heapq",
+    "itertools",
+    "json",
+    "math",
+    "operator",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "textwrap",
+    "time",
+    "typing",
+    "unicodedata",
+)
+MAX_SOURCE_BYTES = 100_000
+NAMESPACE_FLAGS = ("--net", "--pid", "--fork", "--kill-child", "--mount", "--ipc", "--uts")
+UNPRIVILEGED_UID = 65534  # nobody
+CPU_EXIT_CODE = 152  # 128 + SIGXCPU: the child's own handler exits with it when out of CPU time
+ALARM_EXIT_CODE = 142  # 128 + SIGALRM: the child's wall-clock backstop (see BOOTSTRAP)
+MAX_REPLY_BYTES = 1024 * 1024
+STDERR_TAIL_CHARS = 800
+
+RUNTIME_ERROR = "python_grader_runtime_error"
+SERVER_ERROR = "python_grader_server_error"
+CHILD_ERROR_CODES = (RUNTIME_ERROR, "memory_limit")  # what the child may report
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits and switches for the python grader's sandbox, chosen by the operator, not the spec."""
+
+    timeout_seconds: float = 5.0  # wall time per sample (and for running the source's top level)
+    cpu_seconds: int = 5  # CPU time per sample (RLIMIT_CPU, re-armed before each sample)
+    process_cpu_seconds: int = 120  # CPU time over one child's life; a fresh child after that
+    memory_bytes: int = 512 * 1024 * 1024  # address space (RLIMIT_AS)
+    file_size_bytes: int = 1024 * 1024  # largest file the code may write (RLIMIT_FSIZE)
+    disk_bytes: int = 16 * 1024 * 1024  # size of the child's tmpfs
+    open_files: int = 64  # RLIMIT_NOFILE
+    start_timeout_seconds: float = 10.0  # interpreter start-up and module preloading
+    python: str = sys.executable
+    unshare: str = "unshare"  # a name on PATH or an absolute path
+    allow_unsandboxed: bool = False  # development only: see the module docstring
+    extra_modules: tuple[str, ...] = field(default=())  # preloaded besides ALLOWED_MODULES
+
+
+class SandboxUnavailable(RuntimeError):
+    """Namespaces cannot be created here and the unsandboxed opt-out is off."""
+
+
+def sandbox_mode(config: SandboxConfig) -> str:
+    """ "namespaces" or "unsandboxed"; raises SandboxUnavailable (fail closed). Probed once per
+    process and configuration (a few milliseconds)."""
+    problem = _namespace_problem(config.unshare, config.python, os.geteuid() == 0)
+    if problem is None:
+        return "namespaces"
+    if config.allow_unsandboxed:
+        return "unsandboxed"
+    raise SandboxUnavailable(
+        f"python grader sandbox unavailable: {problem} (it needs `unshare` with network, mount and "
+        "PID namespaces: run as root or enable unprivileged user namespaces)"
+    )
+
+
+@lru_cache(maxsize=8)
+def _namespace_problem(unshare: str, python: str, as_root: bool) -> str | None:
+    binary = shutil.which(unshare)
+    if binary is None:
+        return f"{unshare!r} not found"
+    command = [binary, *_unshare_flags(as_root), "--", python, "-I", "-S", "-c", ""]
+    try:
+        probe = subprocess.run(command, env={}, capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"unshare failed: {error}"
+    if probe.returncode != 0:
+        return f"unshare failed: {probe.stderr.decode('utf-8', 'replace').strip()[:300]}"
+    return None
+
+
+def _unshare_flags(as_root: bool) -> list[str]:
+    return list(NAMESPACE_FLAGS) if as_root else ["--map-root-user", *NAMESPACE_FLAGS]
+
+
+class PythonSandbox:
+    """One sandboxed interpreter loaded with one grader source, grading many samples in turn.
+
+        with PythonSandbox(source, config) as sandbox:
+            rewards = [sandbox.grade(sample, item) for sample, item in pairs]
+
+    `grade` returns the reward or raises GradingError (`timeout`, `memory_limit`,
+    `python_grader_runtime_error`, `python_grader_server_error`). Not thread-safe."""
+
+    def __init__(self, source: str, config: SandboxConfig | None = None) -> None:
+        self.source = source
+        self.config = config or SandboxConfig()
+        self.starts = 0  # children started so far (for tests and benchmarks)
+        self._process: subprocess.Popen[bytes] | None = None
+        self._directory: str | None = None
+        self._stderr: IO[bytes] | None = None
+        self._buffer = b""
+        self._cpu_used = 0.0
+        self._load_failure: GradingError | None = None
+
+    def __enter__(self) -> PythonSandbox:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def grade(self, sample: dict[str, Any], item: dict[str, Any]) -> float:
+        request = json.dumps({"sample": sample, "item": item}).encode() + b"\n"
+        if (
+            self._process is not None
+            and self._cpu_used > self.config.process_cpu_seconds - self.config.cpu_seconds
+        ):
+            self._stop()  # not enough CPU left in this child's lifetime cap for a full sample
+        for attempt in range(2):
+            self._ensure_started()
+            assert self._process is not None and self._process.stdin is not None
+            try:
+                self._process.stdin.write(request)
+                self._process.stdin.flush()
+                break
+            except OSError:
+                # The child died between samples (not this sample's doing): one fresh try.
+                self._stop()
+                if attempt == 1:
+                    raise GradingError(
+                        SERVER_ERROR, "the sandbox process died before the sample was sent"
+                    ) from None
+        reply = self._read_reply(self.config.timeout_seconds, "grade()")
+        # The child runs user code, which can reach the protocol descriptor: trust no field's type.
+        if _is_number(reply.get("cpu")):
+            self._cpu_used = float(reply["cpu"])
+        if "reward" in reply:
+            if not _is_number(reply["reward"]):
+                raise GradingError(RUNTIME_ERROR, "the sandbox sent a malformed reply")
+            return float(reply["reward"])
+        code = reply.get("error")
+        if code not in CHILD_ERROR_CODES:
+            code = RUNTIME_ERROR
+        if code == "memory_limit":
+            self._stop()  # the child exits after a MemoryError; reap it now
+            raise GradingError(
+                code, f"grade() reached the memory limit of {self.config.memory_bytes >> 20} MiB"
+            )
+        raise GradingError(code, str(reply.get("detail", ""))[:2000])
+
+    def close(self) -> None:
+        self._stop()
+
+    # --- child lifecycle -----------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        if self._load_failure is not None:
+            raise self._load_failure  # a source that fails to load fails every sample alike
+        if self._process is not None:
+            return
+        try:
+            mode = sandbox_mode(self.config)
+        except SandboxUnavailable as error:
+            raise GradingError(SERVER_ERROR, str(error)) from None
+        as_root = os.geteuid() == 0
+        isolate = mode == "namespaces"
+        self._directory = tempfile.mkdtemp(prefix="artweb-grader-")
+        if as_root and not isolate:
+            os.chown(self._directory, UNPRIVILEGED_UID, UNPRIVILEGED_UID)  # its cwd once it drops to nobody
+        # The child's stderr: a file, not a pipe, so nobody has to drain it while it runs.
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _stop
+        command = [self.config.python, "-I", "-S", "-B", "-c", BOOTSTRAP]
+        if isolate:
+            unshare = shutil.which(self.config.unshare) or self.config.unshare
+            command = [unshare, *_unshare_flags(as_root), "--", *command]
+        child_config = {
+            "isolate": isolate,
+            "directory": self._directory,
+            "uid": UNPRIVILEGED_UID if as_root else None,
+            "cpu_exit_code": CPU_EXIT_CODE,
+            "alarm_exit_code": ALARM_EXIT_CODE,
+            "timeout_seconds": self.config.timeout_seconds,
+            "tmpfs_owner": UNPRIVILEGED_UID if as_root else 0,
+            "modules": [*ALLOWED_MODULES, *self.config.extra_modules],
+            "limits": {
+                "cpu_seconds": self.config.cpu_seconds,
+                "process_cpu_seconds": self.config.process_cpu_seconds,
+                "memory_bytes": self.config.memory_bytes,
+                "file_size_bytes": self.config.file_size_bytes,
+                "disk_bytes": self.config.disk_bytes,
+                "open_files": self.config.open_files,
+            },
+            "source": self.source,
+        }
+        try:
+            self._process = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env={"HOME": "/" if isolate else self._directory},
+                cwd=self._directory,
+                start_new_session=True,  # its own process group, killed as one
+            )
+        except OSError as error:
+            self._stop()
+            raise GradingError(SERVER_ERROR, f"could not start the sandbox: {error}") from None
+        self.starts += 1
+        self._buffer = b""
+        self._cpu_used = 0.0
+        assert self._process.stdin is not None
+        try:
+            self._process.stdin.write(json.dumps(child_config).encode() + b"\n")
+            self._process.stdin.flush()
+        except OSError:
+            pass  # reported below as a child that died at start-up
+        timeout = self.config.start_timeout_seconds + self.config.timeout_seconds
+        try:
+            reply = self._read_reply(timeout, "loading the source")
+        except GradingError as error:
+            # Death or overrun while loading is the source's doing (or the host's), the same for
+            # every sample of the batch: recorded once, not retried per sample.
+            self._load_failure = error
+            raise
+        if "fatal" in reply:
+            self._stop()
+            self._load_failure = GradingError(
+                SERVER_ERROR, f"sandbox set-up failed: {str(reply['fatal'])[:300]}"
+            )
+            raise self._load_failure
+        if "load_error" in reply:
+            self._stop()
+            code = reply["load_error"] if reply["load_error"] in CHILD_ERROR_CODES else RUNTIME_ERROR
+            self._load_failure = GradingError(code, str(reply.get("detail", ""))[:2000])
+            raise self._load_failure
+
+    def _read_reply(self, timeout: float, doing: str) -> dict[str, Any]:
+        """The child's next JSON line; kills the child and raises GradingError on a timeout or death."""
+        assert self._process is not None and self._process.stdout is not None
+        descriptor = self._process.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._stop()
+                raise GradingError("timeout", f"{doing} took longer than {timeout:g} s (wall clock)")
+            ready, _, _ = select.select([descriptor], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(descriptor, 65536)
+            if not chunk:
+                raise self._death(doing)
+            self._buffer += chunk
+            if len(self._buffer) > MAX_REPLY_BYTES:
+                self._stop()
+                raise GradingError(RUNTIME_ERROR, "the sandbox sent a reply larger than 1 MiB")
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            self._stop()
+            raise GradingError(RUNTIME_ERROR, "the sandbox sent a malformed reply")
+        return reply
+
+    def _death(self, doing: str) -> GradingError:
+        """The error for a child that closed its output: what killed it, in the user's terms."""
+        assert self._process is not None
+        try:
+            status = self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            status = None
+        tail = self._stderr_tail()
+        self._stop()
+        if status == CPU_EXIT_CODE:
+            return GradingError("timeout", f"{doing} used more than {self.config.cpu_seconds} s of CPU time")
+        if status == ALARM_EXIT_CODE:
+            return GradingError("timeout", f"{doing} ran past its own wall-clock backstop")
+        if status is not None and status < 0:
+            name = signal.Signals(-status).name
+            return GradingError(
+                RUNTIME_ERROR, f"the sandbox process was killed by {name} during {doing}. {tail}".strip()
+            )
+        return GradingError(
+            RUNTIME_ERROR, f"the sandbox process exited (status {status}) during {doing}. {tail}".strip()
+        )
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0, os.SEEK_END)
+        size = self._stderr.tell()
+        self._stderr.seek(max(0, size - STDERR_TAIL_CHARS))
+        return self._stderr.read().decode("utf-8", "replace").strip()
+
+    def _stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)  # unshare --kill-child takes the child along
+            process.wait()
+            for stream in (process.stdin, process.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+        self._buffer = b""
+
+
+# The child's program, passed with -c. It runs as root (or namespace root) until it drops
+# privileges; nothing from the user runs before the chroot, the uid drop and the limits.
+BOOTSTRAP = r"""
+import ast, builtins, json, linecache, math, os, resource, signal, sys, traceback
+
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+
+
+class Tail:
+    # print() lands here: bounded, and never on the protocol pipe.
+    def __init__(self):
+        self.text = ""
+
+    def write(self, text):
+        self.text = (self.text + str(text))[-2000:]
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def describe(error, tail):
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename == "<grader>"]
+    text = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(error), error))
+    if tail.text:
+        text += "--- output ---\n" + tail.text[-500:]
+    return text[-2000:]
+
+
+def cpu_used():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main():
+    requests = open(os.dup(0), "rb")
+    replies = open(os.dup(1), "wb", buffering=0)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    os.close(devnull)
+
+    def reply(message):
+        replies.write(json.dumps(message).encode() + b"\n")
+
+    config = json.loads(requests.readline())
+    # Codecs load lazily, which fails once chrooted: load the common ones now.
+    preload = ["encodings." + name for name in ("ascii", "latin_1", "utf_16", "utf_32", "idna", "unicode_escape")]
+    for name in preload + config["modules"]:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    limits = config["limits"]
+    if config["isolate"]:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        owner = config["tmpfs_owner"]
+        options = "size={},mode=0700,uid={},gid={}".format(limits["disk_bytes"], owner, owner)
+        flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        if libc.mount(b"tmpfs", config["directory"].encode(), b"tmpfs", flags, options.encode()) != 0:
+            reply({"fatal": "mounting the tmpfs failed: " + os.strerror(ctypes.get_errno())})
+            return 70
+        os.chroot(config["directory"])
+        os.chdir("/")
+        del libc
+        for name in [name for name in sys.modules if name.split(".")[0] in ("ctypes", "_ctypes")]:
+            del sys.modules[name]
+    else:
+        os.chdir(config["directory"])
+    if config["uid"] is not None:
+        os.setgroups([])
+        os.setgid(config["uid"])
+        os.setuid(config["uid"])
+    cpu, cpu_cap = limits["cpu_seconds"], limits["process_cpu_seconds"]
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_bytes"],) * 2)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
+    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"],) * 2)
+    resource.setrlimit(resource.RLIMIT_CPU, (min(cpu, cpu_cap), cpu_cap))
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+    # An oversized write fails with EFBIG instead of killing; running out of CPU exits with a
+    # status the parent recognises (as PID 1 of its namespace, the default action would be ignored).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    cpu_exit_code = config["cpu_exit_code"]
+    signal.signal(signal.SIGXCPU, lambda *_: os._exit(cpu_exit_code))
+    # A backstop for a child whose parent died mid-sample (so nobody kills it at the timeout)
+    # while its code sleeps rather than burns CPU.
+    alarm_exit_code = config["alarm_exit_code"]
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(alarm_exit_code))
+    backstop = 2 * config["timeout_seconds"] + 1
+
+    tail = Tail()
+    sys.stdout = sys.stderr = tail
+    sys.stdin = None
+    source = config.pop("source")
+    linecache.cache["<grader>"] = (len(source), None, source.splitlines(True), "<grader>")
+    namespace = {"__name__": "grader", "__builtins__": builtins}
+    signal.setitimer(signal.ITIMER_REAL, backstop)
+    try:
+        exec(compile(source, "<grader>", "exec"), namespace)
+        grade = namespace.get("grade")
+        if not callable(grade):
+            raise TypeError("the source defines no function grade(sample, item)")
+    except MemoryError as error:
+        reply({"load_error": "memory_limit", "detail": "the source reached the memory limit: " + describe(error, tail)})
+        return 0
+    except BaseException as error:
+        reply({"load_error": "python_grader_runtime_error", "detail": describe(error, tail)})
+        return 0
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    reply({"ready": True, "cpu": cpu_used()})
+
+    while True:
+        line = requests.readline()
+        if not line:
+            return 0
+        request = json.loads(line)
+        resource.setrlimit(resource.RLIMIT_CPU, (min(cpu_cap, math.ceil(cpu_used() + cpu)), cpu_cap))
+        tail.text = ""
+        signal.setitimer(signal.ITIMER_REAL, backstop)
+        try:
+            value = grade(request["sample"], request["item"])
+            if isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, (int, float)):
+                raise TypeError("grade() returned {}, not a number".format(type(value).__name__))
+            value = float(value)
+            if not math.isfinite(value):
+                raise ValueError("grade() returned {!r}".format(value))
+            reply({"reward": value, "cpu": cpu_used()})
+        except MemoryError as error:
+            del error
+            reply({"error": "memory_limit", "detail": "memory limit reached", "cpu": cpu_used()})
+            return 0  # start afresh rather than trust a heap that ran out
+        except BaseException as error:
+            reply({"error": "python_grader_runtime_error", "detail": describe(error, tail), "cpu": cpu_used()})
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+sys.exit(main())
+"""
