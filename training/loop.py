@@ -91,36 +91,40 @@ def grade_trajectories(
     """Fill in reward, sub_rewards and errors of every trajectory, one group at a time (a relative
     judge like RULER compares a group's trajectories). Errors are data, not crashes, unless more
     than ``max_error_fraction`` of the step's samples failed."""
-    from training.rewards import Sample, build_grader, grade_group
+    from training.rewards import Sample, build_grader, grade_group, grade_many
 
     grader = build_grader(grader_spec, judge=judge, sandbox=sandbox)
+    trajectories = [t for group in groups for t in group]
+    samples = [
+        Sample(output_text=t.output_text, messages=t.messages, output_tools=getattr(t, "output_tools", []))
+        for t in trajectories
+    ]
+    if grader.grades_groups:  # a relative judge (RULER) compares the trajectories of one group
+        results, offset = [], 0
+        for group, row in zip(groups, rows, strict=True):
+            results += grade_group(grader, samples[offset : offset + len(group)], row["data"].get("item", {}))
+            offset += len(group)
+    else:  # one batch for the step: a python grader starts one sandbox, not one per group
+        items = [row["data"].get("item", {}) for group, row in zip(groups, rows, strict=True) for _ in group]
+        results = grade_many(grader, samples, items)
     failed = total = 0
     errors_by_code: dict[str, int] = {}
     example = ""
-    for group, row in zip(groups, rows, strict=True):
-        samples = [
-            Sample(
-                output_text=t.output_text, messages=t.messages, output_tools=getattr(t, "output_tools", [])
-            )
-            for t in group
-        ]
-        results = grade_group(grader, samples, row["data"].get("item", {}))
-        for trajectory, result in zip(group, results, strict=True):
-            total += 1
-            trajectory.reward = float(result.reward)
-            trajectory.sub_rewards = dict(result.sub_rewards)
-            trajectory.errors = list(result.errors)
-            if result.scores:
-                trajectory.metrics = {**trajectory.metrics, "grader_scores": result.scores}
-            if result.errors:
-                failed += 1
-                for error in result.errors:
-                    errors_by_code[error.get("code", "error")] = (
-                        errors_by_code.get(error.get("code", "error"), 0) + 1
-                    )
-                if not example:
-                    first = result.errors[0]
-                    example = f"{first.get('grader', '?')}: {first.get('code')}: {first.get('detail')}"
+    for trajectory, result in zip(trajectories, results, strict=True):
+        total += 1
+        trajectory.reward = float(result.reward)
+        trajectory.sub_rewards = dict(result.sub_rewards)
+        trajectory.errors = list(result.errors)
+        if result.scores:
+            trajectory.metrics = {**trajectory.metrics, "grader_scores": result.scores}
+        if result.errors:
+            failed += 1
+            for error in result.errors:
+                code = error.get("code", "error")
+                errors_by_code[code] = errors_by_code.get(code, 0) + 1
+            if not example:
+                first = result.errors[0]
+                example = f"{first.get('grader', '?')}: {first.get('code')}: {first.get('detail')}"
     fraction = failed / max(1, total)
     if fraction > max_error_fraction:
         name = grader_spec.get("name") or grader_spec.get("type")
