@@ -1,11 +1,12 @@
-"""The demo run: a format task the bundled SmolLM2-135M-Instruct learns visibly on CPU.
+"""The demo run: short factual questions for the bundled SmolLM2-135M-Instruct on CPU.
 
-The task rows are short factual questions; the reward is a regex grader that gives 1 when the
-whole reply is at most eight words (the system prompt asks for "a few words"). The base model
-rambles in about three replies of four, so GRPO groups have reward variance from step 1, and the
-reward climbs within ten steps (the issue notes have a measured curve). Alternatives tried:
-<answer>-tag format (never produced by the base model in 72 samples: no variance, nothing to learn)
-and "contains the answer" (about 0.35 at step 1 but noisy and bounded by what a 135M model knows).
+The reward is a `multi` grader: half for a reply of at most eight words (the system prompt asks
+for "a few words"), half for containing the expected answer. Why both: brevity alone climbs fast
+(0.25 to 0.96 in 20 steps, measured) but the model learns to emit short gibberish, the textbook
+reward hack; correctness alone is noisy and bounded by what a 135M model knows. Together the
+reward still climbs (the issue notes have the measured curves) and the answers stay answers.
+An <answer>-tag format task was tried first: the base model never produced the tags in 72 samples,
+so every group had zero variance and there was nothing to learn.
 """
 
 from pathlib import Path
@@ -15,11 +16,23 @@ TASKS_PATH = Path(__file__).with_name("format_tasks.jsonl")
 SYSTEM_PROMPT = "Answer the question in a few words."
 
 REWARD_SPEC = {
-    "type": "regex",
-    "name": "at_most_8_words",
-    "input": "{{sample.output_text}}",
-    "pattern": r"^\W*(?:\S+\s+){0,7}\S+\W*$",
-    "flags": ["DOTALL"],
+    "type": "multi",
+    "name": "brief_and_correct",
+    "graders": {
+        "brief": {
+            "type": "regex",
+            "input": "{{sample.output_text}}",
+            "pattern": r"^\W*(?:\S+\s+){0,7}\S+\W*$",
+            "flags": ["DOTALL"],
+        },
+        "correct": {
+            "type": "string_check",
+            "input": "{{sample.output_text}}",
+            "reference": "{{item.answer}}",
+            "operation": "ilike",
+        },
+    },
+    "calculate_output": "0.5 * brief + 0.5 * correct",
 }
 
 RUN_CONFIG = {

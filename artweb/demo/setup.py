@@ -53,11 +53,9 @@ def demo_start(
         environment = Environment.objects.filter(project=project, name="short-answers").first() or (
             services.environment_create(project=project, name="short-answers", system_prompt=SYSTEM_PROMPT)
         )
-        reward = RewardDefinition.objects.filter(project=project, name="brief-answer").order_by(
+        reward = RewardDefinition.objects.filter(project=project, name="brief-and-correct").order_by(
             "-version"
-        ).first() or services.reward_definition_create(
-            project=project, name="brief-answer", spec=REWARD_SPEC
-        )
+        ).first() or services.reward_definition_create(project=project, name="brief-and-correct", spec=REWARD_SPEC)
         # A fresh model per demo run, so an earlier demo's run never blocks this one.
         number = TrainableModel.objects.filter(project=project).count() + 1
         while TrainableModel.objects.filter(project=project, name=f"agent-{number}").exists():
