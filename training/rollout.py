@@ -1,43 +1,63 @@
-"""Rollouts: task rows in, trajectories (messages, exact tokens, logprobs) out.
+"""Rollouts: task rows in, trajectories (messages, exact tokens, a trainable-token mask) out.
 
-Single-turn for now: one model turn per trajectory. The multi-turn agent loop (tool calls, tool
-results, up to `max_turns`) will build on the same Trajectory, with a token mask over the
-model-generated spans.
+The data types live here; the multi-turn agent loop that fills them (tool calls, tool results, up
+to `max_turns` turns) is `training/agent.py`. A single-turn rollout is the agent loop with one
+turn and no tools: one code path for both.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from training.engines.base import Engine, SamplingParams
+from training.tools import Tool
 from training.trainer import TrainGroup, TrainSample
 
 
 @dataclass
 class EnvironmentSpec:
-    """What the model sees around a task row."""
+    """What the model sees around a task row, and what it may do."""
 
     system_prompt: str = ""  # prepended unless the row brings its own system message
-    max_turns: int = 1
-    tools: list = field(default_factory=list)
+    max_turns: int = 1  # model turns per trajectory; a turn without a tool call ends it earlier
+    tools: list[Tool] = field(default_factory=list)
+    tool_timeout_s: float = 10.0  # a tool call still running after this is abandoned (an error)
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+        if self.tool_timeout_s <= 0:
+            raise ValueError("tool_timeout_s must be greater than 0")
+        if not all(isinstance(tool, Tool) for tool in self.tools):
+            raise TypeError("EnvironmentSpec.tools must be training.tools.Tool objects (with a function)")
+        if len({tool.name for tool in self.tools}) != len(self.tools):
+            raise ValueError("tool names must be unique")
 
 
 @dataclass
 class Trajectory:
-    """One episode: the conversation, the exact sampled tokens, and what the graders said."""
+    """One episode: the conversation, the exact tokens, and what the graders said.
 
-    messages: list[dict]  # OpenAI-style, system/user/assistant, ending with the model's answer
+    Tokens: `prompt_token_ids` is the rendered first prompt; `completion_token_ids` is everything
+    after it, each model turn's sampled ids (mask 1) followed by the environment's ids between
+    turns (tool results and the next assistant header; mask 0). `logprobs` is aligned with it: the
+    sampler's logprob on sampled ids, 0.0 on environment ids. The trainer trains on mask-1 ids only.
+    """
+
+    messages: list[dict]  # OpenAI-style: system/user, then assistant (with tool_calls) and tool turns
     prompt_token_ids: list[int]
     completion_token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str
+    finish_reason: str  # the last turn's "stop" or "length"; "max_turns" if it still called tools
+    completion_mask: list[int] | None = None  # 1 = sampled by the model; None = all of them
     reward: float = 0.0
     sub_rewards: dict = field(default_factory=dict)
-    errors: list[dict] = field(default_factory=list)  # grader/tool errors are data, not crashes
-    metrics: dict = field(default_factory=dict)
+    errors: list[dict] = field(default_factory=list)  # grader errors are data, not crashes
+    metrics: dict = field(default_factory=dict)  # turns, tool_calls, tool_errors, tool_timeouts
 
     @property
     def output_text(self) -> str:
@@ -46,6 +66,20 @@ class Trajectory:
             if message.get("role") == "assistant":
                 return message.get("content") or ""
         return ""
+
+    @property
+    def output_tools(self) -> list[dict[str, Any]]:
+        """Every tool call the model made, in order, as `{name, arguments}` (arguments parsed)."""
+        calls = []
+        for message in self.messages:
+            for call in message.get("tool_calls") or []:
+                function = call["function"]
+                try:
+                    arguments = json.loads(function["arguments"])
+                except json.JSONDecodeError:
+                    arguments = function["arguments"]  # what the model wrote, unparseable
+                calls.append({"name": function["name"], "arguments": arguments})
+        return calls
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -77,27 +111,11 @@ def rollout_groups(
     group_size: int,
     adapter: str | None = None,
 ) -> list[list[Trajectory]]:
-    """`group_size` trajectories for each row, from ONE batched engine.generate call."""
-    if env.tools:
-        raise NotImplementedError("tools need the multi-turn agent loop, which is not built yet")
-    prompts = [build_messages(row, env) for row in rows]
-    requests = [prompt for prompt in prompts for _ in range(group_size)]
-    choices = engine.generate(requests, sampling, adapter=adapter)
-    groups: list[list[Trajectory]] = []
-    for index, prompt in enumerate(prompts):
-        group = []
-        for choice in choices[index * group_size : (index + 1) * group_size]:
-            group.append(
-                Trajectory(
-                    messages=[*copy.deepcopy(prompt), {"role": "assistant", "content": choice.text}],
-                    prompt_token_ids=choice.prompt_token_ids,
-                    completion_token_ids=choice.token_ids,
-                    logprobs=choice.logprobs,
-                    finish_reason=choice.finish_reason,
-                )
-            )
-        groups.append(group)
-    return groups
+    """`group_size` trajectories for each row, in row order; one batched engine call per turn."""
+    # agent.py builds on this module's types, so it is imported here rather than at the top.
+    from training.agent import run_agent_groups
+
+    return run_agent_groups(engine, rows, env, sampling, group_size, adapter=adapter)
 
 
 def rollout_group(
@@ -108,12 +126,12 @@ def rollout_group(
     group_size: int,
     adapter: str | None = None,
 ) -> list[Trajectory]:
-    """`group_size` trajectories for one row, from one batched engine.generate call."""
+    """`group_size` trajectories for one row."""
     return rollout_groups(engine, [row], env, sampling, group_size, adapter=adapter)[0]
 
 
 def to_train_group(trajectories: list[Trajectory]) -> TrainGroup:
-    """The trainer's view of a graded group: tokens, sampler logprobs, reward."""
+    """The trainer's view of a graded group: tokens, sampler logprobs, trainable mask, reward."""
     return TrainGroup(
         samples=[
             TrainSample(
@@ -121,6 +139,7 @@ def to_train_group(trajectories: list[Trajectory]) -> TrainGroup:
                 completion_token_ids=list(t.completion_token_ids),
                 completion_logprobs=list(t.logprobs),
                 reward=float(t.reward),
+                completion_mask=None if t.completion_mask is None else list(t.completion_mask),
             )
             for t in trajectories
         ]

@@ -48,12 +48,21 @@ class CheckpointError(ValueError):
 
 @dataclass
 class TrainSample:
-    """One sampled completion: exactly the tokens the engine produced, their logprobs, its reward."""
+    """One trajectory: its prompt, then exactly the tokens that followed, their sampler logprobs,
+    its reward. In a multi-turn trajectory the completion also holds the environment's tokens
+    (tool results, chat headers); `completion_mask` marks which ones the model sampled (1). Only
+    those are trained on and counted; None means all of them.
+    """
 
     prompt_token_ids: list[int]
     completion_token_ids: list[int]
-    completion_logprobs: list[float]
+    completion_logprobs: list[float]  # aligned with completion_token_ids; ignored where the mask is 0
     reward: float
+    completion_mask: list[int] | None = None
+
+    def trainable_tokens(self) -> int:
+        mask = self.completion_mask
+        return len(self.completion_token_ids) if mask is None else sum(mask)
 
 
 @dataclass
@@ -149,7 +158,8 @@ class Trainer:
             return metrics
 
         total_sequences = len(samples)
-        total_tokens = sum(len(sample.completion_token_ids) for sample, _ in samples)
+        # Normalisation counts the tokens the model sampled, never the environment's.
+        total_tokens = sum(sample.trainable_tokens() for sample, _ in samples)
         sums = {"loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "kl": 0.0, "ratio_mean": 0.0}
         for micro in self._micro_batches(samples):
             batch = self._collate(micro)
@@ -229,7 +239,8 @@ class Trainer:
             attention_mask[row, width - len(sequence) :] = 1
             n = len(sample.completion_token_ids)
             if n:
-                mask[row, completion_width - n :] = 1.0
+                sampled = [1] * n if sample.completion_mask is None else sample.completion_mask
+                mask[row, completion_width - n :] = torch.tensor(sampled, dtype=mask.dtype)
                 old_logprobs[row, completion_width - n :] = torch.tensor(sample.completion_logprobs)
         batch = {
             "input_ids": input_ids,
@@ -348,6 +359,11 @@ def _check_sample(sample: TrainSample) -> None:
         raise ValueError("a sample needs one logprob per completion token")
     if not sample.prompt_token_ids:
         raise ValueError("a sample needs a non-empty prompt")
+    if sample.completion_mask is not None:
+        if len(sample.completion_mask) != len(sample.completion_token_ids):
+            raise ValueError("a sample's completion_mask needs one entry per completion token")
+        if any(value not in (0, 1) for value in sample.completion_mask):
+            raise ValueError("a sample's completion_mask holds only 0 and 1")
 
 
 def _move_into_place(scratch: Path, path: Path) -> None:

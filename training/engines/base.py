@@ -11,9 +11,10 @@ logprobs under the untempered policy.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length"]
 
@@ -52,7 +53,13 @@ class Choice:
 
 
 class Engine(ABC):
-    @abstractmethod
+    """Samples completions. Every engine sets `tokenizer` (a Hugging Face tokenizer with a chat
+    template: prompts and the agent loop's environment turns are rendered with it) and may set
+    `stop_token_ids` (the ids that end a completion, beyond the tokenizer's eos)."""
+
+    tokenizer: Any
+    stop_token_ids: Set[int] = frozenset()
+
     def generate(
         self, requests: list[list[dict]], sampling: SamplingParams, adapter: str | None = None
     ) -> list[Choice]:
@@ -60,6 +67,20 @@ class Engine(ABC):
 
         `adapter` names an adapter loaded with `load_adapter`; None means the engine's default model.
         """
+        return self.generate_from_tokens([self.render(messages) for messages in requests], sampling, adapter)
+
+    @abstractmethod
+    def generate_from_tokens(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, adapter: str | None = None
+    ) -> list[Choice]:
+        """One Choice per prompt, given as token ids, in order; nothing is re-tokenised.
+
+        The agent loop continues a conversation from the exact tokens sampled so far with this.
+        """
+
+    def render(self, messages: list[dict]) -> list[int]:
+        """Prompt token ids of a chat request, ending with the assistant header."""
+        return render_chat(self.tokenizer, messages)
 
     @abstractmethod
     def load_adapter(self, name: str, path: Path) -> None:
@@ -68,3 +89,24 @@ class Engine(ABC):
     @abstractmethod
     def unload_adapter(self, name: str) -> None:
         """Free an adapter loaded with `load_adapter`."""
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict],
+    *,
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """Token ids of `messages` rendered with the tokenizer's chat template.
+
+    `tools` (OpenAI-style function schemas) go to the template only when given, so a template
+    without tool support renders exactly as before. With `add_generation_prompt` the ids end with
+    the assistant header, ready for the model's turn.
+    """
+    extra = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=False, **extra
+    )
+    # The template already wrote any bos token; do not let the tokenizer add another.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -81,23 +81,18 @@ class TransformersEngine(Engine):
             ids.update(int(i) for i in generation_eos)
         return ids
 
-    def render(self, messages: list[dict]) -> list[int]:
-        """Prompt token ids of a chat request, ending with the assistant header."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        # The template already wrote any bos token; do not let the tokenizer add another.
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def generate(
-        self, requests: list[list[dict]], sampling: SamplingParams, adapter: str | None = None
+    def generate_from_tokens(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, adapter: str | None = None
     ) -> list[Choice]:
-        if not requests:
+        if not prompt_token_ids:
             return []
-        prompts = [self.render(messages) for messages in requests]
+        if not all(prompt_token_ids):
+            raise ValueError("every prompt needs at least one token")
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad(), self._adapter_scope(adapter):
-                return self._sample(prompts, sampling)
+                return self._sample([list(prompt) for prompt in prompt_token_ids], sampling)
         finally:
             self.model.train(was_training)
 

@@ -15,15 +15,15 @@ from training.rollout import (
 
 
 class CountingEngine(TransformersEngine):
-    """The real engine, counting its generate calls."""
+    """The real engine, counting its batched calls."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.calls: list[int] = []
 
-    def generate(self, requests, sampling, adapter=None):
-        self.calls.append(len(requests))
-        return super().generate(requests, sampling, adapter)
+    def generate_from_tokens(self, prompt_token_ids, sampling, adapter=None):
+        self.calls.append(len(prompt_token_ids))
+        return super().generate_from_tokens(prompt_token_ids, sampling, adapter)
 
 
 def test_prompt_row_becomes_a_user_message_after_the_system_prompt():
@@ -87,16 +87,26 @@ def test_rollout_groups_batches_all_rows_and_keeps_their_order(tiny_model):
     assert all(len(g) == 3 for g in groups)
 
 
-def test_tools_are_refused_until_the_agent_loop_exists(tiny_model):
+def test_single_turn_rollouts_mark_every_token_trainable(tiny_model):
     model, tokenizer = tiny_model
-    with pytest.raises(NotImplementedError):
-        rollout_group(
-            TransformersEngine(model, tokenizer),
-            {"prompt": "x"},
-            EnvironmentSpec(tools=[{"type": "function", "function": {"name": "f"}}]),
-            SamplingParams(),
-            group_size=2,
-        )
+    group = rollout_group(
+        TransformersEngine(model, tokenizer),
+        {"prompt": "Hi"},
+        EnvironmentSpec(max_turns=3),  # no tools: the first answer is final whatever max_turns says
+        SamplingParams(max_new_tokens=5, seed=1),
+        group_size=2,
+    )
+    for trajectory in group:
+        assert trajectory.completion_mask == [1] * len(trajectory.completion_token_ids)
+        assert trajectory.metrics == {"turns": 1, "tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0}
+        assert trajectory.output_tools == []
+
+
+def test_environment_tools_must_be_tool_objects():
+    with pytest.raises(TypeError):
+        EnvironmentSpec(tools=[{"type": "function", "function": {"name": "f"}}])
+    with pytest.raises(ValueError):
+        EnvironmentSpec(max_turns=0)
 
 
 def test_to_train_group_and_to_dict():
@@ -114,6 +124,7 @@ def test_to_train_group_and_to_dict():
     assert sample.prompt_token_ids == [1, 2]
     assert sample.completion_token_ids == [3, 4]
     assert sample.completion_logprobs == [-0.5, -0.25]
+    assert sample.completion_mask is None
     assert sample.reward == 0.75
     data = json.loads(json.dumps(trajectory.to_dict()))
     assert data["reward"] == 0.75 and data["sub_rewards"] == {"exact": 1.0} and data["errors"] == []
