@@ -66,6 +66,13 @@ class RunHooks(Protocol):
     def event(self, message: str, *, level: str = "info", data: dict[str, Any] | None = None) -> None: ...
 
 
+def sampled_tokens(trajectory: Trajectory) -> int:
+    """Tokens the model generated (tool results and chat headers between turns are not counted)."""
+    if trajectory.completion_mask is None:
+        return len(trajectory.completion_token_ids)
+    return sum(trajectory.completion_mask)
+
+
 def checkpoint_path(root: Path, step: int) -> Path:
     return root / f"step-{step:06d}"
 
@@ -96,7 +103,7 @@ def grade_trajectories(
     grader = build_grader(grader_spec, judge=judge, sandbox=sandbox)
     trajectories = [t for group in groups for t in group]
     samples = [
-        Sample(output_text=t.output_text, messages=t.messages, output_tools=getattr(t, "output_tools", []))
+        Sample(output_text=t.output_text, messages=t.messages, output_tools=t.output_tools)
         for t in trajectories
     ]
     if grader.grades_groups:  # a relative judge (RULER) compares the trajectories of one group
@@ -271,7 +278,7 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
         if hooks.should_stop() == "cancelled":
             return "cancelled"
         metrics = trainer.train_step([to_train_group(group) for group in groups])
-        completion_tokens = sum(len(t.completion_token_ids) for group in groups for t in group)
+        completion_tokens = sum(sampled_tokens(t) for group in groups for t in group)
         path = checkpoint_path(spec.checkpoint_root, step)
         if path.exists():
             shutil.rmtree(path)

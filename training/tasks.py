@@ -22,7 +22,7 @@ from django.db import close_old_connections, connection
 
 from projects import judges, services
 from projects.models import Checkpoint, Run, RunStatus, Split, TaskRow
-from training.loop import RewardFailure, RunSpec, run_training
+from training.loop import RewardFailure, RunSpec, run_training, sampled_tokens
 from training.rollout import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class DjangoRunHooks:
                     errors=trajectory.errors,
                     metrics=trajectory.metrics,
                     prompt_tokens=len(trajectory.prompt_token_ids),
-                    completion_tokens=len(trajectory.completion_token_ids),
+                    completion_tokens=sampled_tokens(trajectory),
                     finish_reason=trajectory.finish_reason,
                 )
             )
