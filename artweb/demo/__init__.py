@@ -1,12 +1,13 @@
 """The demo run: short factual questions for the bundled SmolLM2-135M-Instruct on CPU.
 
-The reward is a `multi` grader: half for a reply of at most eight words (the system prompt asks
-for "a few words"), half for containing the expected answer. Why both: brevity alone climbs fast
-(0.25 to 0.96 in 20 steps, measured) but the model learns to emit short gibberish, the textbook
-reward hack; correctness alone is noisy and bounded by what a 135M model knows. Together the
-reward still climbs (the issue notes have the measured curves) and the answers stay answers.
-An <answer>-tag format task was tried first: the base model never produced the tags in 72 samples,
-so every group had zero variance and there was nothing to learn.
+The reward is a `multi` grader, `correct * (0.5 + 0.5 * brief)`: a reply earns nothing unless it
+contains the expected answer, and full marks when it is also at most eight words (the system
+prompt asks for "a few words"). Measured on 2 CPU cores, 20 steps of 4 questions x 6 samples:
+mean reward 0.24 over steps 1-4, 0.43 over steps 16-20, and the replies stay answers ("A puppy!").
+What did not work: brevity alone climbed fastest (0.25 to 0.96) but the model learned to emit
+short gibberish, the textbook reward hack, and `0.5 * brief + 0.5 * correct` was hacked the same
+way (gibberish still earned 0.5). An <answer>-tag format task gave no signal at all: the base model
+never produced the tags in 72 samples, so every group had zero variance.
 """
 
 from pathlib import Path
@@ -32,7 +33,7 @@ REWARD_SPEC = {
             "operation": "ilike",
         },
     },
-    "calculate_output": "0.5 * brief + 0.5 * correct",
+    "calculate_output": "correct * (0.5 + 0.5 * brief)",
 }
 
 RUN_CONFIG = {
