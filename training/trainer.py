@@ -180,6 +180,7 @@ class Trainer:
                 ref_logprobs=ref_logprobs,
                 kl_coef=config.kl_coef,
                 max_tokens_constant=config.max_new_tokens,
+                importance_level=config.importance_level,
             )
             # Scale so that the gradients summed over micro-batches are those of the whole batch.
             micro_tokens = int(batch["mask"].sum())

@@ -63,3 +63,46 @@ def test_unknown_importance_level_is_a_config_error():
     with pytest.raises(ConfigError) as caught:
         TrainConfig.from_dict({"importance_level": "batch"})
     assert caught.value.field == "importance_level"
+
+
+def test_trainer_uses_the_configured_importance_level(monkeypatch):
+    """The trainer passes importance_level through to the loss (checked by intercepting it)."""
+    import training.trainer as trainer_module
+
+    seen = []
+    original = trainer_module.policy_loss
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("importance_level"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "policy_loss", spy)
+    import tempfile
+    from pathlib import Path
+
+    from training.config import LoraSpec
+    from training.models import build_tiny_model, load_base_model
+    from training.trainer import Trainer, TrainGroup, TrainSample
+
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = build_tiny_model(Path(tmp) / "tiny")
+        model, tokenizer = load_base_model(str(directory), Path(tmp))
+        trainer = Trainer(model, tokenizer, TrainConfig(importance_level="sequence"), LoraSpec())
+        group = TrainGroup(
+            samples=[
+                TrainSample(
+                    prompt_token_ids=[5, 6],
+                    completion_token_ids=[7, 8],
+                    completion_logprobs=[-1.0, -1.0],
+                    reward=1.0,
+                ),
+                TrainSample(
+                    prompt_token_ids=[5, 6],
+                    completion_token_ids=[9, 10],
+                    completion_logprobs=[-1.0, -1.0],
+                    reward=0.0,
+                ),
+            ]
+        )
+        trainer.train_step([group])
+    assert seen and set(seen) == {"sequence"}
