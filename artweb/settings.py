@@ -206,3 +206,41 @@ CELERY_BEAT_SCHEDULE = {
     "requeue-orphaned-runs": {"task": "training.requeue_orphaned_runs", "schedule": RUN_REAPER_INTERVAL_S},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+
+# --- serving: inference servers and the OpenAI-compatible gateway ----------------------------
+# The token the gateway presents to inference servers. Every process of one installation shares
+# SECRET_KEY, so the default is derived from it; set INFERENCE_SERVER_TOKEN(_FILE) to rotate it
+# separately.
+import hmac  # noqa: E402  (kept with the one setting that uses it)
+
+INFERENCE_SERVER_TOKEN = (
+    env_str("INFERENCE_SERVER_TOKEN")
+    or hmac.new(SECRET_KEY.encode(), b"artweb inference server token", "sha256").hexdigest()
+)
+INFERENCE_PORT = env_int("INFERENCE_PORT", 8100, minimum=0)
+# Servers write a heartbeat this often; the gateway routes only to servers heard from within the timeout.
+INFERENCE_HEARTBEAT_INTERVAL_S = env_float("INFERENCE_HEARTBEAT_INTERVAL_S", 2.0)
+INFERENCE_HEARTBEAT_TIMEOUT_S = env_float("INFERENCE_HEARTBEAT_TIMEOUT_S", 10.0)
+if INFERENCE_HEARTBEAT_TIMEOUT_S <= INFERENCE_HEARTBEAT_INTERVAL_S:
+    raise ImproperlyConfigured("INFERENCE_HEARTBEAT_TIMEOUT_S must exceed INFERENCE_HEARTBEAT_INTERVAL_S")
+INFERENCE_ADAPTER_CAPACITY = env_int("INFERENCE_ADAPTER_CAPACITY", 8, minimum=1)  # LoRA adapters kept loaded
+INFERENCE_BATCH_WINDOW_MS = env_float("INFERENCE_BATCH_WINDOW_MS", 10.0)
+INFERENCE_MAX_BATCH_SIZE = env_int("INFERENCE_MAX_BATCH_SIZE", 32, minimum=1)  # sequences per engine call
+INFERENCE_DEFAULT_MAX_TOKENS = env_int("INFERENCE_DEFAULT_MAX_TOKENS", 256, minimum=1)
+INFERENCE_MAX_TOKENS = env_int("INFERENCE_MAX_TOKENS", 4096, minimum=1)
+# Servers load LoRA checkpoints only from under this directory (the path arrives over HTTP).
+INFERENCE_ADAPTER_ROOT = Path(env_str("INFERENCE_ADAPTER_ROOT", str(CHECKPOINT_DIR))).resolve()
+GATEWAY_RATE_LIMIT_PER_MINUTE = env_int(
+    "GATEWAY_RATE_LIMIT_PER_MINUTE", 600, minimum=0
+)  # per API key; 0 = off
+GATEWAY_RETRY_AFTER_S = env_int("GATEWAY_RETRY_AFTER_S", 5, minimum=1)  # Retry-After when no server is live
+GATEWAY_UPSTREAM_TIMEOUT_S = env_float("GATEWAY_UPSTREAM_TIMEOUT_S", 600.0)
+# The rate limiter's counters live in the cache: per-process memory by default (exact for one web
+# process); several web processes must share one, e.g. CACHE_URL=redis://127.0.0.1:6379/1.
+CACHE_URL = env_str("CACHE_URL")
+if CACHE_URL.startswith(("redis://", "rediss://")):
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}}
+elif CACHE_URL:
+    raise ImproperlyConfigured(f"CACHE_URL={CACHE_URL!r}: only redis:// URLs are supported (or unset)")
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

@@ -1,4 +1,5 @@
-"""Start and stop the processes of one host: a Celery worker (with beat) and the web server.
+"""Start and stop the processes of one host: a Celery worker (with beat), the web server and an
+inference server.
 
 Used by ``manage.py up`` and ``manage.py demo``. Children run in their own process group so
 Ctrl-C (or any exit) stops them and everything they spawned.
@@ -37,6 +38,14 @@ def worker_command(*, concurrency: int = 1, beat: bool = True, loglevel: str = "
 def web_command(*, host: str = "127.0.0.1", port: int = 8000) -> list[str]:
     return [sys.executable, "-m", "uvicorn", "artweb.asgi:application", "--host", host, "--port", str(port),
             "--log-level", "warning"]  # fmt: skip
+
+
+def inference_command(*, base_model: str, host: str = "127.0.0.1", port: int | None = None) -> list[str]:
+    """The inference server for one base model (its catalogue name); the gateway finds it through
+    the heartbeat it writes, so its port only has to be free."""
+    port = settings.INFERENCE_PORT if port is None else port
+    return [sys.executable, "manage.py", "serve_inference", "--base-model", base_model, "--host", host,
+            "--port", str(port)]  # fmt: skip
 
 
 class Stack:

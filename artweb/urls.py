@@ -10,5 +10,7 @@ def healthz(request):
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("projects.api.urls")),
+    # OpenAI-compatible gateway: the standard `openai` client with base_url=".../v1".
+    path("v1/", include("projects.gateway.urls")),
     path("healthz", healthz),
 ]

@@ -1,4 +1,5 @@
-"""``manage.py up``: the whole platform on one machine — worker, web server and a demo run."""
+"""``manage.py up``: the whole platform on one machine — worker, web server, inference server and a
+demo run."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from django.core.management.base import BaseCommand
 
 from artweb.demo.setup import demo_start
 from artweb.management.commands.demo import print_credentials, watch_run
-from artweb.stack import Stack, web_command, worker_command
+from artweb.stack import Stack, inference_command, web_command, worker_command
+from projects import services
 from training.models import BUNDLED_MODEL
 
 
@@ -27,8 +29,13 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--demo-steps", type=int, default=20, help="0 to skip the demo run")
         parser.add_argument("--base-model", default=BUNDLED_MODEL)
+        parser.add_argument(
+            "--inference-port", type=int, default=settings.INFERENCE_PORT, help="0 picks a free port"
+        )
+        parser.add_argument("--no-inference", action="store_true", help="do not start an inference server")
 
-    def handle(self, *args, host: str, port: int, demo_steps: int, base_model: str, **options):
+    def handle(self, *args, host: str, port: int, demo_steps: int, base_model: str, inference_port: int,
+               no_inference: bool, **options):  # fmt: skip
         call_command("migrate", interactive=False, verbosity=0)
         stack = Stack(settings.DATA_DIR / "logs")
         # Ctrl-C and SIGTERM both stop the stack; SIGINT is re-armed because a parent (a script, a
@@ -38,7 +45,13 @@ class Command(BaseCommand):
         try:
             stack.start("worker", worker_command())
             stack.start("web", web_command(host=host, port=port))
+            if not no_inference:
+                # Named as the demo names it, so the demo's checkpoints are served by this server.
+                name = "smollm2-135m-instruct" if base_model == BUNDLED_MODEL else "demo-local-model"
+                services.base_model_register(name=name, source=base_model)
+                stack.start("inference", inference_command(base_model=name, port=inference_port))
             self.stdout.write(f"artweb is up: http://{host}:{port}/api/v1/docs/  (logs in {stack.log_dir})")
+            self.stdout.write(f"OpenAI-compatible API (team API keys): http://{host}:{port}/v1")
             if demo_steps > 0:
                 setup = demo_start(steps=demo_steps, base_model_source=base_model)
                 print_credentials(self.stdout, setup)
@@ -50,7 +63,7 @@ class Command(BaseCommand):
                 stack.check_alive()
                 time.sleep(1)
         except KeyboardInterrupt:
-            self.stdout.write("\nStopping worker and web server…")
+            self.stdout.write("\nStopping worker, web and inference servers…")
         finally:
             stack.stop()
             self.stdout.write("Stopped.")

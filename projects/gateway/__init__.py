@@ -1,0 +1,8 @@
+"""The OpenAI-compatible gateway (``/v1/…``): team API keys in, routed to a live inference server.
+
+- ``views``: the async Django views (run under ASGI so streams pass through unbuffered).
+- ``routing``: model id -> checkpoint (team-scoped) and the live servers of its base model.
+- ``upstream``: a small keep-alive HTTP/1.1 client over asyncio streams, to the servers.
+- ``ratelimit``: requests per minute per API key.
+- ``services``: the writes (server registration and heartbeat, usage records).
+"""

@@ -1,0 +1,113 @@
+"""Reads for the gateway: which checkpoint a model id names (within the caller's team) and which
+live inference servers can serve it.
+
+Model ids: ``<project>/<model>:<step>``, ``<project>/<model>:latest`` (also plain
+``<project>/<model>``), or a base model's catalogue name. Another team's checkpoint is looked up
+through the team-scoped queryset, so it reads exactly like a missing one (404).
+
+Server choice is rendezvous hashing on the checkpoint: every gateway process sends a given
+checkpoint to the same live server, so its adapter stays loaded there instead of thrashing every
+server's LRU; when that server dies, its checkpoints spread over the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from projects.errors import NotFound
+from projects.models import BaseModel, Checkpoint, InferenceServer, Team
+from projects.selectors import scoped
+
+CHECKPOINT_ID = re.compile(
+    r"^(?P<project>[a-z0-9][a-z0-9._-]{0,62})/(?P<model>[a-z0-9][a-z0-9._-]{0,62})(?::(?P<tag>latest|\d+))?$"
+)
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+    def __init__(self, model_id: str) -> None:
+        # OpenAI's wording: existence and access are not distinguished.
+        super().__init__(
+            f"The model `{model_id}` does not exist or you do not have access to it.", field="model"
+        )
+
+
+@dataclass(frozen=True)
+class Target:
+    model_id: str  # the resolved public id (":latest" replaced by the step), echoed in responses
+    base_model: BaseModel
+    checkpoint: Checkpoint | None  # None: the base model itself
+
+    @property
+    def adapter_path(self) -> str | None:
+        return self.checkpoint.path if self.checkpoint else None
+
+
+def resolve_model(*, team: Team, model_id: str) -> Target:
+    match = CHECKPOINT_ID.match(model_id)
+    if match:
+        checkpoints = (
+            scoped(Checkpoint, team)
+            .select_related("model__base_model", "model__project")
+            .filter(model__project__name=match["project"], model__name=match["model"])
+        )
+        tag = match["tag"] or "latest"
+        checkpoint = (
+            checkpoints.order_by("-step").first()
+            if tag == "latest"
+            else checkpoints.filter(step=int(tag)).first()
+        )
+        if checkpoint is not None:
+            model = checkpoint.model
+            return Target(
+                f"{model.project.name}/{model.name}:{checkpoint.step}", model.base_model, checkpoint
+            )
+    base_model = BaseModel.objects.filter(name=model_id).first()
+    if base_model is not None:
+        return Target(base_model.name, base_model, None)
+    raise ModelNotFound(model_id)
+
+
+def live_servers(*, base_model: BaseModel, affinity: str) -> list[InferenceServer]:
+    """Servers of ``base_model`` with a fresh heartbeat, best first for ``affinity`` (the
+    checkpoint path, or the base model name)."""
+    fresh_since = timezone.now() - timedelta(seconds=settings.INFERENCE_HEARTBEAT_TIMEOUT_S)
+    servers = list(InferenceServer.objects.filter(base_model=base_model, heartbeat_at__gte=fresh_since))
+    return sorted(servers, key=lambda server: _rendezvous(server.url, affinity), reverse=True)
+
+
+def _rendezvous(url: str, affinity: str) -> bytes:
+    return hashlib.blake2b(f"{url}\n{affinity}".encode(), digest_size=8).digest()
+
+
+def available_models(*, team: Team) -> list[dict]:
+    """OpenAI's model objects: every base model, and each of the team's checkpoints (with a
+    ``:latest`` alias per trainable model)."""
+    data = [
+        {
+            "id": base.name,
+            "object": "model",
+            "created": int(base.created_at.timestamp()),
+            "owned_by": "artweb",
+        }
+        for base in BaseModel.objects.order_by("name")
+    ]
+    latest: dict[int, dict] = {}
+    for checkpoint in scoped(Checkpoint, team).select_related("model__project").order_by("model_id", "step"):
+        model = checkpoint.model
+        item = {
+            "id": f"{model.project.name}/{model.name}:{checkpoint.step}",
+            "object": "model",
+            "created": int(checkpoint.created_at.timestamp()),
+            "owned_by": team.name,
+        }
+        data.append(item)
+        latest[model.pk] = {**item, "id": f"{model.project.name}/{model.name}:latest"}
+    return data + list(latest.values())

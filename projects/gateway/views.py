@@ -1,0 +1,273 @@
+"""``/v1/models`` and ``/v1/chat/completions``: OpenAI's API in front of the inference servers.
+
+Async views (Django under ASGI), so a stream is relayed chunk by chunk as the server writes it,
+and many slow generations wait without holding a thread each.
+
+Latency (the gateway should add only a few milliseconds): every step before forwarding
+(authenticate the key, count the request against the rate limit, validate the body, resolve the
+model within the caller's team, list live servers) runs in ONE call on a small pool of database
+threads of our own. Those threads keep their database connection between requests (Django's
+per-request threads under ASGI would open a new one for every request), at most DB_THREADS per
+web process; a connection that failed is dropped and reopened on its next use. Usage is written
+on the same pool after the response has gone out, so metering never delays a reply; a usage
+record can therefore trail its response by a moment (and is lost if the process dies then).
+
+Errors are OpenAI's error object: bad key 401, bad parameters 400, unknown (or another team's)
+model 404, over the rate limit 429 and no live server 503, both with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connections
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt
+
+from projects import services as project_services
+from projects.errors import DomainError
+from projects.gateway import routing
+from projects.gateway.ratelimit import rate_limit_hit
+from projects.gateway.services import usage_record
+from projects.gateway.upstream import UpstreamBroken, UpstreamResponse, UpstreamUnavailable, pool
+from projects.models import ApiKey, InferenceServer
+from training.serving.protocol import (
+    ADAPTER_HEADER,
+    MODEL_HEADER,
+    USAGE_COMMENT_PREFIX,
+    USAGE_HEADER,
+    Limits,
+    RequestError,
+    error_body,
+    parse_chat_request,
+    parse_usage,
+)
+
+DB_THREADS = 4
+_db_executor = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="gateway-db")
+_background: set[asyncio.Task] = set()  # strong references until the usage writes finish
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def in_db_thread(func: Callable[P, R]) -> Callable[P, Any]:
+    """``func`` as a coroutine function run on the gateway's database threads (see the module doc)."""
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        for connection in connections.all(initialized_only=True):
+            if connection.errors_occurred and not connection.is_usable():
+                connection.close()
+        return func(*args, **kwargs)
+
+    return sync_to_async(run, thread_sensitive=False, executor=_db_executor)
+
+
+def _after_response(func: Callable[..., Any], *args: Any) -> None:
+    task = asyncio.get_running_loop().create_task(in_db_thread(func)(*args))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+class GatewayError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str,
+        param: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.retry_after = retry_after  # seconds, sent as Retry-After
+
+    def response(self) -> JsonResponse:
+        response = JsonResponse(error_body(self.status, self.message, code=self.code, param=self.param),
+                                status=self.status)  # fmt: skip
+        if self.retry_after is not None:
+            response["Retry-After"] = str(self.retry_after)
+        return response
+
+
+@dataclass
+class Route:
+    api_key: ApiKey
+    target: routing.Target
+    servers: list[InferenceServer]
+    stream: bool
+
+
+def _authenticate(authorization: str | None) -> ApiKey:
+    scheme, _, raw = (authorization or "").partition(" ")
+    if scheme != "Bearer" or not raw.strip():
+        raise GatewayError(
+            401, "Missing API key: use 'Authorization: Bearer <team API key>'.", code="missing_api_key"
+        )
+    api_key = project_services.api_key_authenticate(raw=raw.strip())
+    if api_key is None:
+        raise GatewayError(401, "Incorrect API key provided, or the key was revoked.", code="invalid_api_key")
+    retry_after = rate_limit_hit(
+        api_key_id=api_key.pk, limit_per_minute=settings.GATEWAY_RATE_LIMIT_PER_MINUTE
+    )
+    if retry_after is not None:
+        raise GatewayError(
+            429, f"Rate limit reached: {settings.GATEWAY_RATE_LIMIT_PER_MINUTE} requests per minute per API key.",
+            code="rate_limit_exceeded", retry_after=retry_after,
+        )  # fmt: skip
+    return api_key
+
+
+def _prepare_chat(authorization: str | None, raw_body: bytes) -> Route:
+    """Everything before forwarding; raises GatewayError."""
+    api_key = _authenticate(authorization)
+    try:
+        body = json.loads(raw_body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GatewayError(400, f"The body is not valid JSON: {exc}", code="invalid_json") from exc
+    try:
+        request = parse_chat_request(body, Limits.shape_only())
+    except RequestError as exc:
+        raise GatewayError(exc.status, exc.message, code=exc.code, param=exc.param) from exc
+    try:
+        target = routing.resolve_model(team=api_key.team, model_id=request.model)
+    except DomainError as exc:
+        raise GatewayError(exc.status_code, exc.message, code=exc.code, param=exc.field) from exc
+    servers = routing.live_servers(
+        base_model=target.base_model, affinity=target.adapter_path or target.model_id
+    )
+    if not servers:
+        raise _no_server(target.base_model.name)
+    return Route(api_key, target, servers, bool(request.stream))
+
+
+def _no_server(base_model: str) -> GatewayError:
+    return GatewayError(
+        503, f"No inference server for {base_model} is running; retry shortly.",
+        code="no_server_available", retry_after=settings.GATEWAY_RETRY_AFTER_S,
+    )  # fmt: skip
+
+
+def _record_usage(route: Route, usage: tuple[int, int] | None) -> None:
+    if usage is None:
+        return
+    usage_record(
+        api_key=route.api_key,
+        model=route.target.model_id,
+        checkpoint=route.target.checkpoint,
+        prompt_tokens=usage[0],
+        completion_tokens=usage[1],
+    )
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponseBase:
+    if request.method != "POST":
+        return GatewayError(405, "Use POST.", code="method_not_allowed").response()
+    try:
+        route = await in_db_thread(_prepare_chat)(request.headers.get("Authorization"), request.body)
+    except GatewayError as exc:
+        return exc.response()
+    headers = {
+        "Authorization": f"Bearer {settings.INFERENCE_SERVER_TOKEN}",
+        "Content-Type": "application/json",
+        MODEL_HEADER: route.target.model_id,
+    }
+    if route.target.adapter_path:
+        headers[ADAPTER_HEADER] = route.target.adapter_path
+    upstream = None
+    for server in route.servers:  # best first; a dead one that still looks alive is skipped
+        try:
+            upstream = await pool().request(
+                server.url, "/v1/chat/completions", headers=headers, body=request.body,
+                timeout=settings.GATEWAY_UPSTREAM_TIMEOUT_S,
+            )  # fmt: skip
+            break
+        except UpstreamUnavailable:
+            continue
+        except UpstreamBroken as exc:
+            return GatewayError(
+                504, f"The inference server did not answer: {exc}", code="upstream_timeout"
+            ).response()
+    if upstream is None:
+        return _no_server(route.target.base_model.name).response()
+
+    content_type = upstream.headers.get("content-type", "application/json")
+    if route.stream and upstream.status == 200:
+        response = StreamingHttpResponse(_relay(upstream, route), status=200, content_type=content_type)
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"  # tell a proxy in front not to buffer either
+        return response
+    try:
+        body = await upstream.read()
+    except UpstreamBroken as exc:
+        return GatewayError(
+            502, f"The inference server failed mid-response: {exc}", code="upstream_error"
+        ).response()
+    if upstream.status == 200:
+        _after_response(_record_usage, route, parse_usage(upstream.headers.get(USAGE_HEADER, "")))
+    return HttpResponse(body, status=upstream.status, content_type=content_type)
+
+
+async def _relay(upstream: UpstreamResponse, route: Route) -> AsyncIterator[bytes]:
+    """Pass the server's events through as they arrive; keep our usage comment to ourselves."""
+    usage = None
+    try:
+        async for chunk in upstream.chunks():
+            if chunk.startswith(USAGE_COMMENT_PREFIX):
+                usage = parse_usage(chunk)
+                continue
+            yield chunk
+    except UpstreamBroken:
+        return  # the client sees the stream end without [DONE]
+    finally:
+        upstream.release()  # closes the connection if the client left before the end
+        if usage is not None:
+            _after_response(_record_usage, route, usage)
+
+
+def _list_models(authorization: str | None) -> dict:
+    api_key = _authenticate(authorization)
+    return {"object": "list", "data": routing.available_models(team=api_key.team)}
+
+
+def _get_model(authorization: str | None, model_id: str) -> dict:
+    api_key = _authenticate(authorization)
+    try:
+        target = routing.resolve_model(team=api_key.team, model_id=model_id)
+    except DomainError as exc:
+        raise GatewayError(exc.status_code, exc.message, code=exc.code, param=exc.field) from exc
+    checkpoint = target.checkpoint
+    created = checkpoint.created_at if checkpoint else target.base_model.created_at
+    owner = api_key.team.name if checkpoint else "artweb"
+    return {"id": target.model_id, "object": "model", "created": int(created.timestamp()), "owned_by": owner}
+
+
+async def models(request: HttpRequest) -> HttpResponse:
+    if request.method != "GET":
+        return GatewayError(405, "Use GET.", code="method_not_allowed").response()
+    try:
+        return JsonResponse(await in_db_thread(_list_models)(request.headers.get("Authorization")))
+    except GatewayError as exc:
+        return exc.response()
+
+
+async def model_detail(request: HttpRequest, model_id: str) -> HttpResponse:
+    if request.method != "GET":
+        return GatewayError(405, "Use GET.", code="method_not_allowed").response()
+    try:
+        return JsonResponse(await in_db_thread(_get_model)(request.headers.get("Authorization"), model_id))
+    except GatewayError as exc:
+        return exc.response()

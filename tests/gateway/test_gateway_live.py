@@ -1,0 +1,378 @@
+"""The standard `openai` client against the gateway (uvicorn + Django ASGI) and real inference
+server processes on the tiny model, on PostgreSQL. Nothing is restarted between a checkpoint
+being recorded and it being served."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import warnings
+from pathlib import Path
+
+import openai
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from projects import services
+from projects.models import BaseModel, InferenceServer
+from tests.gateway.conftest import (
+    BASE_MODEL,
+    Process,
+    http,
+    register_base_model,
+    server_stats,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+HELLO = [{"role": "user", "content": "Hello! How are you today?"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER_CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+
+
+def server_is_live(server: Process) -> bool:
+    return InferenceServer.objects.filter(url=server.url).exists()
+
+
+@pytest.fixture
+def live(tiny_model_dir, inference_server, gateway) -> Process:
+    """The module's server, registered again in this test's (freshly flushed) database."""
+    register_base_model(tiny_model_dir)
+    wait_for(lambda: server_is_live(inference_server), timeout=10, what="the inference server's heartbeat")
+    return gateway
+
+
+def client(gateway: Process, key: str) -> OpenAI:
+    return OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def async_client(gateway: Process, key: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def trainable_model(team, project_name: str, model_name: str):
+    base = BaseModel.objects.get(name=BASE_MODEL)
+    project = services.project_create(team=team, name=project_name)
+    return services.trainable_model_create(project=project, name=model_name, base_model=base)
+
+
+def save_checkpoint(serving, tiny_model_dir: Path, model, step: int):
+    """What a run does at the end of a step: write the adapter files, then record the row."""
+    from training.config import LoraSpec, TrainConfig
+    from training.models import load_base_model
+    from training.trainer import Trainer
+
+    base, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
+    trainer = Trainer(base, tokenizer, TrainConfig(), LoraSpec())
+    path = serving.checkpoint_dir / f"model-{model.pk}" / f"step-{step}"
+    trainer.save_checkpoint(path, step=step, metrics={})
+    return services.checkpoint_record(model=model, run=None, step=step, path=str(path))
+
+
+def test_the_openai_client_sync_async_streaming_n_and_logprobs(live, alpha_key):
+    api = client(live, alpha_key)
+    assert BASE_MODEL in [model.id for model in api.models.list()]
+
+    reply = api.chat.completions.create(model=BASE_MODEL, messages=HELLO, max_tokens=6, temperature=0)
+    assert reply.object == "chat.completion" and reply.model == BASE_MODEL
+    assert reply.choices[0].message.role == "assistant"
+    assert 1 <= reply.usage.completion_tokens <= 6 and reply.usage.prompt_tokens > 5
+
+    many = api.chat.completions.create(
+        model=BASE_MODEL, messages=HELLO, max_tokens=5, n=3, logprobs=True, top_logprobs=2, seed=1,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    for choice in many.choices:
+        token_ids = choice.model_extra["token_ids"]
+        assert len(choice.logprobs.content) == len(token_ids) >= 1
+        assert all(entry.logprob <= 0 for entry in choice.logprobs.content)
+        # Only the sampled token is known; it is the one top_logprobs lists.
+        assert all([t.token for t in e.top_logprobs] == [e.token] for e in choice.logprobs.content)
+    assert many.usage.completion_tokens == sum(len(c.model_extra["token_ids"]) for c in many.choices)
+    assert len(many.model_extra["prompt_token_ids"]) == many.usage.prompt_tokens
+
+    whole = api.chat.completions.create(model=BASE_MODEL, messages=HELLO, max_tokens=8, seed=7)
+    stream = api.chat.completions.create(
+        model=BASE_MODEL,
+        messages=HELLO,
+        max_tokens=8,
+        seed=7,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content  # same seed, same tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+    async def together():
+        api = async_client(live, alpha_key)
+        return await asyncio.gather(
+            *(api.chat.completions.create(model=BASE_MODEL, messages=HELLO, max_tokens=3) for _ in range(3))
+        )
+
+    assert all(r.choices[0].message.role == "assistant" for r in asyncio.run(together()))
+
+
+def test_a_stream_is_relayed_as_it_is_written_not_buffered(live, alpha_key):
+    # The server sends each choice's role chunk as soon as it accepts the request, long before
+    # 16 completions of 200 tokens are sampled; the gateway must pass it on at once.
+    api = client(live, alpha_key)
+    started = time.perf_counter()
+    stream = api.chat.completions.create(model=BASE_MODEL, messages=HELLO, max_tokens=200, n=16, stream=True)
+    first_chunk_at = None
+    for _ in stream:
+        if first_chunk_at is None:
+            first_chunk_at = time.perf_counter() - started
+    total = time.perf_counter() - started
+    assert first_chunk_at < total / 3, (first_chunk_at, total)
+
+    # On the wire: OpenAI's events and the end marker, without the server's usage comment.
+    import http.client
+
+    host, port = live.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = {"model": BASE_MODEL, "messages": HELLO, "max_tokens": 3, "stream": True}
+    connection.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                       headers={"Authorization": f"Bearer {alpha_key}", "Content-Type": "application/json"})  # fmt: skip
+    response = connection.getresponse()
+    raw = response.read().decode()
+    assert response.status == 200 and response.getheader("Content-Type").startswith("text/event-stream")
+    assert raw.endswith("data: [DONE]\n\n") and ": usage" not in raw
+
+
+def test_a_checkpoint_saved_by_a_run_is_callable_as_latest_at_once(live, serving, inference_server,
+                                                                    tiny_model_dir, cast, alpha_key):  # fmt: skip
+    model = trainable_model(cast.alpha, "math", "agent")
+    api = client(live, alpha_key)
+    with pytest.raises(openai.NotFoundError):  # no checkpoint yet
+        api.chat.completions.create(model="math/agent:latest", messages=HELLO, max_tokens=2)
+    first = save_checkpoint(serving, tiny_model_dir, model, step=1)
+    reply = api.chat.completions.create(model="math/agent:latest", messages=HELLO, max_tokens=2)
+    assert reply.model == "math/agent:1"
+    save_checkpoint(serving, tiny_model_dir, model, step=2)
+    assert (
+        api.chat.completions.create(model="math/agent:latest", messages=HELLO, max_tokens=2).model
+        == "math/agent:2"
+    )
+    assert (
+        api.chat.completions.create(model="math/agent:1", messages=HELLO, max_tokens=2).model
+        == "math/agent:1"
+    )
+    ids = {m.id for m in api.models.list()}
+    assert {"math/agent:1", "math/agent:2", "math/agent:latest"} <= ids
+    assert api.models.retrieve("math/agent:latest").id == "math/agent:2"
+    loaded = server_stats(inference_server)["adapters"]["loaded"]
+    assert str(Path(first.path).resolve()) in loaded
+
+
+@pytest.fixture(scope="module")
+def tool_adapter(serving, tiny_model_dir) -> Path:
+    """A LoRA checkpoint that makes the tiny model answer WEATHER_QUESTION with WEATHER_CALL:
+    memorised in a few hundred steps, so the server's tool-call parsing meets real model output."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from training.agent import template_supports_tools
+    from training.models import load_base_model
+    from training.serving.prompts import render_prompt
+    from training.serving.protocol import Limits, parse_chat_request
+
+    model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
+    request = parse_chat_request({"model": "m", "messages": WEATHER_QUESTION, "tools": [WEATHER]}, Limits())
+    prompt = render_prompt(tokenizer, request, native_tools=template_supports_tools(tokenizer))
+    target = list(tokenizer(WEATHER_CALL, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+    ids = torch.tensor([prompt + target])
+    labels = ids.clone()
+    labels[0, : len(prompt)] = -100
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two shared cores: more threads only contend (20 ms a step vs 400)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+            with warnings.catch_warnings():  # peft reads a deprecated transformers attribute
+                warnings.filterwarnings(
+                    "ignore", message=".*is_gradient_checkpointing", category=FutureWarning
+                )
+                peft_model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=modules))
+            optimizer = torch.optim.Adam([p for p in peft_model.parameters() if p.requires_grad], lr=3e-3)
+            margin = 30  # steps trained on after the first exact match, so KV-cached decoding agrees
+            for _ in range(600):
+                output = peft_model(input_ids=ids, labels=labels)
+                # Memorised once every target token is the most likely one: greedy decoding
+                # (temperature 0) then writes exactly WEATHER_CALL.
+                predicted = output.logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
+                if predicted == target:
+                    margin -= 1
+                    if margin == 0:
+                        break
+                output.loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    assert predicted == target, "the tool call was not memorised in 600 steps"
+    path = serving.checkpoint_dir / "memorised-tool-call" / "step-1"
+    peft_model.save_pretrained(str(path))
+    return path
+
+
+def test_tool_calls_come_back_as_openai_tool_calls_and_tool_results_go_in(live, tool_adapter, tiny_model_dir, cast,
+                                                                           alpha_key):  # fmt: skip
+    model = trainable_model(cast.alpha, "tools", "agent")
+    services.checkpoint_record(model=model, run=None, step=1, path=str(tool_adapter))
+    api = client(live, alpha_key)
+    reply = api.chat.completions.create(
+        model="tools/agent:latest", messages=WEATHER_QUESTION, tools=[WEATHER], temperature=0, max_tokens=40
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+    # The tool result goes back in `messages` and is rendered with the chat template.
+    follow_up = api.chat.completions.create(
+        model="tools/agent:latest", tools=[WEATHER], temperature=0, max_tokens=5,
+        messages=[*WEATHER_QUESTION, choice.message.model_dump(exclude_none=True),
+                  {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21}'}],
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    assert follow_up.usage.prompt_tokens > reply.usage.prompt_tokens
+    from training.models import load_base_model
+
+    _, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
+    prompt_text = tokenizer.decode(follow_up.model_extra["prompt_token_ids"])
+    assert '{"temperature_c": 21}' in prompt_text and "<tool_call>" in prompt_text
+
+    stream = api.chat.completions.create(
+        model="tools/agent:latest", messages=WEATHER_QUESTION, tools=[WEATHER], temperature=0, max_tokens=40,
+        stream=True,
+    )  # fmt: skip
+    deltas = [c.choices[0] for c in stream if c.choices]
+    streamed_calls = [call for d in deltas for call in (d.delta.tool_calls or [])]
+    assert [c.function.name for c in streamed_calls] == ["get_weather"]
+    assert deltas[-1].finish_reason == "tool_calls"
+
+
+def test_another_teams_key_gets_404_and_errors_are_openai_error_objects(live, serving, tiny_model_dir, cast,
+                                                                         alpha_key):  # fmt: skip
+    model = trainable_model(cast.alpha, "math", "agent")
+    save_checkpoint(serving, tiny_model_dir, model, step=1)
+    beta_key = services.api_key_create(team=cast.beta, name="beta").plaintext
+    url = f"{live.url}/v1/chat/completions"
+    body = {"model": "math/agent:latest", "messages": HELLO, "max_tokens": 2}
+
+    status, _, error = http("POST", url, key=beta_key, body=body)
+    assert status == 404
+    assert set(error["error"]) == {"message", "type", "param", "code"}
+    assert error["error"]["code"] == "model_not_found"
+    assert "math/agent:latest" not in {
+        m["id"] for m in http("GET", f"{live.url}/v1/models", key=beta_key)[2]["data"]
+    }
+    assert http("POST", url, key=alpha_key, body=body)[0] == 200  # the owner's key works
+
+    status, _, error = http("POST", url, key=alpha_key, body={**body, "model": "math/nothing:3"})
+    assert (status, error["error"]["code"]) == (404, "model_not_found")
+    status, _, error = http("POST", url, key=alpha_key, body={**body, "temperature": 3})
+    assert (status, error["error"]["param"], error["error"]["type"]) == (
+        400,
+        "temperature",
+        "invalid_request_error",
+    )
+    status, _, error = http("POST", url, key="aw_nope_nope", body=body)
+    assert (status, error["error"]["code"]) == (401, "invalid_api_key")
+    with pytest.raises(openai.BadRequestError):
+        client(live, alpha_key).chat.completions.create(model=BASE_MODEL, messages=HELLO, n=0)
+
+
+def test_concurrent_requests_are_batched_by_the_server(live, inference_server, alpha_key):
+    before = server_stats(inference_server)
+
+    async def burst():
+        api = async_client(live, alpha_key)
+        return await asyncio.gather(
+            *(api.chat.completions.create(model=BASE_MODEL, messages=HELLO, max_tokens=16) for _ in range(8))
+        )
+
+    assert len(asyncio.run(burst())) == 8
+    after = server_stats(inference_server)
+    assert after["requests"] - before["requests"] == 8
+    batches = after["batches"] - before["batches"]
+    new = after["recent_batches"][-batches:]
+    assert batches < 8 and max(batch["requests"] for batch in new) >= 2, new
+
+
+def test_usage_is_metered_per_key_and_model(live, alpha_key, cast):
+    api = client(live, alpha_key)
+    replies = [api.chat.completions.create(model=BASE_MODEL, messages=HELLO, max_tokens=n) for n in (2, 3)]
+    stream = api.chat.completions.create(
+        model=BASE_MODEL, messages=HELLO, max_tokens=4, stream=True, stream_options={"include_usage": True}
+    )
+    streamed = [chunk for chunk in stream][-1].usage
+    prompt = sum(r.usage.prompt_tokens for r in replies) + streamed.prompt_tokens
+    completion = sum(r.usage.completion_tokens for r in replies) + streamed.completion_tokens
+
+    def totals():
+        body = http("GET", f"{live.url}/api/v1/usage?group_by=model", key=alpha_key)[2]
+        return body if body["totals"]["requests"] == 3 else None
+
+    body = wait_for(totals, timeout=10, what="usage records")  # written just after each response
+    assert body["data"] == [{"model": BASE_MODEL, "requests": 3, "prompt_tokens": prompt,
+                             "completion_tokens": completion, "total_tokens": prompt + completion}]  # fmt: skip
+    beta_key = services.api_key_create(team=cast.beta, name="beta").plaintext
+    assert http("GET", f"{live.url}/api/v1/usage", key=beta_key)[2]["totals"]["requests"] == 0
+
+
+def test_a_key_over_its_rate_limit_gets_429_with_retry_after(live, serving, alpha_key):
+    limited = serving.start_gateway(GATEWAY_RATE_LIMIT_PER_MINUTE="3")
+    try:
+        if time.time() % 60 > 50:  # keep the four requests inside one fixed window
+            time.sleep(61 - time.time() % 60)
+        body = {"model": BASE_MODEL, "messages": HELLO, "max_tokens": 1}
+        url = f"{limited.url}/v1/chat/completions"
+        assert [http("POST", url, key=alpha_key, body=body)[0] for _ in range(3)] == [200, 200, 200]
+        status, headers, error = http("POST", url, key=alpha_key, body=body)
+        assert (status, error["error"]["code"]) == (429, "rate_limit_exceeded")
+        assert 1 <= int(headers["Retry-After"]) <= 60
+    finally:
+        limited.stop()
+
+
+def test_a_killed_server_stops_being_routed_to_and_a_new_one_is_picked_up(
+    live, serving, tiny_model_dir, alpha_key
+):
+    other = "gateway-tiny-b"  # a base model only these servers serve
+    register_base_model(tiny_model_dir, name=other)
+    body = {"model": other, "messages": HELLO, "max_tokens": 2}
+    url = f"{live.url}/v1/chat/completions"
+    first = serving.start_inference_server(other)
+    wait_for(lambda: server_is_live(first), timeout=10, what="the first server's registration")
+    assert http("POST", url, key=alpha_key, body=body)[0] == 200
+
+    first.kill()
+    status, headers, error = http("POST", url, key=alpha_key, body=body)
+    assert (status, error["error"]["code"], headers["Retry-After"]) == (503, "no_server_available", "2")
+
+    second = serving.start_inference_server(other)
+    wait_for(lambda: http("POST", url, key=alpha_key, body=body)[0] == 200, timeout=30, what="recovery")
+    assert InferenceServer.objects.filter(url=second.url).exists()
+    second.stop()  # a clean stop deregisters at once
+    wait_for(
+        lambda: not InferenceServer.objects.filter(url=second.url).exists(), timeout=10, what="deregistration"
+    )
+    assert http("POST", url, key=alpha_key, body=body)[0] == 503

@@ -1,0 +1,13 @@
+"""The inference server: an OpenAI-compatible HTTP API for one base model plus LoRA checkpoints.
+
+- `protocol`: parse and validate `/v1/chat/completions` bodies, build responses and stream chunks
+  (no torch, no Django: the gateway validates with it too).
+- `prompts`: render a request's messages (and tools) to prompt token ids with the chat template.
+- `adapters`: the least-recently-used set of LoRA adapters loaded into the engine.
+- `scheduler`: collects concurrent requests and runs one batched generation per compatible group.
+- `app`: the ASGI application; `server`: binds, runs it under uvicorn and heartbeats.
+- `vllm`: the GPU path's launcher (vLLM's own OpenAI server with LoRA); not exercised on CPU.
+
+Nothing here imports Django; `manage.py serve_inference` passes settings and the registration
+callback in. Importing this package imports neither torch nor uvicorn.
+"""

@@ -1,0 +1,284 @@
+"""The inference server's ASGI application: `/v1/chat/completions`, `/v1/models`, `/health`, `/stats`.
+
+A plain ASGI callable (no framework): the routes are few and the hot path stays short. Requests
+are validated and rendered on the event loop's side (rendering in a helper thread), sampled by
+the BatchScheduler's single generation thread, and answered as JSON or server-sent events.
+
+Trust: every route but /health needs `Authorization: Bearer <server token>` when a token is set
+(the gateway holds it); the gateway names the checkpoint in ADAPTER_HEADER, and only checkpoint
+directories under `adapter_root` are ever loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.agent import template_supports_tools
+from training.engines.base import Choice, Engine, SamplingParams
+from training.serving.adapters import AdapterCache, check_adapter_path
+from training.serving.prompts import render_prompt
+from training.serving.protocol import (
+    ADAPTER_HEADER,
+    DONE_EVENT,
+    MODEL_HEADER,
+    USAGE_HEADER,
+    ChatRequest,
+    ChunkContext,
+    Limits,
+    RequestError,
+    choice_chunks,
+    completion_body,
+    first_chunks,
+    new_completion_id,
+    parse_chat_request,
+    sse_event,
+    usage_body,
+    usage_comment,
+)
+from training.serving.scheduler import BatchScheduler
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass
+class ServerConfig:
+    model_name: str  # the base model's catalogue name; requests without an adapter must use it
+    adapter_root: Path  # only checkpoints under this directory are loaded
+    token: str = ""  # bearer token required on every route but /health ("" = none)
+    limits: Limits = field(default_factory=Limits)
+    batch_window_s: float = 0.01
+    max_batch_size: int = 32  # sequences per engine call
+    adapter_capacity: int = 8  # adapters kept loaded
+    context_length: int | None = None  # prompt + max_tokens must fit
+
+
+class InferenceApp:
+    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.tokenizer = engine.tokenizer
+        self.adapters = AdapterCache(engine, config.adapter_capacity)
+        self.scheduler = BatchScheduler(
+            self._generate, window_s=config.batch_window_s, max_batch_size=config.max_batch_size
+        )
+        self.native_tools = template_supports_tools(self.tokenizer)
+        self.started_at = time.time()
+        self._scheduler_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ generation thread
+    def _generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, adapter: Path | None
+    ) -> list[Choice]:
+        name = None
+        if adapter is not None:
+            try:
+                name = self.adapters.acquire(adapter)
+            except FileNotFoundError as exc:
+                raise RequestError(str(exc), code="model_not_found", status=404) from exc
+            except Exception as exc:  # e.g. an adapter trained on another base model
+                log.exception("cannot load adapter %s", adapter)
+                raise RequestError(f"cannot load the checkpoint: {exc}", code="adapter_load_failed",
+                                   status=500) from exc  # fmt: skip
+        return self.engine.generate_from_tokens(prompts, sampling, adapter=name)
+
+    # ------------------------------------------------------------------ ASGI
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        method, path = scope["method"], scope["path"]
+        try:
+            if path == "/health":
+                await _json(send, 200, {"status": "ok", "model": self.config.model_name})
+                return
+            if not self._authorized(headers):
+                raise RequestError("a valid server token is required", code="invalid_api_key", status=401)
+            if path == "/v1/chat/completions" and method == "POST":
+                await self._chat(headers, await _read_body(receive), send)
+            elif path == "/v1/models" and method == "GET":
+                created = int(self.started_at)
+                model = {
+                    "id": self.config.model_name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "artweb",
+                }
+                await _json(send, 200, {"object": "list", "data": [model]})
+            elif path == "/stats" and method == "GET":
+                await _json(send, 200, self.stats())
+            else:
+                raise RequestError(f"no route {method} {path}", code="not_found", status=404)
+        except RequestError as exc:
+            await _json(send, exc.status, exc.body())
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._scheduler_task = asyncio.create_task(self.scheduler.run())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._scheduler_task is not None:
+                    self._scheduler_task.cancel()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        if not self.config.token:
+            return True
+        given = headers.get("authorization", "").removeprefix("Bearer ").strip()
+        return hmac.compare_digest(given.encode(), self.config.token.encode())
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "model": self.config.model_name,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "queued_requests": self.scheduler.queued,
+            "batch_window_ms": self.config.batch_window_s * 1000,
+            "max_batch_size": self.config.max_batch_size,
+            **self.scheduler.stats.as_dict(),
+            "adapters": {
+                "capacity": self.adapters.capacity,
+                "loaded": self.adapters.loaded(),
+                "loads": self.adapters.loads,
+                "evictions": self.adapters.evictions,
+            },
+        }
+
+    # ------------------------------------------------------------------ chat completions
+    async def _chat(self, headers: dict[str, str], raw: bytes, send: Any) -> None:
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RequestError(f"the body is not valid JSON: {exc}", code="invalid_json") from exc
+        request = parse_chat_request(body, self.config.limits)
+        adapter: Path | None = None
+        if headers.get(ADAPTER_HEADER):
+            adapter = check_adapter_path(headers[ADAPTER_HEADER], self.config.adapter_root)
+            model = headers.get(MODEL_HEADER) or request.model
+        elif request.model == self.config.model_name:
+            model = request.model
+        else:
+            raise RequestError(f"The model `{request.model}` does not exist on this server",
+                               param="model", code="model_not_found", status=404)  # fmt: skip
+        loop = asyncio.get_running_loop()
+        prompt = await loop.run_in_executor(None, self._render, request)
+        limit = self.config.context_length
+        if limit is not None and len(prompt) + request.max_tokens > limit:
+            raise RequestError(
+                f"This model's maximum context length is {limit} tokens; the messages take "
+                f"{len(prompt)} and max_tokens asks for {request.max_tokens}.",
+                param="messages", code="context_length_exceeded",
+            )  # fmt: skip
+        sampling = SamplingParams(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            max_new_tokens=request.max_tokens,
+            stop=list(request.stop),
+            seed=request.seed,
+        )
+        if request.stream:
+            await self._stream(request, model, prompt, sampling, adapter, send)
+            return
+        choices = await self._sample(request, prompt, sampling, adapter)
+        response = completion_body(
+            request, choices, completion_id=new_completion_id(), created=int(time.time()), model=model,
+            prompt_token_ids=prompt, token_text=self._token_text,
+        )  # fmt: skip
+        usage = response["usage"]
+        await _json(
+            send, 200, response, {USAGE_HEADER: f"{usage['prompt_tokens']} {usage['completion_tokens']}"}
+        )
+
+    def _render(self, request: ChatRequest) -> list[int]:
+        return render_prompt(self.tokenizer, request, native_tools=self.native_tools)
+
+    async def _sample(
+        self, request: ChatRequest, prompt: list[int], sampling: SamplingParams, adapter: Path | None
+    ) -> list[Choice]:
+        try:
+            return await self.scheduler.submit([prompt] * request.n, sampling, adapter)
+        except RequestError:
+            raise
+        except Exception as exc:
+            log.exception("generation failed")
+            raise RequestError(f"generation failed: {exc}", code="server_error", status=500) from exc
+
+    async def _stream(
+        self,
+        request: ChatRequest,
+        model: str,
+        prompt: list[int],
+        sampling: SamplingParams,
+        adapter: Path | None,
+        send: Any,
+    ) -> None:
+        context = ChunkContext(request, new_completion_id(), int(time.time()), model)
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+        ]})  # fmt: skip
+        for chunk in first_chunks(context):
+            if request.return_token_ids:
+                chunk["prompt_token_ids"] = prompt
+            await _event(send, sse_event(chunk))
+        try:
+            choices = await self._sample(request, prompt, sampling, adapter)
+        except RequestError as exc:
+            # The status line has gone out; OpenAI's streams report a late error as an event.
+            await _event(send, sse_event(exc.body()))
+            await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": False})
+            return
+        decode = self._decode
+        for index, choice in enumerate(choices):
+            for chunk in choice_chunks(context, index, choice, decode=decode, token_text=self._token_text):
+                await _event(send, sse_event(chunk))
+        usage = usage_body(len(prompt), choices)
+        if request.include_usage:
+            await _event(send, sse_event(context.chunk([], usage=usage)))
+        await _event(send, usage_comment(usage["prompt_tokens"], usage["completion_tokens"]))
+        await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": False})
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+async def _read_body(receive: Any) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise RequestError("the client disconnected", code="client_disconnected", status=400)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise RequestError("the request body is too large", code="body_too_large", status=413)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _json(send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    payload = json.dumps(body, ensure_ascii=False).encode()
+    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    raw_headers += [(key.encode(), value.encode()) for key, value in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+async def _event(send: Any, data: bytes) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": True})

@@ -1,0 +1,578 @@
+"""OpenAI's chat completions protocol: request validation and response shapes.
+
+Follows https://platform.openai.com/docs/api-reference/chat so the standard `openai` client works
+unchanged. Both the inference server and the gateway validate bodies with `parse_chat_request`
+(the gateway to answer 400 without a round trip), so the two can never disagree on what is valid.
+
+Differences from OpenAI, on purpose:
+- `top_logprobs` lists only the sampled token (the engines compute the sampled token's logprob,
+  not the top-k alternatives); `logprobs` covers every sampled token, a final end token included,
+  one entry per `token_ids` entry, so a client can train on what it sampled.
+- Extension (vLLM's name for it): `"return_token_ids": true` adds `prompt_token_ids` to the
+  response and `token_ids` (the sampled completion tokens) to each choice / stream delta.
+- `response_format: {"type": "json_object"}` is refused (400) by engines that cannot constrain
+  decoding (the CPU engine); `{"type": "text"}` is accepted.
+- `tool_choice: "required"` or a named function is honoured by prefilling the start of a Hermes
+  `<tool_call>` block; the model writes the rest.
+
+Nothing here imports torch or Django.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.engines.base import Choice
+from training.tools import parse_tool_calls
+
+# Wire extensions between the gateway and an inference server (never sent to end users).
+ADAPTER_HEADER = "x-artweb-adapter"  # absolute path of the LoRA checkpoint to apply
+MODEL_HEADER = "x-artweb-model"  # the public model id to echo in `model`
+USAGE_HEADER = "x-artweb-usage"  # "<prompt_tokens> <completion_tokens>" on non-streamed replies
+USAGE_COMMENT_PREFIX = b": usage "  # an SSE comment (clients ignore it) carrying the same numbers
+DONE_EVENT = b"data: [DONE]\n\n"
+
+# The same error types as the REST API's error handler (projects.api.errors).
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def error_body(status: int, message: str, *, code: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object."""
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "api_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+class RequestError(Exception):
+    """A request the server will not run; `status`, `code` and `param` go into the error object."""
+
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str = "invalid_value", status: int = 400
+    ):
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, code=self.code, param=self.param)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one server accepts. The gateway validates with `Limits.shape_only()`: every server
+    applies its own limits again."""
+
+    max_n: int = 16
+    max_tokens: int = 4096  # the largest max_tokens a request may ask for
+    default_max_tokens: int = 256  # when the request gives none
+    json_mode: bool = False  # whether response_format json_object can be honoured
+
+    @classmethod
+    def shape_only(cls) -> Limits:
+        return cls(max_n=128, max_tokens=10**9, json_mode=True)
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    messages: list[dict[str, Any]]  # normalised: content is a str; developer -> system
+    max_tokens: int
+    tools: list[dict[str, Any]] = field(default_factory=list)  # {"name", "description", "parameters"}
+    tool_choice: str = "auto"  # "none" | "auto" | "required" | "function"
+    tool_choice_name: str | None = None  # set when tool_choice == "function"
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    stream: bool = False
+    include_usage: bool = False
+    return_token_ids: bool = False
+
+    @property
+    def uses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def tool_prefill(self) -> str:
+        """Text appended after the assistant header to force a tool call (see the module doc)."""
+        if not self.uses_tools or self.tool_choice == "auto":
+            return ""
+        if self.tool_choice == "function":
+            return '<tool_call>{"name": ' + json.dumps(self.tool_choice_name) + ', "arguments": '
+        return '<tool_call>{"name": "'
+
+
+# Accepted and ignored: they change nothing about what is sampled.
+_IGNORED = {"user", "metadata", "store", "parallel_tool_calls", "service_tier", "prompt_cache_key"}
+_KNOWN = {
+    "model", "messages", "tools", "tool_choice", "n", "temperature", "top_p", "max_tokens",
+    "max_completion_tokens", "stop", "seed", "logprobs", "top_logprobs", "stream", "stream_options",
+    "return_token_ids", "response_format", "frequency_penalty", "presence_penalty", "logit_bias",
+} | _IGNORED  # fmt: skip
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def parse_chat_request(body: Any, limits: Limits) -> ChatRequest:
+    """Validate a decoded JSON body; raise RequestError naming the first bad parameter."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object", code="invalid_json")
+    unknown = sorted(set(body) - _KNOWN)
+    if unknown:
+        raise RequestError(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0],
+                           code="unknown_parameter")  # fmt: skip
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError(
+            "you must provide a model parameter", param="model", code="missing_required_parameter"
+        )
+    raw_messages = body.get("messages")
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    messages = [_message(raw, index) for index, raw in enumerate(raw_messages)]
+
+    max_tokens = _optional_int(body, "max_completion_tokens", 1, limits.max_tokens)
+    if max_tokens is None:
+        max_tokens = _optional_int(body, "max_tokens", 1, limits.max_tokens)
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:
+        raise RequestError("top_p must be greater than 0", param="top_p")
+    n = _optional_int(body, "n", 1, limits.max_n)
+    seed = _optional_int(body, "seed", -(2**63), 2**63 - 1)
+    logprobs = _bool(body, "logprobs")
+    top_logprobs = _optional_int(body, "top_logprobs", 0, 20)
+    if top_logprobs and not logprobs:
+        raise RequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
+    stream = _bool(body, "stream")
+    include_usage = False
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise RequestError("stream_options is only allowed when stream is true", param="stream_options")
+        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+            raise RequestError('stream_options must be {"include_usage": true|false}', param="stream_options")
+        include_usage = bool(options.get("include_usage", False))
+    for penalty in ("frequency_penalty", "presence_penalty"):
+        if body.get(penalty) not in (None, 0, 0.0):
+            raise RequestError(f"{penalty} is not supported by this server", param=penalty,
+                               code="unsupported_parameter")  # fmt: skip
+    if body.get("logit_bias") not in (None, {}):
+        raise RequestError("logit_bias is not supported by this server", param="logit_bias",
+                           code="unsupported_parameter")  # fmt: skip
+    _response_format(body.get("response_format"), limits)
+    tools = _tools(body.get("tools"))
+    tool_choice, tool_choice_name = _tool_choice(body.get("tool_choice"), tools)
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens if max_tokens is not None else limits.default_max_tokens,
+        tools=tools,
+        tool_choice=tool_choice,
+        tool_choice_name=tool_choice_name,
+        n=n if n is not None else 1,
+        temperature=temperature,
+        top_p=top_p,
+        stop=_stop(body.get("stop")),
+        seed=seed,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs or 0,
+        stream=stream,
+        include_usage=include_usage,
+        return_token_ids=_bool(body, "return_token_ids"),
+    )
+
+
+def _bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RequestError(f"{name} must be a boolean", param=name)
+    return value
+
+
+def _optional_int(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"{name} must be an integer", param=name)
+    if not low <= value <= high:
+        raise RequestError(f"{name} must be between {low} and {high}, got {value}", param=name)
+    return value
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RequestError(f"{name} must be a number", param=name)
+    if not low <= value <= high:
+        raise RequestError(f"{name} must be between {low:g} and {high:g}, got {value}", param=name)
+    return float(value)
+
+
+def _stop(value: Any) -> list[str]:
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+        raise RequestError("stop must be a non-empty string or a list of up to 4 of them", param="stop")
+    return stops
+
+
+def _content(value: Any, param: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for index, part in enumerate(value):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise RequestError("only text content parts are supported", param=f"{param}[{index}]",
+                                   code="unsupported_value")  # fmt: skip
+            texts.append(part["text"])
+        return "".join(texts)
+    raise RequestError("content must be a string or a list of text parts", param=param)
+
+
+def _message(raw: Any, index: int) -> dict[str, Any]:
+    param = f"messages[{index}]"
+    if not isinstance(raw, dict):
+        raise RequestError("each message must be an object", param=param)
+    role = raw.get("role")
+    if role not in _ROLES:
+        raise RequestError(f"role must be one of {', '.join(sorted(_ROLES))}", param=f"{param}.role")
+    if raw.get("content") is None and role != "assistant":
+        raise RequestError(f"a {role} message needs content", param=f"{param}.content")
+    message: dict[str, Any] = {
+        "role": "system" if role == "developer" else role,
+        "content": _content(raw.get("content"), f"{param}.content"),
+    }
+    if isinstance(raw.get("name"), str):
+        message["name"] = raw["name"]
+    if role == "assistant" and raw.get("tool_calls"):
+        message["tool_calls"] = _message_tool_calls(raw["tool_calls"], f"{param}.tool_calls")
+    if role == "tool":
+        if not isinstance(raw.get("tool_call_id"), str):
+            raise RequestError("a tool message needs tool_call_id", param=f"{param}.tool_call_id")
+        message["tool_call_id"] = raw["tool_call_id"]
+    return message
+
+
+def _message_tool_calls(value: Any, param: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise RequestError("tool_calls must be a list", param=param)
+    calls = []
+    for index, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments"), str)
+        ):
+            raise RequestError('each tool call needs {"function": {"name": str, "arguments": str}}',
+                               param=f"{param}[{index}]")  # fmt: skip
+        calls.append(
+            {
+                "id": str(call.get("id") or f"call_{index}"),
+                "type": "function",
+                "function": {"name": function["name"], "arguments": function["arguments"]},
+            }
+        )
+    return calls
+
+
+def _tools(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise RequestError("tools must be a list", param="tools")
+    tools = []
+    for index, tool in enumerate(value):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if tool.get("type") != "function" or not isinstance(function, dict) or not function.get("name"):
+            raise RequestError('each tool must be {"type": "function", "function": {"name": ...}}',
+                               param=f"tools[{index}]")  # fmt: skip
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, dict):
+            raise RequestError(
+                "parameters must be a JSON schema object", param=f"tools[{index}].function.parameters"
+            )
+        tools.append(
+            {
+                "name": str(function["name"]),
+                "description": str(function.get("description") or ""),
+                "parameters": parameters,
+            }
+        )
+    return tools
+
+
+def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> tuple[str, str | None]:
+    if value is None:
+        return "auto", None
+    if value in ("none", "auto", "required"):
+        if value == "required" and not tools:
+            raise RequestError("tool_choice 'required' needs tools", param="tool_choice")
+        return value, None
+    name = value.get("function", {}).get("name") if isinstance(value, dict) else None
+    if not isinstance(name, str):
+        raise RequestError("tool_choice must be none, auto, required or {\"type\": \"function\", "
+                           "\"function\": {\"name\": ...}}", param="tool_choice")  # fmt: skip
+    if name not in {tool["name"] for tool in tools}:
+        raise RequestError(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
+    return "function", name
+
+
+def _response_format(value: Any, limits: Limits) -> None:
+    if value is None:
+        return
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return
+    if kind in ("json_object", "json_schema"):
+        if kind == "json_object" and limits.json_mode:
+            return
+        raise RequestError(f"response_format {kind} is not supported by this server's engine",
+                           param="response_format", code="unsupported_value")  # fmt: skip
+    raise RequestError("response_format.type must be text or json_object", param="response_format")
+
+
+# --------------------------------------------------------------------------- responses
+
+
+@dataclass
+class Rendered:
+    """One choice as the client sees it: the assistant message and why it ended."""
+
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str
+
+
+def new_completion_id() -> str:
+    return f"chatcmpl-{secrets.token_hex(12)}"
+
+
+def render_choice(request: ChatRequest, choice: Choice) -> Rendered:
+    """Split the model's text into content and tool calls (Hermes `<tool_call>{json}</tool_call>`).
+
+    A turn whose calls do not all parse stays plain content, as vLLM's Hermes parser does: the
+    client sees what the model wrote rather than a half-understood call.
+    """
+    text = request.tool_prefill() + choice.text
+    if request.uses_tools and "<tool_call>" in text:
+        calls = parse_tool_calls(text)
+        if calls and all(call.error is None for call in calls):
+            before = text[: text.index("<tool_call>")].strip()
+            return Rendered(
+                content=before or None,
+                tool_calls=[
+                    {
+                        "id": f"call_{secrets.token_hex(12)}",
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments_json},
+                    }
+                    for call in calls
+                ],
+                finish_reason="tool_calls",
+            )
+    return Rendered(content=text, tool_calls=[], finish_reason=choice.finish_reason)
+
+
+def logprobs_content(
+    request: ChatRequest,
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    token_text: Callable[[int], str],
+) -> list[dict[str, Any]]:
+    entries = []
+    for token_id, logprob in zip(token_ids, logprobs, strict=True):
+        text = token_text(token_id)
+        entry: dict[str, Any] = {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        # Only the sampled token is known (see the module doc).
+        entry["top_logprobs"] = [dict(entry)] if request.top_logprobs else []
+        entries.append(entry)
+    return entries
+
+
+def usage_body(prompt_tokens: int, choices: Sequence[Choice]) -> dict[str, int]:
+    completion = sum(len(choice.token_ids) for choice in choices)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    }
+
+
+def completion_body(
+    request: ChatRequest,
+    choices: Sequence[Choice],
+    *,
+    completion_id: str,
+    created: int,
+    model: str,
+    prompt_token_ids: list[int],
+    token_text: Callable[[int], str],
+) -> dict[str, Any]:
+    rendered_choices = []
+    for index, choice in enumerate(choices):
+        rendered = render_choice(request, choice)
+        message: dict[str, Any] = {"role": "assistant", "content": rendered.content, "refusal": None}
+        if rendered.tool_calls:
+            message["tool_calls"] = rendered.tool_calls
+        item: dict[str, Any] = {
+            "index": index,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": rendered.finish_reason,
+        }
+        if request.logprobs:
+            content = logprobs_content(request, choice.token_ids, choice.logprobs, token_text)
+            item["logprobs"] = {"content": content, "refusal": None}
+        if request.return_token_ids:
+            item["token_ids"] = list(choice.token_ids)
+        rendered_choices.append(item)
+    body: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": rendered_choices,
+        "usage": usage_body(len(prompt_token_ids), choices),
+        "system_fingerprint": None,
+    }
+    if request.return_token_ids:
+        body["prompt_token_ids"] = list(prompt_token_ids)
+    return body
+
+
+@dataclass
+class ChunkContext:
+    request: ChatRequest
+    completion_id: str
+    created: int
+    model: str
+
+    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.completion_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "system_fingerprint": None,
+        }
+        if self.request.include_usage:
+            body["usage"] = None
+        body.update(extra)
+        return body
+
+
+def first_chunks(context: ChunkContext) -> Iterator[dict[str, Any]]:
+    """Sent as soon as the request is accepted, before anything is sampled: the role of each choice."""
+    for index in range(context.request.n):
+        delta = {"role": "assistant", "content": ""}
+        yield context.chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
+
+
+def choice_chunks(
+    context: ChunkContext,
+    index: int,
+    choice: Choice,
+    *,
+    decode: Callable[[list[int]], str],
+    token_text: Callable[[int], str],
+) -> Iterator[dict[str, Any]]:
+    """The chunks of one sampled choice: a content delta per token (with its logprob and id), or,
+    when the model called tools, the content and the calls in one delta each; then the finish."""
+    request = context.request
+    rendered = render_choice(request, choice)
+
+    def entry(delta: dict[str, Any], ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+        item: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        if request.logprobs:
+            item["logprobs"] = {
+                "content": logprobs_content(request, ids, logprobs, token_text),
+                "refusal": None,
+            }
+        if request.return_token_ids:
+            item["token_ids"] = ids
+        return item
+
+    if rendered.tool_calls:
+        delta: dict[str, Any] = {"content": rendered.content} if rendered.content else {}
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(rendered.tool_calls)]
+        yield context.chunk([entry(delta, list(choice.token_ids), list(choice.logprobs))])
+    else:
+        text = rendered.content or ""
+        pieces = token_pieces(choice.token_ids, text, decode)
+        for token_id, logprob, piece in zip(choice.token_ids, choice.logprobs, pieces, strict=True):
+            yield context.chunk([entry({"content": piece}, [token_id], [logprob])])
+        if not choice.token_ids and text:
+            yield context.chunk([entry({"content": text}, [], [])])
+    finish = {"index": index, "delta": {}, "logprobs": None, "finish_reason": rendered.finish_reason}
+    yield context.chunk([finish])
+
+
+def token_pieces(token_ids: Sequence[int], text: str, decode: Callable[[list[int]], str]) -> list[str]:
+    """The part of `text` each token adds, so the pieces join to exactly `text` (which may be cut
+    before a stop string). A token that ends inside a multi-byte character adds nothing; the next
+    one adds the whole character."""
+    pieces, emitted = [], 0
+    for end in range(1, len(token_ids) + 1):
+        prefix = decode(list(token_ids[:end]))
+        if prefix.endswith("\ufffd") and end < len(token_ids):
+            pieces.append("")
+            continue
+        upto = max(emitted, min(len(prefix), len(text)))
+        pieces.append(text[emitted:upto])
+        emitted = upto
+    if pieces:
+        pieces[-1] += text[emitted:]
+    return pieces
+
+
+def sse_event(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def usage_comment(prompt_tokens: int, completion_tokens: int) -> bytes:
+    return USAGE_COMMENT_PREFIX + f"{prompt_tokens} {completion_tokens}\n\n".encode()
+
+
+def parse_usage(value: bytes | str) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) from a USAGE_HEADER value or a usage comment event."""
+    if isinstance(value, bytes):
+        if not value.startswith(USAGE_COMMENT_PREFIX):
+            return None
+        value = value[len(USAGE_COMMENT_PREFIX) :].decode(errors="replace")
+    parts = value.split()
+    if len(parts) != 2 or not all(part.isdigit() for part in parts):
+        return None
+    return int(parts[0]), int(parts[1])
