@@ -244,3 +244,11 @@ elif CACHE_URL:
     raise ImproperlyConfigured(f"CACHE_URL={CACHE_URL!r}: only redis:// URLs are supported (or unset)")
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# --- graders --------------------------------------------------------------------------------
+# Python graders run in a sandbox subprocess (network, mount and PID namespaces via `unshare`,
+# resource limits). ALLOW_UNSANDBOXED is for development machines without namespaces only.
+GRADER_SANDBOX_TIMEOUT_S = env_float("GRADER_SANDBOX_TIMEOUT_S", 5.0)
+GRADER_SANDBOX_CPU_S = env_int("GRADER_SANDBOX_CPU_S", 5, minimum=1)
+GRADER_SANDBOX_MEMORY_MB = env_int("GRADER_SANDBOX_MEMORY_MB", 512, minimum=64)
+GRADER_SANDBOX_ALLOW_UNSANDBOXED = env_bool("GRADER_SANDBOX_ALLOW_UNSANDBOXED", False)

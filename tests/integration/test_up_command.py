@@ -51,7 +51,7 @@ def test_up_serves_the_api_and_ctrl_c_stops_everything(tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/schema/", timeout=5) as response:
             assert b"openapi" in response.read()
         pids = {p.stem: int(p.read_text()) for p in (data_dir / "logs").glob("*.pid")}
-        assert set(pids) == {"worker", "web"}
+        assert set(pids) == {"worker", "web", "inference"}
         deadline = time.monotonic() + 60
         while "ready." not in (data_dir / "logs" / "worker.log").read_text(errors="replace"):
             assert time.monotonic() < deadline, "worker did not start"
