@@ -22,7 +22,6 @@ class MembershipAdmin(admin.ModelAdmin):
 class ApiKeyAdmin(admin.ModelAdmin):
     list_display = ["name", "team", "prefix", "read_only", "created_at", "last_used_at", "revoked_at"]
     readonly_fields = ["prefix", "key_hash", "created_at", "last_used_at"]
-    exclude: list[str] = []
 
 
 @admin.register(models.BaseModel)

@@ -55,7 +55,9 @@ def demo_start(
         )
         reward = RewardDefinition.objects.filter(project=project, name="brief-and-correct").order_by(
             "-version"
-        ).first() or services.reward_definition_create(project=project, name="brief-and-correct", spec=REWARD_SPEC)
+        ).first() or services.reward_definition_create(
+            project=project, name="brief-and-correct", spec=REWARD_SPEC
+        )
         # A fresh model per demo run, so an earlier demo's run never blocks this one.
         number = TrainableModel.objects.filter(project=project).count() + 1
         while TrainableModel.objects.filter(project=project, name=f"agent-{number}").exists():

@@ -12,7 +12,12 @@ from projects.models import JudgeEndpoint
 
 pytestmark = pytest.mark.django_db
 
-STRING_CHECK = {"type": "string_check", "input": "{{sample.output_text}}", "reference": "{{item.answer}}", "operation": "eq"}
+STRING_CHECK = {
+    "type": "string_check",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.answer}}",
+    "operation": "eq",
+}
 
 
 def error_of(response) -> dict:
@@ -102,7 +107,9 @@ class _ScriptedJudge(BaseHTTPRequestHandler):
         type(self).seen.append({"body": body, "auth": self.headers.get("Authorization")})
         content = type(self).replies.pop(0)
         payload = {
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+            ],
             "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
             "model": body["model"],
         }
@@ -143,7 +150,12 @@ def test_judge_endpoint_tenancy_and_roles(alice_client, bob_client, charlie_clie
         "/api/v1/judge-endpoints/", {"name": "j", "base_url": "http://127.0.0.1:9/v1"}, format="json"
     ).json()
     assert charlie_client.get(f"/api/v1/judge-endpoints/{endpoint['id']}/").status_code == 404
-    assert bob_client.patch(f"/api/v1/judge-endpoints/{endpoint['id']}/", {"timeout_s": 5}, format="json").status_code == 403
+    assert (
+        bob_client.patch(
+            f"/api/v1/judge-endpoints/{endpoint['id']}/", {"timeout_s": 5}, format="json"
+        ).status_code
+        == 403
+    )
     bad = alice_client.post("/api/v1/judge-endpoints/", {"name": "k", "base_url": "ftp://x"}, format="json")
     assert bad.status_code == 400 and error_of(bad)["param"] == "base_url"
 
@@ -160,13 +172,19 @@ def test_score_model_runs_against_the_teams_judge(alice_client, judge_server):
         "range": [0, 1],
     }
     judge.replies = ["0.8", "I cannot help with that.", "7"]
-    good = alice_client.post("/api/v1/graders/run", {"grader": spec, "model_sample": "hi"}, format="json").json()
+    good = alice_client.post(
+        "/api/v1/graders/run", {"grader": spec, "model_sample": "hi"}, format="json"
+    ).json()
     assert good["reward"] == pytest.approx(0.8)
     assert judge.seen[0]["auth"] == "Bearer sk-judge"
     assert "Score 0..1: hi" in json.dumps(judge.seen[0]["body"]["messages"])
-    refusal = alice_client.post("/api/v1/graders/run", {"grader": spec, "model_sample": "x"}, format="json").json()
+    refusal = alice_client.post(
+        "/api/v1/graders/run", {"grader": spec, "model_sample": "x"}, format="json"
+    ).json()
     assert refusal["reward"] == 0.0 and refusal["metadata"]["errors"]["model_grader_parse_error"] is True
-    out_of_range = alice_client.post("/api/v1/graders/run", {"grader": spec, "model_sample": "x"}, format="json").json()
+    out_of_range = alice_client.post(
+        "/api/v1/graders/run", {"grader": spec, "model_sample": "x"}, format="json"
+    ).json()
     assert out_of_range["reward"] == 0.0 and out_of_range["metadata"]["error_details"]
 
 

@@ -78,4 +78,6 @@ def test_embedded_defaults_use_sqlite_and_the_filesystem_broker(tmp_path):
     result = manage("shell", "-v", "0", "-c", code, env=env, tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     engine, broker, folder = result.stdout.split()
-    assert engine.endswith("sqlite3") and broker.startswith("filesystem://") and folder.startswith(str(tmp_path))
+    assert (
+        engine.endswith("sqlite3") and broker.startswith("filesystem://") and folder.startswith(str(tmp_path))
+    )
