@@ -1,0 +1,29 @@
+"""The CPU benchmark script still runs against the training core (on a tiny model, without TRL)."""
+
+import json
+
+
+def test_grpo_benchmark_runs_on_a_tiny_model_and_reports_ratios(tiny_model_dir, tmp_path, capsys):
+    from benchmarks import grpo_cpu
+
+    report_path = tmp_path / "report.json"
+    report = grpo_cpu.main(
+        [
+            "--model", str(tiny_model_dir),
+            "--cache-dir", str(tmp_path),
+            "--skip-trl",
+            "--steps", "1",
+            "--groups-per-step", "1",
+            "--group-size", "2",
+            "--max-new-tokens", "4",
+            "--eval-samples", "1",
+            "--throughput-repeats", "1",
+            "--json", str(report_path),
+        ]
+    )  # fmt: skip
+
+    assert len(report["ours"]["step_seconds"]) == 1
+    assert report["throughput"]["engine_group"]["tokens"] > 0
+    assert report["throughput_ratio"] > 0
+    assert json.loads(report_path.read_text())["ours"]["eval_reward"] is not None
+    assert "== ratios" in capsys.readouterr().out
