@@ -50,7 +50,7 @@ from training.loop import grade_trajectories, rows_for_step
 from training.models import BUNDLED_MODEL, load_base_model
 from training.rewards import Sample, build_grader, grade_many
 from training.rollout import EnvironmentSpec, build_messages, rollout_groups, to_train_group
-from training.trainer import Trainer
+from training.trainer import Trainer, peft_lora_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENVIRONMENT = EnvironmentSpec(system_prompt=SYSTEM_PROMPT)
@@ -341,7 +341,6 @@ def train_trl(
     try:
         import trl
         from datasets import Dataset
-        from peft import LoraConfig
         from transformers import PrinterCallback, TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
     except ImportError as error:
@@ -422,14 +421,7 @@ def train_trl(
             log_completions=False,
         )
         lora = LoraSpec(rank=8, alpha=16)
-        peft_config = LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
+        peft_config = peft_lora_config(lora)
         torch.manual_seed(config.seed)  # our Trainer seeds the same way before peft draws LoRA A
         trainer = GRPOTrainer(
             model=base_model,

@@ -72,6 +72,18 @@ class TrainGroup:
     samples: list[TrainSample]
 
 
+def peft_lora_config(lora: LoraSpec) -> LoraConfig:
+    """peft's LoraConfig for our LoRA spec (the trainer and the TRL benchmark share it)."""
+    return LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
 class Trainer:
     """Owns the policy (base model + LoRA) and its optimizer.
 
@@ -96,14 +108,7 @@ class Trainer:
         # rollout sampled with seed=None draw from these generators.
         random.seed(config.seed)
         torch.manual_seed(config.seed)
-        peft_config = LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
+        peft_config = peft_lora_config(lora)
         with warnings.catch_warnings():
             # peft 0.21 reads transformers 5's deprecated `is_gradient_checkpointing`: not ours to fix.
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,50 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+
+from tests.processes import Process, test_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_MODEL = "gateway-tiny"  # not "tiny": other tests' fixtures register a base model by that name
 SERVER_TOKEN = "test-server-token"
 
 
-def database_url() -> str:
-    db = connection.settings_dict
-    if db["ENGINE"] != "django.db.backends.postgresql":
-        pytest.fail("gateway integration tests need DATABASE_URL pointing at PostgreSQL (make test sets it)")
-    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
-    return f"postgres://{db['USER'] or 'postgres'}{password}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-@dataclass
-class Process:
-    name: str
-    process: subprocess.Popen
-    log: Path
-    url: str = ""
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def kill(self) -> None:
-        """SIGKILL, like a lost machine: no deregistration, the heartbeat just stops."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 @dataclass
@@ -131,7 +98,7 @@ def serving(django_db_setup, django_db_blocker, tiny_model_dir, tmp_path_factory
     with django_db_blocker.unblock():
         env = {
             **os.environ,
-            "DATABASE_URL": database_url(),
+            "DATABASE_URL": test_database_url(),
             "ARTWEB_DATA_DIR": str(data_dir),
             "DEBUG": "1",
             "TORCH_THREADS": "1",

@@ -7,7 +7,6 @@ rows are committed and visible across processes) and a Redis database used only 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,40 +15,13 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import connection
+
+from tests.processes import Process, test_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _database_url() -> str:
-    db = connection.settings_dict
-    if db["ENGINE"] != "django.db.backends.postgresql":
-        pytest.fail("integration tests need DATABASE_URL pointing at PostgreSQL (make test sets it)")
-    user = db["USER"] or "postgres"
-    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
-    return f"postgres://{user}{password}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
-class Worker:
-    def __init__(self, process: subprocess.Popen, log: Path) -> None:
-        self.process, self.log = process, log
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: no cleanup, no goodbye, like a lost machine."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
+Worker = Process  # a `celery worker` child
 
 
 @pytest.fixture
@@ -66,7 +38,7 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., Worker]]:
     def start(**extra_env: str) -> Worker:
         env = {
             **os.environ,
-            "DATABASE_URL": _database_url(),
+            "DATABASE_URL": test_database_url(),
             "CELERY_BROKER_URL": broker,
             "ARTWEB_DATA_DIR": str(data_dir),
             "DEBUG": "1",
@@ -86,7 +58,7 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., Worker]]:
             process = subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
             )
-        worker = Worker(process, log)
+        worker = Worker(f"worker-{len(workers)}", process, log)
         workers.append(worker)
         deadline = time.monotonic() + 90
         while "ready." not in worker.output():
