@@ -36,29 +36,18 @@ def inference_server_heartbeat(
     if base_model is None:
         raise NotFound(f"no base model named {base_model_name!r} in the catalogue")
     now = timezone.now()
+    fields = {
+        "base_model": base_model,
+        "engine": engine,
+        "capacity": capacity,
+        "max_batch_size": max_batch_size,
+        "loaded_adapters": loaded_adapters or [],
+        "hostname": socket.gethostname(),
+        "pid": pid,
+        "heartbeat_at": now,
+    }
     server, _ = InferenceServer.objects.update_or_create(
-        url=url,
-        defaults={
-            "base_model": base_model,
-            "engine": engine,
-            "capacity": capacity,
-            "max_batch_size": max_batch_size,
-            "loaded_adapters": loaded_adapters or [],
-            "hostname": socket.gethostname(),
-            "pid": pid,
-            "heartbeat_at": now,
-        },
-        create_defaults={
-            "base_model": base_model,
-            "engine": engine,
-            "capacity": capacity,
-            "max_batch_size": max_batch_size,
-            "loaded_adapters": loaded_adapters or [],
-            "hostname": socket.gethostname(),
-            "pid": pid,
-            "heartbeat_at": now,
-            "started_at": started_at or now,
-        },
+        url=url, defaults=fields, create_defaults={**fields, "started_at": started_at or now}
     )
     return server
 

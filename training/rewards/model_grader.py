@@ -10,7 +10,9 @@ OpenAI-compatible server knows the developer role)."""
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -115,3 +117,20 @@ class ModelGrader(Grader):
             return super().grade_batch(samples, items)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(self.grade, samples, items))
+
+
+FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+def json_candidates(text: str) -> Iterator[Any]:
+    """JSON values a judge's reply may hold, most explicit first: each ```json fenced block, the
+    whole reply, then the span from the first '{' to the last '}'. Unparsable candidates are skipped."""
+    candidates = [match.group(1) for match in FENCE.finditer(text)] + [text]
+    start, end = text.find("{"), text.rfind("}")
+    if 0 <= start < end:
+        candidates.append(text[start : end + 1])
+    for candidate in candidates:
+        try:
+            yield json.loads(candidate)
+        except ValueError:
+            continue

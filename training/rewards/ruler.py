@@ -24,18 +24,16 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from typing import Any, ClassVar
 
 from training.rewards.base import Field, Grader, GradeResult, GraderRuntime, Sample, Score
 from training.rewards.errors import GraderSpecError, GradingError
 from training.rewards.judge import sampling_params_problems
-from training.rewards.model_grader import looks_like_refusal, require_judge
+from training.rewards.model_grader import json_candidates, looks_like_refusal, require_judge
 from training.rewards.templates import Template, TemplateSyntaxError
 
 PARSE_ERROR = "model_grader_parse_error"
-FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 
 DEFAULT_RUBRIC = """\
 - A trajectory that reaches the task's goal scores clearly higher than one that does not.
@@ -232,15 +230,7 @@ def _shared_prefix(trajectories: list[list[dict[str, Any]]]) -> int:
 def _parse_scores(text: str) -> dict[str, tuple[Any, str]] | None:
     """{trajectory id: (score, explanation)} from the judge's reply, or None if it is unreadable.
     Accepts `{"scores": [{"trajectory_id", "score", "explanation"}]}` and `{"scores": {"1": 0.5}}`."""
-    candidates = [match.group(1) for match in FENCE.finditer(text)] + [text]
-    start, end = text.find("{"), text.rfind("}")
-    if 0 <= start < end:
-        candidates.append(text[start : end + 1])
-    for candidate in candidates:
-        try:
-            data = json.loads(candidate)
-        except ValueError:
-            continue
+    for data in json_candidates(text):
         entries = data.get("scores") if isinstance(data, dict) else None
         if isinstance(entries, dict):
             return {str(key): (value, "") for key, value in entries.items()}

@@ -15,7 +15,6 @@ misread the scale, and clipping would silently turn that into a perfect reward.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any, ClassVar
@@ -23,7 +22,7 @@ from typing import Any, ClassVar
 from training.rewards.base import Field, GraderRuntime, Sample, Score
 from training.rewards.errors import GradingError
 from training.rewards.judge import JudgeReply
-from training.rewards.model_grader import MODEL_FIELDS, ModelGrader, looks_like_refusal
+from training.rewards.model_grader import MODEL_FIELDS, ModelGrader, json_candidates, looks_like_refusal
 
 PARSE_ERROR = "model_grader_parse_error"
 SCORE_KEYS = ("score", "result", "grade", "rating")
@@ -32,7 +31,6 @@ BARE_NUMBER = re.compile(rf"\s*({NUMBER})\s*[.!]?\s*")
 SCORE_PHRASE = re.compile(
     rf"\b(?:score|rating|grade|result)\s*(?:is|of)?\s*[:=]?\s*\**\s*({NUMBER})", re.IGNORECASE
 )
-FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
 class ScoreModelGrader(ModelGrader):
@@ -89,15 +87,7 @@ def parse_score_reply(reply: JudgeReply) -> float:
 
 def parse_score(text: str) -> float | None:
     """The score in a judge's reply, or None when there is none (see the module docstring)."""
-    candidates = [match.group(1) for match in FENCE.finditer(text)] + [text]
-    start, end = text.find("{"), text.rfind("}")
-    if 0 <= start < end:
-        candidates.append(text[start : end + 1])
-    for candidate in candidates:
-        try:
-            data = json.loads(candidate)
-        except ValueError:
-            continue
+    for data in json_candidates(text):
         value = _number_in(data)
         if value is not None:
             return value
