@@ -174,6 +174,22 @@ class TrainConfig(_Settings):
         default=4096, metadata=_help("Padded tokens per forward pass; gradients accumulate across them.")
     )
     seed: int = field(default=0, metadata=_help("Seed for LoRA init and sampling; same seed, same run."))
+    # Evaluation on the task set's validation rows (stored per checkpoint). Small defaults: it runs
+    # inside the training worker, and 8 greedy answers cost a few seconds on the CPU model.
+    eval_interval: int = field(
+        default=0,
+        metadata=_help("Evaluate on the validation rows every N steps (0 = only at step 0 and at the end)."),
+    )
+    eval_max_rows: int = field(
+        default=8, metadata=_help("Validation rows evaluated (the first N by index; same rows every time).")
+    )
+    eval_samples_per_row: int = field(default=1, metadata=_help("Answers sampled per validation row."))
+    eval_temperature: float = field(
+        default=0.0, metadata=_help("Sampling temperature for evaluation (0 = greedy, reproducible).")
+    )
+    eval_pass_threshold: float = field(
+        default=1.0, metadata=_help("A validation answer passes when its reward is at least this.")
+    )
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -190,6 +206,10 @@ class TrainConfig(_Settings):
         _require(self.max_grad_norm > 0, "max_grad_norm", "must be greater than 0")
         _require(self.weight_decay >= 0, "weight_decay", "must be 0 or more")
         _require(self.seed >= 0, "seed", "must be 0 or more")
+        _require(self.eval_interval >= 0, "eval_interval", "must be 0 or more")
+        _require(self.eval_max_rows >= 1, "eval_max_rows", "must be a positive integer")
+        _require(self.eval_samples_per_row >= 1, "eval_samples_per_row", "must be a positive integer")
+        _require(self.eval_temperature >= 0, "eval_temperature", "must be 0 or more")
 
     @property
     def clip_high(self) -> float:

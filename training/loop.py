@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from training.config import LoraSpec, TrainConfig
+from training.evaluation import evaluate_during_run, is_evaluation_step
 from training.rollout import EnvironmentSpec, Trajectory, rollout_groups, to_train_group
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class RunSpec:
     reward_name: str = ""  # how users know the reward definition, for error messages
     judge: Any = None  # training.rewards.JudgeClient for LLM-judge graders (the team's endpoint)
     sandbox: Any = None  # training.rewards.SandboxConfig: the operator's python-grader limits
+    validation_rows: list[dict[str, Any]] = field(default_factory=list)  # evaluated (training.evaluation)
 
 
 class RunHooks(Protocol):
@@ -64,6 +66,9 @@ class RunHooks(Protocol):
         """Persist a finished step; trajectories are (group_index, task_row_index, trajectory)."""
 
     def event(self, message: str, *, level: str = "info", data: dict[str, Any] | None = None) -> None: ...
+
+    def record_evaluation(self, *, step: int, results: dict[str, Any], samples: list[Any]) -> None:
+        """Persist the validation evaluation of checkpoint ``step`` (training.evaluation.EvalSample list)."""
 
 
 def sampled_tokens(trajectory: Trajectory) -> int:
@@ -243,6 +248,8 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
     probes = [build_messages(spec.train_rows[0]["data"], spec.environment)]
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
     final_step = spec.start_step + config.steps
+    if spec.resume_step is None:  # the untrained policy: the baseline later evaluations are read against
+        evaluate_during_run(spec, sampler.engine, sampler.adapter, current, hooks)
 
     for step in range(current + 1, final_step + 1):
         reason = hooks.should_stop()
@@ -306,5 +313,7 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
         ]
         if not hooks.record_step(step=step, metrics=metrics, trajectories=flat, path=path):
             return "lost"
+        if is_evaluation_step(step, start_step=spec.start_step, final_step=final_step, interval=config.eval_interval):
+            evaluate_during_run(spec, sampler.engine, sampler.adapter, step, hooks)
         logger.info("step %d done in %.1fs: reward %.3f", step, step_seconds, metrics.get("reward_mean", 0.0))
     return "succeeded"

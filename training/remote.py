@@ -1,0 +1,239 @@
+"""A policy behind any OpenAI-compatible endpoint: our gateway (another team model, a base model)
+or an external endpoint the team configured (``JudgeEndpoint``, key decrypted by the caller).
+
+The episode loop is message-level: send the conversation (with the environment's tools as OpenAI
+``tools``), read the reply, run its tool calls (OpenAI ``tool_calls``, or Hermes ``<tool_call>``
+blocks in the text for models served without a tool parser, like ours), append the results, up to
+``max_turns`` model turns. Every failure of a sample (HTTP error, timeout, malformed reply) is
+recorded on that sample as ``metrics["policy_error"]``; nothing here raises for one bad sample.
+
+Safety: the API key goes only to ``base_url`` (redirects are refused, as in the judge client) and
+never into error messages.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from training.rollout import EnvironmentSpec, Trajectory, build_messages
+from training.tools import ToolCall, parse_tool_calls, run_tool_calls
+
+RETRY_STATUSES = (408, 409, 429, 500, 502, 503, 504)
+DETAIL_CHARS = 300
+
+
+class EndpointError(RuntimeError):
+    """The endpoint failed or answered something that is not a chat completion."""
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    content: str
+    tool_calls: list[dict[str, Any]]  # OpenAI shape: {id, type, function: {name, arguments (JSON text)}}
+    finish_reason: str
+    usage: dict[str, int]
+
+
+@dataclass(frozen=True)
+class ChatEndpoint:
+    """An OpenAI-compatible endpoint; ``base_url`` ends before ``/chat/completions``."""
+
+    base_url: str
+    api_key: str = field(default="", repr=False)
+    timeout: float = 60.0  # seconds per request
+    retries: int = 1  # extra attempts after a timeout, a connection error, 429 or 5xx
+    retry_backoff: float = 0.5
+
+    def chat(
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        seed: int | None = None,
+    ) -> ChatReply:
+        body: dict[str, Any] = {"model": model, "messages": messages}
+        if tools:
+            body["tools"] = tools
+        if temperature is not None:
+            body["temperature"] = temperature
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if seed is not None:
+            body["seed"] = seed
+        headers = {"Accept": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        url = self.base_url.rstrip("/") + "/chat/completions"
+        attempt = 0
+        while True:
+            try:
+                with httpx.Client(timeout=self.timeout, follow_redirects=False) as client:
+                    response = client.post(url, json=body, headers=headers)
+            except httpx.TimeoutException:
+                error = f"endpoint did not answer within {self.timeout:g} s"
+                retryable = True
+            except httpx.HTTPError as exc:
+                error, retryable = f"endpoint unreachable: {type(exc).__name__}", True
+            else:
+                if response.status_code == 200:
+                    return parse_reply(response)
+                error = f"endpoint answered HTTP {response.status_code}: {_snippet(response.text)}"
+                retryable = response.status_code in RETRY_STATUSES
+            if not retryable or attempt >= self.retries:
+                raise EndpointError(error)
+            time.sleep(self.retry_backoff * (2**attempt))
+            attempt += 1
+
+
+def parse_reply(response: httpx.Response) -> ChatReply:
+    try:
+        payload = response.json()
+        choice = payload["choices"][0]
+        message = choice["message"]
+        content = message.get("content") or ""
+        if not isinstance(content, str):
+            raise TypeError("content is not a string")
+        calls = message.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise TypeError("tool_calls is not a list")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise EndpointError(f"not a chat completion ({exc}): {_snippet(response.text)}") from None
+    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+    return ChatReply(
+        content=content,
+        tool_calls=calls,
+        finish_reason=str(choice.get("finish_reason") or "stop"),
+        usage={k: int(v) for k, v in usage.items() if isinstance(v, int)},
+    )
+
+
+def _snippet(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 1] + "…"
+
+
+def _to_tool_call(call: Any, fallback_id: str) -> ToolCall:
+    """An OpenAI ``tool_calls`` entry as our ToolCall (arguments parsed; an error if they are not
+    a JSON object, which the model then reads as the tool's result)."""
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return ToolCall(fallback_id, "", {}, json.dumps(call), error="malformed tool call")
+    function = call["function"]
+    name = str(function.get("name") or "")
+    raw = function.get("arguments")
+    call_id = str(call.get("id") or fallback_id)
+    if isinstance(raw, dict):
+        return ToolCall(call_id, name, raw, json.dumps(raw, ensure_ascii=False))
+    text = raw if isinstance(raw, str) else ""
+    try:
+        arguments = json.loads(text or "{}")
+    except json.JSONDecodeError as exc:
+        return ToolCall(call_id, name, {}, text, error=f"the arguments of {name!r} are not valid JSON: {exc}")
+    if not isinstance(arguments, dict):
+        return ToolCall(call_id, name, {}, text, error=f"the arguments of {name!r} must be a JSON object")
+    return ToolCall(call_id, name, arguments, text or "{}")
+
+
+@dataclass
+class RemotePolicy:
+    """A model behind a ChatEndpoint, driving the same environment (tools, max turns) as training."""
+
+    endpoint: ChatEndpoint
+    model: str
+    temperature: float = 0.0
+    max_tokens: int = 256
+    seed: int | None = 0
+    max_concurrency: int = 4
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.model
+
+    def rollout(
+        self, rows: list[dict[str, Any]], env: EnvironmentSpec, samples_per_row: int
+    ) -> list[list[Trajectory]]:
+        jobs = [(row["data"], sample) for row in rows for sample in range(samples_per_row)]
+        with ThreadPoolExecutor(max_workers=max(1, self.max_concurrency)) as pool:
+            episodes = list(pool.map(lambda job: self.episode(job[0], env, job[1]), jobs))
+        return [episodes[i * samples_per_row : (i + 1) * samples_per_row] for i in range(len(rows))]
+
+    def episode(self, row: dict[str, Any], env: Any, sample_index: int = 0) -> Trajectory:
+        """One conversation; never raises (failures become ``metrics["policy_error"]``).
+
+        ``env`` is an environment of the registry (``start`` → messages; after each model turn
+        ``respond`` → tool/user messages and done; ``outcome``), the protocol training drives.
+        An environment without ``respond`` is driven as a plain tool environment."""
+        metrics: dict[str, Any] = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0}
+        messages: list[dict[str, Any]] = []
+        outcome: dict[str, Any] = {}
+        finish = "error"
+        seed = None if self.seed is None else self.seed + sample_index
+        try:
+            protocol = hasattr(env, "respond") and hasattr(env, "start")
+            state = env.start(row, seed=seed) if protocol else None
+            messages = list(state.messages) if state is not None else build_messages(row, env)
+            tools = list(state.tools if state is not None else env.tools)
+            schemas = [tool.schema() for tool in tools] or None
+            for turn in range(1, env.max_turns + 1):
+                reply = self.endpoint.chat(
+                    model=self.model,
+                    messages=messages,
+                    tools=schemas,
+                    temperature=self.temperature,
+                    max_tokens=self.max_tokens,
+                    seed=seed,
+                )
+                calls = [_to_tool_call(c, f"call_{turn}_{i}") for i, c in enumerate(reply.tool_calls)]
+                if not calls and tools:
+                    calls = parse_tool_calls(reply.content, id_prefix=f"call_{turn}_")
+                message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+                if calls:
+                    message["tool_calls"] = [call.to_openai() for call in calls]
+                messages.append(message)
+                metrics["turns"] += 1
+                metrics["tool_calls"] += len(calls)
+                finish = reply.finish_reason
+                if state is not None:
+                    answer = env.respond(state, reply.content, calls)
+                    messages += answer.messages
+                    if answer.done:
+                        finish = answer.finish_reason or reply.finish_reason
+                        break
+                    continue
+                if not calls:
+                    break
+                if turn == env.max_turns:
+                    finish = "max_turns"
+                    break
+                results = run_tool_calls(calls, tools, env.tool_timeout_s)
+                for call, result in zip(calls, results, strict=True):
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
+                    metrics["tool_timeouts"] += int(result.timed_out)
+                    metrics["tool_errors"] += int(result.error is not None and not result.timed_out)
+            if state is not None:
+                metrics.update(state.metrics)
+                outcome = dict(env.outcome(state) or {})
+        except Exception as exc:  # one failed sample is data; the evaluation goes on
+            metrics["policy_error"] = (
+                str(exc) if isinstance(exc, EndpointError) else f"{type(exc).__name__}: {exc}"
+            )
+            finish = "error"
+        trajectory = Trajectory(
+            messages=messages,
+            prompt_token_ids=[],
+            completion_token_ids=[],
+            logprobs=[],
+            finish_reason=finish,
+            metrics=metrics,
+        )
+        if outcome and hasattr(trajectory, "outcome"):
+            trajectory.outcome = outcome
+        return trajectory
