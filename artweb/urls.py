@@ -13,4 +13,6 @@ urlpatterns = [
     # OpenAI-compatible gateway: the standard `openai` client with base_url=".../v1".
     path("v1/", include("projects.gateway.urls")),
     path("healthz", healthz),
+    # The dashboard (server-rendered pages) owns every other path.
+    path("", include("frontend.urls")),
 ]

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Model, QuerySet
+from django.db.models import Model, Q, QuerySet
 
 from projects.errors import NotFound, ValidationFailed
 from projects.models import (
     ApiKey,
     Checkpoint,
+    Evaluation,
+    Membership,
+    Project,
+    RewardDefinition,
     Run,
     RunEvent,
     StepMetrics,
@@ -67,3 +71,85 @@ def run_trajectories(*, run: Run, step: int | None = None) -> QuerySet[Trajector
 
 def api_keys(*, team: Team) -> QuerySet[ApiKey]:
     return ApiKey.objects.filter(team=team).order_by("-id")
+
+
+# --- dashboard reads (frontend/) ------------------------------------------------------------
+
+
+def memberships_of(*, user: Any) -> QuerySet[Membership]:
+    """The teams a signed-in person belongs to, by team name (the dashboard's team switcher)."""
+    return Membership.objects.select_related("team").filter(user=user).order_by("team__name")
+
+
+def team_members(*, team: Team) -> QuerySet[Membership]:
+    return Membership.objects.select_related("user").filter(team=team).order_by("user__username")
+
+
+def runs_search(
+    *,
+    team: Team,
+    project_id: int | None = None,
+    model_id: int | None = None,
+    status: str | None = None,
+    text: str = "",
+) -> QuerySet[Run]:
+    """The team's runs, newest first; ``text`` matches the model, project or creator name."""
+    runs = scoped(Run, team).select_related("project", "model", "created_by")
+    if project_id is not None:
+        runs = runs.filter(project_id=project_id)
+    if model_id is not None:
+        runs = runs.filter(model_id=model_id)
+    if status:
+        runs = runs.filter(status=status)
+    if text:
+        runs = runs.filter(
+            Q(model__name__icontains=text)
+            | Q(project__name__icontains=text)
+            | Q(created_by__username__icontains=text)
+        )
+    return runs.order_by("-id")
+
+
+def trajectory_steps(*, run: Run) -> list[int]:
+    return list(Trajectory.objects.filter(run=run).values_list("step", flat=True).distinct().order_by("step"))
+
+
+def trajectory_group_indexes(*, run: Run, step: int) -> list[int]:
+    return list(
+        Trajectory.objects.filter(run=run, step=step)
+        .values_list("group_index", flat=True)
+        .distinct()
+        .order_by("group_index")
+    )
+
+
+def trajectory_group(*, run: Run, step: int, group_index: int) -> list[Trajectory]:
+    """One group's trajectories, best reward first (the trajectory viewer's columns)."""
+    return list(
+        Trajectory.objects.filter(run=run, step=step, group_index=group_index).order_by(
+            "-reward", "sample_index"
+        )
+    )
+
+
+def reward_definitions_latest(*, team: Team, project: Project) -> list[RewardDefinition]:
+    """The newest version of each reward definition name in ``project``."""
+    definitions = scoped(RewardDefinition, team).filter(project=project).order_by("name", "-version")
+    latest: dict[str, RewardDefinition] = {}
+    for definition in definitions:
+        latest.setdefault(definition.name, definition)
+    return list(latest.values())
+
+
+def reward_definition_versions(*, definition: RewardDefinition) -> QuerySet[RewardDefinition]:
+    return RewardDefinition.objects.filter(project=definition.project, name=definition.name).order_by(
+        "-version"
+    )
+
+
+def run_evaluations(*, run: Run) -> QuerySet[Evaluation]:
+    return Evaluation.objects.filter(run=run).select_related("checkpoint").order_by("step", "id")
+
+
+def checkpoint_evaluations(*, checkpoint: Checkpoint) -> QuerySet[Evaluation]:
+    return Evaluation.objects.filter(checkpoint=checkpoint).order_by("-id")

@@ -38,7 +38,7 @@ from projects.gateway import routing
 from projects.gateway.ratelimit import rate_limit_hit
 from projects.gateway.services import usage_record
 from projects.gateway.upstream import UpstreamBroken, UpstreamResponse, UpstreamUnavailable, pool
-from projects.models import ApiKey, InferenceServer
+from projects.models import ApiKey, InferenceServer, Team
 from training.serving.protocol import (
     ADAPTER_HEADER,
     MODEL_HEADER,
@@ -104,7 +104,7 @@ class GatewayError(Exception):
 
 @dataclass
 class Route:
-    api_key: ApiKey
+    api_key: ApiKey | None  # None: a signed-in dashboard user (the playground); not metered per key
     target: routing.Target
     servers: list[InferenceServer]
     stream: bool
@@ -130,9 +130,13 @@ def _authenticate(authorization: str | None) -> ApiKey:
     return api_key
 
 
-def _prepare_chat(authorization: str | None, raw_body: bytes) -> Route:
-    """Everything before forwarding; raises GatewayError."""
-    api_key = _authenticate(authorization)
+def _prepare_chat(authorization: str | None, raw_body: bytes, team: Team | None = None) -> Route:
+    """Everything before forwarding; raises GatewayError. ``team`` is given (and the key check
+    skipped) only by ``chat_completions_for_team``, whose caller has checked the session."""
+    api_key = _authenticate(authorization) if team is None else None
+    if api_key is not None:
+        team = api_key.team
+    assert team is not None
     try:
         body = json.loads(raw_body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -142,7 +146,7 @@ def _prepare_chat(authorization: str | None, raw_body: bytes) -> Route:
     except RequestError as exc:
         raise GatewayError(exc.status, exc.message, code=exc.code, param=exc.param) from exc
     try:
-        target = routing.resolve_model(team=api_key.team, model_id=request.model)
+        target = routing.resolve_model(team=team, model_id=request.model)
     except DomainError as exc:
         raise GatewayError(exc.status_code, exc.message, code=exc.code, param=exc.field) from exc
     servers = routing.live_servers(
@@ -161,7 +165,7 @@ def _no_server(base_model: str) -> GatewayError:
 
 
 def _record_usage(route: Route, usage: tuple[int, int] | None) -> None:
-    if usage is None:
+    if usage is None or route.api_key is None:
         return
     usage_record(
         api_key=route.api_key,
@@ -176,8 +180,18 @@ def _record_usage(route: Route, usage: tuple[int, int] | None) -> None:
 async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return GatewayError(405, "Use POST.", code="method_not_allowed").response()
+    return await _complete(request.body, request.headers.get("Authorization"), None)
+
+
+async def chat_completions_for_team(*, team: Team, raw_body: bytes) -> HttpResponseBase:
+    """The same completion for a signed-in dashboard user (the checkpoint playground): the caller
+    (frontend.playground) has checked the session, its CSRF token and the membership in ``team``."""
+    return await _complete(raw_body, None, team)
+
+
+async def _complete(raw_body: bytes, authorization: str | None, team: Team | None) -> HttpResponseBase:
     try:
-        route = await in_db_thread(_prepare_chat)(request.headers.get("Authorization"), request.body)
+        route = await in_db_thread(_prepare_chat)(authorization, raw_body, team)
     except GatewayError as exc:
         return exc.response()
     headers = {
@@ -191,7 +205,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     for server in route.servers:  # best first; a dead one that still looks alive is skipped
         try:
             upstream = await pool().request(
-                server.url, "/v1/chat/completions", headers=headers, body=request.body,
+                server.url, "/v1/chat/completions", headers=headers, body=raw_body,
                 timeout=settings.GATEWAY_UPSTREAM_TIMEOUT_S,
             )  # fmt: skip
             break

@@ -1,0 +1,166 @@
+"""Dashboard forms. They only shape input; every check that matters is in projects.services,
+whose ValidationFailed errors are put back next to the field they name (``attach_errors``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+
+from projects.errors import ValidationFailed
+from projects.models import EnvironmentKind, Role
+from training.config import TrainConfig
+
+HYPERPARAMETER_PREFIX = "hp_"
+
+
+def _hyperparameter_field(spec: dict[str, Any]) -> forms.Field:
+    kind, default, help_text = spec["type"], spec["default"], spec["help"]
+    optional = "None" in kind.split(" | ")  # an empty box means None
+    kind = kind.replace(" | None", "")
+    if "choices" in spec:
+        return forms.ChoiceField(
+            choices=[(c, c) for c in spec["choices"]], initial=default, help_text=help_text
+        )
+    if kind == "bool":
+        return forms.BooleanField(required=False, initial=default, help_text=help_text)
+    if kind == "int":
+        return forms.IntegerField(initial=default, required=not optional, help_text=help_text)
+    if kind == "float":
+        widget = forms.NumberInput({"step": "any"})
+        return forms.FloatField(initial=default, required=not optional, help_text=help_text, widget=widget)
+    return forms.CharField(initial=default, required=not optional, help_text=help_text)
+
+
+class NewRunForm(forms.Form):
+    """Model, task set (pick one or upload JSONL), environment, reward, and every TrainConfig field
+    prefilled with its default and help text."""
+
+    model = forms.TypedChoiceField(coerce=int, label="Model")
+    task_set = forms.TypedChoiceField(coerce=int, required=False, label="Task set", empty_value=None)
+    task_file = forms.FileField(required=False, label="…or upload a JSONL task set")
+    task_set_name = forms.CharField(required=False, max_length=63, label="Name of the uploaded task set")
+    validation_fraction = forms.FloatField(
+        initial=0.0, min_value=0.0, max_value=0.99, label="Validation fraction of the upload"
+    )
+    environment = forms.TypedChoiceField(coerce=int, label="Environment")
+    reward = forms.TypedChoiceField(coerce=int, label="Reward definition")
+
+    def __init__(self, *args: Any, choices: dict[str, list[tuple[int, str]]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in ("model", "environment", "reward"):
+            self.fields[name].choices = choices[name]  # type: ignore[attr-defined]
+        self.fields["task_set"].choices = [("", "— upload a new one below —"), *choices["task_set"]]  # type: ignore[attr-defined]
+        for name, spec in TrainConfig.field_help().items():
+            self.fields[HYPERPARAMETER_PREFIX + name] = _hyperparameter_field(spec)
+            self.fields[HYPERPARAMETER_PREFIX + name].label = name
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if not data.get("task_set") and not data.get("task_file"):
+            self.add_error("task_set", "choose a task set or upload a JSONL file")
+        if data.get("task_file") and not data.get("task_set_name"):
+            self.add_error("task_set_name", "name the uploaded task set")
+        return data
+
+    def hyperparameter_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in self.fields if name.startswith(HYPERPARAMETER_PREFIX)]
+
+    def config(self) -> dict[str, Any]:
+        """Only the hyperparameters the user changed: the rest keep the environment's sampling
+        settings, then the TrainConfig defaults (the order ``run_create`` merges them in)."""
+        return {
+            name.removeprefix(HYPERPARAMETER_PREFIX): self.cleaned_data[name]
+            for name in self.changed_data
+            if name.startswith(HYPERPARAMETER_PREFIX)
+        }
+
+
+FIELD_FOR_SERVICE_ERROR = {"file": "task_file", "name": "task_set_name"}
+
+
+def attach_errors(form: forms.Form, error: ValidationFailed, *, rename: dict[str, str] | None = None) -> None:
+    """Show each problem of a service's ValidationFailed next to the form field it names
+    (``config.steps`` → ``hp_steps``; unknown fields become form-wide errors)."""
+    rename = rename or {}
+    for field, message in error.problems:
+        name = field.split(":")[0] if field.startswith("line ") else field
+        if name.startswith("config."):
+            name = HYPERPARAMETER_PREFIX + name.removeprefix("config.").split(".")[0]
+        elif name.startswith("line "):
+            name = rename.get("file", "file")
+            message = f"{field}: {message}"
+        name = rename.get(name, name)
+        head = name.split(".")[0].split("[")[0]
+        if name in form.fields:
+            form.add_error(name, message)
+        elif head in form.fields:  # a path inside a JSON field: "spec.graders.fmt.operation"
+            form.add_error(head, f"{name}: {message}")
+        else:
+            form.add_error(None, f"{field}: {message}" if field != "non_field_errors" else message)
+
+
+class EnvironmentForm(forms.Form):
+    name = forms.CharField(max_length=63)
+    kind = forms.ChoiceField(choices=EnvironmentKind.choices)
+    system_prompt = forms.CharField(required=False, widget=forms.Textarea({"rows": 3}))
+    max_turns = forms.IntegerField(
+        required=False, min_value=1, max_value=100, help_text="empty: the kind's default"
+    )
+    tools = forms.CharField(
+        required=False,
+        widget=forms.Textarea({"rows": 2, "spellcheck": "false"}),
+        help_text='JSON list, e.g. ["calculator"] (tool environments only)',
+    )
+    config = forms.CharField(
+        required=False,
+        widget=forms.Textarea({"rows": 2, "spellcheck": "false"}),
+        help_text="JSON object of kind-specific settings",
+    )
+
+    def clean_tools(self) -> Any:
+        return _json_or_none(self.cleaned_data["tools"])
+
+    def clean_config(self) -> Any:
+        return _json_or_none(self.cleaned_data["config"])
+
+    def service_arguments(self) -> dict[str, Any]:
+        """Only what was filled in, so the service applies its own defaults for the rest."""
+        return {key: value for key, value in self.cleaned_data.items() if value not in (None, "")}
+
+
+def _json_or_none(raw: str) -> Any:
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise forms.ValidationError(
+            f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from exc
+
+
+class ProjectForm(forms.Form):
+    name = forms.CharField(max_length=63, help_text="lowercase letters, digits, '.', '_' or '-'")
+    description = forms.CharField(required=False, max_length=500)
+
+
+class TrainableModelForm(forms.Form):
+    name = forms.CharField(max_length=63)
+    base_model = forms.TypedChoiceField(coerce=int)
+
+
+class RewardDefinitionForm(forms.Form):
+    name = forms.CharField(max_length=63)
+    spec = forms.CharField(widget=forms.Textarea({"rows": 14, "spellcheck": "false"}))
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    read_only = forms.BooleanField(required=False, help_text="can read but not create or change anything")
+
+
+class MemberForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    role = forms.ChoiceField(choices=Role.choices)

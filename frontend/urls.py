@@ -1,0 +1,30 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from frontend import playground, views
+
+app_name = "frontend"
+
+urlpatterns = [
+    path("", views.root, name="root"),
+    path("login/", auth_views.LoginView.as_view(template_name="frontend/login.html"), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("team/switch", views.team_switch, name="team-switch"),
+    path("team/members", views.members, name="members"),
+    path("team/api-keys", views.api_keys, name="api-keys"),
+    path("team/api-keys/<int:key_id>/revoke", views.api_key_revoke, name="api-key-revoke"),
+    path("projects/", views.projects, name="projects"),
+    path("projects/<int:project_id>/", views.project, name="project"),
+    path("projects/<int:project_id>/runs/new", views.run_new, name="run-new"),
+    path("projects/<int:project_id>/rewards/", views.rewards, name="rewards"),
+    path("models/<int:model_id>/", views.model_detail, name="model"),
+    path("runs/", views.runs, name="runs"),
+    path("runs/<int:run_id>/", views.run_detail, name="run"),
+    path("runs/<int:run_id>/live", views.run_live, name="run-live"),
+    path("runs/<int:run_id>/metrics.json", views.run_metrics, name="run-metrics"),
+    path("runs/<int:run_id>/cancel", views.run_cancel, name="run-cancel"),
+    path("runs/<int:run_id>/trajectories", views.trajectories, name="trajectories"),
+    path("rewards/<int:reward_id>/", views.reward, name="reward"),
+    path("checkpoints/<int:checkpoint_id>/", views.checkpoint, name="checkpoint"),
+    path("playground/chat", playground.playground_chat, name="playground-chat"),
+]

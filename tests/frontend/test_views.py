@@ -1,0 +1,285 @@
+"""Dashboard views through Django's test client: team scoping, roles, forms.
+
+The cast (tests/conftest.py): alice owns alpha, bob is a viewer in alpha, charlie owns beta.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+
+from projects import services
+from projects.models import ApiKey, Run, RunStatus, TaskSet
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _no_enqueue(monkeypatch):
+    # Creating a run enqueues training after commit; these tests have no worker.
+    monkeypatch.setattr(services, "_enqueue_run", lambda run_id: None)
+
+
+def client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def alpha_run(alpha_setup, cast):
+    return services.run_create(
+        model=alpha_setup.model,
+        task_set=alpha_setup.task_set,
+        environment=alpha_setup.environment,
+        reward=alpha_setup.reward,
+        config={"steps": 2},
+        created_by=cast.alice,
+    )
+
+
+def test_signed_out_visitor_is_sent_to_sign_in():
+    response = Client().get("/projects/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/")
+
+
+def test_sign_in_page_signs_in(cast):
+    client = Client()
+    assert client.get("/login/").status_code == 200
+    response = client.post("/login/", {"username": "alice", "password": "pw-alice-123"})
+    assert response.status_code == 302 and response["Location"] == "/projects/"
+    assert "alpha" in client.get("/projects/").content.decode()
+
+
+PAGES = [
+    "/runs/{run}/",
+    "/runs/{run}/live",
+    "/runs/{run}/metrics.json",
+    "/runs/{run}/trajectories",
+    "/projects/{project}/",
+    "/projects/{project}/rewards/",
+    "/models/{model}/",
+    "/rewards/{reward}/",
+]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_owner_sees_team_pages(page, cast, alpha_setup, alpha_run):
+    url = page.format(
+        run=alpha_run.pk,
+        project=alpha_setup.project.pk,
+        model=alpha_setup.model.pk,
+        reward=alpha_setup.reward.pk,
+    )
+    assert client_for(cast.alice).get(url).status_code == 200
+
+
+@pytest.mark.parametrize("page", [*PAGES, "/projects/{project}/runs/new"])
+def test_other_teams_rows_are_not_found(page, cast, alpha_setup, alpha_run):
+    url = page.format(
+        run=alpha_run.pk,
+        project=alpha_setup.project.pk,
+        model=alpha_setup.model.pk,
+        reward=alpha_setup.reward.pk,
+    )
+    assert client_for(cast.charlie).get(url).status_code == 404
+
+
+def test_other_teams_checkpoint_is_not_found(cast, alpha_setup, alpha_run):
+    checkpoint = services.checkpoint_record(model=alpha_setup.model, run=alpha_run, step=0, path="/tmp/none")
+    assert client_for(cast.alice).get(f"/checkpoints/{checkpoint.pk}/").status_code == 200
+    assert client_for(cast.charlie).get(f"/checkpoints/{checkpoint.pk}/").status_code == 404
+
+
+def test_lists_show_only_the_current_team(cast, alpha_setup, alpha_run):
+    beta_project = services.project_create(team=cast.beta, name="secret-beta")
+    html = client_for(cast.alice).get("/projects/").content.decode()
+    assert "math" in html and "secret-beta" not in html
+    runs_html = client_for(cast.charlie).get("/runs/").content.decode()
+    assert f"#{alpha_run.pk}" not in runs_html
+    assert beta_project.name in client_for(cast.charlie).get("/projects/").content.decode()
+
+
+def test_team_switcher_changes_the_current_team(cast, alpha_setup):
+    services.membership_set(team=cast.beta, user=cast.alice, role="member")
+    services.project_create(team=cast.beta, name="beta-project")
+    client = client_for(cast.alice)
+    client.post("/team/switch", {"team": cast.beta.pk})
+    html = client.get("/projects/").content.decode()
+    assert "beta-project" in html and ">math<" not in html
+    # A team the user is not in cannot be chosen.
+    gamma = services.team_create(name="gamma")
+    client.post("/team/switch", {"team": gamma.pk})
+    assert "beta-project" in client.get("/projects/").content.decode()
+
+
+def test_viewer_cannot_cancel_or_create(cast, alpha_setup, alpha_run):
+    bob = client_for(cast.bob)
+    assert bob.get(f"/runs/{alpha_run.pk}/").status_code == 200
+    assert bob.post(f"/runs/{alpha_run.pk}/cancel").status_code == 403
+    assert bob.get(f"/projects/{alpha_setup.project.pk}/runs/new").status_code == 403
+    assert bob.post(f"/projects/{alpha_setup.project.pk}/runs/new", {}).status_code == 403
+    assert bob.post("/projects/", {"name": "nope"}).status_code == 403
+    assert bob.post("/team/api-keys", {"name": "nope"}).status_code == 403
+    assert bob.post("/team/members", {"username": "bob", "role": "owner"}).status_code == 403
+    assert Run.objects.get(pk=alpha_run.pk).status == RunStatus.QUEUED
+
+
+def test_member_cancels_a_queued_run(cast, alpha_run):
+    response = client_for(cast.alice).post(f"/runs/{alpha_run.pk}/cancel")
+    assert response.status_code == 302
+    assert Run.objects.get(pk=alpha_run.pk).status == RunStatus.CANCELLED
+
+
+def _run_form(setup, **overrides):
+    data = {
+        "model": setup.model.pk,
+        "task_set": setup.task_set.pk,
+        "environment": setup.environment.pk,
+        "reward": setup.reward.pk,
+        "validation_fraction": "0",
+    }
+    from training.config import TrainConfig
+
+    for name, spec in TrainConfig.field_help().items():
+        if spec["default"] is None:
+            data[f"hp_{name}"] = ""
+        elif spec["type"] == "bool":
+            if spec["default"]:
+                data[f"hp_{name}"] = "on"
+        else:
+            data[f"hp_{name}"] = str(spec["default"])
+    data.update(overrides)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def test_new_run_form_is_prefilled_with_defaults_and_help(cast, alpha_setup):
+    html = client_for(cast.alice).get(f"/projects/{alpha_setup.project.pk}/runs/new").content.decode()
+    assert 'name="hp_group_size"' in html and 'value="4"' in html
+    assert "Completions sampled per row; advantages compare them." in html
+
+
+def test_new_run_form_creates_a_run_with_only_changed_hyperparameters(cast, alpha_setup):
+    client = client_for(cast.alice)
+    response = client.post(
+        f"/projects/{alpha_setup.project.pk}/runs/new", _run_form(alpha_setup, hp_steps="3")
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    run = Run.objects.get()
+    assert response["Location"] == f"/runs/{run.pk}/"
+    assert run.total_steps == 3 and run.created_by == cast.alice
+
+
+def test_new_run_form_shows_a_service_error_next_to_the_field(cast, alpha_setup):
+    response = client_for(cast.alice).post(
+        f"/projects/{alpha_setup.project.pk}/runs/new", _run_form(alpha_setup, hp_group_size="1")
+    )
+    assert response.status_code == 200
+    errors = response.context["form"].errors
+    assert "hp_group_size" in errors and "at least 2" in errors["hp_group_size"][0]
+    assert not Run.objects.exists()
+
+
+def test_new_run_form_reports_jsonl_errors_per_line(cast, alpha_setup):
+    bad = b'{"prompt": "ok", "item": {}}\nnot json\n{"item": {}}\n'
+    form = _run_form(alpha_setup, task_set="", task_set_name="uploaded")
+    form["task_file"] = SimpleUploadedFile("rows.jsonl", bad)
+    response = client_for(cast.alice).post(f"/projects/{alpha_setup.project.pk}/runs/new", form)
+    assert response.status_code == 200
+    errors = response.context["form"].errors["task_file"]
+    assert any(e.startswith("line 2:") and "invalid JSON" in e for e in errors)
+    assert any(e.startswith("line 3") and "messages" in e for e in errors)
+    assert not TaskSet.objects.filter(name="uploaded").exists()
+
+
+def test_new_run_form_uploads_a_task_set(cast, alpha_setup):
+    rows = b'{"prompt": "a", "item": {"answer": "a"}}\n{"prompt": "b", "item": {"answer": "b"}}\n'
+    form = _run_form(alpha_setup, task_set="", task_set_name="uploaded")
+    form["task_file"] = SimpleUploadedFile("rows.jsonl", rows)
+    response = client_for(cast.alice).post(f"/projects/{alpha_setup.project.pk}/runs/new", form)
+    assert response.status_code == 302
+    assert Run.objects.get().task_set.name == "uploaded"
+
+
+def test_new_run_form_refuses_another_teams_inputs(cast, alpha_setup):
+    beta_project = services.project_create(team=cast.beta, name="b")
+    beta_reward = services.reward_definition_create(
+        project=beta_project, name="r", spec={"type": "regex", "pattern": "a"}
+    )
+    response = client_for(cast.alice).post(
+        f"/projects/{alpha_setup.project.pk}/runs/new", _run_form(alpha_setup, reward=beta_reward.pk)
+    )
+    assert response.status_code == 200 and "reward" in response.context["form"].errors
+    assert not Run.objects.exists()
+
+
+def test_api_key_is_shown_once_and_revoked(cast):
+    client = client_for(cast.alice)
+    html = client.post("/team/api-keys", {"name": "ci"}).content.decode()
+    key = ApiKey.objects.get(name="ci")
+    assert f"aw_{key.prefix}_" in html and "shown only this once" in html
+    assert "shown only this once" not in client.get("/team/api-keys").content.decode()
+    client.post(f"/team/api-keys/{key.pk}/revoke")
+    key.refresh_from_db()
+    assert key.revoked_at is not None
+    other = services.api_key_create(team=cast.beta, name="theirs").api_key
+    assert client.post(f"/team/api-keys/{other.pk}/revoke").status_code == 404
+
+
+def test_owner_adds_a_member(cast):
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.create_user("dora", password="pw-dora-123")
+    client = client_for(cast.alice)
+    client.post("/team/members", {"username": "dora", "role": "member"})
+    assert "dora" in client.get("/team/members").content.decode()
+    response = client.post("/team/members", {"username": "nobody", "role": "member"})
+    assert "no user with this name" in response.content.decode()
+
+
+def test_reward_editor_saves_a_new_version_and_shows_errors(cast, alpha_setup):
+    client = client_for(cast.alice)
+    url = f"/rewards/{alpha_setup.reward.pk}/"
+    response = client.post(url, {"spec": '{"type": "regex"}'})
+    assert response.status_code == 200 and response.context["form"].errors["spec"]
+    response = client.post(url, {"spec": "{not json"})
+    assert "not valid JSON" in response.context["form"].errors["spec"][0]
+    response = client.post(url, {"spec": '{"type": "regex", "pattern": "4"}'})
+    assert response.status_code == 302
+    html = client.get(response["Location"]).content.decode()
+    assert "v2" in html and "Saved as version 2" in html
+
+
+def test_environment_form_offers_every_kind_and_marks_unavailable(cast, alpha_setup):
+    from projects.models import EnvironmentKind
+
+    html = client_for(cast.alice).get(f"/projects/{alpha_setup.project.pk}/").content.decode()
+    for kind in EnvironmentKind:
+        assert f'value="{kind.value}"' in html
+
+
+def test_run_metrics_json_has_the_chart_series(cast, alpha_setup, alpha_run):
+    data = client_for(cast.alice).get(f"/runs/{alpha_run.pk}/metrics.json").json()
+    assert data["steps"] == []
+    assert set(data["series"]) == {
+        "loss", "kl", "entropy", "clip_fraction", "zero_variance_fraction", "tokens_per_second"
+    }  # fmt: skip
+
+
+def test_playground_needs_a_signed_in_member(cast):
+    response = Client().post("/playground/chat", b"{}", content_type="application/json")
+    assert response.status_code == 401
+
+
+def test_environment_form_creates_and_reports_errors(cast, alpha_setup):
+    client = client_for(cast.alice)
+    url = f"/projects/{alpha_setup.project.pk}/"
+    response = client.post(
+        url, {"environment-name": "bad", "environment-kind": "chat", "environment-max_turns": "3"}
+    )
+    assert response.status_code == 200 and response.context["environment_form"].errors
+    response = client.post(url, {"environment-name": "plain", "environment-kind": "chat"})
+    assert response.status_code == 302
+    assert alpha_setup.project.environments.filter(name="plain").exists()
