@@ -58,3 +58,19 @@ class RunAdmin(admin.ModelAdmin):
 class RunEventAdmin(admin.ModelAdmin):
     list_display = ["run", "created_at", "level", "type", "message"]
     list_filter = ["level", "type"]
+
+
+@admin.register(models.Evaluation)
+class EvaluationAdmin(admin.ModelAdmin):
+    list_display = ["id", "project", "run", "step", "checkpoint", "base_model", "status", "created_at"]
+    list_filter = ["status"]
+    readonly_fields = [field.name for field in models.Evaluation._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(models.EvaluationEvent)
+class EvaluationEventAdmin(admin.ModelAdmin):
+    list_display = ["evaluation", "created_at", "level", "message"]
+    list_filter = ["level"]

@@ -273,7 +273,7 @@ def load_local_policy(
     model, tokenizer = load_base_model(
         base_model_source, model_cache_dir, dtype=resolve_dtype("auto", device), device=device
     )
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers types `to` oddly
     engine = TransformersEngine(model, tokenizer, device=device)
     adapter = None
     if adapter_path is not None:

@@ -20,8 +20,8 @@ from celery import shared_task
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from projects import judges, services
-from projects.models import Checkpoint, Run, RunStatus, Split, TaskRow
+from projects import evaluations, judges, services
+from projects.models import Checkpoint, Evaluation, Run, RunStatus, Split, TaskRow
 from training.loop import RewardFailure, RunSpec, run_training, sampled_tokens
 from training.rollout import Trajectory
 
@@ -94,7 +94,11 @@ class DjangoRunHooks:
                     reward=trajectory.reward,
                     sub_rewards=trajectory.sub_rewards,
                     errors=trajectory.errors,
-                    metrics=trajectory.metrics,
+                    # The environment's verdict (a game's result) is kept with the metrics: the
+                    # trajectory table has no column of its own for it.
+                    metrics={**trajectory.metrics, "outcome": trajectory.outcome}
+                    if trajectory.outcome
+                    else trajectory.metrics,
                     prompt_tokens=len(trajectory.prompt_token_ids),
                     completion_tokens=sampled_tokens(trajectory),
                     finish_reason=trajectory.finish_reason,
@@ -112,10 +116,13 @@ class DjangoRunHooks:
     def event(self, message: str, *, level: str = "info", data: dict[str, Any] | None = None) -> None:
         services.run_event_add(run=self.run, message=message, level=level, data=data)
 
+    def record_evaluation(self, *, step: int, results: dict[str, Any], samples: list[Any]) -> None:
+        evaluations.run_evaluation_record(run=self.run, step=step, results=results, samples=samples)
+
 
 def build_run_spec(run: Run) -> RunSpec:
     from training.config import LoraSpec, TrainConfig
-    from training.rollout import EnvironmentSpec
+    from training.environments import build_environment
 
     model = run.model
     if run.attempts == 1:
@@ -133,8 +140,14 @@ def build_run_spec(run: Run) -> RunSpec:
         checkpoint_root=settings.CHECKPOINT_DIR / f"model-{model.pk}",
         config=TrainConfig.from_dict(run.config),
         lora=LoraSpec.from_dict(model.lora),
-        environment=EnvironmentSpec(
-            system_prompt=environment.system_prompt, max_turns=environment.max_turns, tools=environment.tools
+        environment=build_environment(
+            environment.kind,
+            config=environment.config,
+            tools=environment.tools,
+            system_prompt=environment.system_prompt,
+            max_turns=environment.max_turns,
+            tool_timeout_s=environment.tool_timeout_s,
+            allowed_programs=tuple(getattr(settings, "MCP_STDIO_PROGRAMS", ())),
         ),
         grader_spec=run.reward.spec,
         train_rows=rows,
@@ -146,6 +159,10 @@ def build_run_spec(run: Run) -> RunSpec:
         reward_name=f"{run.reward.name!r} v{run.reward.version}",
         judge=judges.judge_client(team=run.project.team),
         sandbox=judges.sandbox_config(),
+        validation_rows=[
+            {"index": row.index, "data": row.data}
+            for row in TaskRow.objects.filter(task_set=run.task_set, split=Split.VALIDATION).order_by("index")
+        ],
     )
 
 
@@ -192,3 +209,156 @@ def _readable(exc: BaseException) -> str:
 @shared_task(name="training.requeue_orphaned_runs", time_limit=60)
 def requeue_orphaned_runs() -> list[int]:
     return services.runs_requeue_orphaned()
+
+
+# --- evaluations (POST /api/v1/evaluations) --------------------------------------------------------
+
+
+@shared_task(name="training.evaluate", acks_late=True, time_limit=evaluations.EVALUATION_TIME_LIMIT_S)
+def evaluate(evaluation_id: int) -> str:
+    """Evaluate a checkpoint or base model (and a reference) on a task set's rows; results, samples
+    and events go through projects.evaluations. Any failure is a failed evaluation with a readable
+    error, never a crash of the worker."""
+    close_old_connections()
+    worker = worker_id()
+    evaluation = evaluations.evaluation_claim(evaluation_id=evaluation_id, worker=worker)
+    if evaluation is None:
+        return "skipped"
+    if settings.TORCH_THREADS:
+        import torch
+
+        torch.set_num_threads(settings.TORCH_THREADS)
+    try:
+        return _evaluate(evaluation, worker)
+    except Exception as exc:
+        logger.exception("evaluation %s failed", evaluation_id)
+        evaluations.evaluation_fail(evaluation_id=evaluation_id, error=_readable(exc))
+        return "failed"
+
+
+def _evaluate(evaluation: Evaluation, worker: str) -> str:
+    import gc
+
+    from training.engines.base import SamplingParams
+    from training.evaluation import REFERENCE, with_reference
+    from training.evaluation import evaluate as evaluate_policy
+
+    def note(message: str, **data: Any) -> None:
+        evaluations.evaluation_event_add(evaluation=evaluation, message=message, data=data)
+
+    def active() -> bool:
+        return evaluations.evaluation_is_active(evaluation_id=evaluation.pk, worker=worker)
+
+    rows = evaluations.evaluation_rows(evaluation=evaluation)
+    if not rows:
+        raise ValueError(f"the task set has no {evaluation.split} rows (any more)")
+    config = evaluation.config
+    sampling = SamplingParams(
+        temperature=float(config.get("temperature", 0.0)),
+        max_new_tokens=int(config.get("max_new_tokens", 32)),
+        stop=list(config.get("stop", [])),
+        seed=int(config.get("seed", 0)),
+    )
+    team = evaluation.project.team
+    grading = {"judge": judges.judge_client(team=team), "sandbox": judges.sandbox_config()}
+    environment = evaluation_environment(evaluation.environment)
+    common: dict[str, Any] = {
+        "samples_per_row": evaluation.samples_per_row,
+        "pass_threshold": evaluation.pass_threshold,
+        **grading,
+    }
+    try:
+        subject_label = evaluations.model_label(evaluation.checkpoint, evaluation.base_model)
+        if evaluation.checkpoint is None and evaluation.base_model is None:
+            raise ValueError("the evaluated checkpoint was deleted")
+        policy: Any = _local_policy(evaluation.checkpoint, evaluation.base_model, sampling, subject_label)
+        note(f"Loaded {subject_label}; evaluating {len(rows)} rows x {evaluation.samples_per_row} samples")
+        result = evaluate_policy(policy, rows, environment, evaluation.reward.spec, **common)
+        del policy
+        gc.collect()
+        note(f"{subject_label}: {evaluations.results_summary(result.results)}", **_flat(result.results))
+        if not active():
+            return "cancelled"
+        reference = _reference_policy(evaluation, sampling)
+        if reference is not None:
+            note(f"Evaluating the reference {reference.name}")
+            reference_result = evaluate_policy(
+                reference, rows, environment, evaluation.reward.spec, side=REFERENCE, **common
+            )
+            note(f"Reference {reference.name}: {evaluations.results_summary(reference_result.results)}")
+            result = with_reference(result, reference_result)
+    finally:
+        close = getattr(environment, "close", None)
+        if close is not None:
+            close()
+    if not evaluations.evaluation_finish(
+        evaluation_id=evaluation.pk, worker=worker, results=result.results, samples=result.samples
+    ):
+        return "cancelled"
+    return "succeeded"
+
+
+def _flat(results: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in results.items() if not isinstance(value, dict)}
+
+
+def _local_policy(checkpoint: Checkpoint | None, base_model: Any, sampling: Any, name: str) -> Any:
+    from training.evaluation import load_local_policy
+
+    source = checkpoint.model.base_model.source if checkpoint is not None else base_model.source
+    return load_local_policy(
+        base_model_source=source,
+        model_cache_dir=settings.MODEL_CACHE_DIR,
+        adapter_path=checkpoint.path if checkpoint is not None else None,
+        sampling=sampling,
+        name=name,
+        device=settings.TRAINING_DEVICE,
+    )
+
+
+def _reference_policy(evaluation: Evaluation, sampling: Any) -> Any:
+    """The reference side: our checkpoint or base model on this worker, or a model behind a team
+    endpoint (its key decrypted here, in the worker, and never logged)."""
+    from projects import secrets
+    from training.remote import ChatEndpoint, RemotePolicy
+
+    if evaluation.reference_checkpoint is not None or evaluation.reference_base_model is not None:
+        label = evaluations.model_label(evaluation.reference_checkpoint, evaluation.reference_base_model)
+        return _local_policy(
+            evaluation.reference_checkpoint, evaluation.reference_base_model, sampling, label
+        )
+    endpoint = evaluation.reference_endpoint
+    if endpoint is None:
+        if evaluation.reference_model:
+            raise ValueError("the reference endpoint was deleted")
+        return None
+    return RemotePolicy(
+        endpoint=ChatEndpoint(
+            base_url=endpoint.base_url,
+            api_key=secrets.decrypt(endpoint.api_key_encrypted),
+            timeout=endpoint.timeout_s,
+        ),
+        model=evaluation.reference_model,
+        temperature=sampling.temperature,
+        max_tokens=sampling.max_new_tokens,
+        seed=sampling.seed,
+        name=f"{endpoint.name}:{evaluation.reference_model}",
+    )
+
+
+def evaluation_environment(environment: Any) -> Any:
+    """The environment an evaluation drives, built as a run builds it."""
+    try:
+        from training.environments import build_environment
+    except ImportError:  # before the environment registry: chat (no tools) only
+        from training.rollout import EnvironmentSpec
+
+        return EnvironmentSpec(system_prompt=environment.system_prompt, max_turns=environment.max_turns)
+    return build_environment(
+        environment.kind,
+        config=environment.config,
+        tools=environment.tools,
+        system_prompt=environment.system_prompt,
+        max_turns=environment.max_turns,
+        tool_timeout_s=environment.tool_timeout_s,
+    )

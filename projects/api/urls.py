@@ -2,7 +2,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from projects.api import graders, schema, views  # noqa: F401  (schema registers the auth extension)
+from projects.api import evaluations, graders, schema, views  # noqa: F401  (schema registers the auth extension)
 from projects.api.usage import UsageViewSet
 
 router = DefaultRouter()
@@ -15,12 +15,22 @@ router.register("environments", views.EnvironmentViewSet, basename="environment"
 router.register("runs", views.RunViewSet, basename="run")
 router.register("api-keys", views.ApiKeyViewSet, basename="api-key")
 router.register("judge-endpoints", graders.JudgeEndpointViewSet, basename="judge-endpoint")
+router.register("evaluations", evaluations.EvaluationViewSet, basename="evaluation")
 
 urlpatterns = [
     path("hyperparameters", views.HyperparametersView.as_view(), name="hyperparameters"),
+    path("environment-kinds", views.EnvironmentKindsView.as_view(), name="environment-kinds"),
     path("graders/validate", graders.GraderValidateView.as_view(), name="graders-validate"),
     path("graders/run", graders.GraderRunView.as_view(), name="graders-run"),
     path("usage", UsageViewSet.as_view({"get": "list"}), name="usage"),
+    # POST /api/v1/evaluations without the router's trailing slash, as the docs write it.
+    path(
+        "evaluations",
+        evaluations.EvaluationViewSet.as_view({"get": "list", "post": "create"}),
+        name="evaluation-list-noslash",
+    ),
+    path("runs/<int:run_id>/evaluations/", evaluations.RunEvaluationsView.as_view(), name="run-evaluations"),
+    path("runs/<int:run_id>/evaluations", evaluations.RunEvaluationsView.as_view()),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[]), name="docs"),
     *router.urls,

@@ -1,0 +1,255 @@
+"""Evaluations over REST: ``POST /api/v1/evaluations`` queues a job (shaped like OpenAI's jobs: a
+status, events, cancel) that evaluates a checkpoint or base model on a task set with a reward
+definition, optionally against a reference; runs' own validation evaluations are listed the same way
+(``GET /api/v1/evaluations?run=<id>`` or ``GET /api/v1/runs/<id>/evaluations``).
+
+The subject is ``model`` (a model id as the gateway reads it: ``project/model:step``,
+``project/model:latest`` or a base model name) or ``checkpoint`` (an id). ``reference`` is one of
+``{"checkpoint": id}``, ``{"model": "<model id>"}`` or ``{"endpoint": <judge endpoint id>,
+"model": "<name on that endpoint>"}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from projects import evaluations, selectors
+from projects.api.views import TeamScopedViewSet, _int_param, _user, _valid
+from projects.errors import ValidationFailed
+from projects.models import (
+    Checkpoint,
+    Environment,
+    Evaluation,
+    EvaluationEvent,
+    EvaluationSample,
+    EvaluationStatus,
+    JudgeEndpoint,
+    RewardDefinition,
+    TaskSet,
+    Team,
+)
+
+# --- serializers ------------------------------------------------------------------------------
+
+
+class ReferenceIn(serializers.Serializer):
+    checkpoint = serializers.IntegerField(required=False, help_text="a checkpoint id")
+    model = serializers.CharField(
+        required=False,
+        help_text="a model id (project/model:step, a base model name), or the model on `endpoint`",
+    )
+    endpoint = serializers.IntegerField(
+        required=False, help_text="a team judge endpoint id (OpenAI-compatible)"
+    )
+
+
+class EvaluationIn(serializers.Serializer):
+    model = serializers.CharField(
+        required=False, help_text="project/model:step, project/model:latest or a base model name"
+    )
+    checkpoint = serializers.IntegerField(required=False, help_text="a checkpoint id (instead of model)")
+    task_set = serializers.IntegerField()
+    split = serializers.CharField(required=False, default="validation", help_text="validation, train or all")
+    environment = serializers.IntegerField()
+    reward = serializers.IntegerField(help_text="a reward definition (version) id")
+    pass_threshold = serializers.FloatField(required=False, default=1.0)
+    max_rows = serializers.IntegerField(required=False, allow_null=True, default=None)
+    samples_per_row = serializers.IntegerField(required=False, default=1)
+    temperature = serializers.FloatField(required=False, default=0.0)
+    max_new_tokens = serializers.IntegerField(required=False, allow_null=True, default=None)
+    seed = serializers.IntegerField(required=False, default=0)
+    reference = ReferenceIn(required=False, allow_null=True, default=None)
+
+
+class EvaluationOut(serializers.ModelSerializer):
+    object = serializers.SerializerMethodField()
+    model = serializers.SerializerMethodField()
+    reference = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Evaluation
+        fields = [
+            "id", "object", "project", "run", "step", "checkpoint", "model", "task_set", "split",
+            "environment", "reward", "pass_threshold", "max_rows", "samples_per_row", "config",
+            "reference", "status", "error", "results", "created_at", "started_at", "finished_at",
+        ]  # fmt: skip
+
+    def get_object(self, obj: Evaluation) -> str:
+        return "evaluation"
+
+    def get_model(self, obj: Evaluation) -> str:
+        """The evaluated model's id (``project/model:step`` or the base model name)."""
+        return evaluations.model_label(obj.checkpoint, obj.base_model)
+
+    def get_reference(self, obj: Evaluation) -> dict[str, Any] | None:
+        if obj.reference_checkpoint_id or obj.reference_base_model_id:
+            return {
+                "checkpoint": obj.reference_checkpoint_id,
+                "model": evaluations.model_label(obj.reference_checkpoint, obj.reference_base_model),
+            }
+        if obj.reference_endpoint_id or obj.reference_model:
+            return {"endpoint": obj.reference_endpoint_id, "model": obj.reference_model}
+        return None
+
+
+class EvaluationSampleOut(serializers.ModelSerializer):
+    class Meta:
+        model = EvaluationSample
+        fields = [
+            "id", "side", "task_row_index", "sample_index", "messages", "reward", "sub_rewards", "errors", "metrics",
+        ]  # fmt: skip
+
+
+class EvaluationEventOut(serializers.ModelSerializer):
+    object = serializers.SerializerMethodField()
+
+    class Meta:
+        model = EvaluationEvent
+        fields = ["id", "object", "created_at", "level", "message", "data"]
+
+    def get_object(self, obj: EvaluationEvent) -> str:
+        return "evaluation.event"
+
+
+# --- views ------------------------------------------------------------------------------------
+
+
+def _reference(team: Team, data: dict[str, Any] | None) -> dict[str, Any]:
+    """The reference fields of ``evaluation_create`` from the request's ``reference`` object."""
+    if not data:
+        return {}
+    given = [key for key in ("checkpoint", "model", "endpoint") if data.get(key) not in (None, "")]
+    if "endpoint" in given:
+        if "checkpoint" in given:
+            raise ValidationFailed("give an endpoint with a model name, or a checkpoint", field="reference")
+        return {
+            "reference_endpoint": selectors.scoped_reference(
+                JudgeEndpoint, team, data["endpoint"], field="reference.endpoint"
+            ),
+            "reference_model": data.get("model") or "",
+        }
+    if given == ["checkpoint"]:
+        return {
+            "reference_checkpoint": selectors.scoped_reference(
+                Checkpoint, team, data["checkpoint"], field="reference.checkpoint"
+            )
+        }
+    if given == ["model"]:
+        checkpoint, base_model = evaluations.model_id_resolve(
+            team=team, model_id=data["model"], field="reference.model"
+        )
+        return {"reference_checkpoint": checkpoint, "reference_base_model": base_model}
+    raise ValidationFailed("give exactly one of checkpoint, model, or endpoint (+ model)", field="reference")
+
+
+class EvaluationViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
+    model = Evaluation
+    serializer_class = EvaluationOut
+
+    def base_queryset(self) -> Any:
+        return Evaluation.objects.select_related(
+            "checkpoint__model__project",
+            "base_model",
+            "reference_checkpoint__model__project",
+            "reference_base_model",
+        )
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("project", int),
+            OpenApiParameter("run", int),
+            OpenApiParameter("checkpoint", int),
+            OpenApiParameter("status", str),
+        ]
+    )
+    def list(self, request: Request) -> Response:
+        queryset = self.filter_by_project(self.get_queryset())
+        if (run := _int_param(request, "run", None)) is not None:
+            queryset = queryset.filter(run_id=run)
+        if (checkpoint := _int_param(request, "checkpoint", None)) is not None:
+            queryset = queryset.filter(checkpoint_id=checkpoint)
+        if evaluation_status := request.query_params.get("status"):
+            if evaluation_status not in EvaluationStatus.values:
+                raise ValidationFailed(f"must be one of {', '.join(EvaluationStatus.values)}", field="status")
+            queryset = queryset.filter(status=evaluation_status)
+        return self.paginated(queryset.order_by("-id"), EvaluationOut)
+
+    @extend_schema(request=EvaluationIn, responses={201: EvaluationOut})
+    def create(self, request: Request) -> Response:
+        data = _valid(EvaluationIn, request.data)
+        if ("model" in data) == ("checkpoint" in data):
+            raise ValidationFailed(
+                "give exactly one of model (a model id) or checkpoint (an id)", field="model"
+            )
+        if "checkpoint" in data:
+            checkpoint, base_model = self.ref(Checkpoint, data["checkpoint"], "checkpoint"), None
+        else:
+            checkpoint, base_model = evaluations.model_id_resolve(
+                team=self.team, model_id=data["model"], field="model"
+            )
+        evaluation = evaluations.evaluation_create(
+            task_set=self.ref(TaskSet, data["task_set"], "task_set"),
+            environment=self.ref(Environment, data["environment"], "environment"),
+            reward=self.ref(RewardDefinition, data["reward"], "reward"),
+            checkpoint=checkpoint,
+            base_model=base_model,
+            split=data["split"],
+            pass_threshold=data["pass_threshold"],
+            max_rows=data["max_rows"],
+            samples_per_row=data["samples_per_row"],
+            temperature=data["temperature"],
+            max_new_tokens=data["max_new_tokens"],
+            seed=data["seed"],
+            created_by=_user(request),
+            **_reference(self.team, data["reference"]),
+        )
+        return Response(EvaluationOut(evaluation).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=EvaluationOut)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        evaluation = evaluations.evaluation_cancel(evaluation=self.get_object())
+        return Response(EvaluationOut(evaluation).data)
+
+    @extend_schema(responses=EvaluationSampleOut(many=True), parameters=[OpenApiParameter("side", str)])
+    @action(detail=True, methods=["get"])
+    def samples(self, request: Request, pk: str) -> Response:
+        side = request.query_params.get("side")
+        if side not in (None, "", "subject", "reference"):
+            raise ValidationFailed("must be subject or reference", field="side")
+        samples = evaluations.evaluation_samples(evaluation=self.get_object(), side=side)
+        return self.paginated(samples, EvaluationSampleOut)
+
+    @extend_schema(
+        responses=EvaluationEventOut(many=True),
+        parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)],
+    )
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str) -> Response:
+        """Events after the id ``after`` (poll with the last id you saw), oldest first."""
+        after = _int_param(request, "after", None)
+        limit = min(max(_int_param(request, "limit", 100) or 100, 1), 1000)
+        events, has_more = evaluations.evaluation_events(
+            evaluation=self.get_object(), after=after, limit=limit
+        )
+        return Response(
+            {"object": "list", "data": EvaluationEventOut(events, many=True).data, "has_more": has_more}
+        )
+
+
+class RunEvaluationsView(APIView):
+    """``GET /api/v1/runs/<id>/evaluations``: the run's validation evaluations, by step."""
+
+    @extend_schema(responses=EvaluationOut(many=True))
+    def get(self, request: Request, run_id: int) -> Response:
+        team = request.team  # type: ignore[attr-defined]  # set by IsTeamMember
+        run = selectors.run_get(team=team, run_id=run_id)
+        queryset = evaluations.evaluations_list(team=team, run_id=run.pk).order_by("step", "id")
+        return Response({"object": "list", "data": EvaluationOut(queryset, many=True).data})

@@ -1,0 +1,429 @@
+"""Evaluations: services (writes) and selectors (reads), every read scoped to the caller's team.
+
+Concurrency invariants, as for runs:
+- a requested evaluation is enqueued with ``transaction.on_commit``; the task's first act is
+  ``evaluation_claim``, a conditional transition under ``select_for_update``, so a duplicate
+  delivery is a no-op;
+- results and samples are written in one transaction by ``evaluation_finish``, and only while the
+  evaluation is still running on this worker: a cancelled evaluation never gets results;
+- a run's evaluation at a step is recorded at most once (the (run, step) unique constraint).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from projects.errors import InvalidTransition, NotFound, ValidationFailed
+from projects.models import (
+    BaseModel,
+    Checkpoint,
+    Environment,
+    Evaluation,
+    EvaluationEvent,
+    EvaluationSample,
+    EvaluationStatus,
+    EventLevel,
+    EventType,
+    JudgeEndpoint,
+    RewardDefinition,
+    Run,
+    Split,
+    TaskRow,
+    TaskSet,
+    Team,
+)
+from projects.queues import Queue
+from projects.selectors import scoped
+from projects.services import _jsonb_safe, run_event_add
+from training.config import TrainConfig
+
+SPLITS = ("validation", "train", "all")
+MAX_SAMPLES_PER_ROW = 16
+MAX_SAMPLES = 5000  # rows x samples per row x sides: bounds one job's time and its stored samples
+# A task older than this has been killed by Celery's time limit, so its evaluation is free to take.
+EVALUATION_TIME_LIMIT_S = 6 * 3600
+TERMINAL = (EvaluationStatus.SUCCEEDED, EvaluationStatus.FAILED, EvaluationStatus.CANCELLED)
+
+
+# --- reads ------------------------------------------------------------------------------------
+
+
+def evaluations_list(
+    *,
+    team: Team,
+    project_id: int | None = None,
+    run_id: int | None = None,
+    checkpoint_id: int | None = None,
+    status: str | None = None,
+) -> QuerySet[Evaluation]:
+    evaluations = scoped(Evaluation, team).select_related("checkpoint__model__project", "base_model")
+    if project_id is not None:
+        evaluations = evaluations.filter(project_id=project_id)
+    if run_id is not None:
+        evaluations = evaluations.filter(run_id=run_id)
+    if checkpoint_id is not None:
+        evaluations = evaluations.filter(checkpoint_id=checkpoint_id)
+    if status is not None:
+        evaluations = evaluations.filter(status=status)
+    return evaluations.order_by("-id")
+
+
+def evaluation_get(*, team: Team, evaluation_id: int) -> Evaluation:
+    evaluation = scoped(Evaluation, team).filter(pk=evaluation_id).first()
+    if evaluation is None:
+        raise NotFound("evaluation not found")
+    return evaluation
+
+
+def evaluation_samples(*, evaluation: Evaluation, side: str | None = None) -> QuerySet[EvaluationSample]:
+    samples = EvaluationSample.objects.filter(evaluation=evaluation)
+    if side:
+        samples = samples.filter(side=side)
+    return samples.order_by("side", "task_row_index", "sample_index")
+
+
+def evaluation_events(
+    *, evaluation: Evaluation, after: int | None = None, limit: int = 100
+) -> tuple[list[EvaluationEvent], bool]:
+    events = EvaluationEvent.objects.filter(evaluation=evaluation).order_by("id")
+    if after is not None:
+        events = events.filter(id__gt=after)
+    page = list(events[: limit + 1])
+    return page[:limit], len(page) > limit
+
+
+def evaluation_rows(*, evaluation: Evaluation) -> list[dict[str, Any]]:
+    """The rows an evaluation runs on: its split, the first ``max_rows`` by index."""
+    return _rows(evaluation.task_set, evaluation.split, evaluation.max_rows)
+
+
+def _rows(task_set: TaskSet, split: str, max_rows: int | None) -> list[dict[str, Any]]:
+    rows = TaskRow.objects.filter(task_set=task_set).order_by("index")
+    if split != "all":
+        rows = rows.filter(split=split)
+    if max_rows is not None:
+        rows = rows[:max_rows]
+    return [{"index": row.index, "data": row.data} for row in rows]
+
+
+def model_id_resolve(*, team: Team, model_id: Any, field: str) -> tuple[Checkpoint | None, BaseModel | None]:
+    """A model id as the gateway reads it (``project/model:step``, ``:latest``, a base model name)
+    → (checkpoint, None) or (None, base model); unknown or another team's → 400 on ``field``."""
+    from projects.gateway.routing import resolve_model
+
+    if not isinstance(model_id, str) or not model_id.strip():
+        raise ValidationFailed(
+            "must be a model id such as project/model:step or a base model name", field=field
+        )
+    try:
+        target = resolve_model(team=team, model_id=model_id.strip())
+    except NotFound:
+        raise ValidationFailed(
+            f"no checkpoint or base model {model_id!r} in your team", field=field
+        ) from None
+    return target.checkpoint, (None if target.checkpoint else target.base_model)
+
+
+def model_label(checkpoint: Checkpoint | None, base_model: BaseModel | None) -> str:
+    if checkpoint is not None:
+        return f"{checkpoint.model.project.name}/{checkpoint.model.name}:{checkpoint.step}"
+    return base_model.name if base_model is not None else ""
+
+
+# --- writes -----------------------------------------------------------------------------------
+
+
+def evaluation_event_add(
+    *, evaluation: Evaluation, message: str, level: str = EventLevel.INFO, data: dict[str, Any] | None = None
+) -> EvaluationEvent:
+    return EvaluationEvent.objects.create(
+        evaluation=evaluation, message=message, level=level, data=data or {}
+    )
+
+
+def _number(value: Any, field: str, *, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValidationFailed("must be a finite number", field=field)
+    if not low <= value <= high:
+        raise ValidationFailed(f"must be between {low:g} and {high:g}", field=field)
+    return float(value)
+
+
+def _integer(value: Any, field: str, *, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValidationFailed(f"must be an integer from {low} to {high}", field=field)
+    return value
+
+
+def evaluation_create(
+    *,
+    task_set: TaskSet,
+    environment: Environment,
+    reward: RewardDefinition,
+    checkpoint: Checkpoint | None = None,
+    base_model: BaseModel | None = None,
+    split: str = "validation",
+    pass_threshold: float = 1.0,
+    max_rows: int | None = None,
+    samples_per_row: int = 1,
+    temperature: float = 0.0,
+    max_new_tokens: int | None = None,
+    seed: int = 0,
+    reference_checkpoint: Checkpoint | None = None,
+    reference_base_model: BaseModel | None = None,
+    reference_endpoint: JudgeEndpoint | None = None,
+    reference_model: str = "",
+    created_by: User | None = None,
+) -> Evaluation:
+    """Queue an evaluation of a checkpoint or a base model on a task set's split, optionally
+    against a reference (a checkpoint, a base model, or a model behind a team endpoint)."""
+    project = task_set.project
+    for field, obj in (("environment", environment), ("reward", reward)):
+        if obj.project_id != project.id:
+            raise ValidationFailed("must belong to the same project as the task set", field=field)
+    if (checkpoint is None) == (base_model is None):
+        raise ValidationFailed("give exactly one of model or checkpoint", field="model")
+    if split not in SPLITS:
+        raise ValidationFailed(f"must be one of {', '.join(SPLITS)}", field="split")
+    pass_threshold = _number(pass_threshold, "pass_threshold", low=-1e9, high=1e9)
+    if max_rows is not None:
+        max_rows = _integer(max_rows, "max_rows", low=1, high=MAX_SAMPLES)
+    samples_per_row = _integer(samples_per_row, "samples_per_row", low=1, high=MAX_SAMPLES_PER_ROW)
+    temperature = _number(temperature, "temperature", low=0.0, high=2.0)
+    if max_new_tokens is None:
+        max_new_tokens = int(environment.sampling.get("max_new_tokens", TrainConfig().max_new_tokens))
+    max_new_tokens = _integer(max_new_tokens, "max_new_tokens", low=1, high=4096)
+    seed = _integer(seed, "seed", low=0, high=2**31 - 1)
+    references = [
+        r for r in (reference_checkpoint, reference_base_model, reference_endpoint) if r is not None
+    ]
+    if len(references) > 1:
+        raise ValidationFailed("give one of checkpoint, model or endpoint", field="reference")
+    if reference_endpoint is not None:
+        reference_model = reference_model or reference_endpoint.default_model
+        if not reference_model:
+            raise ValidationFailed(
+                "name the model to call on the endpoint (it has no default model)", field="reference.model"
+            )
+    else:
+        reference_model = ""
+    row_count = len(_rows(task_set, split, max_rows))
+    if row_count == 0:
+        raise ValidationFailed(f"the task set has no {split} rows", field="split")
+    sides = 2 if references else 1
+    if row_count * samples_per_row * sides > MAX_SAMPLES:
+        raise ValidationFailed(
+            f"{row_count} rows x {samples_per_row} samples x {sides} models is more than {MAX_SAMPLES} samples; "
+            "lower max_rows or samples_per_row",
+            field="max_rows",
+        )
+    config = {
+        "temperature": temperature,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "stop": list(environment.sampling.get("stop", [])),
+    }
+    with transaction.atomic():
+        evaluation = Evaluation.objects.create(
+            project=project,
+            checkpoint=checkpoint,
+            base_model=base_model,
+            task_set=task_set,
+            split=split,
+            environment=environment,
+            reward=reward,
+            pass_threshold=pass_threshold,
+            max_rows=max_rows,
+            samples_per_row=samples_per_row,
+            config=config,
+            reference_checkpoint=reference_checkpoint,
+            reference_base_model=reference_base_model,
+            reference_endpoint=reference_endpoint,
+            reference_model=reference_model,
+            created_by=created_by,
+        )
+        subject = model_label(checkpoint, base_model)
+        evaluation_event_add(
+            evaluation=evaluation,
+            message=f"Evaluation created: {subject} on {row_count} {split} rows of {task_set.name}",
+        )
+        transaction.on_commit(lambda: _enqueue(evaluation.pk))
+    return evaluation
+
+
+def _enqueue(evaluation_id: int) -> None:
+    from training.tasks import evaluate
+
+    # The train queue: an evaluation loads a model, like a run.
+    evaluate.apply_async(args=(evaluation_id,), queue=Queue.TRAIN)
+
+
+def evaluation_claim(*, evaluation_id: int, worker: str) -> Evaluation | None:
+    """The idempotent first act of the evaluation task: queued → running for this worker. A running
+    evaluation is taken over only after the task time limit (its worker is gone). Anything else (a
+    duplicate delivery, a finished or cancelled evaluation) returns None and changes nothing."""
+    with transaction.atomic():
+        evaluation = Evaluation.objects.select_for_update().filter(pk=evaluation_id).first()
+        if evaluation is None:
+            return None
+        now = timezone.now()
+        if evaluation.status == EvaluationStatus.QUEUED:
+            message = f"Evaluation started on worker {worker}"
+        elif evaluation.status == EvaluationStatus.RUNNING and (
+            evaluation.started_at is None
+            or now - evaluation.started_at > timedelta(seconds=EVALUATION_TIME_LIMIT_S)
+        ):
+            message = f"Worker {evaluation.worker or '?'} did not finish; restarting on {worker}"
+        else:
+            return None
+        evaluation.status = EvaluationStatus.RUNNING
+        evaluation.worker = worker
+        evaluation.started_at = now
+        evaluation.save(update_fields=["status", "worker", "started_at"])
+        evaluation_event_add(evaluation=evaluation, message=message)
+    return evaluation
+
+
+def evaluation_is_active(*, evaluation_id: int, worker: str) -> bool:
+    """Whether this worker should go on (not cancelled, not taken over)."""
+    return Evaluation.objects.filter(
+        pk=evaluation_id, status=EvaluationStatus.RUNNING, worker=worker
+    ).exists()
+
+
+def _samples(evaluation: Evaluation, samples: list[Any]) -> None:
+    EvaluationSample.objects.bulk_create(
+        [
+            EvaluationSample(
+                evaluation=evaluation,
+                side=sample.side,
+                task_row_index=sample.task_row_index,
+                sample_index=sample.sample_index,
+                messages=_jsonb_safe(sample.messages),
+                reward=sample.reward,
+                sub_rewards=sample.sub_rewards,
+                errors=_jsonb_safe(sample.errors),
+                metrics=_jsonb_safe(sample.metrics),
+            )
+            for sample in samples
+        ],
+        batch_size=200,
+    )
+
+
+def results_summary(results: dict[str, Any]) -> str:
+    def show(value: Any) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
+    text = f"reward {show(results.get('reward_mean'))}, pass rate {show(results.get('pass_rate'))} (n={results.get('n')})"
+    comparison = results.get("comparison")
+    if comparison:
+        text += f"; win rate vs reference {show(comparison.get('win_rate'))}"
+    return text
+
+
+def evaluation_finish(
+    *, evaluation_id: int, worker: str, results: dict[str, Any], samples: list[Any]
+) -> bool:
+    """Store results and samples and mark the evaluation succeeded, in one transaction; False (and
+    nothing written) when it was cancelled or taken over meanwhile."""
+    with transaction.atomic():
+        evaluation = Evaluation.objects.select_for_update().get(pk=evaluation_id)
+        if evaluation.status != EvaluationStatus.RUNNING or evaluation.worker != worker:
+            return False
+        _samples(evaluation, samples)
+        evaluation.results = _jsonb_safe(results)
+        evaluation.status = EvaluationStatus.SUCCEEDED
+        evaluation.finished_at = timezone.now()
+        evaluation.save(update_fields=["results", "status", "finished_at"])
+        evaluation_event_add(
+            evaluation=evaluation,
+            message=f"Evaluation succeeded: {results_summary(results)}",
+            data=evaluation.results,
+        )
+    return True
+
+
+def evaluation_fail(*, evaluation_id: int, error: str) -> bool:
+    message = error if len(error) <= 2000 else error[:2000] + "…"
+    with transaction.atomic():
+        evaluation = Evaluation.objects.select_for_update().get(pk=evaluation_id)
+        if evaluation.status in TERMINAL:
+            return False
+        evaluation.status = EvaluationStatus.FAILED
+        evaluation.error = message
+        evaluation.finished_at = timezone.now()
+        evaluation.save(update_fields=["status", "error", "finished_at"])
+        evaluation_event_add(
+            evaluation=evaluation, message=f"Evaluation failed: {message}", level=EventLevel.ERROR
+        )
+    return True
+
+
+def evaluation_cancel(*, evaluation: Evaluation) -> Evaluation:
+    """A queued or running evaluation becomes cancelled at once; a running worker notices before
+    its next phase and its results are never stored."""
+    with transaction.atomic():
+        locked = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
+        if locked.status in TERMINAL:
+            raise InvalidTransition(f"the evaluation already {locked.status}", field="status")
+        locked.status = EvaluationStatus.CANCELLED
+        locked.finished_at = timezone.now()
+        locked.save(update_fields=["status", "finished_at"])
+        evaluation_event_add(evaluation=locked, message="Evaluation cancelled")
+    return locked
+
+
+def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], samples: list[Any]) -> Evaluation:
+    """Record a run's validation evaluation of its checkpoint ``step`` (idempotent per step: a
+    resumed run that evaluates a step again keeps the first record)."""
+    config = TrainConfig.from_dict(run.config)
+    with transaction.atomic():
+        existing = Evaluation.objects.filter(run=run, step=step).first()
+        if existing is not None:
+            return existing
+        now = timezone.now()
+        evaluation = Evaluation.objects.create(
+            project=run.project,
+            run=run,
+            step=step,
+            checkpoint=Checkpoint.objects.filter(model=run.model, step=step).first(),
+            task_set=run.task_set,
+            split=Split.VALIDATION,
+            environment=run.environment,
+            reward=run.reward,
+            pass_threshold=config.eval_pass_threshold,
+            max_rows=config.eval_max_rows,
+            samples_per_row=config.eval_samples_per_row,
+            config={
+                "temperature": config.eval_temperature,
+                "max_new_tokens": config.max_new_tokens,
+                "seed": config.seed,
+            },
+            status=EvaluationStatus.SUCCEEDED,
+            results=_jsonb_safe(results),
+            started_at=now,
+            finished_at=now,
+        )
+        _samples(evaluation, samples)
+        evaluation_event_add(
+            evaluation=evaluation, message=f"Step {step} evaluated: {results_summary(results)}"
+        )
+        run_event_add(
+            run=run,
+            message=f"Evaluation at step {step}: {results_summary(results)}",
+            type=EventType.METRICS,
+            data={
+                "step": step,
+                "evaluation": evaluation.pk,
+                **{k: v for k, v in evaluation.results.items() if not isinstance(v, dict)},
+            },
+        )
+    return evaluation
