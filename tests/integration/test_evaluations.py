@@ -1,0 +1,145 @@
+"""A real Celery worker evaluates: a run's validation split at step 0 and at the end, stored per
+checkpoint, and a queued POST /api/v1/evaluations job against a reference checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+
+from projects import services
+from projects.models import Evaluation, EvaluationSample, EvaluationStatus, Run, RunStatus
+from tests.integration.conftest import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+TERMINAL = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
+WORDS = ["a", "b", "c", "d", "e", "f"]
+
+
+@pytest.fixture
+def api(cast, alpha_key):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {alpha_key}")
+    return client
+
+
+@pytest.fixture
+def inputs(cast, tiny_model_dir, api):
+    services.base_model_register(name="tiny", source=str(tiny_model_dir))
+    project = api.post("/api/v1/projects/", {"name": "ev"}, format="json").json()["id"]
+    # Three validation rows (explicit split), three training rows.
+    rows = [
+        {"prompt": f"Say {word}", "item": {"answer": word}, **({"split": "validation"} if i % 2 else {})}
+        for i, word in enumerate(WORDS)
+    ]
+    created = {
+        "task_set": api.post(
+            "/api/v1/task-sets/", {"project": project, "name": "words", "rows": rows}, format="json"
+        ),
+        "environment": api.post("/api/v1/environments/", {"project": project, "name": "chat"}, format="json"),
+        "reward": api.post(
+            "/api/v1/reward-definitions/",
+            {"project": project, "name": "has-a", "spec": {"type": "regex", "pattern": "a"}},
+            format="json",
+        ),
+        "model": api.post(
+            "/api/v1/models/", {"project": project, "name": "m", "base_model": "tiny"}, format="json"
+        ),
+    }
+    for name, response in created.items():
+        assert response.status_code == 201, (name, response.json())
+    return {name: response.json()["id"] for name, response in created.items()}
+
+
+def test_run_evaluates_validation_rows_at_step_zero_and_at_the_end_then_a_queued_job(
+    start_worker, api, inputs
+):
+    worker = start_worker()
+    config = {"steps": 2, "group_size": 2, "groups_per_step": 2, "max_new_tokens": 6, "eval_max_rows": 2}
+    body = {name: inputs[name] for name in ("model", "task_set", "environment", "reward")}
+    response = api.post("/api/v1/runs/", {**body, "config": config}, format="json")
+    assert response.status_code == 201, response.json()
+    run_id = response.json()["id"]
+    wait_for(
+        lambda: Run.objects.get(pk=run_id).status in TERMINAL,
+        timeout=240,
+        what="the run to finish",
+        worker=worker,
+    )
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.SUCCEEDED, (run.error, worker.output()[-3000:])
+
+    listed = api.get(f"/api/v1/runs/{run_id}/evaluations").json()["data"]
+    assert [e["step"] for e in listed] == [0, 2], "step 0 (untrained) and the last step"
+    for evaluation in listed:
+        assert evaluation["status"] == "succeeded" and evaluation["model"] == f"ev/m:{evaluation['step']}"
+        results = evaluation["results"]
+        assert results["n"] == 2 and results["rows"] == 2, "eval_max_rows limits the rows"
+        assert 0.0 <= results["reward_mean"] <= 1.0 and set(results["grader_means"]) == {"regex"}
+        assert results["turns_mean"] == 1.0 and results["tool_error_rate"] is None
+    stored = Evaluation.objects.get(run=run, step=2)
+    assert stored.checkpoint is not None and stored.checkpoint.step == 2
+    samples = api.get(f"/api/v1/evaluations/{stored.pk}/samples/").json()["results"]
+    assert sorted({s["task_row_index"] for s in samples}) == [1, 3], "the first validation rows by index"
+    assert all(s["messages"][-1]["role"] == "assistant" for s in samples)
+
+    # A queued job: the final checkpoint against the step-0 checkpoint, on every validation row.
+    response = api.post(
+        "/api/v1/evaluations",
+        {**{k: body[k] for k in ("task_set", "environment", "reward")}, "model": "ev/m:latest",
+         "samples_per_row": 2, "reference": {"model": "ev/m:0"}},
+        format="json",
+    )  # fmt: skip
+    assert response.status_code == 201, response.json()
+    job = response.json()
+    assert job["model"] == "ev/m:2"
+    wait_for(
+        lambda: (
+            Evaluation.objects.get(pk=job["id"]).status
+            not in (EvaluationStatus.QUEUED, EvaluationStatus.RUNNING)
+        ),
+        timeout=180,
+        what="the evaluation job",
+        worker=worker,
+    )
+    detail = api.get(f"/api/v1/evaluations/{job['id']}/").json()
+    assert detail["status"] == "succeeded", (detail["error"], worker.output()[-3000:])
+    results = detail["results"]
+    assert results["n"] == 3 * 2 and results["reference"]["n"] == 3 * 2
+    comparison = results["comparison"]
+    assert comparison["rows"] == 3 and comparison["wins"] + comparison["ties"] + comparison["losses"] == 3
+    assert comparison["win_rate"] == pytest.approx((comparison["wins"] + 0.5 * comparison["ties"]) / 3)
+    assert EvaluationSample.objects.filter(evaluation_id=job["id"], side="reference").count() == 6
+    messages = [e["message"] for e in api.get(f"/api/v1/evaluations/{job['id']}/events/").json()["data"]]
+    assert messages[0].startswith("Evaluation created") and any("started on worker" in m for m in messages)
+    assert any("Loaded ev/m:2" in m for m in messages) and messages[-1].startswith("Evaluation succeeded")
+
+
+def test_an_evaluation_job_that_cannot_load_its_model_fails_readably(
+    start_worker, api, inputs, tiny_model_dir
+):
+    worker = start_worker()
+    services.base_model_register(name="gone", source=str(tiny_model_dir.parent / "does-not-exist"))
+    response = api.post(
+        "/api/v1/evaluations",
+        {
+            "model": "gone",
+            "task_set": inputs["task_set"],
+            "environment": inputs["environment"],
+            "reward": inputs["reward"],
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.json()
+    evaluation_id = response.json()["id"]
+    wait_for(
+        lambda: Evaluation.objects.get(pk=evaluation_id).status == EvaluationStatus.FAILED,
+        timeout=120,
+        what="the failed evaluation",
+        worker=worker,
+    )
+    detail = api.get(f"/api/v1/evaluations/{evaluation_id}/").json()
+    assert "does-not-exist" in detail["error"] and "Traceback" not in detail["error"]
+    events = api.get(f"/api/v1/evaluations/{evaluation_id}/events/").json()["data"]
+    assert events[-1]["level"] == "error"
