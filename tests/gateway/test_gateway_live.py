@@ -97,8 +97,10 @@ def test_the_openai_client_sync_async_streaming_n_and_logprobs(live, alpha_key):
         token_ids = choice.model_extra["token_ids"]
         assert len(choice.logprobs.content) == len(token_ids) >= 1
         assert all(entry.logprob <= 0 for entry in choice.logprobs.content)
-        # Only the sampled token is known; it is the one top_logprobs lists.
-        assert all([t.token for t in e.top_logprobs] == [e.token] for e in choice.logprobs.content)
+        for entry in choice.logprobs.content:  # real alternatives, most likely first
+            assert len(entry.top_logprobs) == 2
+            assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+            assert entry.logprob <= entry.top_logprobs[0].logprob + 1e-6
     assert many.usage.completion_tokens == sum(len(c.model_extra["token_ids"]) for c in many.choices)
     assert len(many.model_extra["prompt_token_ids"]) == many.usage.prompt_tokens
 
@@ -125,6 +127,41 @@ def test_the_openai_client_sync_async_streaming_n_and_logprobs(live, alpha_key):
         )
 
     assert all(r.choices[0].message.role == "assistant" for r in asyncio.run(together()))
+
+
+def test_tokens_are_streamed_as_they_are_sampled_and_join_to_the_unstreamed_text(live, alpha_key):
+    api = client(live, alpha_key)
+    params = {"model": BASE_MODEL, "messages": HELLO, "max_tokens": 48, "seed": 11, "logprobs": True,
+              "top_logprobs": 3}  # fmt: skip
+    whole = api.chat.completions.create(**params)
+    assert whole.choices[0].finish_reason == "length"  # this seed samples all 48 tokens
+
+    started = time.perf_counter()
+    arrivals: list[tuple[float, str]] = []  # (seconds since the request, content delta)
+    streamed_logprobs = []
+    finish = None
+    for chunk in api.chat.completions.create(**params, stream=True):
+        now = time.perf_counter() - started
+        for choice in chunk.choices:
+            if choice.delta.content:
+                arrivals.append((now, choice.delta.content))
+            if choice.logprobs:
+                streamed_logprobs += choice.logprobs.content
+            finish = choice.finish_reason or finish
+    completed = time.perf_counter() - started
+
+    assert "".join(text for _, text in arrivals) == whole.choices[0].message.content  # same seed
+    assert finish == "length"
+    assert [e.model_dump() for e in streamed_logprobs] == [
+        e.model_dump() for e in whole.choices[0].logprobs.content
+    ]
+    times = [at for at, _ in arrivals]
+    assert len(times) >= 10 and times == sorted(times)
+    # Token by token, not all at the end: the first text arrives early and the chunks spread
+    # over the generation (buffered, they would all arrive together just before the end).
+    first, last = times[0], times[-1]
+    assert first < 0.6 * completed and last - first > 0.3 * completed, (times, completed)
+    assert len({round(at, 3) for at in times}) >= 5, times
 
 
 def test_a_stream_is_relayed_as_it_is_written_not_buffered(live, alpha_key):

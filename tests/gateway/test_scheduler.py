@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from training.engines.base import Choice, SamplingParams
+from training.engines.base import Choice, SamplingParams, TokenDelta
 from training.serving.adapters import AdapterCache, adapter_name, check_adapter_path
 from training.serving.protocol import RequestError
 from training.serving.scheduler import BatchScheduler
@@ -23,7 +23,7 @@ class RecordingGenerate:
         self.threads: set[str] = set()
         self.seconds = seconds
 
-    def __call__(self, prompts, sampling, adapter):
+    def __call__(self, prompts, sampling, adapter, on_token=None):
         self.calls.append((len(prompts), sampling, adapter))
         self.threads.add(threading.current_thread().name)
         time.sleep(self.seconds)
@@ -91,7 +91,7 @@ def test_requests_arriving_during_a_batch_form_the_next_one():
 
 
 def test_an_engine_error_fails_only_its_batch():
-    def generate(prompts, sampling, adapter):
+    def generate(prompts, sampling, adapter, on_token=None):
         if sampling.temperature == 0.5:
             raise RuntimeError("boom")
         return RecordingGenerate(0)(prompts, sampling, adapter)
@@ -144,3 +144,34 @@ def test_only_adapter_paths_inside_the_checkpoint_root_are_accepted(tmp_path):
     with pytest.raises(RequestError) as error:
         check_adapter_path(str(root / "model-1"), root)
     assert error.value.status == 404
+
+
+def test_streamed_tokens_reach_their_own_request_with_its_own_indices_before_the_result():
+    def generate(prompts, sampling, adapter, on_token=None):
+        assert sampling.top_logprobs == 4  # the largest k in the batch
+        for row, prompt in enumerate(prompts):
+            if on_token:
+                on_token(TokenDelta(row, prompt[0], -1.0, [], f"t{prompt[0]}", "length"))
+        return RecordingGenerate(0)(prompts, sampling, adapter)
+
+    scheduler = BatchScheduler(generate, window_s=0.02)
+    seen: list[tuple[int, str]] = []
+
+    async def scenario():
+        task = asyncio.create_task(scheduler.run())
+        try:
+
+            def on_token(delta):
+                seen.append((delta.index, delta.text))
+
+            streamed = scheduler.submit([[7], [8]], SamplingParams(top_logprobs=4), None, on_token)
+            plain = scheduler.submit([[5]], SamplingParams(top_logprobs=1), None)
+            results = await asyncio.gather(plain, streamed)
+            assert seen == [(0, "t7"), (1, "t8")]  # already there when the result came
+            return results
+        finally:
+            task.cancel()
+
+    plain, streamed = asyncio.run(scenario())
+    assert [c.token_ids for c in streamed] == [[7], [8]] and plain[0].token_ids == [5]
+    assert scheduler.stats.batches == 1

@@ -11,12 +11,13 @@ logprobs under the untempered policy.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length"]
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 
 @dataclass
@@ -26,6 +27,7 @@ class SamplingParams:
     max_new_tokens: int = 32
     stop: list[str] = field(default_factory=list)  # stop strings; the text is cut before them
     seed: int | None = None  # None = draw from torch's global RNG (so a resumed run continues it)
+    top_logprobs: int = 0  # most likely alternatives reported per sampled token (0-20; 0 = none)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -34,6 +36,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
 
 
 @dataclass
@@ -50,6 +54,66 @@ class Choice:
     token_ids: list[int]
     logprobs: list[float]  # one per token_ids entry, see the module docstring
     finish_reason: FinishReason
+    # With SamplingParams.top_logprobs = k: per token_ids entry, the k most likely (token id,
+    # logprob) pairs of the distribution it was sampled from, most likely first. None: not asked
+    # for, or an engine that cannot report them.
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
+class TokenDelta:
+    """One newly sampled token of one sequence, reported while the batch is still generating.
+
+    `text` is what the token adds to the sequence's text: joined in order, a sequence's deltas
+    equal its Choice.text. A token that ends inside a multi-byte character, or text that may be
+    the start of a stop string, adds "" until the following tokens settle it; nothing past a stop
+    string is ever reported.
+    """
+
+    index: int  # the sequence's position in the batch (prompt order)
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]]  # empty unless SamplingParams.top_logprobs
+    text: str
+    finish_reason: FinishReason | None  # set on the sequence's last token
+
+
+OnToken = Callable[[TokenDelta], None]
+
+
+class TextDeltas:
+    """Turns the decoded text of a growing sequence into append-only deltas (see TokenDelta).
+
+    `update` takes the decoding of every token so far and returns what may be shown now: it holds
+    back a trailing U+FFFD (a character whose bytes have not all arrived) and the longest suffix
+    that is a prefix of a stop string. `finish` takes the final text (already cut before a stop)
+    and returns the rest. Decoding is assumed to be prefix-stable (true of byte-level BPE
+    tokenizers without clean-up of spaces); where it is not, text that no longer matches is held
+    back until `finish`, and if even the final text does not start with what was shown, the
+    remainder cannot be expressed as a delta and "" is returned.
+    """
+
+    def __init__(self, stop: list[str]) -> None:
+        self.stop = [s for s in stop if s]
+        self.emitted = ""
+
+    def update(self, text: str) -> str:
+        safe = text.rstrip("\ufffd")
+        for length in range(min(len(safe), max((len(s) for s in self.stop), default=1) - 1), 0, -1):
+            if any(stop.startswith(safe[-length:]) for stop in self.stop):
+                safe = safe[:-length]
+                break
+        return self._advance(safe)
+
+    def finish(self, text: str) -> str:
+        return self._advance(text)
+
+    def _advance(self, text: str) -> str:
+        if len(text) <= len(self.emitted) or not text.startswith(self.emitted):
+            return ""
+        delta = text[len(self.emitted) :]
+        self.emitted = text
+        return delta
 
 
 class Engine(ABC):
@@ -71,11 +135,19 @@ class Engine(ABC):
 
     @abstractmethod
     def generate_from_tokens(
-        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, adapter: str | None = None
+        self,
+        prompt_token_ids: list[list[int]],
+        sampling: SamplingParams,
+        adapter: str | None = None,
+        *,
+        on_token: OnToken | None = None,
     ) -> list[Choice]:
         """One Choice per prompt, given as token ids, in order; nothing is re-tokenised.
 
         The agent loop continues a conversation from the exact tokens sampled so far with this.
+        `on_token`, when given, is called on the calling thread with every sampled token
+        (TokenDelta) as soon as the engine has it; an engine that cannot report tokens one by one
+        reports them all when the batch ends (`report_after`).
         """
 
     def render(self, messages: list[dict]) -> list[int]:
@@ -89,6 +161,24 @@ class Engine(ABC):
     @abstractmethod
     def unload_adapter(self, name: str) -> None:
         """Free an adapter loaded with `load_adapter`."""
+
+
+def report_after(choices: list[Choice], on_token: OnToken | None) -> list[Choice]:
+    """Report finished choices token by token, for engines that cannot stream: the whole text
+    comes with each sequence's last token."""
+    if on_token is not None:
+        for index, choice in enumerate(choices):
+            last = len(choice.token_ids) - 1
+            for position, token_id in enumerate(choice.token_ids):
+                top = choice.top_logprobs[position] if choice.top_logprobs else []
+                on_token(
+                    TokenDelta(
+                        index, token_id, choice.logprobs[position], top,
+                        choice.text if position == last else "",
+                        choice.finish_reason if position == last else None,
+                    )
+                )  # fmt: skip
+    return choices
 
 
 def render_chat(

@@ -18,7 +18,15 @@ from typing import Any
 import torch
 from peft import PeftModel
 
-from training.engines.base import Choice, Engine, FinishReason, SamplingParams
+from training.engines.base import (
+    Choice,
+    Engine,
+    FinishReason,
+    OnToken,
+    SamplingParams,
+    TextDeltas,
+    TokenDelta,
+)
 
 
 def sample_next_token(
@@ -28,6 +36,14 @@ def sample_next_token(
 
     The logprob is under the full tempered distribution, before top-p truncation.
     """
+    tokens, logprobs = _sample_with_distribution(logits, temperature, top_p, generator)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _sample_with_distribution(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [B], the full log-distribution [B, V] they were sampled from, see the module doc)."""
     logits = logits.float()
     if temperature == 0:
         logprobs = torch.log_softmax(logits, dim=-1)
@@ -43,7 +59,7 @@ def sample_next_token(
             sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         tokens = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
-    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, logprobs
 
 
 class TransformersEngine(Engine):
@@ -82,8 +98,16 @@ class TransformersEngine(Engine):
         return ids
 
     def generate_from_tokens(
-        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, adapter: str | None = None
+        self,
+        prompt_token_ids: list[list[int]],
+        sampling: SamplingParams,
+        adapter: str | None = None,
+        *,
+        on_token: OnToken | None = None,
     ) -> list[Choice]:
+        """See Engine.generate_from_tokens. `on_token`, when given, is called (on this thread)
+        with each sequence's every new token as soon as it is sampled, while the rest of the batch
+        goes on; the returned Choices are the same with or without it."""
         if not prompt_token_ids:
             return []
         if not all(prompt_token_ids):
@@ -92,11 +116,13 @@ class TransformersEngine(Engine):
         self.model.eval()
         try:
             with torch.no_grad(), self._adapter_scope(adapter):
-                return self._sample([list(prompt) for prompt in prompt_token_ids], sampling)
+                return self._sample([list(prompt) for prompt in prompt_token_ids], sampling, on_token)
         finally:
             self.model.train(was_training)
 
-    def _sample(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Choice]:
+    def _sample(
+        self, prompts: list[list[int]], sampling: SamplingParams, on_token: OnToken | None = None
+    ) -> list[Choice]:
         batch = len(prompts)
         width = max(len(p) for p in prompts)
         # Left padding lines up every row's last prompt token, so one column of logits per step
@@ -128,26 +154,52 @@ class TransformersEngine(Engine):
 
         token_ids: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
+        top_k = sampling.top_logprobs
+        tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(batch)]
         finish: list[FinishReason | None] = [None] * batch
         texts: list[str | None] = [None] * batch
+        deltas = [TextDeltas(sampling.stop) for _ in range(batch)] if on_token else []
+        last_step = sampling.max_new_tokens - 1
         for step in range(sampling.max_new_tokens):
-            tokens, token_logprobs = sample_next_token(
+            tokens, distribution = _sample_with_distribution(
                 logits, sampling.temperature, sampling.top_p, generator
             )
+            token_logprobs = distribution.gather(-1, tokens[:, None]).squeeze(-1).tolist()
+            step_tops: list[list[tuple[int, float]]] = [[] for _ in range(batch)]
+            if top_k:
+                values, ids = distribution.topk(top_k, dim=-1)
+                step_tops = [
+                    list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)
+                ]
             for row in range(batch):
                 if finish[row] is not None:
                     continue
                 token = int(tokens[row])
                 token_ids[row].append(token)
-                logprobs[row].append(float(token_logprobs[row]))
+                logprobs[row].append(token_logprobs[row])
+                if top_k:
+                    tops[row].append(step_tops[row])
+                text = None
                 if token in self.stop_token_ids:
                     finish[row] = "stop"
-                elif sampling.stop:
+                elif sampling.stop or on_token:
                     text = self.tokenizer.decode(token_ids[row], skip_special_tokens=True)
                     cut = _first_stop(text, sampling.stop)
                     if cut is not None:
                         finish[row], texts[row] = "stop", text[:cut]
-            if all(reason is not None for reason in finish) or step == sampling.max_new_tokens - 1:
+                if finish[row] is None and step == last_step:
+                    finish[row] = "length"
+                if on_token:
+                    if finish[row] is None:
+                        piece = deltas[row].update(text or "")
+                    else:
+                        final = texts[row]
+                        if final is None:
+                            final = text if text is not None else self._decode(token_ids[row])
+                            texts[row] = final
+                        piece = deltas[row].finish(final)
+                    on_token(TokenDelta(row, token, token_logprobs[row], step_tops[row], piece, finish[row]))
+            if all(reason is not None for reason in finish):
                 break
             # Finished rows keep being fed their last sample; their outputs are ignored.
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
@@ -166,7 +218,7 @@ class TransformersEngine(Engine):
         for row in range(batch):
             text = texts[row]
             if text is None:
-                text = self.tokenizer.decode(token_ids[row], skip_special_tokens=True)
+                text = self._decode(token_ids[row])
             choices.append(
                 Choice(
                     text=text,
@@ -174,9 +226,13 @@ class TransformersEngine(Engine):
                     token_ids=token_ids[row],
                     logprobs=logprobs[row],
                     finish_reason=finish[row] or "length",
+                    top_logprobs=tops[row] if top_k else None,
                 )
             )
         return choices
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def _returned_cache(self, out: Any) -> Any:
         return out.cache if self._cache_argument == "cache" else out.past_key_values

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from training.engines.base import Choice, Engine, FinishReason, SamplingParams
+from training.engines.base import Choice, Engine, FinishReason, OnToken, SamplingParams, report_after
 
 # LoRA ranks vLLM's kernels are built for; max_lora_rank must be one of them (vllm LoRAConfig).
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -109,7 +109,8 @@ def vllm_sampling_kwargs(
         "include_stop_str_in_output": False,  # the text is cut before a stop string, as OpenAI does
         "skip_special_tokens": True,
         "seed": request_seed(sampling.seed, index),
-        "logprobs": 0,  # 0 = only the sampled token's logprob
+        # 0 = only the sampled token's logprob; k adds the k most likely (under the same mode)
+        "logprobs": sampling.top_logprobs,
     }
 
 
@@ -128,8 +129,20 @@ def sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
     return values
 
 
-def choice_from_output(output: Any) -> Choice:
-    """Our Choice from one vLLM RequestOutput (generated with n=1 and logprobs=0)."""
+def top_alternatives(logprobs: Any, k: int) -> list[list[tuple[int, float]]]:
+    """The k most likely (token id, logprob) pairs per position from vLLM's per-position
+    `{token_id: Logprob}` entries (requested with logprobs=k), most likely first."""
+    return [
+        sorted(
+            ((int(token), float(entry.logprob)) for token, entry in position.items()),
+            key=lambda pair: -pair[1],
+        )[:k]  # fmt: skip
+        for position in logprobs
+    ]
+
+
+def choice_from_output(output: Any, top_logprobs: int = 0) -> Choice:
+    """Our Choice from one vLLM RequestOutput (generated with n=1 and logprobs=top_logprobs)."""
     if len(output.outputs) != 1:
         raise RuntimeError(f"expected one completion per request, got {len(output.outputs)}")
     completion = output.outputs[0]
@@ -147,6 +160,7 @@ def choice_from_output(output: Any) -> Choice:
         token_ids=token_ids,
         logprobs=sampled_logprobs(token_ids, completion.logprobs),
         finish_reason=finish_reason,
+        top_logprobs=top_alternatives(completion.logprobs, top_logprobs) if top_logprobs else None,
     )
 
 
@@ -232,9 +246,15 @@ class VLLMEngine(Engine):
         return self.generate_from_tokens([self.render(messages) for messages in requests], sampling, adapter)
 
     def generate_from_tokens(
-        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, adapter: str | None = None
+        self,
+        prompt_token_ids: list[list[int]],
+        sampling: SamplingParams,
+        adapter: str | None = None,
+        *,
+        on_token: OnToken | None = None,
     ) -> list[Choice]:
-        """One Choice per prompt given as token ids; vLLM does not re-tokenise them (or add a bos)."""
+        """One Choice per prompt given as token ids; vLLM does not re-tokenise them (or add a bos).
+        The offline `LLM.generate` does not stream: `on_token` hears every token at the end."""
         if not prompt_token_ids:
             return []
         if not all(prompt_token_ids):
@@ -250,7 +270,8 @@ class VLLMEngine(Engine):
             for index in range(len(prompts))
         ]
         outputs = self._llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
-        return [choice_from_output(output) for output in outputs]
+        choices = [choice_from_output(output, sampling.top_logprobs) for output in outputs]
+        return report_after(choices, on_token)
 
     def load_adapter(self, name: str, path: Path) -> None:
         path = Path(path)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from training.agent import template_supports_tools
-from training.engines.base import Choice, Engine, SamplingParams
+from training.engines.base import Choice, Engine, OnToken, SamplingParams, TokenDelta
 from training.serving.adapters import AdapterCache, check_adapter_path
 from training.serving.prompts import render_prompt
 from training.serving.protocol import (
@@ -35,10 +35,12 @@ from training.serving.protocol import (
     RequestError,
     choice_chunks,
     completion_body,
+    finish_chunk,
     first_chunks,
     new_completion_id,
     parse_chat_request,
     sse_event,
+    token_chunk,
     usage_body,
     usage_comment,
 )
@@ -76,7 +78,11 @@ class InferenceApp:
 
     # ------------------------------------------------------------------ generation thread
     def _generate(
-        self, prompts: list[list[int]], sampling: SamplingParams, adapter: Path | None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        adapter: Path | None,
+        on_token: OnToken | None = None,
     ) -> list[Choice]:
         name = None
         if adapter is not None:
@@ -88,7 +94,7 @@ class InferenceApp:
                 log.exception("cannot load adapter %s", adapter)
                 raise RequestError(f"cannot load the checkpoint: {exc}", code="adapter_load_failed",
                                    status=500) from exc  # fmt: skip
-        return self.engine.generate_from_tokens(prompts, sampling, adapter=name)
+        return self.engine.generate_from_tokens(prompts, sampling, adapter=name, on_token=on_token)
 
     # ------------------------------------------------------------------ ASGI
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -188,6 +194,7 @@ class InferenceApp:
             max_new_tokens=request.max_tokens,
             stop=list(request.stop),
             seed=request.seed,
+            top_logprobs=request.top_logprobs if request.logprobs else 0,
         )
         if request.stream:
             await self._stream(request, model, prompt, sampling, adapter, send)
@@ -206,10 +213,15 @@ class InferenceApp:
         return render_prompt(self.tokenizer, request, native_tools=self.native_tools)
 
     async def _sample(
-        self, request: ChatRequest, prompt: list[int], sampling: SamplingParams, adapter: Path | None
+        self,
+        request: ChatRequest,
+        prompt: list[int],
+        sampling: SamplingParams,
+        adapter: Path | None,
+        on_token: OnToken | None = None,
     ) -> list[Choice]:
         try:
-            return await self.scheduler.submit([prompt] * request.n, sampling, adapter)
+            return await self.scheduler.submit([prompt] * request.n, sampling, adapter, on_token)
         except RequestError:
             raise
         except Exception as exc:
@@ -233,17 +245,35 @@ class InferenceApp:
             if request.return_token_ids:
                 chunk["prompt_token_ids"] = prompt
             await _event(send, sse_event(chunk))
+        # Without tools each token goes out as it is sampled, while the rest of the batch goes
+        # on. With tools a choice may turn out to be a tool call, known only at its end: its
+        # chunks are sent when it is complete.
+        live = not request.uses_tools
+        tokens: asyncio.Queue[TokenDelta | None] = asyncio.Queue()
+        sampled = asyncio.ensure_future(
+            self._sample(request, prompt, sampling, adapter, tokens.put_nowait if live else None)
+        )
+        sampled.add_done_callback(lambda _: tokens.put_nowait(None))
         try:
-            choices = await self._sample(request, prompt, sampling, adapter)
+            while (delta := await tokens.get()) is not None:
+                await _event(send, sse_event(token_chunk(context, delta, self._token_text)))
+                if delta.finish_reason is not None:
+                    await _event(send, sse_event(finish_chunk(context, delta.index, delta.finish_reason)))
+            choices = sampled.result()
         except RequestError as exc:
             # The status line has gone out; OpenAI's streams report a late error as an event.
             await _event(send, sse_event(exc.body()))
             await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": False})
             return
-        decode = self._decode
-        for index, choice in enumerate(choices):
-            for chunk in choice_chunks(context, index, choice, decode=decode, token_text=self._token_text):
-                await _event(send, sse_event(chunk))
+        finally:
+            if not sampled.done():  # the client went away: drop the request if it has not run yet
+                sampled.cancel()
+        if not live:
+            for index, choice in enumerate(choices):
+                for chunk in choice_chunks(
+                    context, index, choice, decode=self._decode, token_text=self._token_text
+                ):
+                    await _event(send, sse_event(chunk))
         usage = usage_body(len(prompt), choices)
         if request.include_usage:
             await _event(send, sse_event(context.chunk([], usage=usage)))

@@ -5,9 +5,10 @@ unchanged. Both the inference server and the gateway validate bodies with `parse
 (the gateway to answer 400 without a round trip), so the two can never disagree on what is valid.
 
 Differences from OpenAI, on purpose:
-- `top_logprobs` lists only the sampled token (the engines compute the sampled token's logprob,
-  not the top-k alternatives); `logprobs` covers every sampled token, a final end token included,
-  one entry per `token_ids` entry, so a client can train on what it sampled.
+- `logprobs` covers every sampled token, a final end token included, one entry per `token_ids`
+  entry, so a client can train on what it sampled. Logprobs (and the `top_logprobs` alternatives,
+  up to 20) are those of the distribution the token was sampled from, i.e. after temperature
+  (engines/base.py); an engine that cannot report alternatives lists only the sampled token.
 - Extension (vLLM's name for it): `"return_token_ids": true` adds `prompt_token_ids` to the
   response and `token_ids` (the sampled completion tokens) to each choice / stream delta.
 - `response_format: {"type": "json_object"}` is refused (400) by engines that cannot constrain
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.engines.base import Choice
+from training.engines.base import Choice, TokenDelta
 from training.tools import parse_tool_calls
 
 # Wire extensions between the gateway and an inference server (never sent to end users).
@@ -410,15 +411,28 @@ def logprobs_content(
     token_ids: Sequence[int],
     logprobs: Sequence[float],
     token_text: Callable[[int], str],
+    top: Sequence[Sequence[tuple[int, float]]] | None = None,
 ) -> list[dict[str, Any]]:
+    """OpenAI's `logprobs.content`; `top` holds the engine's alternatives per token, if any."""
     entries = []
-    for token_id, logprob in zip(token_ids, logprobs, strict=True):
-        text = token_text(token_id)
-        entry: dict[str, Any] = {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-        # Only the sampled token is known (see the module doc).
-        entry["top_logprobs"] = [dict(entry)] if request.top_logprobs else []
+    for position, (token_id, logprob) in enumerate(zip(token_ids, logprobs, strict=True)):
+        entry = _logprob_entry(token_text(token_id), logprob)
+        alternatives: list[dict[str, Any]] = []
+        if request.top_logprobs:
+            if top is not None:
+                alternatives = [
+                    _logprob_entry(token_text(other), other_logprob)
+                    for other, other_logprob in top[position][: request.top_logprobs]
+                ]
+            else:  # the engine reports no alternatives (see the module doc)
+                alternatives = [dict(entry)]
+        entry["top_logprobs"] = alternatives
         entries.append(entry)
     return entries
+
+
+def _logprob_entry(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
 
 def usage_body(prompt_tokens: int, choices: Sequence[Choice]) -> dict[str, int]:
@@ -453,7 +467,9 @@ def completion_body(
             "finish_reason": rendered.finish_reason,
         }
         if request.logprobs:
-            content = logprobs_content(request, choice.token_ids, choice.logprobs, token_text)
+            content = logprobs_content(
+                request, choice.token_ids, choice.logprobs, token_text, choice.top_logprobs
+            )
             item["logprobs"] = {"content": content, "refusal": None}
         if request.return_token_ids:
             item["token_ids"] = list(choice.token_ids)
@@ -514,30 +530,64 @@ def choice_chunks(
     request = context.request
     rendered = render_choice(request, choice)
 
-    def entry(delta: dict[str, Any], ids: list[int], logprobs: list[float]) -> dict[str, Any]:
-        item: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-        if request.logprobs:
-            item["logprobs"] = {
-                "content": logprobs_content(request, ids, logprobs, token_text),
-                "refusal": None,
-            }
-        if request.return_token_ids:
-            item["token_ids"] = ids
-        return item
+    def entry(
+        delta: dict[str, Any],
+        ids: list[int],
+        logprobs: list[float],
+        top: list[list[tuple[int, float]]] | None,
+    ) -> dict[str, Any]:
+        return _choice_item(request, index, delta, ids, logprobs, top, token_text)
 
     if rendered.tool_calls:
         delta: dict[str, Any] = {"content": rendered.content} if rendered.content else {}
         delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(rendered.tool_calls)]
-        yield context.chunk([entry(delta, list(choice.token_ids), list(choice.logprobs))])
+        yield context.chunk(
+            [entry(delta, list(choice.token_ids), list(choice.logprobs), choice.top_logprobs)]
+        )
     else:
         text = rendered.content or ""
         pieces = token_pieces(choice.token_ids, text, decode)
-        for token_id, logprob, piece in zip(choice.token_ids, choice.logprobs, pieces, strict=True):
-            yield context.chunk([entry({"content": piece}, [token_id], [logprob])])
+        for position, (token_id, logprob, piece) in enumerate(
+            zip(choice.token_ids, choice.logprobs, pieces, strict=True)
+        ):
+            top = [choice.top_logprobs[position]] if choice.top_logprobs else None
+            yield context.chunk([entry({"content": piece}, [token_id], [logprob], top)])
         if not choice.token_ids and text:
-            yield context.chunk([entry({"content": text}, [], [])])
-    finish = {"index": index, "delta": {}, "logprobs": None, "finish_reason": rendered.finish_reason}
-    yield context.chunk([finish])
+            yield context.chunk([entry({"content": text}, [], [], None)])
+    yield finish_chunk(context, index, rendered.finish_reason)
+
+
+def token_chunk(context: ChunkContext, delta: TokenDelta, token_text: Callable[[int], str]) -> dict[str, Any]:
+    """The chunk of one token sampled while the batch is still running (TokenDelta, which holds
+    back split characters and possible stop strings): its text, logprob and id."""
+    top = [delta.top_logprobs] if delta.top_logprobs else None
+    item = _choice_item(context.request, delta.index, {"content": delta.text}, [delta.token_id],
+                        [delta.logprob], top, token_text)  # fmt: skip
+    return context.chunk([item])
+
+
+def finish_chunk(context: ChunkContext, index: int, finish_reason: str) -> dict[str, Any]:
+    return context.chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason}])
+
+
+def _choice_item(
+    request: ChatRequest,
+    index: int,
+    delta: dict[str, Any],
+    ids: list[int],
+    logprobs: list[float],
+    top: Sequence[Sequence[tuple[int, float]]] | None,
+    token_text: Callable[[int], str],
+) -> dict[str, Any]:
+    item: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+    if request.logprobs:
+        item["logprobs"] = {
+            "content": logprobs_content(request, ids, logprobs, token_text, top),
+            "refusal": None,
+        }
+    if request.return_token_ids:
+        item["token_ids"] = ids
+    return item
 
 
 def token_pieces(token_ids: Sequence[int], text: str, decode: Callable[[list[int]], str]) -> list[str]:

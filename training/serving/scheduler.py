@@ -8,7 +8,12 @@ When the engine is idle, the first request waits `window_s` for others to join i
 arrive while a batch runs join the next batch, which starts as soon as the running one ends. A
 batch holds requests with the same adapter and sampling parameters (one engine call takes one
 SamplingParams), up to `max_batch_size` sequences; a request with a seed is never batched with
-another, so its output does not depend on what else was running.
+another, so its output does not depend on what else was running. Requests that differ only in
+`top_logprobs` share a batch, which reports the largest k asked for (each response shows its own).
+
+Streaming: a request submitted with `on_token` gets each of its sequences' tokens as they are
+sampled (TokenDelta, `index` counted within the request), delivered on the event loop while the
+batch goes on; its result still comes back whole when the batch ends.
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from training.engines.base import Choice, SamplingParams
+from training.engines.base import Choice, OnToken, SamplingParams, TokenDelta
 
-# generate(prompts, sampling, adapter path or None) -> one Choice per prompt; runs in the worker thread.
-GenerateFn = Callable[[list[list[int]], SamplingParams, Path | None], list[Choice]]
+# generate(prompts, sampling, adapter path or None, on_token or None) -> one Choice per prompt;
+# runs in the worker thread and calls on_token there, for every sequence, if it is given.
+GenerateFn = Callable[[list[list[int]], SamplingParams, Path | None, OnToken | None], list[Choice]]
 
 
 @dataclass
@@ -36,6 +42,7 @@ class _Job:
     adapter: Path | None
     key: Hashable
     future: asyncio.Future[list[Choice]]
+    on_token: OnToken | None = None  # called on the event loop
 
 
 @dataclass
@@ -88,15 +95,20 @@ class BatchScheduler:
         return len(self._pending)
 
     async def submit(
-        self, prompts: list[list[int]], sampling: SamplingParams, adapter: Path | None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        adapter: Path | None,
+        on_token: OnToken | None = None,
     ) -> list[Choice]:
-        """One Choice per prompt, in order, once the batch holding them has run."""
+        """One Choice per prompt, in order, once the batch holding them has run; `on_token` sees
+        each token before that (see the module doc)."""
         if not 1 <= len(prompts) <= self.max_batch_size:
             raise ValueError(f"a request must have 1 to {self.max_batch_size} sequences")
         loop = asyncio.get_running_loop()
         if self._wakeup is None:
             self._wakeup = asyncio.Event()
-        job = _Job(prompts, sampling, adapter, self._key(sampling, adapter), loop.create_future())
+        job = _Job(prompts, sampling, adapter, self._key(sampling, adapter), loop.create_future(), on_token)
         self._pending.append(job)
         self._wakeup.set()
         return await job.future
@@ -152,10 +164,12 @@ class BatchScheduler:
             return
         prompts = [prompt for job in batch for prompt in job.prompts]
         loop = asyncio.get_running_loop()
+        sampling = replace(batch[0].sampling, top_logprobs=max(job.sampling.top_logprobs for job in batch))
+        on_token = self._token_router(batch, loop) if any(job.on_token for job in batch) else None
         started = time.perf_counter()
         try:
             choices = await loop.run_in_executor(
-                self._executor, self._generate, prompts, batch[0].sampling, batch[0].adapter
+                self._executor, self._generate, prompts, sampling, batch[0].adapter, on_token
             )
         except Exception as exc:
             for job in batch:
@@ -169,3 +183,17 @@ class BatchScheduler:
             if not job.future.done():
                 job.future.set_result(choices[offset : offset + len(job.prompts)])
             offset += len(job.prompts)
+
+    @staticmethod
+    def _token_router(batch: list[_Job], loop: asyncio.AbstractEventLoop) -> OnToken:
+        """An on_token for the generation thread that hands each token to its request's callback
+        on the event loop. Tokens are queued on the loop before the batch's result is, so a
+        request sees all of its tokens before its future resolves."""
+        owners = [(job, index) for job in batch for index in range(len(job.prompts))]
+
+        def route(delta: TokenDelta) -> None:
+            job, index = owners[delta.index]
+            if job.on_token is not None and not job.future.done():  # done: the client went away
+                loop.call_soon_threadsafe(job.on_token, replace(delta, index=index))
+
+        return route
