@@ -335,20 +335,31 @@ _SAMPLING_KEYS = {"temperature", "top_p", "max_new_tokens", "stop"}
 
 
 def _environment_fields(
-    kind: str, system_prompt: str, max_turns: int, tools: Any, sampling: Any
+    kind: str,
+    system_prompt: str,
+    max_turns: int | None,
+    tools: Any,
+    sampling: Any,
+    config: Any = None,
+    tool_timeout_s: Any = 10.0,
 ) -> dict[str, Any]:
+    """Every field checked by the environment registry's per-kind rules (training.environments):
+    `max_turns=None` takes the kind's default; errors name the field (`config.<key>`, `tools`)."""
+    from training.environments import validate_environment
+
     if kind not in EnvironmentKind.values:
         raise ValidationFailed(f"must be one of {', '.join(EnvironmentKind.values)}", field="kind")
-    if not isinstance(max_turns, int) or not 1 <= max_turns <= 100:
-        raise ValidationFailed("must be an integer from 1 to 100", field="max_turns")
-    if not isinstance(tools, list):
-        raise ValidationFailed("must be a list of tool definitions", field="tools")
-    if kind == EnvironmentKind.CHAT:
-        # The single-turn environment; tools and several turns need the multi-turn agent loop.
-        if tools:
-            raise ValidationFailed("a chat environment takes no tools", field="tools")
-        if max_turns != 1:
-            raise ValidationFailed("a chat environment has exactly one turn", field="max_turns")
+    try:
+        checked = validate_environment(
+            kind,
+            config=config,
+            tools=tools,
+            max_turns=max_turns,
+            tool_timeout_s=tool_timeout_s,
+            allowed_programs=tuple(getattr(settings, "MCP_STDIO_PROGRAMS", ())),
+        )
+    except ConfigError as exc:
+        raise ValidationFailed(exc.message, field=exc.field) from exc
     if not isinstance(sampling, dict):
         raise ValidationFailed("must be an object", field="sampling")
     for key in sampling:
@@ -367,8 +378,10 @@ def _environment_fields(
     return {
         "kind": kind,
         "system_prompt": system_prompt,
-        "max_turns": max_turns,
-        "tools": tools,
+        "max_turns": checked["max_turns"],
+        "tools": checked["tools"],
+        "config": checked["config"],
+        "tool_timeout_s": float(tool_timeout_s),
         "sampling": sampling,
     }
 
@@ -379,12 +392,16 @@ def environment_create(
     name: str,
     kind: str = EnvironmentKind.CHAT,
     system_prompt: str = "",
-    max_turns: int = 1,
+    max_turns: int | None = None,
     tools: Any = None,
     sampling: Any = None,
+    config: Any = None,
+    tool_timeout_s: float = 10.0,
 ) -> Environment:
     _check_slug(name, "name")
-    fields = _environment_fields(kind, system_prompt, max_turns, tools or [], sampling or {})
+    fields = _environment_fields(
+        kind, system_prompt, max_turns, tools or [], sampling or {}, config or {}, tool_timeout_s
+    )
     return _unique(
         lambda: Environment.objects.create(project=project, name=name, **fields),
         field="name",
@@ -399,7 +416,12 @@ def environment_update(*, environment: Environment, **changes: Any) -> Environme
         "max_turns": environment.max_turns,
         "tools": environment.tools,
         "sampling": environment.sampling,
+        "config": environment.config,
+        "tool_timeout_s": environment.tool_timeout_s,
     }
+    if changes.get("kind", environment.kind) != environment.kind:
+        # Another kind: its own defaults, unless given (a chat's one turn is no game of tic-tac-toe).
+        current.update(max_turns=None, tools=[], config={})
     current.update({k: v for k, v in changes.items() if k in current})
     for key, value in _environment_fields(**current).items():
         setattr(environment, key, value)

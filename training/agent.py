@@ -1,19 +1,23 @@
-"""The agent loop: model turn, tool calls, tool results, ..., final answer; many trajectories at once.
+"""The agent loop: model turn, environment reply, ..., final answer; many trajectories at once.
+
+The loop drives any environment through its message-level protocol (`training/environments/base.py`):
+`start(row)` gives the prompt messages, `respond_batch` answers each model turn with tool messages
+(tool environments) or a user message (games: the board after the opponent's move), and says when
+the episode is over; `outcome(state)` is what the episode achieved, kept on the trajectory.
 
 Token exactness, the invariant this module keeps: a trajectory's tokens are the rendered prompt,
 then for each model turn the EXACT ids the engine sampled (mask 1, with their logprobs), then the
-environment's ids (mask 0): the end of the turn as the chat template writes it, the tool results,
-the next assistant header. The next turn is generated from exactly these ids. The model's own text
-is never re-rendered and re-tokenised: a text has many tokenisations, and the trainer must score
-the tokens that were sampled, not another tokenisation of the same text.
+environment's ids (mask 0): the end of the turn as the chat template writes it, the environment's
+messages, the next assistant header. The next turn is generated from exactly these ids. The model's
+own text is never re-rendered and re-tokenised: a text has many tokenisations, and the trainer must
+score the tokens that were sampled, not another tokenisation of the same text.
 
 All trajectories of a step advance in lockstep: one batched engine call per turn for every
-trajectory still running, then all their tool calls at once.
+trajectory still running, then one `respond_batch` for all of them (their tool calls run at once).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from collections.abc import Set
@@ -21,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from training.engines.base import Choice, Engine, SamplingParams, render_chat
-from training.rollout import EnvironmentSpec, Trajectory, build_messages
-from training.tools import Tool, ToolCall, ToolResult, parse_tool_calls, run_tool_calls, tools_system_prompt
+from training.environments.base import Environment, EpisodeState
+from training.rollout import Trajectory
+from training.tools import Tool, ToolCall, parse_tool_calls, tools_system_prompt
 
 
 class ChatTemplateError(RuntimeError):
@@ -32,39 +37,39 @@ class ChatTemplateError(RuntimeError):
 def run_agent_group(
     engine: Engine,
     row: dict,
-    env: EnvironmentSpec,
+    env: Environment,
     sampling: SamplingParams,
     group_size: int,
-    tools: list[Tool] | None = None,
     adapter: str | None = None,
 ) -> list[Trajectory]:
     """`group_size` trajectories for one task row."""
-    return run_agent_groups(engine, [row], env, sampling, group_size, tools=tools, adapter=adapter)[0]
+    return run_agent_groups(engine, [row], env, sampling, group_size, adapter=adapter)[0]
 
 
 def run_agent_groups(
     engine: Engine,
     rows: list[dict],
-    env: EnvironmentSpec,
+    env: Environment,
     sampling: SamplingParams,
     group_size: int,
-    tools: list[Tool] | None = None,
     adapter: str | None = None,
 ) -> list[list[Trajectory]]:
     """`group_size` trajectories for each row, in row order.
 
-    Each runs up to `env.max_turns` model turns and ends early at a turn without a tool call (its
-    final answer). `tools` defaults to `env.tools`; with no tools every turn is a final answer, so
-    `max_turns` does not matter and this is a plain single-turn rollout. Tool calls of a trajectory's
-    last allowed turn are recorded but not run: no turn is left to read their results.
+    Each runs up to `env.max_turns` model turns and ends earlier when the environment says so: for
+    tool environments at a turn without a tool call (the final answer), for games at game over.
+    With no tools and no game, every turn is a final answer: a plain single-turn rollout. On the
+    last allowed turn the environment's reply is not shown to the model (no turn is left to read
+    it): a tool environment does not run that turn's calls; a game still plays the move.
     """
-    tools = list(env.tools if tools is None else tools)
+    tools = list(env.tools)
     chat = ChatFormat(engine, tools)
     episodes: list[_Episode] = []
-    for row in rows:
-        messages = chat.prompt_messages(build_messages(row, env))
-        prompt_ids = chat.render(messages, add_generation_prompt=True)
-        episodes += [_Episode(copy.deepcopy(messages), list(prompt_ids)) for _ in range(group_size)]
+    for row_position, row in enumerate(rows):
+        for sample_index in range(group_size):
+            state = env.start(row, seed=episode_seed(sampling.seed, row_position, sample_index))
+            messages = chat.prompt_messages(state.messages)
+            episodes.append(_Episode(state, messages, chat.render(messages, add_generation_prompt=True)))
 
     for turn in range(1, env.max_turns + 1):
         active = [episode for episode in episodes if not episode.done]
@@ -73,30 +78,28 @@ def run_agent_groups(
         choices = engine.generate_from_tokens(
             [e.token_ids for e in active], _turn_sampling(sampling, turn), adapter=adapter
         )
-        calling: list[tuple[_Episode, list[ToolCall]]] = []
-        for episode, choice in zip(active, choices, strict=True):
-            calls = parse_tool_calls(choice.text, id_prefix=f"call_{turn}_") if tools else []
-            episode.add_model_turn(choice, calls)
-            if not calls:
-                episode.finish(choice.finish_reason)
-            elif turn == env.max_turns:
-                episode.finish("max_turns")
+        calls = [parse_tool_calls(c.text, id_prefix=f"call_{turn}_") if tools else [] for c in choices]
+        for episode, choice, episode_calls in zip(active, choices, calls, strict=True):
+            episode.add_model_turn(choice, episode_calls)
+        replies = env.respond_batch([e.state for e in active], [c.text for c in choices], calls)
+        for episode, choice, reply in zip(active, choices, replies, strict=True):
+            if reply.done:
+                episode.finish(reply.finish_reason or choice.finish_reason)
             else:
-                calling.append((episode, calls))
+                env_ids = chat.environment_ids(episode.messages, reply.messages, episode.last_sampled_ids)
+                episode.add_environment_turn(reply.messages, env_ids)
 
-        results = run_tool_calls([call for _, calls in calling for call in calls], tools, env.tool_timeout_s)
-        position = 0
-        for episode, calls in calling:
-            episode_results = results[position : position + len(calls)]
-            position += len(calls)
-            replies = [
-                _tool_message(call, result) for call, result in zip(calls, episode_results, strict=True)
-            ]
-            env_ids = chat.environment_ids(episode.messages, replies, episode.last_sampled_ids)
-            episode.add_environment_turn(replies, env_ids, episode_results)
-
-    trajectories = [episode.to_trajectory() for episode in episodes]
+    trajectories = [episode.to_trajectory(env.outcome(episode.state)) for episode in episodes]
     return [trajectories[i * group_size : (i + 1) * group_size] for i in range(len(rows))]
+
+
+def episode_seed(seed: int | None, row_position: int, sample_index: int) -> int | None:
+    """The environment's seed for one trajectory (a game's opponent, its new tiles): fixed by the
+    rollout's seed, so a resumed step replays the same games. A row's `item.seed`, when given,
+    takes precedence (see the game environments)."""
+    if seed is None:
+        return None
+    return (seed * 1_000_003 + row_position * 9_973 + sample_index) % (2**63)
 
 
 def _turn_sampling(sampling: SamplingParams, turn: int) -> SamplingParams:
@@ -107,14 +110,11 @@ def _turn_sampling(sampling: SamplingParams, turn: int) -> SamplingParams:
     return dataclasses.replace(sampling, seed=sampling.seed + 7919 * (turn - 1))
 
 
-def _tool_message(call: ToolCall, result: ToolResult) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call.id, "content": result.content}
-
-
 @dataclass
 class _Episode:
-    """One trajectory while it is being generated."""
+    """One trajectory while it is being generated: the environment's state, the transcript, tokens."""
 
+    state: EpisodeState
     messages: list[dict]
     prompt_token_ids: list[int]
     completion_token_ids: list[int] = field(default_factory=list)
@@ -123,9 +123,8 @@ class _Episode:
     last_sampled_ids: list[int] = field(default_factory=list)
     finish_reason: str = "length"
     done: bool = False
-    metrics: dict[str, int] = field(
-        default_factory=lambda: {"turns": 0, "tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0}
-    )
+    turns: int = 0
+    tool_calls: int = 0
 
     @property
     def token_ids(self) -> list[int]:
@@ -142,26 +141,20 @@ class _Episode:
         if calls:
             message["tool_calls"] = [call.to_openai() for call in calls]
         self.messages.append(message)
-        self.metrics["turns"] += 1
-        self.metrics["tool_calls"] += len(calls)
+        self.turns += 1
+        self.tool_calls += len(calls)
 
-    def add_environment_turn(
-        self, replies: list[dict], token_ids: list[int], results: list[ToolResult]
-    ) -> None:
+    def add_environment_turn(self, replies: list[dict], token_ids: list[int]) -> None:
         self.messages += replies
         self.completion_token_ids += token_ids
         self.completion_mask += [0] * len(token_ids)
         self.logprobs += [0.0] * len(token_ids)
-        self.metrics["tool_timeouts"] += sum(result.timed_out for result in results)
-        self.metrics["tool_errors"] += sum(
-            result.error is not None and not result.timed_out for result in results
-        )
 
     def finish(self, reason: str) -> None:
         self.finish_reason = reason
         self.done = True
 
-    def to_trajectory(self) -> Trajectory:
+    def to_trajectory(self, outcome: dict[str, Any]) -> Trajectory:
         return Trajectory(
             messages=self.messages,
             prompt_token_ids=self.prompt_token_ids,
@@ -169,7 +162,8 @@ class _Episode:
             logprobs=self.logprobs,
             finish_reason=self.finish_reason,
             completion_mask=self.completion_mask,
-            metrics=dict(self.metrics),
+            metrics={"turns": self.turns, "tool_calls": self.tool_calls, **self.state.metrics},
+            outcome=dict(outcome),
         )
 
 

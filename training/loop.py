@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from training.config import LoraSpec, TrainConfig
+from training.environments import Environment
 from training.evaluation import evaluate_during_run, is_evaluation_step
-from training.rollout import EnvironmentSpec, Trajectory, rollout_groups, to_train_group
+from training.rollout import Trajectory, rollout_groups, to_train_group
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class RunSpec:
     checkpoint_root: Path  # one folder per step: <root>/step-000003
     config: TrainConfig
     lora: LoraSpec
-    environment: EnvironmentSpec
+    environment: Environment  # from training.environments.build_environment; run_training closes it
     grader_spec: dict[str, Any]
     train_rows: list[dict[str, Any]]  # each {"index": int, "data": task row}
     start_step: int  # model step this run started from
@@ -108,7 +109,7 @@ def grade_trajectories(
     grader = build_grader(grader_spec, judge=judge, sandbox=sandbox)
     trajectories = [t for group in groups for t in group]
     samples = [
-        Sample(output_text=t.output_text, messages=t.messages, output_tools=t.output_tools)
+        Sample(output_text=t.output_text, messages=t.messages, output_tools=t.output_tools, outcome=t.outcome)
         for t in trajectories
     ]
     if grader.grades_groups:  # a relative judge (RULER) compares the trajectories of one group
@@ -209,12 +210,19 @@ class _Sampler:
 
 def run_training(spec: RunSpec, hooks: RunHooks) -> str:
     """Train ``spec.config.steps`` steps from ``spec.start_step``; returns "succeeded", "cancelled"
-    or "lost" (another worker owns the run now)."""
+    or "lost" (another worker owns the run now). The environment is closed at the end (an MCP
+    session and its server process live as long as the run)."""
+    try:
+        return _run_training(spec, hooks)
+    finally:
+        spec.environment.close()
+
+
+def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
     import torch
 
     from training.adapter_check import verify_sampler
     from training.engines.base import SamplingParams
-    from training.rollout import build_messages
     from training.trainer import Trainer
 
     config = spec.config
@@ -245,7 +253,9 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
         hooks.event(f"Resumed from checkpoint step {current}")
     sampler = _Sampler(spec, trainer, tokenizer, dtype, current)
     # A fixed probe prompt: after every save, the sampler must score it exactly as the trainer does.
-    probes = [build_messages(spec.train_rows[0]["data"], spec.environment)]
+    probes = [spec.environment.start(spec.train_rows[0]["data"], seed=0).messages]
+    if spec.environment.tools:  # an MCP server's tools are listed by now: say which the model gets
+        hooks.event(f"Environment tools: {', '.join(tool.name for tool in spec.environment.tools)}")
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
     final_step = spec.start_step + config.steps
     if spec.resume_step is None:  # the untrained policy: the baseline later evaluations are read against
@@ -313,7 +323,9 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
         ]
         if not hooks.record_step(step=step, metrics=metrics, trajectories=flat, path=path):
             return "lost"
-        if is_evaluation_step(step, start_step=spec.start_step, final_step=final_step, interval=config.eval_interval):
+        if is_evaluation_step(
+            step, start_step=spec.start_step, final_step=final_step, interval=config.eval_interval
+        ):
             evaluate_during_run(spec, sampler.engine, sampler.adapter, step, hooks)
         logger.info("step %d done in %.1fs: reward %.3f", step, step_seconds, metrics.get("reward_mean", 0.0))
     return "succeeded"

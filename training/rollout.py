@@ -7,35 +7,40 @@ turn and no tools: one code path for both.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from training.engines.base import Engine, SamplingParams
+from training.environments.base import Environment, build_messages, check_common
 from training.tools import Tool
 from training.trainer import TrainGroup, TrainSample
 
+# build_messages lives with the environments (their `start` uses it); re-exported for callers.
+__all__ = [
+    "EnvironmentSpec",
+    "Trajectory",
+    "build_messages",
+    "rollout_group",
+    "rollout_groups",
+    "to_train_group",
+]
 
-@dataclass
-class EnvironmentSpec:
-    """What the model sees around a task row, and what it may do."""
+
+@dataclass(eq=False)
+class EnvironmentSpec(Environment):
+    """A tool environment built in Python (tests, benchmarks, scripts): the given tools, the agent
+    loop's default behaviour. Runs build theirs from the registry (`training.environments`)."""
 
     system_prompt: str = ""  # prepended unless the row brings its own system message
     max_turns: int = 1  # model turns per trajectory; a turn without a tool call ends it earlier
     tools: list[Tool] = field(default_factory=list)
     tool_timeout_s: float = 10.0  # a tool call still running after this is abandoned (an error)
+    config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.max_turns < 1:
-            raise ValueError("max_turns must be at least 1")
-        if self.tool_timeout_s <= 0:
-            raise ValueError("tool_timeout_s must be greater than 0")
-        if not all(isinstance(tool, Tool) for tool in self.tools):
-            raise TypeError("EnvironmentSpec.tools must be training.tools.Tool objects (with a function)")
-        if len({tool.name for tool in self.tools}) != len(self.tools):
-            raise ValueError("tool names must be unique")
+        check_common(max_turns=self.max_turns, tool_timeout_s=self.tool_timeout_s, tools=self.tools)
 
 
 @dataclass
@@ -57,7 +62,8 @@ class Trajectory:
     reward: float = 0.0
     sub_rewards: dict = field(default_factory=dict)
     errors: list[dict] = field(default_factory=list)  # grader errors are data, not crashes
-    metrics: dict = field(default_factory=dict)  # turns, tool_calls, tool_errors, tool_timeouts
+    metrics: dict = field(default_factory=dict)  # turns, tool_calls, tool_errors, tool_timeouts, ...
+    outcome: dict = field(default_factory=dict)  # the environment's verdict: {"result": "win", ...}
 
     @property
     def output_text(self) -> str:
@@ -85,28 +91,10 @@ class Trajectory:
         return dataclasses.asdict(self)
 
 
-def build_messages(row: dict, env: EnvironmentSpec) -> list[dict]:
-    """The prompt messages of a task row: `{"messages": [...]}` or `{"prompt": "..."}` (+ "item")."""
-    if "messages" in row:
-        messages = row["messages"]
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-            raise ValueError("row 'messages' must be a list of {role, content} objects")
-        messages = copy.deepcopy(messages)  # trajectories must not alias the task row
-    elif "prompt" in row:
-        if not isinstance(row["prompt"], str):
-            raise ValueError("row 'prompt' must be a string")
-        messages = [{"role": "user", "content": row["prompt"]}]
-    else:
-        raise ValueError("a task row needs 'messages' or 'prompt'")
-    if env.system_prompt and not any(m["role"] == "system" for m in messages):
-        messages.insert(0, {"role": "system", "content": env.system_prompt})
-    return messages
-
-
 def rollout_groups(
     engine: Engine,
     rows: list[dict],
-    env: EnvironmentSpec,
+    env: Environment,
     sampling: SamplingParams,
     group_size: int,
     adapter: str | None = None,
@@ -121,7 +109,7 @@ def rollout_groups(
 def rollout_group(
     engine: Engine,
     row: dict,
-    env: EnvironmentSpec,
+    env: Environment,
     sampling: SamplingParams,
     group_size: int,
     adapter: str | None = None,

@@ -126,22 +126,35 @@ def run_tool(tool: Tool, arguments: dict[str, Any], timeout_s: float) -> ToolRes
 def run_tool_calls(calls: list[ToolCall], tools: list[Tool], timeout_s: float) -> list[ToolResult]:
     """One result per call, in order. The runnable calls all start at once, so a turn of many
     trajectories waits for its slowest tool, at most `timeout_s`, not for the sum of them."""
-    by_name = {tool.name: tool for tool in tools}
-    results: list[ToolResult | None] = []
-    running: list[tuple[int, _Running]] = []
-    for call in calls:
-        if call.error is not None:
-            results.append(_error_result(call.error))
-        elif call.name not in by_name:
-            known = ", ".join(sorted(by_name)) or "none"
-            results.append(_error_result(f"unknown tool {call.name!r} (tools: {known})"))
-        else:
-            running.append((len(results), _Running(by_name[call.name], call.arguments)))
-            results.append(None)
+    return run_tool_call_batches([(calls, tools)], timeout_s)[0]
+
+
+def run_tool_call_batches(
+    batches: list[tuple[list[ToolCall], list[Tool]]], timeout_s: float
+) -> list[list[ToolResult]]:
+    """`run_tool_calls` for many episodes at once, each with its own tools (a `lookup` tool bound
+    to its task row): every runnable call starts at once and all share one deadline."""
+    results: list[list[ToolResult | None]] = []
+    running: list[tuple[int, int, _Running]] = []
+    for batch_index, (calls, tools) in enumerate(batches):
+        by_name = {tool.name: tool for tool in tools}
+        batch_results: list[ToolResult | None] = []
+        for call in calls:
+            if call.error is not None:
+                batch_results.append(_error_result(call.error))
+            elif call.name not in by_name:
+                known = ", ".join(sorted(by_name)) or "none"
+                batch_results.append(_error_result(f"unknown tool {call.name!r} (tools: {known})"))
+            else:
+                running.append(
+                    (batch_index, len(batch_results), _Running(by_name[call.name], call.arguments))
+                )
+                batch_results.append(None)
+        results.append(batch_results)
     deadline = time.monotonic() + timeout_s
-    for index, job in running:
-        results[index] = job.wait(deadline, timeout_s)
-    return [result for result in results if result is not None]
+    for batch_index, index, job in running:
+        results[batch_index][index] = job.wait(deadline, timeout_s)
+    return [[result for result in batch if result is not None] for batch in results]
 
 
 class _Running:

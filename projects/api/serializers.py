@@ -78,6 +78,8 @@ class EnvironmentOut(serializers.ModelSerializer):
             "system_prompt",
             "max_turns",
             "tools",
+            "config",
+            "tool_timeout_s",
             "sampling",
             "created_at",
         ]
@@ -188,21 +190,42 @@ class TaskSetIn(serializers.Serializer):
 
 
 class EnvironmentIn(serializers.Serializer):
+    """Kind, config, tools and max_turns are checked by the environment registry's per-kind rules
+    (see GET /api/v1/environment-kinds); a bad value is a 400 naming the field."""
+
     project = serializers.IntegerField()
     name = serializers.CharField(max_length=63)
     kind = serializers.CharField(required=False, default="chat")
     system_prompt = serializers.CharField(required=False, allow_blank=True, default="", trim_whitespace=False)
-    max_turns = serializers.IntegerField(required=False, default=1)
+    max_turns = serializers.IntegerField(
+        required=False, allow_null=True, default=None, help_text="default: the kind's"
+    )
     tools = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
+    config = serializers.DictField(required=False, default=dict, help_text="kind-specific settings")
+    tool_timeout_s = serializers.FloatField(required=False, default=10.0)
     sampling = serializers.DictField(required=False, default=dict)
 
 
 class EnvironmentUpdateIn(serializers.Serializer):
     kind = serializers.CharField(required=False)
     system_prompt = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
-    max_turns = serializers.IntegerField(required=False)
+    max_turns = serializers.IntegerField(required=False, allow_null=True)
     tools = serializers.ListField(child=serializers.JSONField(), required=False)
+    config = serializers.DictField(required=False)
+    tool_timeout_s = serializers.FloatField(required=False)
     sampling = serializers.DictField(required=False)
+
+
+class EnvironmentKindOut(serializers.Serializer):
+    kind = serializers.CharField()
+    description = serializers.CharField()
+    answer = serializers.CharField(help_text="how the final answer is read")
+    default_max_turns = serializers.IntegerField()
+    config = serializers.DictField(child=serializers.CharField(), help_text="config keys and their help")
+    tools = serializers.CharField(help_text="what the tools field holds for this kind")
+    available_tools = serializers.ListField(
+        child=serializers.DictField(), help_text="built-in tool definitions"
+    )
 
 
 class RunIn(serializers.Serializer):

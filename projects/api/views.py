@@ -396,6 +396,17 @@ class ApiKeyViewSet(TeamScopedViewSet, mixins.ListModelMixin):
         return Response(s.ApiKeyOut(api_key).data)
 
 
+class EnvironmentKindsView(APIView):
+    """Every environment kind with its tools, config keys and how its final answer is read (the
+    environment form reads these)."""
+
+    @extend_schema(responses={200: s.EnvironmentKindOut(many=True)})
+    def get(self, request: Request) -> Response:
+        from training.environments import describe_kinds
+
+        return Response(s.EnvironmentKindOut(describe_kinds(), many=True).data)
+
+
 class HyperparametersView(APIView):
     """Defaults and help text of every run hyperparameter (the run form reads these)."""
 

@@ -24,11 +24,14 @@ class Sample:
 
     `messages` is the whole transcript (ending with the final answer for multi-turn rollouts);
     `output_tools` lists the tool calls, each `{"name", "arguments"}` (arguments a dict or a JSON
-    string). When only `messages` is given, the assistant messages' `tool_calls` fill it in."""
+    string). When only `messages` is given, the assistant messages' `tool_calls` fill it in.
+    `outcome` is the environment's verdict on the episode (`{"result": "win", "reward": 1.0}` for
+    a game; `{}` for chat and tool environments), see `training/environments`."""
 
     output_text: str
     messages: list[dict[str, Any]] = field(default_factory=list)
     output_tools: list[dict[str, Any]] = field(default_factory=list)
+    outcome: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.output_tools:
@@ -54,6 +57,7 @@ class Sample:
             "output_json": output_json,
             "output_tools": self.output_tools,
             "messages": self.messages,
+            "outcome": self.outcome,
         }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from training.rewards.base import Grader, GradeResult, GraderRuntime, Sample
+from training.rewards.environment import EnvironmentGrader
 from training.rewards.errors import GraderSpecError
 from training.rewards.json_match import JsonMatchGrader
 from training.rewards.judge import JudgeClient
@@ -38,6 +39,7 @@ GRADER_TYPES: dict[str, type[Grader]] = {
     LabelModelGrader.type: LabelModelGrader,
     MultiGrader.type: MultiGrader,
     RulerGrader.type: RulerGrader,
+    EnvironmentGrader.type: EnvironmentGrader,
 }
 
 

@@ -1,5 +1,6 @@
 """Grader templates, OpenAI's syntax: `{{sample.output_text}}`, `{{sample.output_json.a.b}}`,
-`{{sample.output_tools}}`, `{{sample.messages.0.content}}`, `{{item.answers.0}}`.
+`{{sample.output_tools}}`, `{{sample.messages.0.content}}`, `{{sample.outcome.result}}` (the
+environment's verdict), `{{item.answers.0}}`.
 
 Text outside `{{ }}` is kept as is; a string without `{{` is a literal. A path walks dict keys and,
 on lists, integer indices. Strings render as themselves, anything else as JSON (so `true`, not
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 PLACEHOLDER = re.compile(r"\{\{(.*?)\}\}")
 # What may follow `sample.`; only output_text has no inner structure to walk.
-SAMPLE_FIELDS = ("output_text", "output_json", "output_tools", "messages")
+SAMPLE_FIELDS = ("output_text", "output_json", "output_tools", "messages", "outcome")
 
 
 class TemplateSyntaxError(ValueError):
