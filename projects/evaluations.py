@@ -137,6 +137,25 @@ def model_label(checkpoint: Checkpoint | None, base_model: BaseModel | None) -> 
     return base_model.name if base_model is not None else ""
 
 
+def environment_build(*, environment: Environment) -> Any:
+    """The environment an evaluation drives (and whose tools scenario generation shows), built
+    from the registry as a run builds it. Close it when done (an MCP session)."""
+    try:
+        from training.environments import build_environment
+    except ImportError:  # before the environment registry: chat (no tools) only
+        from training.rollout import EnvironmentSpec
+
+        return EnvironmentSpec(system_prompt=environment.system_prompt, max_turns=environment.max_turns)
+    return build_environment(
+        environment.kind,
+        config=environment.config,
+        tools=environment.tools,
+        system_prompt=environment.system_prompt,
+        max_turns=environment.max_turns,
+        tool_timeout_s=environment.tool_timeout_s,
+    )
+
+
 # --- writes -----------------------------------------------------------------------------------
 
 

@@ -261,7 +261,7 @@ def _evaluate(evaluation: Evaluation, worker: str) -> str:
     )
     team = evaluation.project.team
     grading = {"judge": judges.judge_client(team=team), "sandbox": judges.sandbox_config()}
-    environment = evaluation_environment(evaluation.environment)
+    environment = evaluations.environment_build(environment=evaluation.environment)
     common: dict[str, Any] = {
         "samples_per_row": evaluation.samples_per_row,
         "pass_threshold": evaluation.pass_threshold,
@@ -343,22 +343,4 @@ def _reference_policy(evaluation: Evaluation, sampling: Any) -> Any:
         max_tokens=sampling.max_new_tokens,
         seed=sampling.seed,
         name=f"{endpoint.name}:{evaluation.reference_model}",
-    )
-
-
-def evaluation_environment(environment: Any) -> Any:
-    """The environment an evaluation drives, built as a run builds it."""
-    try:
-        from training.environments import build_environment
-    except ImportError:  # before the environment registry: chat (no tools) only
-        from training.rollout import EnvironmentSpec
-
-        return EnvironmentSpec(system_prompt=environment.system_prompt, max_turns=environment.max_turns)
-    return build_environment(
-        environment.kind,
-        config=environment.config,
-        tools=environment.tools,
-        system_prompt=environment.system_prompt,
-        max_turns=environment.max_turns,
-        tool_timeout_s=environment.tool_timeout_s,
     )

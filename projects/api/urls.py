@@ -2,7 +2,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from projects.api import evaluations, graders, schema, views  # noqa: F401  (schema registers the auth extension)
+from projects.api import evaluations, graders, scenarios, schema, views  # noqa: F401  (schema registers the auth extension)
 from projects.api.usage import UsageViewSet
 
 router = DefaultRouter()
@@ -31,6 +31,9 @@ urlpatterns = [
     ),
     path("runs/<int:run_id>/evaluations/", evaluations.RunEvaluationsView.as_view(), name="run-evaluations"),
     path("runs/<int:run_id>/evaluations", evaluations.RunEvaluationsView.as_view()),
+    # Before the router: "generate" is not a task-set id.
+    path("task-sets/generate", scenarios.TaskSetGenerateView.as_view(), name="task-sets-generate"),
+    path("task-sets/generate/", scenarios.TaskSetGenerateView.as_view()),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[]), name="docs"),
     *router.urls,

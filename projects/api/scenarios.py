@@ -1,0 +1,56 @@
+"""``POST /api/v1/task-sets/generate``: scenario generation (see projects.scenarios). Synchronous,
+bounded to 100 rows and two minutes; returns the new task set with its generation report."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from projects import scenarios, selectors
+from projects.api import serializers as s
+from projects.api.views import _valid
+from projects.models import Environment, JudgeEndpoint, Project
+from training.scenarios import MAX_ROWS
+
+
+class GenerateIn(serializers.Serializer):
+    project = serializers.IntegerField()
+    environment = serializers.IntegerField(help_text="the environment whose tools the tasks use")
+    endpoint = serializers.IntegerField(help_text="a team judge endpoint id (any OpenAI-compatible endpoint)")
+    model = serializers.CharField(
+        required=False, allow_blank=True, default="", help_text="default: the endpoint's"
+    )
+    n = serializers.IntegerField(help_text=f"rows to generate, 1 to {MAX_ROWS}")
+    instruction = serializers.CharField(help_text="what the tasks should be about")
+    name = serializers.CharField(max_length=63, help_text="name of the new task set")
+    validation_fraction = serializers.FloatField(required=False, default=0.0)
+    seed = serializers.IntegerField(required=False, default=0)
+
+
+class GeneratedTaskSetOut(s.TaskSetOut):
+    class Meta(s.TaskSetOut.Meta):
+        fields = [*s.TaskSetOut.Meta.fields, "source"]
+
+
+class TaskSetGenerateView(APIView):
+    @extend_schema(request=GenerateIn, responses={201: GeneratedTaskSetOut})
+    def post(self, request: Request) -> Response:
+        data = _valid(GenerateIn, request.data)
+        team = request.team  # type: ignore[attr-defined]  # set by IsTeamMember
+        task_set = scenarios.task_set_generate(
+            project=selectors.scoped_reference(Project, team, data["project"], field="project"),
+            environment=selectors.scoped_reference(
+                Environment, team, data["environment"], field="environment"
+            ),
+            endpoint=selectors.scoped_reference(JudgeEndpoint, team, data["endpoint"], field="endpoint"),
+            model=data["model"],
+            n=data["n"],
+            instruction=data["instruction"],
+            name=data["name"],
+            validation_fraction=data["validation_fraction"],
+            seed=data["seed"],
+        )
+        return Response(GeneratedTaskSetOut(task_set).data, status=status.HTTP_201_CREATED)
