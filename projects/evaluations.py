@@ -140,12 +140,8 @@ def model_label(checkpoint: Checkpoint | None, base_model: BaseModel | None) -> 
 def environment_build(*, environment: Environment) -> Any:
     """The environment an evaluation drives (and whose tools scenario generation shows), built
     from the registry as a run builds it. Close it when done (an MCP session)."""
-    try:
-        from training.environments import build_environment
-    except ImportError:  # before the environment registry: chat (no tools) only
-        from training.rollout import EnvironmentSpec
+    from training.environments import build_environment
 
-        return EnvironmentSpec(system_prompt=environment.system_prompt, max_turns=environment.max_turns)
     return build_environment(
         environment.kind,
         config=environment.config,

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from training.rollout import EnvironmentSpec, Trajectory
+from training.environments import Environment
+from training.rollout import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class Policy(Protocol):
     name: str
 
     def rollout(
-        self, rows: list[dict[str, Any]], env: EnvironmentSpec, samples_per_row: int
+        self, rows: list[dict[str, Any]], env: Environment, samples_per_row: int
     ) -> list[list[Trajectory]]: ...
 
 
@@ -180,6 +181,8 @@ def grade_episodes(
     for group, row in zip(groups, rows, strict=True):
         for sample_index, trajectory in enumerate(group):
             metrics = {**trajectory.metrics, "finish_reason": trajectory.finish_reason}
+            if trajectory.outcome:  # a game's result, for the sample viewer
+                metrics["outcome"] = trajectory.outcome
             reward, sub_rewards, errors = trajectory.reward, trajectory.sub_rewards, trajectory.errors
             if metrics.get("policy_error"):
                 reward, sub_rewards = 0.0, {}
@@ -202,7 +205,7 @@ def grade_episodes(
 def evaluate(
     policy: Policy,
     rows: list[dict[str, Any]],
-    env: EnvironmentSpec,
+    env: Environment,
     grader_spec: dict[str, Any],
     *,
     samples_per_row: int = 1,
@@ -248,7 +251,7 @@ class LocalPolicy:
     name: str = "local"
 
     def rollout(
-        self, rows: list[dict[str, Any]], env: EnvironmentSpec, samples_per_row: int
+        self, rows: list[dict[str, Any]], env: Environment, samples_per_row: int
     ) -> list[list[Trajectory]]:
         from training.rollout import rollout_groups
 

@@ -1,9 +1,10 @@
 """A policy behind any OpenAI-compatible endpoint: our gateway (another team model, a base model)
 or an external endpoint the team configured (``JudgeEndpoint``, key decrypted by the caller).
 
-The episode loop is message-level: send the conversation (with the environment's tools as OpenAI
-``tools``), read the reply, run its tool calls (OpenAI ``tool_calls``, or Hermes ``<tool_call>``
-blocks in the text for models served without a tool parser, like ours), append the results, up to
+The episode loop drives the environment registry's message-level protocol (``training.environments``):
+send the conversation (with the environment's tools as OpenAI ``tools``), read the reply, hand its
+tool calls (OpenAI ``tool_calls``, or Hermes ``<tool_call>`` blocks in the text for models served
+without a tool parser, like ours) to ``environment.respond``, append its reply, until it is done or
 ``max_turns`` model turns. Every failure of a sample (HTTP error, timeout, malformed reply) is
 recorded on that sample as ``metrics["policy_error"]``; nothing here raises for one bad sample.
 
@@ -21,8 +22,9 @@ from typing import Any
 
 import httpx
 
-from training.rollout import EnvironmentSpec, Trajectory, build_messages
-from training.tools import ToolCall, parse_tool_calls, run_tool_calls
+from training.environments import Environment
+from training.rollout import Trajectory
+from training.tools import ToolCall, parse_tool_calls
 
 RETRY_STATUSES = (408, 409, 429, 500, 502, 503, 504)
 DETAIL_CHARS = 300
@@ -158,29 +160,26 @@ class RemotePolicy:
         self.name = self.name or self.model
 
     def rollout(
-        self, rows: list[dict[str, Any]], env: EnvironmentSpec, samples_per_row: int
+        self, rows: list[dict[str, Any]], env: Environment, samples_per_row: int
     ) -> list[list[Trajectory]]:
         jobs = [(row["data"], sample) for row in rows for sample in range(samples_per_row)]
         with ThreadPoolExecutor(max_workers=max(1, self.max_concurrency)) as pool:
             episodes = list(pool.map(lambda job: self.episode(job[0], env, job[1]), jobs))
         return [episodes[i * samples_per_row : (i + 1) * samples_per_row] for i in range(len(rows))]
 
-    def episode(self, row: dict[str, Any], env: Any, sample_index: int = 0) -> Trajectory:
-        """One conversation; never raises (failures become ``metrics["policy_error"]``).
-
-        ``env`` is an environment of the registry (``start`` → messages; after each model turn
-        ``respond`` → tool/user messages and done; ``outcome``), the protocol training drives.
-        An environment without ``respond`` is driven as a plain tool environment."""
-        metrics: dict[str, Any] = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0}
+    def episode(self, row: dict[str, Any], env: Environment, sample_index: int = 0) -> Trajectory:
+        """One conversation through the environment protocol (``start`` → messages; after each
+        model turn ``respond`` → tool or user messages and done; ``outcome``), the same protocol
+        training drives token by token. Never raises: failures become ``metrics["policy_error"]``."""
+        metrics: dict[str, Any] = {"turns": 0, "tool_calls": 0}
         messages: list[dict[str, Any]] = []
         outcome: dict[str, Any] = {}
         finish = "error"
         seed = None if self.seed is None else self.seed + sample_index
         try:
-            protocol = hasattr(env, "respond") and hasattr(env, "start")
-            state = env.start(row, seed=seed) if protocol else None
-            messages = list(state.messages) if state is not None else build_messages(row, env)
-            tools = list(state.tools if state is not None else env.tools)
+            state = env.start(row, seed=seed)
+            messages = list(state.messages)
+            tools = list(state.tools)
             schemas = [tool.schema() for tool in tools] or None
             for turn in range(1, env.max_turns + 1):
                 reply = self.endpoint.chat(
@@ -191,49 +190,34 @@ class RemotePolicy:
                     max_tokens=self.max_tokens,
                     seed=seed,
                 )
-                calls = [_to_tool_call(c, f"call_{turn}_{i}") for i, c in enumerate(reply.tool_calls)]
-                if not calls and tools:
-                    calls = parse_tool_calls(reply.content, id_prefix=f"call_{turn}_")
+                calls: list[ToolCall] = []
+                if tools:  # OpenAI tool_calls, or Hermes blocks in the text (our own models)
+                    calls = [_to_tool_call(c, f"call_{turn}_{i}") for i, c in enumerate(reply.tool_calls)]
+                    calls = calls or parse_tool_calls(reply.content, id_prefix=f"call_{turn}_")
                 message: dict[str, Any] = {"role": "assistant", "content": reply.content}
                 if calls:
                     message["tool_calls"] = [call.to_openai() for call in calls]
                 messages.append(message)
                 metrics["turns"] += 1
                 metrics["tool_calls"] += len(calls)
-                finish = reply.finish_reason
-                if state is not None:
-                    answer = env.respond(state, reply.content, calls)
-                    messages += answer.messages
-                    if answer.done:
-                        finish = answer.finish_reason or reply.finish_reason
-                        break
-                    continue
-                if not calls:
+                answer = env.respond(state, reply.content, calls)
+                messages += answer.messages
+                finish = answer.finish_reason or reply.finish_reason
+                if answer.done:
                     break
-                if turn == env.max_turns:
-                    finish = "max_turns"
-                    break
-                results = run_tool_calls(calls, tools, env.tool_timeout_s)
-                for call, result in zip(calls, results, strict=True):
-                    messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
-                    metrics["tool_timeouts"] += int(result.timed_out)
-                    metrics["tool_errors"] += int(result.error is not None and not result.timed_out)
-            if state is not None:
-                metrics.update(state.metrics)
-                outcome = dict(env.outcome(state) or {})
+            metrics.update(state.metrics)
+            outcome = dict(env.outcome(state) or {})
         except Exception as exc:  # one failed sample is data; the evaluation goes on
             metrics["policy_error"] = (
                 str(exc) if isinstance(exc, EndpointError) else f"{type(exc).__name__}: {exc}"
             )
             finish = "error"
-        trajectory = Trajectory(
+        return Trajectory(
             messages=messages,
             prompt_token_ids=[],
             completion_token_ids=[],
             logprobs=[],
             finish_reason=finish,
             metrics=metrics,
+            outcome=outcome,
         )
-        if outcome and hasattr(trajectory, "outcome"):
-            trajectory.outcome = outcome
-        return trajectory

@@ -3,6 +3,8 @@ chat, tool calls over several turns (OpenAI tool_calls and Hermes text), and per
 
 from __future__ import annotations
 
+import pytest
+
 from tests.openai_stub import openai_stub, tool_call
 from training.evaluation import evaluate
 from training.remote import ChatEndpoint, RemotePolicy
@@ -119,3 +121,34 @@ def test_a_client_error_is_not_retried_and_an_unreachable_endpoint_is_an_error()
     assert "HTTP 400" in trajectory.metrics["policy_error"] and len(stub.requests) == 1
     closed = RemotePolicy(ChatEndpoint(stub.url, timeout=2, retries=0), model="m")
     assert "unreachable" in closed.episode(ROWS[0]["data"], EnvironmentSpec()).metrics["policy_error"]
+
+
+def test_a_game_is_played_through_the_environment_protocol_and_graded_from_its_outcome():
+    from training.environments import build_environment
+
+    def player(body):
+        if "forfeit" in body["messages"][1]["content"]:
+            return "I would rather not play."  # no <move> tag: an invalid move, the model forfeits
+        turn = sum(m["role"] == "assistant" for m in body["messages"])
+        return f"<move>{['B2', 'A1', 'C3', 'A3', 'C1'][turn]}</move>"
+
+    rows = [
+        {"index": 0, "data": {"prompt": "Let's play; please forfeit.", "item": {}}},
+        {"index": 1, "data": {"prompt": "Let's play.", "item": {}}},
+    ]
+    env = build_environment("tic_tac_toe", max_turns=5)
+    with openai_stub([player] * 12) as stub:
+        policy = RemotePolicy(ChatEndpoint(stub.url), model="m", max_concurrency=1)
+        result = evaluate(policy, rows, env, {"type": "environment", "field": "reward"})
+    forfeited, played = result.samples
+    assert forfeited.metrics["turns"] == 1 and forfeited.metrics["outcome"]["result"] == "forfeit"
+    assert forfeited.reward == pytest.approx(-0.1), "forfeit 0, minus the invalid-move penalty"
+    assert forfeited.errors == [] and "policy_error" not in forfeited.metrics
+    outcome = played.metrics["outcome"]
+    assert outcome["result"] in {"win", "draw", "loss", "forfeit", "unfinished"}
+    assert played.reward == pytest.approx(outcome["reward"]) and played.metrics["turns"] >= 1
+    # The environment answered in user messages (the board) between the model's turns.
+    roles = [m["role"] for m in played.messages]
+    assert roles[:3] == ["system", "user", "assistant"]
+    assert played.metrics["turns"] == 1 or "user" in roles[3:]
+    assert stub.requests[0]["messages"][0]["role"] == "system" and "tools" not in stub.requests[0]
