@@ -25,6 +25,7 @@ urlpatterns = [
     path("runs/<int:run_id>/cancel", views.run_cancel, name="run-cancel"),
     path("runs/<int:run_id>/trajectories", views.trajectories, name="trajectories"),
     path("rewards/<int:reward_id>/", views.reward, name="reward"),
+    path("rewards/validate", views.grader_validate, name="grader-validate"),
     path("checkpoints/<int:checkpoint_id>/", views.checkpoint, name="checkpoint"),
     path("playground/chat", playground.playground_chat, name="playground-chat"),
 ]

@@ -489,6 +489,25 @@ def reward(request: HttpRequest, reward_id: int) -> HttpResponse:
     )
 
 
+@require_POST
+@team_view()
+def grader_validate(request: HttpRequest) -> JsonResponse:
+    """Validation as you type in the reward editor: the same check as ``POST
+    /api/v1/graders/validate`` (``services.grader_problems``), but a spec with problems is an
+    answer (200), not a failed request, so typing does not fill the browser console with 400s."""
+    try:
+        spec = json.loads(request.body).get("grader")
+    except (ValueError, AttributeError):
+        return JsonResponse({"valid": False, "problems": ["the body must be a JSON object with a grader"]})
+    try:
+        normalised = services.grader_problems(spec, field="grader")
+    except ValidationFailed as exc:
+        return JsonResponse(
+            {"valid": False, "problems": [f"{field}: {message}" for field, message in exc.problems]}
+        )
+    return JsonResponse({"valid": True, "grader": normalised})
+
+
 # --- checkpoints -----------------------------------------------------------------------------
 
 

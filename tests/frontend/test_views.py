@@ -283,3 +283,14 @@ def test_environment_form_creates_and_reports_errors(cast, alpha_setup):
     response = client.post(url, {"environment-name": "plain", "environment-kind": "chat"})
     assert response.status_code == 302
     assert alpha_setup.project.environments.filter(name="plain").exists()
+
+
+def test_grader_validation_as_you_type_answers_problems_with_200(cast):
+    client = client_for(cast.alice)
+    ok = client.post(
+        "/rewards/validate", {"grader": {"type": "regex", "pattern": "a"}}, content_type="application/json"
+    )
+    assert ok.status_code == 200 and ok.json()["valid"] is True
+    bad = client.post("/rewards/validate", {"grader": {"type": "regex"}}, content_type="application/json")
+    assert bad.status_code == 200 and bad.json()["valid"] is False
+    assert any("pattern" in problem for problem in bad.json()["problems"])

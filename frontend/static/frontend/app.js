@@ -58,6 +58,14 @@
   const charts = {};
   let chartedStep = null;
 
+  function formatTick(value) {
+    const v = Number(value);
+    if (v === 0) return "0";
+    if (Math.abs(v) >= 1000) return v.toFixed(0);
+    if (Math.abs(v) < 0.001) return v.toExponential(1);
+    return String(Number(v.toPrecision(3)));
+  }
+
   function lineChart(id, datasets, steps) {
     const canvas = document.getElementById(id);
     if (!canvas) return;
@@ -77,7 +85,7 @@
         spanGaps: true,
         interaction: { mode: "index", intersect: false },
         plugins: { legend: { display: datasets.length > 1, labels: { filter: function (item) { return !item.text.startsWith("_"); } } } },
-        scales: { x: { title: { display: true, text: "step" } } },
+        scales: { x: { title: { display: true, text: "step" } }, y: { ticks: { callback: formatTick } } },
       },
     });
   }
@@ -135,18 +143,14 @@
       showProblems(target, ["Not valid JSON: " + error.message]);
       return;
     }
-    fetch("/api/v1/graders/validate", { method: "POST", headers: jsonHeaders(), body: JSON.stringify({ grader: spec }) })
-      .then(function (response) { return response.json().then(function (body) { return [response.ok, body]; }); })
-      .then(function ([ok, body]) {
-        if (ok) {
+    fetch(form.dataset.validateUrl, { method: "POST", headers: jsonHeaders(), body: JSON.stringify({ grader: spec }) })
+      .then(function (response) { return response.json(); })
+      .then(function (answer) {
+        if (answer.valid) {
           target.className = "validation valid";
-          target.textContent = "✓ Valid " + body.grader.type + " grader";
+          target.textContent = "✓ Valid " + answer.grader.type + " grader";
         } else {
-          const fields = body.error.fields || {};
-          const problems = Object.entries(fields).flatMap(function ([field, reasons]) {
-            return reasons.map(function (reason) { return field + ": " + reason; });
-          });
-          showProblems(target, problems.length ? problems : [body.error.message]);
+          showProblems(target, answer.problems);
         }
       });
   }
