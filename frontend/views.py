@@ -385,9 +385,13 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
 def trajectories(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_scoped(Run, request, run_id)
     steps = selectors.trajectory_steps(run=run)
-    step = _int(request.GET.get("step"), steps[-1] if steps else None)
+    step = _int(request.GET.get("step"), None)
+    if step not in steps:
+        step = steps[-1] if steps else None
     groups = selectors.trajectory_group_indexes(run=run, step=step) if step is not None else []
-    group = _int(request.GET.get("group"), groups[0] if groups else None)
+    group = _int(request.GET.get("group"), None)
+    if group not in groups:  # e.g. a group number kept from another step
+        group = groups[0] if groups else None
     rows = []
     if step is not None and group is not None:
         rows = selectors.trajectory_group(run=run, step=step, group_index=group)

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from projects import services
-from projects.models import ApiKey, Run, RunStatus
+from projects.models import ApiKey, EnvironmentKind, Run, RunStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -150,12 +150,35 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     assert page.locator("#pg-answer-checkpoint").inner_text() or page.locator("#pg-answer-base").inner_text()
     browser.screenshot("10-checkpoint-playground")
 
+    # Lists, members and the environment form (every kind offered; unavailable ones disabled).
+    page.goto(f"{url}/runs/?status=succeeded")
+    assert page.locator("tbody tr").count() == 1
+    browser.screenshot("11-runs-list")
+    page.goto(f"{url}/team/members")
+    browser.screenshot("12-members")
+    page.goto(f"{url}/projects/{workspace.pk}/")
+    page.click("summary:has-text('New environment')")
+    assert page.locator("#id_environment-kind option").count() == len(EnvironmentKind.values)
+    browser.screenshot("13-project-new-environment")
+
+    # Cancel a long run from its page (the confirmation dialog is accepted).
+    long_run = services.run_create(
+        model=run.model, task_set=run.task_set, environment=run.environment, reward=run.reward,
+        config={"steps": 500, "group_size": 2, "max_new_tokens": 6},
+    )  # fmt: skip
+    page.goto(f"{url}/runs/{long_run.pk}/")
+    page.wait_for_selector("#run-live-inner[data-status=running]", timeout=60_000)
+    page.click("text=Cancel run")
+    page.wait_for_selector("#run-live-inner[data-status=cancelled]", timeout=60_000)
+    assert Run.objects.get(pk=long_run.pk).status == RunStatus.CANCELLED
+    browser.screenshot("14-run-cancelled")
+
     # The same pages on a phone.
     page.set_viewport_size({"width": 390, "height": 844})
     page.goto(f"{url}/runs/{run.pk}/")
     page.wait_for_function("() => window.Chart && Chart.getChart('chart-reward')")
-    browser.screenshot("11-phone-run")
+    browser.screenshot("15-phone-run")
     page.goto(f"{url}/runs/{run.pk}/trajectories")
-    browser.screenshot("12-phone-trajectories")
+    browser.screenshot("16-phone-trajectories")
 
     assert browser.console_errors == [], browser.console_errors

@@ -26,11 +26,6 @@
     if (message && !window.confirm(message)) event.preventDefault();
   });
 
-  // Selects that submit their form when changed (each form also has a submit button).
-  document.addEventListener("change", function (event) {
-    if (event.target.matches("select[data-autosubmit]")) event.target.form.requestSubmit();
-  });
-
   // Copy buttons.
   document.addEventListener("click", function (event) {
     const button = event.target.closest("[data-copy]");
@@ -58,12 +53,14 @@
   const charts = {};
   let chartedStep = null;
 
-  function formatTick(value) {
+  // Tick labels with as many decimals as the tick spacing needs (tiny ranges stay readable).
+  function formatTick(value, index, ticks) {
     const v = Number(value);
     if (v === 0) return "0";
-    if (Math.abs(v) >= 1000) return v.toFixed(0);
-    if (Math.abs(v) < 0.001) return v.toExponential(1);
-    return String(Number(v.toPrecision(3)));
+    if (Math.abs(v) < 1e-3) return v.toExponential(1);
+    const spacing = ticks.length > 1 ? Math.abs(ticks[1].value - ticks[0].value) : Math.abs(v);
+    const decimals = spacing > 0 ? Math.max(0, Math.min(6, Math.ceil(-Math.log10(spacing)))) : 2;
+    return v.toFixed(decimals);
   }
 
   function lineChart(id, datasets, steps) {
