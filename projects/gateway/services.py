@@ -1,5 +1,7 @@
 """Writes of the serving side: inference server registration and usage metering.
 
+- A vLLM server's ``loaded_adapters`` is the gateway's record of the adapters it loaded there,
+  least recently used first, changed only under ``select_for_update`` of the server's row.
 - A server's heartbeat is an upsert keyed by its URL, so a server whose row was deleted (a clean
   shutdown elsewhere, a wiped table) reappears on its next beat without a restart.
 - Usage is one row per (API key, model id, UTC day), incremented with an UPDATE … SET x = x + n,
@@ -10,6 +12,7 @@
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 from datetime import date, datetime
 
 from django.db import IntegrityError, transaction
@@ -31,7 +34,11 @@ def inference_server_heartbeat(
     pid: int | None = None,
     started_at: datetime | None = None,
 ) -> InferenceServer:
-    """Register the server at ``url`` or refresh its heartbeat (the same call does both)."""
+    """Register the server at ``url`` or refresh its heartbeat (the same call does both).
+
+    ``loaded_adapters=None`` leaves the recorded list as it is (a new row starts empty): a vLLM
+    server's list is kept by the gateway, which loads the adapters (``inference_server_adapter_use``).
+    """
     base_model = BaseModel.objects.filter(name=base_model_name).first()
     if base_model is None:
         raise NotFound(f"no base model named {base_model_name!r} in the catalogue")
@@ -41,15 +48,55 @@ def inference_server_heartbeat(
         "engine": engine,
         "capacity": capacity,
         "max_batch_size": max_batch_size,
-        "loaded_adapters": loaded_adapters or [],
         "hostname": socket.gethostname(),
         "pid": pid,
         "heartbeat_at": now,
     }
-    server, _ = InferenceServer.objects.update_or_create(
-        url=url, defaults=fields, create_defaults={**fields, "started_at": started_at or now}
-    )
+    if loaded_adapters is not None:
+        fields["loaded_adapters"] = loaded_adapters
+    create = {"loaded_adapters": [], **fields, "started_at": started_at or now}
+    server, _ = InferenceServer.objects.update_or_create(url=url, defaults=fields, create_defaults=create)
     return server
+
+
+@dataclass(frozen=True)
+class AdapterUse:
+    """What the gateway must do on a vLLM server before a request for adapter ``name``."""
+
+    load: bool  # not recorded as loaded there: load it
+    evict: list[str]  # least recently used adapters pushed out by it: unload them first
+
+
+def inference_server_adapter_use(*, server_id: int, name: str) -> AdapterUse:
+    """Record that adapter ``name`` is (about to be) loaded on the server and is its most recently
+    used; beyond the server's capacity the least recently used names are dropped and returned.
+    Under ``select_for_update``, so concurrent requests (any gateway process) agree on the list."""
+    with transaction.atomic():
+        server = InferenceServer.objects.select_for_update().filter(pk=server_id).first()
+        if server is None:
+            return AdapterUse(load=True, evict=[])  # deregistered meanwhile: load, record nothing
+        names = [n for n in server.loaded_adapters if isinstance(n, str)]
+        load = name not in names
+        if not load and names[-1] == name:
+            return AdapterUse(load=False, evict=[])
+        names = [n for n in names if n != name] + [name]
+        keep = max(1, server.capacity)
+        evict, names = names[:-keep], names[-keep:]
+        server.loaded_adapters = names
+        server.save(update_fields=["loaded_adapters"])
+        return AdapterUse(load=load, evict=evict)
+
+
+def inference_server_adapter_forget(*, server_id: int, names: list[str]) -> None:
+    """Drop ``names`` from the server's loaded list (a load that failed, an adapter vLLM lost)."""
+    with transaction.atomic():
+        server = InferenceServer.objects.select_for_update().filter(pk=server_id).first()
+        if server is None:
+            return
+        kept = [n for n in server.loaded_adapters if n not in names]
+        if kept != server.loaded_adapters:
+            server.loaded_adapters = kept
+            server.save(update_fields=["loaded_adapters"])
 
 
 def inference_server_deregister(*, url: str) -> None:

@@ -21,20 +21,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from projects import services as project_services
 from projects.errors import DomainError
-from projects.gateway import routing
+from projects.gateway import routing, vllm
+from projects.gateway.db import in_db_thread
 from projects.gateway.ratelimit import rate_limit_hit
 from projects.gateway.services import usage_record
 from projects.gateway.upstream import UpstreamBroken, UpstreamResponse, UpstreamUnavailable, pool
@@ -51,24 +49,7 @@ from training.serving.protocol import (
     parse_usage,
 )
 
-DB_THREADS = 4
-_db_executor = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="gateway-db")
 _background: set[asyncio.Task] = set()  # strong references until the usage writes finish
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def in_db_thread(func: Callable[P, R]) -> Callable[P, Any]:
-    """``func`` as a coroutine function run on the gateway's database threads (see the module doc)."""
-
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        for connection in connections.all(initialized_only=True):
-            if connection.errors_occurred and not connection.is_usable():
-                connection.close()
-        return func(*args, **kwargs)
-
-    return sync_to_async(run, thread_sensitive=False, executor=_db_executor)
 
 
 def _after_response(func: Callable[..., Any], *args: Any) -> None:
@@ -202,12 +183,21 @@ async def _complete(raw_body: bytes, authorization: str | None, team: Team | Non
     if route.target.adapter_path:
         headers[ADAPTER_HEADER] = route.target.adapter_path
     upstream = None
+    for_vllm: vllm.Prepared | None = None  # set when the server that answers is a vLLM one
     for server in route.servers:  # best first; a dead one that still looks alive is skipped
         try:
-            upstream = await pool().request(
-                server.url, "/v1/chat/completions", headers=headers, body=raw_body,
-                timeout=settings.GATEWAY_UPSTREAM_TIMEOUT_S,
-            )  # fmt: skip
+            if server.engine == "vllm":
+                for_vllm = vllm.prepare(
+                    raw_body, public_model=route.target.model_id, served_model=route.target.base_model.name,
+                    checkpoint=route.target.checkpoint,
+                )  # fmt: skip
+                upstream = await vllm.complete(server, for_vllm, route.target.checkpoint)
+            else:
+                for_vllm = None
+                upstream = await pool().request(
+                    server.url, "/v1/chat/completions", headers=headers, body=raw_body,
+                    timeout=settings.GATEWAY_UPSTREAM_TIMEOUT_S,
+                )  # fmt: skip
             break
         except UpstreamUnavailable:
             continue
@@ -215,8 +205,12 @@ async def _complete(raw_body: bytes, authorization: str | None, team: Team | Non
             return GatewayError(
                 504, f"The inference server did not answer: {exc}", code="upstream_timeout"
             ).response()
+        except vllm.VLLMError as exc:
+            return GatewayError(exc.status, exc.message, code=exc.code).response()
     if upstream is None:
         return _no_server(route.target.base_model.name).response()
+    if for_vllm is not None:
+        return await _vllm_response(upstream, route, for_vllm)
 
     content_type = upstream.headers.get("content-type", "application/json")
     if route.stream and upstream.status == 200:
@@ -250,6 +244,50 @@ async def _relay(upstream: UpstreamResponse, route: Route) -> AsyncIterator[byte
         upstream.release()  # closes the connection if the client left before the end
         if usage is not None:
             _after_response(_record_usage, route, usage)
+
+
+async def _vllm_response(
+    upstream: UpstreamResponse, route: Route, prepared: vllm.Prepared
+) -> HttpResponseBase:
+    """A vLLM server's answer in our shape (see projects.gateway.vllm)."""
+    if prepared.stream and upstream.status == 200:
+        rewriter = vllm.StreamRewriter(prepared.public_model, prepared.client_wants_usage)
+        response = StreamingHttpResponse(_relay_vllm(upstream, route, rewriter), status=200,
+                                         content_type="text/event-stream; charset=utf-8")  # fmt: skip
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+    try:
+        body = await upstream.read()
+    except UpstreamBroken as exc:
+        return GatewayError(
+            502, f"The inference server failed mid-response: {exc}", code="upstream_error"
+        ).response()
+    if upstream.status != 200:
+        return JsonResponse(vllm.openai_error(upstream.status, body), status=upstream.status)
+    try:
+        body, usage = vllm.rewrite_completion(body, prepared.public_model)
+    except (ValueError, TypeError) as exc:
+        return GatewayError(502, f"The inference server sent an unreadable reply: {exc}",
+                            code="upstream_error").response()  # fmt: skip
+    _after_response(_record_usage, route, usage)
+    return HttpResponse(body, status=200, content_type="application/json")
+
+
+async def _relay_vllm(
+    upstream: UpstreamResponse, route: Route, rewriter: vllm.StreamRewriter
+) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in upstream.chunks():
+            rewritten = rewriter.feed(chunk)
+            if rewritten:
+                yield rewritten
+    except UpstreamBroken:
+        return
+    finally:
+        upstream.release()
+        if rewriter.usage is not None:
+            _after_response(_record_usage, route, rewriter.usage)
 
 
 def _list_models(authorization: str | None) -> dict:

@@ -1,10 +1,10 @@
-"""The GPU path is not run here (vLLM needs CUDA); these check what its launcher builds."""
+"""What the vLLM launcher builds (the launch itself runs against a protocol double in
+test_vllm_live.py, and against the real vLLM only in its gpu-marked test)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from training.serving.adapters import adapter_name
 from training.serving.vllm import VLLMServeOptions, load_adapter_call, unload_adapter_call, vllm_serve_command
 
 
@@ -22,9 +22,14 @@ def test_vllm_serve_command_enables_runtime_lora_and_hermes_tools():
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
 
 
-def test_adapter_load_and_unload_calls_name_the_checkpoint_like_the_cpu_server():
-    path = Path("/data/checkpoints/model-3/step-7")
-    load = load_adapter_call(path)
+def test_an_executable_override_keeps_the_arguments():
+    options = VLLMServeOptions(model_dir=Path("/models/qwen"), served_model_name="qwen")
+    command, _ = vllm_serve_command(options, ["python", "fake_vllm.py"])
+    assert command[:4] == ["python", "fake_vllm.py", "serve", "/models/qwen"]
+
+
+def test_adapter_load_and_unload_calls_follow_vllms_runtime_lora_api():
+    load = load_adapter_call("model-3-step-7", Path("/data/checkpoints/model-3/step-7"))
     assert (load.method, load.path) == ("POST", "/v1/load_lora_adapter")
-    assert load.json == {"lora_name": adapter_name(path), "lora_path": str(path)}
-    assert unload_adapter_call(path).json == {"lora_name": adapter_name(path)}
+    assert load.json == {"lora_name": "model-3-step-7", "lora_path": "/data/checkpoints/model-3/step-7"}
+    assert unload_adapter_call("model-3-step-7").json == {"lora_name": "model-3-step-7"}

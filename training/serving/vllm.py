@@ -1,24 +1,37 @@
 """The GPU path: vLLM's own OpenAI-compatible server with LoRA enabled, adapters hot-swapped through
-its runtime LoRA API. NOT RUN on the CPU machines this project is developed on (vLLM's wheel is
-CUDA-only): what is tested is what these functions build, against vLLM's documented flags and
-endpoints (`vllm serve`, `/v1/load_lora_adapter`, `/v1/unload_lora_adapter`, which need
-VLLM_ALLOW_RUNTIME_LORA_UPDATING=True).
+its runtime LoRA API (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`, which need
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). `manage.py serve_inference --engine vllm` starts it with
+`start_vllm`, waits for `/health`, then `supervise`s it: heartbeats while the child lives and is
+healthy, and stops it on SIGTERM/SIGINT. The gateway loads and unloads adapters
+(projects.gateway.vllm); a request for a checkpoint uses the adapter's `lora_name` as its `model`.
+
+NOT RUN against a real vLLM on the CPU machines this project is developed on (vLLM's wheel is
+CUDA-only). The launcher and the gateway's calls are tested against a protocol double
+(tests/gateway/fake_vllm.py, started through `executable`), which checks the command line parses
+and speaks vLLM's endpoints as documented; the real path is the `gpu`-marked test.
 
 vLLM does the batching (continuous), logprobs with real top-k alternatives, `return_token_ids`,
-and Hermes tool-call parsing (`--tool-call-parser hermes`). A request for a checkpoint uses the
-adapter's `lora_name` as its `model`.
+and Hermes tool-call parsing (`--tool-call-parser hermes`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.serving.adapters import adapter_name
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,10 +48,18 @@ class VLLMServeOptions:
     dtype: str = "auto"
 
 
-def vllm_serve_command(options: VLLMServeOptions) -> tuple[list[str], dict[str, str]]:
-    """The `vllm serve` command line and the environment variables it needs."""
-    executable = shutil.which("vllm")
-    command = [executable] if executable else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+def vllm_executable() -> list[str]:
+    """How to run vLLM's CLI here: the `vllm` script, else the module with this Python."""
+    found = shutil.which("vllm")
+    return [found] if found else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def vllm_serve_command(
+    options: VLLMServeOptions, executable: list[str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The `vllm serve` command line and the environment variables it needs. `executable`
+    replaces the program (default `vllm_executable()`), e.g. with a protocol double in tests."""
+    command = list(executable) if executable else vllm_executable()
     command += [
         "serve", str(options.model_dir),
         "--served-model-name", options.served_model_name,
@@ -64,12 +85,98 @@ class HttpCall:
     json: dict[str, Any]
 
 
-def load_adapter_call(path: Path) -> HttpCall:
-    """Load the checkpoint at `path` into a running vLLM server (named as on the CPU server)."""
-    return HttpCall(
-        "POST", "/v1/load_lora_adapter", {"lora_name": adapter_name(path), "lora_path": str(path)}
-    )
+def load_adapter_call(name: str, path: str | Path) -> HttpCall:
+    """Load the checkpoint at `path` into a running vLLM server as model `name`."""
+    return HttpCall("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
 
 
-def unload_adapter_call(path: Path) -> HttpCall:
-    return HttpCall("POST", "/v1/unload_lora_adapter", {"lora_name": adapter_name(path)})
+def unload_adapter_call(name: str) -> HttpCall:
+    return HttpCall("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+
+
+class VLLMStartError(RuntimeError):
+    """vLLM could not be started, or exited, or never became healthy."""
+
+
+def start_vllm(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start vLLM as a child in our process group (a terminal's Ctrl-C reaches both) that also
+    gets SIGTERM if we die without stopping it (Linux), so no orphan holds the GPU."""
+    try:
+        return subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+    except FileNotFoundError as exc:
+        raise VLLMStartError(f"cannot run {command[0]!r}: {exc.strerror}") from exc
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def healthy(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether vLLM's `/health` (no auth) answers 200."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as response:
+            return bool(response.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def wait_until_healthy(
+    process: subprocess.Popen, url: str, *, timeout_s: float, stop: threading.Event | None = None
+) -> None:
+    """Return once `url` is healthy; VLLMStartError if the child exits first or time runs out
+    (loading a large model takes minutes: the timeout is generous by default)."""
+    deadline = time.monotonic() + timeout_s
+    while not healthy(url):
+        code = process.poll()
+        if code is not None:
+            raise VLLMStartError(f"vLLM exited with status {code} before it was ready (its output is above)")
+        if stop is not None and stop.is_set():
+            raise VLLMStartError("stopped before vLLM was ready")
+        if time.monotonic() > deadline:
+            raise VLLMStartError(f"vLLM did not answer {url}/health within {timeout_s:g} s")
+        time.sleep(0.25)
+
+
+def supervise(
+    process: subprocess.Popen,
+    *,
+    url: str,
+    heartbeat: Callable[[bool], None],
+    interval_s: float,
+    stop: threading.Event,
+) -> int | None:
+    """Heartbeat every `interval_s` while the child lives and `/health` answers, until `stop` is
+    set (then the child is stopped) or the child exits. `heartbeat(first)` is told whether it is
+    the first beat (registration). Returns the child's exit status if it exited on its own, else
+    None. A failed health check skips the beat, so routing stops when the heartbeat goes stale."""
+    first = True
+    while not stop.is_set():
+        if process.poll() is not None:
+            return process.returncode
+        if healthy(url):
+            try:
+                heartbeat(first)
+                first = False
+            except Exception:  # a database hiccup must not stop serving; the next beat retries
+                log.exception("heartbeat failed")
+        else:
+            log.warning("vLLM at %s is not healthy; skipping the heartbeat", url)
+        stop.wait(interval_s)
+    stop_child(process)
+    return None
+
+
+def stop_child(process: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM (vLLM shuts down cleanly on it), then SIGKILL after `grace_s`."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

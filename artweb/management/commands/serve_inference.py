@@ -2,11 +2,23 @@
 
 Django is used here only to read settings and to register the server (and heartbeat) through
 projects.gateway.services; the server itself is training.serving, which knows nothing of Django.
+
+``--engine transformers`` (the default off GPU) serves with the CPU engine in this process.
+``--engine vllm`` starts vLLM's own OpenAI server with LoRA enabled as a child process, waits for
+its health check and registers *its* URL (the gateway talks to vLLM directly and loads adapters
+through it); this process then only heartbeats while the child lives, and stops it and
+deregisters on SIGTERM/SIGINT. ``--vllm-command`` (or ARTWEB_VLLM_COMMAND) replaces the program
+that is run with the same arguments: for operators with a wrapper, and for the tests, which run
+a protocol double of vLLM's server (tests/gateway/fake_vllm.py).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import signal
+import socket
+import threading
 from pathlib import Path
 
 from django.conf import settings
@@ -17,9 +29,11 @@ from django.utils import timezone
 from projects.gateway.services import inference_server_deregister, inference_server_heartbeat
 from projects.models import BaseModel
 
+ENGINES = ("auto", "transformers", "vllm")
+
 
 class Command(BaseCommand):
-    help = "Serve one base model and its LoRA checkpoints over an OpenAI-compatible API (CPU engine)."
+    help = "Serve one base model and its LoRA checkpoints over an OpenAI-compatible API."
 
     def add_arguments(self, parser):
         parser.add_argument("--base-model", required=True, help="a base model's catalogue name")
@@ -29,9 +43,41 @@ class Command(BaseCommand):
         parser.add_argument("--capacity", type=int, default=settings.INFERENCE_ADAPTER_CAPACITY)
         parser.add_argument("--max-batch-size", type=int, default=settings.INFERENCE_MAX_BATCH_SIZE)
         parser.add_argument("--batch-window-ms", type=float, default=settings.INFERENCE_BATCH_WINDOW_MS)
+        parser.add_argument(
+            "--engine", choices=ENGINES, default=os.environ.get("ARTWEB_ENGINE", "auto").strip().lower() or "auto",
+            help="auto (default, or ARTWEB_ENGINE): vllm on a CUDA host with vLLM installed, else transformers",
+        )  # fmt: skip
+        parser.add_argument(
+            "--vllm-command", default=os.environ.get("ARTWEB_VLLM_COMMAND", ""),
+            help="program to run instead of `vllm` (same arguments); for wrappers and test doubles",
+        )  # fmt: skip
+        parser.add_argument(
+            "--vllm-startup-timeout", type=float, default=900.0,
+            help="seconds to wait for vLLM's /health (loading a large model takes minutes)",
+        )  # fmt: skip
 
     def handle(self, *args, base_model: str, host: str, port: int, url: str, capacity: int,
-               max_batch_size: int, batch_window_ms: float, **options):  # fmt: skip
+               max_batch_size: int, batch_window_ms: float, engine: str, vllm_command: str,
+               vllm_startup_timeout: float, **options):  # fmt: skip
+        row = BaseModel.objects.filter(name=base_model).first()
+        if row is None:
+            raise CommandError(
+                f"no base model named {base_model!r}; add it with `manage.py registerbasemodel`"
+            )
+        if engine == "auto":
+            from training.engines import select_engine_kind
+
+            engine = select_engine_kind("cuda", "auto")
+        if engine == "vllm":
+            self._serve_vllm(row, host=host, port=port, url=url, capacity=capacity,
+                             max_batch_size=max_batch_size, command=vllm_command,
+                             startup_timeout=vllm_startup_timeout)  # fmt: skip
+        else:
+            self._serve_transformers(row, host=host, port=port, url=url, capacity=capacity,
+                                     max_batch_size=max_batch_size, batch_window_ms=batch_window_ms)  # fmt: skip
+
+    def _serve_transformers(self, row: BaseModel, *, host: str, port: int, url: str, capacity: int,
+                            max_batch_size: int, batch_window_ms: float) -> None:  # fmt: skip
         import torch
 
         from training.engines.transformers_engine import TransformersEngine
@@ -40,16 +86,9 @@ class Command(BaseCommand):
         from training.serving.protocol import Limits
         from training.serving.server import advertised_url, bind, serve
 
-        row = BaseModel.objects.filter(name=base_model).first()
-        if row is None:
-            raise CommandError(
-                f"no base model named {base_model!r}; add it with `manage.py registerbasemodel`"
-            )
         if settings.TORCH_THREADS:
             torch.set_num_threads(settings.TORCH_THREADS)
         try:
-            # The CPU engine. On GPU hosts serving is vLLM's own server (training.serving.vllm),
-            # which this command does not start yet.
             model, tokenizer = load_base_model(row.source, settings.MODEL_CACHE_DIR, device="cpu")
         except ModelLoadError as exc:
             raise CommandError(str(exc)) from exc
@@ -95,3 +134,89 @@ class Command(BaseCommand):
             heartbeat_interval_s=settings.INFERENCE_HEARTBEAT_INTERVAL_S,
             on_stop=deregister,
         )
+
+    def _serve_vllm(self, row: BaseModel, *, host: str, port: int, url: str, capacity: int,
+                    max_batch_size: int, command: str, startup_timeout: float) -> None:  # fmt: skip
+        from training.engines import vllm_installed
+        from training.models import base_model_dir
+        from training.serving.server import advertised_url
+        from training.serving.vllm import (
+            VLLMServeOptions,
+            VLLMStartError,
+            start_vllm,
+            stop_child,
+            supervise,
+            vllm_serve_command,
+            wait_until_healthy,
+        )
+
+        executable = shlex.split(command) if command else None
+        if executable is None and not vllm_installed():
+            raise CommandError(
+                "--engine vllm needs vLLM, which is not installed here: pip install .[gpu] on a CUDA "
+                "host (or use --engine transformers)"
+            )
+        if port == 0:
+            port = _free_port(host)
+        options = VLLMServeOptions(
+            model_dir=base_model_dir(row.source, settings.MODEL_CACHE_DIR),
+            served_model_name=row.name,
+            host=host,
+            port=port,
+            max_loras=capacity,
+            max_cpu_loras=capacity,
+            api_key=settings.INFERENCE_SERVER_TOKEN,
+        )
+        argv, env = vllm_serve_command(options, executable)
+        local_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        public_url = url or advertised_url(host, port)
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        self.stdout.write(f"starting vLLM: {shlex.join(argv)}", ending="\n")
+        self.stdout.flush()
+        try:
+            child = start_vllm(argv, env)
+        except VLLMStartError as exc:
+            raise CommandError(str(exc)) from exc
+        try:
+            wait_until_healthy(child, local_url, timeout_s=startup_timeout, stop=stop)
+        except VLLMStartError as exc:
+            stop_child(child)
+            if stop.is_set():
+                return
+            raise CommandError(str(exc)) from exc
+        started_at = timezone.now()
+
+        def heartbeat(first: bool) -> None:
+            close_old_connections()
+            inference_server_heartbeat(
+                url=public_url, base_model_name=row.name, engine="vllm", capacity=capacity,
+                max_batch_size=max_batch_size, pid=child.pid, started_at=started_at,
+                # A fresh vLLM holds no adapters; afterwards the gateway keeps this list.
+                loaded_adapters=[] if first else None,
+            )  # fmt: skip
+
+        self.stdout.write(f"inference server for {row.name} on {public_url}", ending="\n")
+        self.stdout.flush()
+        try:
+            exit_status = supervise(
+                child, url=local_url, heartbeat=heartbeat,
+                interval_s=settings.INFERENCE_HEARTBEAT_INTERVAL_S, stop=stop,
+            )  # fmt: skip
+        finally:
+            stop_child(child)
+            try:
+                close_old_connections()
+                inference_server_deregister(url=public_url)
+            except Exception as exc:  # the heartbeat's timeout still ends routing to it
+                self.stderr.write(f"deregistration failed: {exc}")
+        if exit_status is not None:
+            raise CommandError(f"vLLM exited with status {exit_status}; the server is deregistered")
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host if host not in ("",) else "0.0.0.0", 0))
+        return int(sock.getsockname()[1])
