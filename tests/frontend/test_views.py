@@ -294,3 +294,42 @@ def test_grader_validation_as_you_type_answers_problems_with_200(cast):
     bad = client.post("/rewards/validate", {"grader": {"type": "regex"}}, content_type="application/json")
     assert bad.status_code == 200 and bad.json()["valid"] is False
     assert any("pattern" in problem for problem in bad.json()["problems"])
+
+
+def test_run_and_checkpoint_pages_show_evaluations(cast, alpha_setup, alpha_run):
+    from projects.models import Evaluation
+
+    checkpoint = services.checkpoint_record(model=alpha_setup.model, run=alpha_run, step=1, path="/tmp/none")
+    client = client_for(cast.alice)
+    assert "No evaluations for this run." in client.get(f"/runs/{alpha_run.pk}/").content.decode()
+    assert (
+        "No evaluations of this checkpoint." in client.get(f"/checkpoints/{checkpoint.pk}/").content.decode()
+    )
+    Evaluation.objects.create(
+        project=alpha_setup.project, run=alpha_run, step=1, checkpoint=checkpoint,
+        task_set=alpha_setup.task_set, environment=alpha_setup.environment, reward=alpha_setup.reward,
+        status="succeeded", results={"n": 4, "reward_mean": 0.625, "pass_rate": 0.5, "comparison": {"win_rate": 0.75}},
+    )  # fmt: skip
+    for url in (f"/runs/{alpha_run.pk}/", f"/checkpoints/{checkpoint.pk}/"):
+        html = client.get(url).content.decode()
+        assert "0.625" in html and "0.500" in html and "0.750" in html
+
+
+def test_runs_list_filters_searches_and_paginates(cast, alpha_setup, alpha_run):
+    from projects.models import Run as RunModel
+
+    services.run_cancel(run=alpha_run)
+    for _ in range(25):  # rows straight in the table: the list only reads them
+        RunModel.objects.create(
+            project=alpha_setup.project, model=alpha_setup.model, task_set=alpha_setup.task_set,
+            environment=alpha_setup.environment, reward=alpha_setup.reward, config={}, total_steps=1,
+            status="succeeded",
+        )  # fmt: skip
+    client = client_for(cast.alice)
+    page_one = client.get("/runs/?status=succeeded").context["page"]
+    assert page_one.paginator.count == 25 and len(page_one.object_list) == 20
+    html = client.get("/runs/?status=succeeded&page=2").content.decode()
+    assert "Page 2 of 2" in html and "status=succeeded&amp;page=1" in html
+    assert client.get("/runs/?status=cancelled").context["page"].paginator.count == 1
+    assert client.get("/runs/?q=agent").context["page"].paginator.count == 26
+    assert client.get("/runs/?q=nothing-like-this").context["page"].paginator.count == 0
