@@ -213,7 +213,7 @@ class _Session:
         self.stop = asyncio.Event()
         try:
             async with AsyncExitStack() as stack:
-                streams = await stack.enter_async_context(self._transport())
+                streams = await stack.enter_async_context(await self._transport(stack))
                 session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
                 await session.initialize()
                 tools: list[Any] = []
@@ -233,7 +233,7 @@ class _Session:
             elif not isinstance(exc, asyncio.CancelledError):
                 raise
 
-    def _transport(self) -> Any:
+    async def _transport(self, stack: AsyncExitStack) -> Any:
         if "command" in self.config:
             from mcp import StdioServerParameters
             from mcp.client.stdio import get_default_environment, stdio_client
@@ -247,9 +247,15 @@ class _Session:
                 command=command[0], args=command[1:], env=env, cwd=str(REPO_ROOT)
             )
             return stdio_client(parameters)
-        from mcp.client.streamable_http import streamablehttp_client
+        import httpx
+        from mcp.client.streamable_http import streamable_http_client
 
-        return streamablehttp_client(self.config["url"], headers=self.config.get("headers") or None)
+        # The transport's own default client, with the team's headers (it leaves a client it is
+        # given open: the exit stack closes it after the session).
+        client = await stack.enter_async_context(
+            httpx.AsyncClient(headers=self.config.get("headers") or None, timeout=httpx.Timeout(30, read=300))
+        )
+        return streamable_http_client(self.config["url"], http_client=client)
 
     def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> Any:
         if self.session is None:

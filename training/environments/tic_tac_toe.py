@@ -4,7 +4,7 @@
      "config": {"model_mark": "X", "max_invalid_moves": 0, "invalid_move_penalty": 0.1}}
 
 Each model turn must name a free cell as `<move>B2</move>` (columns A-C, rows 1-3; the last tag in
-the reply counts). The environment answers with a user message: the model's move, the opponent's
+the reply counts; with `move_format: lenient`, a reply without a tag plays its first cell name). The environment answers with a user message: the model's move, the opponent's
 reply and the board. An invalid move (no tag, an unknown or taken cell) costs `invalid_move_penalty`;
 after more than `max_invalid_moves` of them the model forfeits. Outcome: `{"result": win|draw|loss|
 forfeit|unfinished, "reward", "moves", "invalid_moves", "board"}` with reward `reward_<result>`
@@ -38,6 +38,7 @@ COLUMNS = "ABC"
 LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
 MOVE = re.compile(r"<move>\s*([A-Ca-c])\s*([1-3])\s*</move>")
 ANY_MOVE_TAG = re.compile(r"<move>(.*?)</move>", re.DOTALL)
+BARE_CELL = re.compile(r"\b[A-Ca-c][1-3]\b")
 RESULTS = ("win", "draw", "loss", "forfeit", "unfinished")
 DEFAULT_REWARDS = {"win": 1.0, "draw": 0.5, "loss": 0.0, "forfeit": 0.0, "unfinished": 0.0}
 DEFAULT_SYSTEM_PROMPT = (
@@ -49,6 +50,7 @@ CONFIG_HELP = {
     "max_invalid_moves": "invalid moves allowed before the model forfeits (default 0: the first forfeits)",
     "invalid_move_penalty": "subtracted from the reward per invalid move (default 0.1)",
     "valid_move_reward": "added to the reward per valid move (default 0)",
+    "move_format": "tag (default): only <move>CELL</move> counts; lenient: without a tag, the first cell name (B2) in the reply",
     **{
         f"reward_{result}": f"reward for a {result} (default {value:g})"
         for result, value in DEFAULT_REWARDS.items()
@@ -73,6 +75,7 @@ class TicTacToeEnvironment(Environment):
         self.max_invalid_moves: int = config.get("max_invalid_moves", 0)
         self.invalid_move_penalty: float = config.get("invalid_move_penalty", 0.1)
         self.valid_move_reward: float = config.get("valid_move_reward", 0.0)
+        self.lenient: bool = config.get("move_format", "tag") == "lenient"
         self.rewards = {
             result: config.get(f"reward_{result}", value) for result, value in DEFAULT_REWARDS.items()
         }
@@ -83,6 +86,7 @@ class TicTacToeEnvironment(Environment):
         known_keys(config, CONFIG_HELP)
         mark = choice(config, "model_mark", "X", ("X", "O"))
         invalid = integer(config, "max_invalid_moves", 0, minimum=0, maximum=20)
+        choice(config, "move_format", "tag", ("tag", "lenient"))
         number(config, "invalid_move_penalty", 0.1, minimum=0)
         number(config, "valid_move_reward", 0.0, minimum=0)
         for result in DEFAULT_REWARDS:
@@ -122,7 +126,7 @@ class TicTacToeEnvironment(Environment):
 
     def reply(self, state: EpisodeState, text: str) -> Reply:
         board = state.data["board"]
-        cell, problem = parse_move(text, board)
+        cell, problem = parse_move(text, board, lenient=self.lenient)
         if problem is not None:
             state.data["invalid_moves"] += 1
             state.metrics["invalid_moves"] += 1
@@ -204,9 +208,12 @@ def board_text(board: list[str]) -> str:
     return "\n".join(rows)
 
 
-def parse_move(text: str, board: list[str]) -> tuple[int | None, str | None]:
-    """(cell index, None) or (None, why the move is invalid)."""
+def parse_move(text: str, board: list[str], *, lenient: bool = False) -> tuple[int | None, str | None]:
+    """(cell index, None) or (None, why the move is invalid). `lenient`: a reply without a tag
+    plays the first cell name in it (for small models still learning the format)."""
     tags = ANY_MOVE_TAG.findall(text)
+    if not tags and lenient and (bare := BARE_CELL.search(text)):
+        tags = [bare.group(0)]
     if not tags:
         return None, "no <move>CELL</move> in your reply"
     match = MOVE.fullmatch(f"<move>{tags[-1]}</move>")

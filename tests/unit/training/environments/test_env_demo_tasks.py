@@ -1,0 +1,38 @@
+"""The shipped demo task sets are valid task sets and answerable only through their tools."""
+
+import json
+from pathlib import Path
+
+from projects.tasksets import parse_rows
+from training.environments.mcp_demo.server import open_database
+
+DEMO = Path(__file__).resolve().parents[4] / "artweb" / "demo"
+
+
+def test_tool_tasks_need_the_lookup_tool_and_have_both_splits():
+    text = (DEMO / "tool_tasks.jsonl").read_text()
+    rows = parse_rows(jsonl=text)
+    assert {row.split for row in rows} == {"train", "validation"}
+    assert sum(row.split == "validation" for row in rows) == 12
+    for row in rows:
+        item = row.data["item"]
+        assert row.data["prompt"] == f"What is the {item['key']}?"
+        assert item["facts"][item["key"]] == item["answer"]
+        assert item["answer"] not in row.data["prompt"]  # only the tool knows it
+        assert len(item["facts"]) == 2  # and a decoy fact: the key must be the right one
+
+
+def test_mcp_product_tasks_match_the_demo_database():
+    rows = parse_rows(jsonl=(DEMO / "mcp_products_tasks.jsonl").read_text())
+    assert {row.split for row in rows} == {"train", "validation"}
+    database = open_database()
+    products = {row["id"]: dict(row) for row in database.execute("SELECT * FROM products")}
+    for row in rows:
+        product = products[row.data["item"]["product_id"]]
+        assert product["name"] in row.data["prompt"]
+        answers = {f"{product['price']:g}", str(product["stock"]), product["color"]}
+        assert row.data["item"]["answer"] in answers | {"no"}
+    assert (
+        json.loads((DEMO / "mcp_products_tasks.jsonl").read_text().splitlines()[0])["item"]["answer"]
+        == "34.5"
+    )
