@@ -59,6 +59,11 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     page.wait_for_url(f"{url}/projects/")
     assert page.locator("text=demo").count() >= 1
     browser.screenshot("02-projects")
+    # Keyboard: the first Tab reaches the skip link, which moves focus past the header.
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    page.keyboard.press("Enter")
+    assert page.url.endswith("#main")
 
     # API keys: create (shown once), revoke.
     page.click("nav >> text=API keys")
@@ -180,5 +185,7 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     browser.screenshot("15-phone-run")
     page.goto(f"{url}/runs/{run.pk}/trajectories")
     browser.screenshot("16-phone-trajectories")
+    page.goto(f"{url}/projects/{workspace.pk}/runs/new")
+    browser.screenshot("17-phone-new-run")
 
     assert browser.console_errors == [], browser.console_errors

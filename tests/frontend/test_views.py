@@ -333,3 +333,51 @@ def test_runs_list_filters_searches_and_paginates(cast, alpha_setup, alpha_run):
     assert client.get("/runs/?status=cancelled").context["page"].paginator.count == 1
     assert client.get("/runs/?q=agent").context["page"].paginator.count == 26
     assert client.get("/runs/?q=nothing-like-this").context["page"].paginator.count == 0
+
+
+def _trajectory(run, sample_index, reward, answer, errors=()):
+    from projects.models import Trajectory
+
+    messages = [
+        {"role": "user", "content": "What is 6*7?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": '{"expression": "6*7"}'},
+                }
+            ],
+        },  # fmt: skip
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+        {"role": "assistant", "content": answer},
+    ]
+    return Trajectory.objects.create(
+        run=run, step=1, group_index=0, sample_index=sample_index, messages=messages, reward=reward,
+        sub_rewards={"exact": reward}, errors=list(errors),
+    )  # fmt: skip
+
+
+def test_trajectory_viewer_orders_by_reward_renders_tools_and_marks_the_divergence(cast, alpha_run):
+    _trajectory(
+        alpha_run,
+        0,
+        0.0,
+        "The answer is 41",
+        errors=[{"code": "timeout", "detail": "slow", "grader": "exact"}],
+    )
+    _trajectory(alpha_run, 1, 1.0, "The answer is 42")
+    _trajectory(alpha_run, 2, 0.5, "The answer is 42!")
+    response = client_for(cast.alice).get(f"/runs/{alpha_run.pk}/trajectories?step=1&group=0")
+    columns = response.context["columns"]
+    assert [c.trajectory.reward for c in columns] == [1.0, 0.5, 0.0]
+    assert [c.rank for c in columns] == ["best", "", "worst"]
+    best_answer = columns[0].messages[3]
+    assert best_answer.first_divergence
+    assert [(p.text, p.diverged) for p in best_answer.parts] == [("The answer is 4", False), ("2", True)]
+    assert not any(p.diverged for m in columns[1].messages for p in m.parts)  # only best and worst
+    html = response.content.decode()
+    assert "→ calculator" in html and "&quot;expression&quot;: &quot;6*7&quot;" in html
+    assert "result of call_1" in html and "timeout" in html and "diverges here" in html
