@@ -26,14 +26,14 @@ urlpatterns = [
     # POST /api/v1/evaluations without the router's trailing slash, as the docs write it.
     path(
         "evaluations",
-        evaluations.EvaluationViewSet.as_view({"get": "list", "post": "create"}),
+        evaluations.EvaluationViewSet.as_view({"get": "list", "post": "create"}, schema=None),
         name="evaluation-list-noslash",
     ),
     path("runs/<int:run_id>/evaluations/", evaluations.RunEvaluationsView.as_view(), name="run-evaluations"),
-    path("runs/<int:run_id>/evaluations", evaluations.RunEvaluationsView.as_view()),
+    path("runs/<int:run_id>/evaluations", evaluations.RunEvaluationsView.as_view(schema=None)),
     # Before the router: "generate" is not a task-set id.
     path("task-sets/generate", scenarios.TaskSetGenerateView.as_view(), name="task-sets-generate"),
-    path("task-sets/generate/", scenarios.TaskSetGenerateView.as_view()),
+    path("task-sets/generate/", scenarios.TaskSetGenerateView.as_view(schema=None)),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[]), name="docs"),
     *router.urls,
