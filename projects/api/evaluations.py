@@ -1,7 +1,8 @@
 """Evaluations over REST: ``POST /api/v1/evaluations`` queues a job (shaped like OpenAI's jobs: a
 status, events, cancel) that evaluates a checkpoint or base model on a task set with a reward
 definition, optionally against a reference; runs' own validation evaluations are listed the same way
-(``GET /api/v1/evaluations?run=<id>`` or ``GET /api/v1/runs/<id>/evaluations``).
+(``GET /api/v1/evaluations?run=<id>`` or ``GET /api/v1/runs/<id>/evaluations``), and a
+checkpoint's at ``GET /api/v1/checkpoints/<id>/evaluations``.
 
 The subject is ``model`` (a model id as the gateway reads it: ``project/model:step``,
 ``project/model:latest`` or a base model name) or ``checkpoint`` (an id). ``reference`` is one of
@@ -22,7 +23,7 @@ from rest_framework.views import APIView
 
 from projects import evaluations, selectors
 from projects.api.views import TeamScopedViewSet, _int_param, _user, _valid
-from projects.errors import ValidationFailed
+from projects.errors import NotFound, ValidationFailed
 from projects.models import (
     Checkpoint,
     Environment,
@@ -252,4 +253,17 @@ class RunEvaluationsView(APIView):
         team = request.team  # type: ignore[attr-defined]  # set by IsTeamMember
         run = selectors.run_get(team=team, run_id=run_id)
         queryset = evaluations.evaluations_list(team=team, run_id=run.pk).order_by("step", "id")
+        return Response({"object": "list", "data": EvaluationOut(queryset, many=True).data})
+
+
+class CheckpointEvaluationsView(APIView):
+    """``GET /api/v1/checkpoints/<id>/evaluations``: every evaluation of one checkpoint (a run's at
+    its step, and requested ones), newest first."""
+
+    @extend_schema(responses=EvaluationOut(many=True))
+    def get(self, request: Request, checkpoint_id: int) -> Response:
+        team = request.team  # type: ignore[attr-defined]  # set by IsTeamMember
+        if not selectors.scoped(Checkpoint, team).filter(pk=checkpoint_id).exists():
+            raise NotFound("checkpoint not found")
+        queryset = evaluations.evaluations_list(team=team, checkpoint_id=checkpoint_id)
         return Response({"object": "list", "data": EvaluationOut(queryset, many=True).data})

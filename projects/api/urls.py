@@ -31,6 +31,15 @@ urlpatterns = [
     ),
     path("runs/<int:run_id>/evaluations/", evaluations.RunEvaluationsView.as_view(), name="run-evaluations"),
     path("runs/<int:run_id>/evaluations", evaluations.RunEvaluationsView.as_view(schema=None)),
+    path(
+        "checkpoints/<int:checkpoint_id>/evaluations/",
+        evaluations.CheckpointEvaluationsView.as_view(),
+        name="checkpoint-evaluations",
+    ),
+    path(
+        "checkpoints/<int:checkpoint_id>/evaluations",
+        evaluations.CheckpointEvaluationsView.as_view(schema=None),
+    ),
     # Before the router: "generate" is not a task-set id.
     path("task-sets/generate", scenarios.TaskSetGenerateView.as_view(), name="task-sets-generate"),
     path("task-sets/generate/", scenarios.TaskSetGenerateView.as_view(schema=None)),

@@ -221,6 +221,9 @@ def test_run_evaluations_are_stored_per_checkpoint_once_and_listed_on_the_run(
     assert listed[0]["model"] == "math/agent:0"
     assert alice_client.get(f"/api/v1/evaluations/?run={run.id}").json()["results"][0]["id"] == first.pk
     assert charlie_client.get(f"/api/v1/runs/{run.id}/evaluations").status_code == 404
+    by_checkpoint = alice_client.get(f"/api/v1/checkpoints/{setup.checkpoint.id}/evaluations").json()["data"]
+    assert [e["id"] for e in by_checkpoint] == [first.pk]
+    assert charlie_client.get(f"/api/v1/checkpoints/{setup.checkpoint.id}/evaluations").status_code == 404
     event = Run.objects.get(pk=run.pk).events.filter(message__startswith="Evaluation at step 0").first()
     assert event is not None and event.data["reward_mean"] == 0.25
     assert Evaluation.objects.filter(run=run).count() == 1
