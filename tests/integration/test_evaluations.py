@@ -143,3 +143,46 @@ def test_an_evaluation_job_that_cannot_load_its_model_fails_readably(
     assert "does-not-exist" in detail["error"] and "Traceback" not in detail["error"]
     events = api.get(f"/api/v1/evaluations/{evaluation_id}/events/").json()["data"]
     assert events[-1]["level"] == "error"
+
+
+def test_a_base_model_against_a_team_endpoint_reference_in_the_worker(start_worker, api, inputs, cast):
+    from django.conf import settings
+
+    from projects import judges
+    from tests.openai_stub import openai_stub
+
+    # The worker decrypts the endpoint's key with the installation's SECRET_KEY, as in production.
+    worker = start_worker(SECRET_KEY=settings.SECRET_KEY)
+    with openai_stub([lambda body: "a"] * 20) as stub:
+        endpoint = judges.judge_endpoint_create(
+            team=cast.alpha, name="external", base_url=stub.url, api_key="sk-external"
+        )
+        response = api.post(
+            "/api/v1/evaluations",
+            {"model": "tiny", "task_set": inputs["task_set"], "environment": inputs["environment"],
+             "reward": inputs["reward"], "reference": {"endpoint": endpoint.id, "model": "gpt-ref"}},
+            format="json",
+        )  # fmt: skip
+        assert response.status_code == 201, response.json()
+        evaluation_id = response.json()["id"]
+        wait_for(
+            lambda: (
+                Evaluation.objects.get(pk=evaluation_id).status
+                not in (EvaluationStatus.QUEUED, EvaluationStatus.RUNNING)
+            ),
+            timeout=120,
+            what="the evaluation against the endpoint",
+            worker=worker,
+        )
+    detail = api.get(f"/api/v1/evaluations/{evaluation_id}/").json()
+    assert detail["status"] == "succeeded", (detail["error"], worker.output()[-3000:])
+    reference = detail["results"]["reference"]
+    assert (
+        reference["model"] == "external:gpt-ref" and reference["reward_mean"] == 1.0 and reference["n"] == 3
+    )
+    comparison = detail["results"]["comparison"]
+    assert comparison["wins"] == 0 and comparison["rows"] == 3, "nothing beats a perfect reference"
+    assert len(stub.requests) == 3 and {r["model"] for r in stub.requests} == {"gpt-ref"}
+    assert all(h["Authorization"] == "Bearer sk-external" for h in stub.headers)
+    asked = {r["messages"][-1]["content"] for r in stub.requests}
+    assert asked == {"Say b", "Say d", "Say f"}, "the validation rows, each asked once"
