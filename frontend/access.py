@@ -44,7 +44,7 @@ def team_view(*, write: bool = False, owner: bool = False) -> Callable:
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             membership, memberships = current_membership(request)
             if membership is None:
-                return render(request, "frontend/no_team.html", status=403)
+                return render(request, "frontend/no_team.html")
             request.team = membership.team  # type: ignore[attr-defined]
             request.role = membership.role  # type: ignore[attr-defined]
             request.memberships = memberships  # type: ignore[attr-defined]

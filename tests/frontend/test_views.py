@@ -381,3 +381,16 @@ def test_trajectory_viewer_orders_by_reward_renders_tools_and_marks_the_divergen
     html = response.content.decode()
     assert "→ calculator" in html and "&quot;expression&quot;: &quot;6*7&quot;" in html
     assert "result of call_1" in html and "timeout" in html and "diverges here" in html
+
+
+def test_viewer_sees_why_a_write_is_refused(cast, alpha_run, settings):
+    settings.DEBUG = False
+    response = client_for(cast.bob).post(f"/runs/{alpha_run.pk}/cancel")
+    assert response.status_code == 403 and "Viewers have read-only access" in response.content.decode()
+
+
+def test_a_user_in_no_team_is_told_so(db):
+    from django.contrib.auth import get_user_model
+
+    loner = get_user_model().objects.create_user("loner", password="pw-loner-123")
+    assert "You are in no team yet" in client_for(loner).get("/projects/").content.decode()
