@@ -15,6 +15,7 @@ import math
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import QuerySet
@@ -149,6 +150,7 @@ def environment_build(*, environment: Environment) -> Any:
         system_prompt=environment.system_prompt,
         max_turns=environment.max_turns,
         tool_timeout_s=environment.tool_timeout_s,
+        allowed_programs=tuple(getattr(settings, "MCP_STDIO_PROGRAMS", ())),  # as build_run_spec does
     )
 
 
