@@ -31,7 +31,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from projects import services as project_services
 from projects.errors import DomainError
-from projects.gateway import routing, vllm
+from projects.gateway import lookups, routing, vllm
 from projects.gateway.db import in_db_thread
 from projects.gateway.ratelimit import rate_limit_hit
 from projects.gateway.services import usage_record
@@ -97,7 +97,13 @@ def _authenticate(authorization: str | None) -> ApiKey:
         raise GatewayError(
             401, "Missing API key: use 'Authorization: Bearer <team API key>'.", code="missing_api_key"
         )
-    api_key = project_services.api_key_authenticate(raw=raw.strip())
+    raw = raw.strip()
+    digest = lookups.key_digest(raw)
+    api_key = lookups.api_keys.get(digest)  # see lookups for the revocation lag this costs
+    if api_key is None:
+        api_key = project_services.api_key_authenticate(raw=raw)
+        if api_key is not None:
+            lookups.api_keys.put(digest, api_key, lookups.cache_seconds())
     if api_key is None:
         raise GatewayError(401, "Incorrect API key provided, or the key was revoked.", code="invalid_api_key")
     retry_after = rate_limit_hit(
@@ -126,8 +132,18 @@ def _prepare_chat(authorization: str | None, raw_body: bytes, team: Team | None 
         request = parse_chat_request(body, Limits.shape_only())
     except RequestError as exc:
         raise GatewayError(exc.status, exc.message, code=exc.code, param=exc.param) from exc
+    target, servers = _route(team, request.model)
+    return Route(api_key, target, servers, bool(request.stream))
+
+
+def _route(team: Team, model_id: str) -> tuple[routing.Target, list[InferenceServer]]:
+    """The checkpoint ``model_id`` names for ``team`` and its live servers, best first;
+    remembered briefly (see lookups for what that delays)."""
+    remembered = lookups.routes.get((team.pk, model_id))
+    if remembered is not None:
+        return remembered
     try:
-        target = routing.resolve_model(team=team, model_id=request.model)
+        target = routing.resolve_model(team=team, model_id=model_id)
     except DomainError as exc:
         raise GatewayError(exc.status_code, exc.message, code=exc.code, param=exc.field) from exc
     servers = routing.live_servers(
@@ -135,7 +151,8 @@ def _prepare_chat(authorization: str | None, raw_body: bytes, team: Team | None 
     )
     if not servers:
         raise _no_server(target.base_model.name)
-    return Route(api_key, target, servers, bool(request.stream))
+    lookups.routes.put((team.pk, model_id), (target, servers), lookups.cache_seconds())
+    return target, servers
 
 
 def _no_server(base_model: str) -> GatewayError:

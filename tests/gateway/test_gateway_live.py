@@ -201,10 +201,13 @@ def test_a_checkpoint_saved_by_a_run_is_callable_as_latest_at_once(live, serving
     reply = api.chat.completions.create(model="math/agent:latest", messages=HELLO, max_tokens=2)
     assert reply.model == "math/agent:1"
     save_checkpoint(serving, tiny_model_dir, model, step=2)
-    assert (
-        api.chat.completions.create(model="math/agent:latest", messages=HELLO, max_tokens=2).model
-        == "math/agent:2"
-    )
+    # The gateway remembers a route for GATEWAY_LOOKUP_CACHE_S (1 s): the new step is served
+    # as :latest within that, without restarting anything.
+    wait_for(
+        lambda: api.chat.completions.create(model="math/agent:latest", messages=HELLO, max_tokens=2).model
+        == "math/agent:2",
+        timeout=5, what="step 2 to become :latest",
+    )  # fmt: skip
     assert (
         api.chat.completions.create(model="math/agent:1", messages=HELLO, max_tokens=2).model
         == "math/agent:1"
