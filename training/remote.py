@@ -18,13 +18,15 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from training.environments import Environment
-from training.rollout import Trajectory
 from training.tools import ToolCall, parse_tool_calls
+
+if TYPE_CHECKING:  # training.rollout imports torch: the web process (scenario generation) must not
+    from training.environments import Environment
+    from training.rollout import Trajectory
 
 RETRY_STATUSES = (408, 409, 429, 500, 502, 503, 504)
 DETAIL_CHARS = 300
@@ -212,6 +214,8 @@ class RemotePolicy:
                 str(exc) if isinstance(exc, EndpointError) else f"{type(exc).__name__}: {exc}"
             )
             finish = "error"
+        from training.rollout import Trajectory
+
         return Trajectory(
             messages=messages,
             prompt_token_ids=[],
