@@ -31,7 +31,6 @@ from projects.models import (
     EvaluationSample,
     EvaluationStatus,
     EventLevel,
-    EventType,
     JudgeEndpoint,
     RewardDefinition,
     Run,
@@ -433,10 +432,10 @@ def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], sampl
         evaluation_event_add(
             evaluation=evaluation, message=f"Step {step} evaluated: {results_summary(results)}"
         )
+        # A message, not a metrics event: clients read metrics events as training steps.
         run_event_add(
             run=run,
             message=f"Evaluation at step {step}: {results_summary(results)}",
-            type=EventType.METRICS,
             data={
                 "step": step,
                 "evaluation": evaluation.pk,
