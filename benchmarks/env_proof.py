@@ -13,10 +13,13 @@ seed, and graded by the same reward.
 
 Tasks:
 - tools: `artweb/demo/tool_tasks.jsonl` (split train/validation): "What is the door code of the
-  blue house?" with the fact only in the row's item, so only the `lookup` tool can answer. The
-  reward is a ladder, because the base model never emits a well-formed call (measured: 0 of 6 at
-  temperature 1.0, 2 malformed of 8 at 0.7): 0.1 for writing <tool_call>, +0.2 for a parsed lookup
-  call, +0.3 when a lookup returned the answer (the right key), +0.4 when the final reply states it.
+  blue house?" with the fact only in the row's item (next to a decoy fact), so only a `lookup` with
+  the right key can answer. Each row opens with two worked examples (question, lookup call, result,
+  answer) in its messages: without them the base model never emitted a well-formed call (0 of 6
+  at temperature 1.0, 2 malformed of 8 at 0.7, 0 of 36 in the first 3 training steps); with them
+  about 1 in 12. The reward is a ladder over the model's own turns: 0.1 for writing <tool_call>,
+  +0.2 for a parsed lookup call, +0.3 when a lookup returned the answer (the right key), +0.4 when
+  the final reply states it.
 - tic_tac_toe: seeded games against the random opponent (validation seeds kept apart), reward from
   the environment's outcome (win 1, draw 0.5, loss 0, forfeit 0; minus 0.1 per invalid move, plus
   0.05 per valid move), `move_format: lenient` (a reply without a <move> tag plays its first cell
@@ -63,9 +66,12 @@ TOOL_REWARD = {
     "source": (
         "def grade(sample, item):\n"
         "    messages = sample['messages']\n"
-        "    wrote = any('<tool_call>' in (m.get('content') or '') for m in messages if m.get('role') == 'assistant')\n"
+        "    # Only the model's turns count: the rows open with two worked examples.\n"
+        "    last_user = max(i for i, m in enumerate(messages) if m.get('role') == 'user')\n"
+        "    episode = messages[last_user + 1:]\n"
+        "    wrote = any('<tool_call>' in (m.get('content') or '') for m in episode if m.get('role') == 'assistant')\n"
         "    called = any(c.get('name') == 'lookup' for c in sample['output_tools'])\n"
-        "    found = any(m.get('role') == 'tool' and item['answer'] in (m.get('content') or '') for m in messages)\n"
+        "    found = any(m.get('role') == 'tool' and item['answer'] in (m.get('content') or '') for m in episode)\n"
         "    final = sample['output_text']\n"
         "    answered = found and item['answer'] in final and '<tool_call>' not in final\n"
         "    return 0.1 * wrote + 0.2 * called + 0.3 * found + 0.4 * answered\n"
@@ -84,7 +90,7 @@ def task_settings(task: str) -> dict[str, Any]:
             "train": [row for row in rows if row["split"] == "train"],
             "validation": [row for row in rows if row["split"] == "validation"],
             "reward": TOOL_REWARD,
-            "max_new_tokens": 40,
+            "max_new_tokens": 32,
             "temperature": 0.7,
         }
     if task == "tic_tac_toe":
@@ -179,7 +185,7 @@ def validate(
         "n": len(rewards),
         "outcomes": outcomes,
         "seconds": time.monotonic() - started,
-        "example": [m.get("content", "")[:200] for m in example.messages if m["role"] != "system"][:4],
+        "example": [m.get("content", "")[:200] for m in example.messages[-4:]],
     }
 
 

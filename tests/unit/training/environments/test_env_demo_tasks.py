@@ -16,10 +16,15 @@ def test_tool_tasks_need_the_lookup_tool_and_have_both_splits():
     assert sum(row.split == "validation" for row in rows) == 12
     for row in rows:
         item = row.data["item"]
-        assert row.data["prompt"] == f"What is the {item['key']}?"
+        *demonstration, question = row.data["messages"]
+        # Two worked examples (a lookup call, its result, the answer) before the question.
+        assert [m["role"] for m in demonstration] == ["user", "assistant", "tool", "assistant"] * 2
+        assert question == {"role": "user", "content": f"What is the {item['key']}?"}
         assert item["facts"][item["key"]] == item["answer"]
-        assert item["answer"] not in row.data["prompt"]  # only the tool knows it
+        assert item["answer"] not in json.dumps(row.data["messages"])  # only the tool knows it
         assert len(item["facts"]) == 2  # and a decoy fact: the key must be the right one
+        # The examples' calls are text, not tool_calls: graders must not count them as the model's.
+        assert not any("tool_calls" in m for m in demonstration)
 
 
 def test_mcp_product_tasks_match_the_demo_database():
