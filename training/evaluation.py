@@ -97,6 +97,8 @@ def aggregate(samples: Iterable[EvalSample], *, pass_threshold: float) -> dict[s
     tool_failures = sum(
         int(s.metrics.get("tool_errors", 0)) + int(s.metrics.get("tool_timeouts", 0)) for s in samples
     )
+    # A failed rollout carries a policy_error, not a grader error: counted apart.
+    grader_failed = sum(bool(s.errors) and not s.metrics.get("policy_error") for s in samples)
     mean = _mean(rewards)
     variance = _mean([(r - mean) ** 2 for r in rewards]) if mean is not None else None
     return {
@@ -111,9 +113,7 @@ def aggregate(samples: Iterable[EvalSample], *, pass_threshold: float) -> dict[s
         "tool_calls": tool_calls,
         "tool_errors": tool_failures,
         "tool_error_rate": tool_failures / tool_calls if tool_calls else None,
-        "grader_error_rate": sum(bool(s.errors) and not s.metrics.get("policy_error") for s in samples) / n
-        if n
-        else None,
+        "grader_error_rate": grader_failed / n if n else None,
         "policy_errors": sum(bool(s.metrics.get("policy_error")) for s in samples),
     }
 
