@@ -126,6 +126,23 @@ def stack(transactional_db, tiny_model_dir, tmp_path) -> Iterator[Stack]:
     finally:
         for process in started.processes:
             process.stop()
+        _wait_for_other_connections_to_close()
+
+
+def _wait_for_other_connections_to_close(timeout: float = 15) -> None:
+    """Children's pool processes may hold a connection a moment after their parent exits; the test
+    database can be dropped only when they are gone."""
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            if cursor.fetchone()[0] == 0:
+                return
+        time.sleep(0.2)
 
 
 @dataclass
@@ -164,5 +181,10 @@ def browser(monkeypatch) -> Iterator[Browser]:
         opened = Browser(page, errors)
         yield opened
         opened.screenshot("last-page")  # where the test ended, passed or failed
+        # The test's ORM reads inside Playwright's context got a connection of their own (Django
+        # keeps connections per context); close it, or the test database cannot be dropped.
+        from django.db import connections
+
+        connections.close_all()
         context.close()
         chromium.close()

@@ -137,6 +137,10 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     page.wait_for_selector(".reward-value")
     assert page.locator(".reward-value").inner_text() == "Reward 1.000"
     browser.screenshot("09-reward-editor")
+    page.fill("#id_spec", '{"type": "regex"}')  # a spec with problems is reported, not sent
+    page.click("#try-it button[type=submit]")
+    page.wait_for_selector("#try-result .error")
+    assert "Fix the spec first" in page.locator("#try-result").inner_text()
 
     # Checkpoint page: the playground streams from the checkpoint and its base model.
     page.goto(f"{url}/runs/{run.pk}/")
@@ -187,5 +191,8 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     browser.screenshot("16-phone-trajectories")
     page.goto(f"{url}/projects/{workspace.pk}/runs/new")
     browser.screenshot("17-phone-new-run")
+
+    page.click("text=Sign out")
+    page.wait_for_url(f"{url}/login/")
 
     assert browser.console_errors == [], browser.console_errors

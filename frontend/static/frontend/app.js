@@ -177,8 +177,16 @@
         return;
       }
       const payload = { grader: grader, model_sample: document.getElementById("try-sample").value, item: item };
-      fetch(tryIt.dataset.runUrl, { method: "POST", headers: jsonHeaders(), body: JSON.stringify(payload) })
-        .then(function (response) { return response.json().then(function (body) { return [response.ok, body]; }); })
+      const editor = document.querySelector("form[data-grader-editor]");
+      // Check the spec first (always a 200 answer), so a spec with problems is reported here
+      // instead of as a failed request to the dry-run endpoint.
+      fetch(editor.dataset.validateUrl, { method: "POST", headers: jsonHeaders(), body: JSON.stringify({ grader: grader }) })
+        .then(function (response) { return response.json(); })
+        .then(function (answer) {
+          if (!answer.valid) return [false, { error: { message: "Fix the spec first: " + answer.problems.join("; ") } }];
+          return fetch(tryIt.dataset.runUrl, { method: "POST", headers: jsonHeaders(), body: JSON.stringify(payload) })
+            .then(function (response) { return response.json().then(function (body) { return [response.ok, body]; }); });
+        })
         .then(function ([ok, body]) {
           result.replaceChildren();
           if (!ok) {
