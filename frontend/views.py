@@ -331,13 +331,12 @@ def _timing(run: Run) -> dict[str, Any]:
 
 
 def _run_context(request: HttpRequest, run: Run) -> dict[str, Any]:
-    events, _ = selectors.run_events(run=run, limit=1000)
     done = run.steps_done
     return {
         "run": run,
         "active": run.status in services.ACTIVE_STATUSES,
         "percent": round(100 * done / run.total_steps) if run.total_steps else 0,
-        "events": list(reversed(events[-50:])),
+        "events": selectors.run_recent_events(run=run, limit=50),
         "checkpoints": selectors.run_checkpoints(run=run),
         "can_cancel": can_write(request)
         and run.status in services.ACTIVE_STATUSES

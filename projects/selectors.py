@@ -153,3 +153,8 @@ def run_evaluations(*, run: Run) -> QuerySet[Evaluation]:
 
 def checkpoint_evaluations(*, checkpoint: Checkpoint) -> QuerySet[Evaluation]:
     return Evaluation.objects.filter(checkpoint=checkpoint).order_by("-id")
+
+
+def run_recent_events(*, run: Run, limit: int = 50) -> list[RunEvent]:
+    """The newest ``limit`` events, newest first (the run page's log)."""
+    return list(RunEvent.objects.filter(run=run).order_by("-id")[:limit])

@@ -394,3 +394,11 @@ def test_a_user_in_no_team_is_told_so(db):
 
     loner = get_user_model().objects.create_user("loner", password="pw-loner-123")
     assert "You are in no team yet" in client_for(loner).get("/projects/").content.decode()
+
+
+def test_run_page_shows_the_newest_events_first(cast, alpha_run):
+    for i in range(60):
+        services.run_event_add(run=alpha_run, message=f"event number {i}")
+    html = client_for(cast.alice).get(f"/runs/{alpha_run.pk}/live").content.decode()
+    assert "event number 59" in html and "event number 5<" not in html
+    assert html.index("event number 59") < html.index("event number 58")
