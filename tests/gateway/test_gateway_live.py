@@ -18,6 +18,7 @@ from projects import services
 from projects.models import BaseModel, InferenceServer
 from tests.gateway.conftest import (
     BASE_MODEL,
+    SERVER_TOKEN,
     Process,
     http,
     register_base_model,
@@ -416,3 +417,35 @@ def test_a_killed_server_stops_being_routed_to_and_a_new_one_is_picked_up(
         lambda: not InferenceServer.objects.filter(url=second.url).exists(), timeout=10, what="deregistration"
     )
     assert http("POST", url, key=alpha_key, body=body)[0] == 503
+
+
+def test_a_stream_whose_client_leaves_before_it_runs_is_dropped(live, inference_server):
+    import http.client
+    import threading
+
+    host, port = inference_server.url.removeprefix("http://").split(":")
+    headers = {"Authorization": f"Bearer {SERVER_TOKEN}", "Content-Type": "application/json"}
+
+    def long_batch():  # keeps the generation thread busy for a while
+        connection = http.client.HTTPConnection(host, int(port), timeout=120)
+        body = {"model": BASE_MODEL, "messages": HELLO, "max_tokens": 500, "n": 16, "temperature": 1.0}
+        connection.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=headers)
+        assert connection.getresponse().status == 200
+
+    before = server_stats(inference_server)
+    busy = threading.Thread(target=long_batch)
+    busy.start()
+    wait_for(lambda: server_stats(inference_server)["running_requests"] == 1, timeout=10,
+             what="the long batch to start")  # fmt: skip
+    leaving = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = {"model": BASE_MODEL, "messages": HELLO, "max_tokens": 4, "temperature": 0.5, "stream": True}
+    leaving.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=headers)
+    response = leaving.getresponse()
+    assert response.status == 200 and response.read1(100).startswith(b"data: ")  # the role chunk
+    assert server_stats(inference_server)["queued_requests"] == 1
+    leaving.close()  # the client goes away while its request waits
+    wait_for(lambda: server_stats(inference_server)["queued_requests"] == 0 or None, timeout=10,
+             what="the abandoned request to leave the queue")  # fmt: skip
+    busy.join(timeout=120)
+    after = server_stats(inference_server)
+    assert after["requests"] - before["requests"] == 1  # only the long batch was sampled

@@ -4,9 +4,12 @@
   (no torch, no Django: the gateway validates with it too).
 - `prompts`: render a request's messages (and tools) to prompt token ids with the chat template.
 - `adapters`: the least-recently-used set of LoRA adapters loaded into the engine.
-- `scheduler`: collects concurrent requests and runs one batched generation per compatible group.
+- `scheduler`: collects concurrent requests and runs one batched generation per compatible group,
+  passing each sampled token back to a streaming request as it comes.
 - `app`: the ASGI application; `server`: binds, runs it under uvicorn and heartbeats.
-- `vllm`: the GPU path's launcher (vLLM's own OpenAI server with LoRA); not exercised on CPU.
+- `vllm`: the GPU path: builds the `vllm serve` command (vLLM's own OpenAI server with LoRA),
+  starts and supervises it; the gateway loads adapters into it (projects.gateway.vllm). Tested
+  here against a protocol double only; the real vLLM runs in a gpu-marked test.
 
 Nothing here imports Django; `manage.py serve_inference` passes settings and the registration
 callback in. Importing this package imports neither torch nor uvicorn.

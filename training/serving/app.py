@@ -112,7 +112,7 @@ class InferenceApp:
             if not self._authorized(headers):
                 raise RequestError("a valid server token is required", code="invalid_api_key", status=401)
             if path == "/v1/chat/completions" and method == "POST":
-                await self._chat(headers, await _read_body(receive), send)
+                await self._chat(headers, await _read_body(receive), send, receive)
             elif path == "/v1/models" and method == "GET":
                 created = int(self.started_at)
                 model = {
@@ -152,6 +152,7 @@ class InferenceApp:
             "model": self.config.model_name,
             "uptime_s": round(time.time() - self.started_at, 1),
             "queued_requests": self.scheduler.queued,
+            "running_requests": self.scheduler.running,
             "batch_window_ms": self.config.batch_window_s * 1000,
             "max_batch_size": self.config.max_batch_size,
             **self.scheduler.stats.as_dict(),
@@ -164,7 +165,7 @@ class InferenceApp:
         }
 
     # ------------------------------------------------------------------ chat completions
-    async def _chat(self, headers: dict[str, str], raw: bytes, send: Any) -> None:
+    async def _chat(self, headers: dict[str, str], raw: bytes, send: Any, receive: Any = None) -> None:
         try:
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -197,7 +198,7 @@ class InferenceApp:
             top_logprobs=request.top_logprobs if request.logprobs else 0,
         )
         if request.stream:
-            await self._stream(request, model, prompt, sampling, adapter, send)
+            await self._stream(request, model, prompt, sampling, adapter, send, receive)
             return
         choices = await self._sample(request, prompt, sampling, adapter)
         response = completion_body(
@@ -236,6 +237,7 @@ class InferenceApp:
         sampling: SamplingParams,
         adapter: Path | None,
         send: Any,
+        receive: Any = None,
     ) -> None:
         context = ChunkContext(request, new_completion_id(), int(time.time()), model)
         await send({"type": "http.response.start", "status": 200, "headers": [
@@ -254,11 +256,18 @@ class InferenceApp:
             self._sample(request, prompt, sampling, adapter, tokens.put_nowait if live else None)
         )
         sampled.add_done_callback(lambda _: tokens.put_nowait(None))
+        # A client that goes away (the gateway closes the connection when its own client does)
+        # ends the stream; a request still queued is dropped rather than sampled for no one.
+        gone = asyncio.ensure_future(_disconnected(receive)) if receive is not None else None
+        if gone is not None:
+            gone.add_done_callback(lambda _: tokens.put_nowait(None))
         try:
             while (delta := await tokens.get()) is not None:
                 await _event(send, sse_event(token_chunk(context, delta, self._token_text)))
                 if delta.finish_reason is not None:
                     await _event(send, sse_event(finish_chunk(context, delta.index, delta.finish_reason)))
+            if gone is not None and gone.done():
+                return
             choices = sampled.result()
         except RequestError as exc:
             # The status line has gone out; OpenAI's streams report a late error as an event.
@@ -268,6 +277,8 @@ class InferenceApp:
         finally:
             if not sampled.done():  # the client went away: drop the request if it has not run yet
                 sampled.cancel()
+            if gone is not None and not gone.done():
+                gone.cancel()
         if not live:
             for index, choice in enumerate(choices):
                 for chunk in choice_chunks(
@@ -285,6 +296,12 @@ class InferenceApp:
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+async def _disconnected(receive: Any) -> None:
+    """Return when the client disconnects (the request body has already been read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_body(receive: Any) -> bytes:

@@ -89,10 +89,12 @@ class BatchScheduler:
         self._wakeup: asyncio.Event | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
         self._ids = itertools.count()
+        self.running = 0  # requests in the batch being generated now
 
     @property
     def queued(self) -> int:
-        return len(self._pending)
+        """Requests waiting for a batch (not counting those whose client has gone)."""
+        return sum(1 for job in self._pending if not job.future.done())
 
     async def submit(
         self,
@@ -167,6 +169,7 @@ class BatchScheduler:
         sampling = replace(batch[0].sampling, top_logprobs=max(job.sampling.top_logprobs for job in batch))
         on_token = self._token_router(batch, loop) if any(job.on_token for job in batch) else None
         started = time.perf_counter()
+        self.running = len(batch)
         try:
             choices = await loop.run_in_executor(
                 self._executor, self._generate, prompts, sampling, batch[0].adapter, on_token
@@ -177,6 +180,7 @@ class BatchScheduler:
                     job.future.set_exception(exc)
             return
         finally:
+            self.running = 0
             self.stats.record(len(batch), len(prompts), time.perf_counter() - started)
         offset = 0
         for job in batch:
