@@ -1,8 +1,9 @@
 """Rollouts: task rows in, trajectories (messages, exact tokens, a trainable-token mask) out.
 
-The data types live here; the multi-turn agent loop that fills them (tool calls, tool results, up
-to `max_turns` turns) is `training/agent.py`. A single-turn rollout is the agent loop with one
-turn and no tools: one code path for both.
+The data types live here; the multi-turn agent loop that fills them is `training/agent.py`, and
+what answers the model's turns (tool results, a game's board) is an environment from
+`training/environments`. A single-turn rollout is the agent loop with one turn and no tools: one
+code path for both.
 """
 
 from __future__ import annotations
