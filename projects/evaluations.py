@@ -342,6 +342,9 @@ def results_summary(results: dict[str, Any]) -> str:
     comparison = results.get("comparison")
     if comparison:
         text += f"; win rate vs reference {show(comparison.get('win_rate'))}"
+    baseline = results.get("comparison_to_baseline")
+    if baseline:
+        text += f"; win rate vs step {results.get('baseline_step')} {show(baseline.get('win_rate'))}"
     return text
 
 
@@ -397,6 +400,23 @@ def evaluation_cancel(*, evaluation: Evaluation) -> Evaluation:
     return locked
 
 
+def _against_baseline(run: Run, step: int, samples: list[Any]) -> dict[str, Any]:
+    """The run's first evaluation (its untrained checkpoint) as the reference of a later one: did
+    training make it better? Same rows, win rate by reward (``training.evaluation.compare``)."""
+    from training.evaluation import EvalSample, compare
+
+    baseline = Evaluation.objects.filter(run=run, step__lt=step).order_by("step").first()
+    if baseline is None:
+        return {}
+    earlier = [
+        EvalSample("reference", row, index, [], reward)
+        for row, index, reward in baseline.samples.filter(side="subject").values_list(
+            "task_row_index", "sample_index", "reward"
+        )
+    ]
+    return {"baseline_step": baseline.step, "comparison_to_baseline": compare(samples, earlier)}
+
+
 def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], samples: list[Any]) -> Evaluation:
     """Record a run's validation evaluation of its checkpoint ``step`` (idempotent per step: a
     resumed run that evaluates a step again keeps the first record)."""
@@ -405,6 +425,7 @@ def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], sampl
         existing = Evaluation.objects.filter(run=run, step=step).first()
         if existing is not None:
             return existing
+        results = {**results, **_against_baseline(run, step, samples)}
         now = timezone.now()
         evaluation = Evaluation.objects.create(
             project=run.project,

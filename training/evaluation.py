@@ -16,10 +16,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from training.environments import Environment
-from training.rollout import Trajectory
+if TYPE_CHECKING:  # training.rollout imports torch; the web process uses `compare` without it
+    from training.environments import Environment
+    from training.rollout import Trajectory
 
 logger = logging.getLogger(__name__)
 

@@ -224,6 +224,21 @@ def test_run_evaluations_are_stored_per_checkpoint_once_and_listed_on_the_run(
     by_checkpoint = alice_client.get(f"/api/v1/checkpoints/{setup.checkpoint.id}/evaluations").json()["data"]
     assert [e["id"] for e in by_checkpoint] == [first.pk]
     assert charlie_client.get(f"/api/v1/checkpoints/{setup.checkpoint.id}/evaluations").status_code == 404
+    # A later step is compared with the run's first evaluation on the same rows: row 1 improved
+    # (1.0 vs 0.5, a win), row 3 did not (0.0 vs 0.0, a tie counting half).
+    services.checkpoint_record(model=setup.model, run=run, step=2, path="/nowhere/step-2")
+    later = evaluations.run_evaluation_record(
+        run=run,
+        step=2,
+        results={"reward_mean": 0.5},
+        samples=[sample("subject", 1, 1.0), sample("subject", 3, 0.0)],
+    )
+    assert later.checkpoint.step == 2 and later.results["baseline_step"] == 0
+    assert later.results["comparison_to_baseline"] == {
+        "rows": 2, "wins": 1, "ties": 1, "losses": 0, "win_rate": 0.75, "reward_delta": 0.25,
+    }  # fmt: skip
+    assert "win rate vs step 0 0.750" in Run.objects.get(pk=run.pk).events.last().message
+    assert "comparison_to_baseline" not in first.results
     event = Run.objects.get(pk=run.pk).events.filter(message__startswith="Evaluation at step 0").first()
     assert event is not None and event.data["reward_mean"] == 0.25
-    assert Evaluation.objects.filter(run=run).count() == 1
+    assert Evaluation.objects.filter(run=run).count() == 2

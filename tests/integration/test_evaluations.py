@@ -78,6 +78,8 @@ def test_run_evaluates_validation_rows_at_step_zero_and_at_the_end_then_a_queued
         assert results["n"] == 2 and results["rows"] == 2, "eval_max_rows limits the rows"
         assert 0.0 <= results["reward_mean"] <= 1.0 and set(results["grader_means"]) == {"regex"}
         assert results["turns_mean"] == 1.0 and results["tool_error_rate"] is None
+    final = listed[-1]["results"]
+    assert final["baseline_step"] == 0 and final["comparison_to_baseline"]["rows"] == 2
     stored = Evaluation.objects.get(run=run, step=2)
     assert stored.checkpoint is not None and stored.checkpoint.step == 2
     samples = api.get(f"/api/v1/evaluations/{stored.pk}/samples/").json()["results"]
