@@ -283,11 +283,35 @@ def _alive(pid: int) -> bool:
     return status.exists() and "\nState:\tZ" not in status.read_text()
 
 
+def vllm_sized_tiny_model(tiny_model_dir: Path, path: Path) -> Path:
+    """The tiny model's tokenizer with a small random Llama whose head size (64) vLLM's attention
+    kernels support (the tiny model's is 16)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 @pytest.mark.gpu
 def test_real_vllm_serves_checkpoints_through_the_gateway(serving, tiny_model_dir, cast, alpha_key):
-    """The same path against the real vLLM (CUDA host, `pip install .[gpu]`): launch, health,
-    registration, adapters loaded on first use and the least recently used unloaded, streams."""
-    register_base_model(tiny_model_dir, name="gateway-tiny-real-vllm")
+    """The same path against the real vLLM (CUDA host, `pip install .[gpu]`, and PostgreSQL like
+    every process test: `DATABASE_URL=postgres://… make test-gpu`): launch, health, registration,
+    adapters loaded on first use and the least recently used unloaded, logprobs, streams, stop.
+    NEVER RUN on the machines this was written on (no GPU there)."""
+    model_dir = vllm_sized_tiny_model(tiny_model_dir, serving.data_dir / "vllm-tiny")
+    register_base_model(model_dir, name="gateway-tiny-real-vllm")
     server = start_vllm_server(serving, "gateway-tiny-real-vllm", capacity=1, command=None)
     gateway = serving.start_gateway()
     wait_for(lambda: InferenceServer.objects.filter(url=server.url).exists(), timeout=30, what="registration")
@@ -299,7 +323,7 @@ def test_real_vllm_serves_checkpoints_through_the_gateway(serving, tiny_model_di
     from training.models import load_base_model
     from training.trainer import Trainer
 
-    trainer = Trainer(*load_base_model(str(tiny_model_dir), tiny_model_dir.parent), TrainConfig(), LoraSpec())
+    trainer = Trainer(*load_base_model(str(model_dir), model_dir.parent), TrainConfig(), LoraSpec())
     for step in (1, 2):
         path = serving.checkpoint_dir / f"gpu-{model.pk}" / f"step-{step}"
         trainer.save_checkpoint(path, step=step, metrics={})
@@ -310,6 +334,7 @@ def test_real_vllm_serves_checkpoints_through_the_gateway(serving, tiny_model_di
         reply = api.chat.completions.create(model=f"gpu/agent:{step}", messages=HELLO, max_tokens=4,
                                             logprobs=True, top_logprobs=2)  # fmt: skip
         assert reply.model == f"gpu/agent:{step}" and reply.usage.completion_tokens >= 1
+        assert all(len(entry.top_logprobs) == 2 for entry in reply.choices[0].logprobs.content)
     assert loaded(server.url) == [f"model-{model.pk}-step-2"]  # capacity 1: step 1 was unloaded
     served = {m["id"] for m in http("GET", f"{server.url}/v1/models", key=SERVER_TOKEN)[2]["data"]}
     assert served == {"gateway-tiny-real-vllm", f"model-{model.pk}-step-2"}
@@ -317,5 +342,6 @@ def test_real_vllm_serves_checkpoints_through_the_gateway(serving, tiny_model_di
         api.chat.completions.create(model="gpu/agent:latest", messages=HELLO, max_tokens=8, stream=True)
     )
     assert {c.model for c in chunks} == {"gpu/agent:2"} and chunks[-1].choices[0].finish_reason
-    server.stop()
+    os.kill(server.process.pid, signal.SIGTERM)
+    assert server.process.wait(timeout=120) == 0
     assert not InferenceServer.objects.filter(url=server.url).exists()

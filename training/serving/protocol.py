@@ -15,6 +15,10 @@ Differences from OpenAI, on purpose:
   decoding (the CPU engine); `{"type": "text"}` is accepted.
 - `tool_choice: "required"` or a named function is honoured by prefilling the start of a Hermes
   `<tool_call>` block; the model writes the rest.
+- Streaming sends each token's text as it is sampled (a token that ends inside a character, or
+  text that may begin a stop string, is held back until it is settled). A request with tools is
+  the exception: a choice may turn out to be a tool call, known only when it ends, so its chunks
+  are sent when it is complete.
 
 Nothing here imports torch or Django.
 """
