@@ -165,6 +165,13 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     browser.screenshot("11-runs-list")
     page.goto(f"{url}/team/members")
     browser.screenshot("12-members")
+    page.goto(f"{url}/models/{run.model_id}/")
+    assert page.get_by_role("link", name="step 2", exact=True).count() == 1
+    browser.screenshot("12-model")
+    page.goto(f"{url}/projects/{workspace.pk}/rewards/")
+    page.click("summary:has-text('New reward definition')")
+    page.wait_for_selector(".validation.valid")  # the example spec, validated on load
+    browser.screenshot("12-reward-definitions")
     page.goto(f"{url}/projects/{workspace.pk}/")
     page.click("summary:has-text('New environment')")
     assert page.locator("#id_environment-kind option").count() == len(EnvironmentKind.values)
