@@ -168,15 +168,18 @@
       event.preventDefault();
       const result = document.getElementById("try-result");
       result.replaceChildren(el("p", { class: "muted" }, "Grading…"));
-      let grader, item;
+      let grader, item, tools;
       try {
         grader = JSON.parse(specOf(document.querySelector("form[data-grader-editor]")));
         item = JSON.parse(document.getElementById("try-item").value || "{}");
+        tools = JSON.parse(document.getElementById("try-tools").value.trim() || "null");
       } catch (error) {
         result.replaceChildren(el("p", { class: "error" }, "Not valid JSON: " + error.message));
         return;
       }
-      const payload = { grader: grader, model_sample: document.getElementById("try-sample").value, item: item };
+      const text = document.getElementById("try-sample").value;
+      const sample = Array.isArray(tools) ? { output_text: text, output_tools: tools } : text;
+      const payload = { grader: grader, model_sample: sample, item: item };
       const editor = document.querySelector("form[data-grader-editor]");
       // Check the spec first (always a 200 answer), so a spec with problems is reported here
       // instead of as a failed request to the dry-run endpoint.
