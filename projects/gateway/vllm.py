@@ -165,11 +165,12 @@ def openai_error(status: int, body: bytes) -> dict[str, Any]:
         decoded = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError):
         decoded = None
-    if isinstance(decoded, dict) and isinstance(decoded.get("error"), dict):
-        error = decoded["error"]
-        return error_body(status, str(error.get("message", "")), code=str(error.get("code") or "upstream_error"),
-                          param=error.get("param"))  # fmt: skip
+    # vLLM's codes are HTTP statuses (ints); OpenAI's are names.
     code = "model_not_found" if status == 404 else "upstream_error"
+    if isinstance(decoded, dict) and isinstance(decoded.get("error"), dict):  # newer vLLM: OpenAI's shape
+        error = decoded["error"]
+        named = error.get("code") if isinstance(error.get("code"), str) else code
+        return error_body(status, str(error.get("message", "")), code=named, param=error.get("param"))
     param = decoded.get("param") if isinstance(decoded, dict) else None
     return error_body(status, _error_message(body), code=code, param=param)
 
@@ -200,7 +201,8 @@ class StreamRewriter:
         if not event.startswith(b"data: {"):
             return event + b"\n\n"  # [DONE], comments
         chunk = json.loads(event[6:])
-        chunk["model"] = self.public_model
+        if "model" in chunk:  # not in a late error event
+            chunk["model"] = self.public_model
         usage = _usage(chunk.get("usage"))
         if usage is not None:
             self.usage = usage
