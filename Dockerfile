@@ -1,5 +1,15 @@
 # One image for web, beat and worker. GPU workers build with --build-arg EXTRAS=gpu (vLLM, unsloth);
 # the torch wheel bundles its CUDA libraries, the host provides the driver (NVIDIA container toolkit).
+
+# Stage 1: the dashboard's front-end packages (htmx, Chart.js) from the npm lock file, copied into
+# static/vendor by the same script `make install` runs. Only those files reach the final image: no
+# node_modules, no Node.
+FROM node:20-slim AS frontend-vendor
+WORKDIR /frontend
+COPY frontend/package.json frontend/package-lock.json ./
+COPY frontend/scripts ./scripts
+RUN npm ci --no-audit --no-fund --loglevel=error && node scripts/copy_vendor.mjs
+
 FROM python:3.11-slim
 ARG EXTRAS=""
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 ARTWEB_DATA_DIR=/data HF_HUB_OFFLINE=1
@@ -9,6 +19,7 @@ COPY artweb ./artweb
 COPY projects ./projects
 COPY training ./training
 COPY frontend ./frontend
+COPY --from=frontend-vendor /frontend/static/vendor ./frontend/static/vendor
 COPY manage.py ./
 RUN pip install --no-cache-dir torch==2.13.0 \
     && pip install --no-cache-dir ".${EXTRAS:+[$EXTRAS]}" \
