@@ -11,6 +11,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("team/switch", views.team_switch, name="team-switch"),
     path("team/members", views.members, name="members"),
+    path("team/members/<int:membership_id>/remove", views.member_remove, name="member-remove"),
     path("team/api-keys", views.api_keys, name="api-keys"),
     path("team/api-keys/<int:key_id>/revoke", views.api_key_revoke, name="api-key-revoke"),
     path("projects/", views.projects, name="projects"),

@@ -29,9 +29,9 @@ from projects.models import (
     BaseModel,
     Checkpoint,
     Environment,
+    Membership,
     Project,
     RewardDefinition,
-    Role,
     Run,
     RunStatus,
     TaskSet,
@@ -75,17 +75,40 @@ def members(request: HttpRequest) -> HttpResponse:
         user = get_user_model().objects.filter(username=form.cleaned_data["username"]).first()
         if user is None:
             form.add_error("username", "no user with this name")
-        elif user == request.user and form.cleaned_data["role"] != Role.OWNER:
-            form.add_error("role", "you cannot demote yourself; ask another owner")
         else:
-            services.membership_set(team=request.team, user=user, role=form.cleaned_data["role"])  # type: ignore[attr-defined]
-            messages.success(request, f"{user.username} is now {form.cleaned_data['role']}.")
-            return redirect("frontend:members")
+            try:
+                services.membership_set(
+                    team=request.team,  # type: ignore[attr-defined]
+                    user=user,
+                    role=form.cleaned_data["role"],
+                    by=request.user,  # type: ignore[arg-type]
+                )
+                messages.success(request, f"{user.username} is now {form.cleaned_data['role']}.")
+                return redirect("frontend:members")
+            except DomainError as exc:  # e.g. the last owner demoting themselves
+                form.add_error("role", exc.message)
     return render(
         request,
         "frontend/members.html",
         {"members": selectors.team_members(team=request.team), "form": form},  # type: ignore[attr-defined]
     )
+
+
+@require_POST
+@team_view(owner=True)
+def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
+    membership = get_scoped(Membership, request, membership_id)
+    try:
+        services.membership_remove(team=request.team, user=membership.user, by=request.user)  # type: ignore[attr-defined, arg-type]
+    except DomainError as exc:  # the last owner
+        messages.error(request, exc.message)
+        return redirect("frontend:members")
+    if membership.user == request.user:  # left the team: its pages are no longer theirs
+        request.session.pop(SESSION_TEAM_KEY, None)
+        messages.success(request, f"You left {request.team.name}.")  # type: ignore[attr-defined]
+        return redirect("frontend:projects")
+    messages.success(request, f"{membership.user.username} was removed from the team.")
+    return redirect("frontend:members")
 
 
 @team_view(owner=True)

@@ -31,6 +31,13 @@ class ValidationFailed(DomainError):
         self.problems = problems or [(field or "non_field_errors", message)]
 
 
+class Forbidden(DomainError):
+    """The caller may see the thing but not do this to it (e.g. a non-owner managing members)."""
+
+    status_code = 403
+    code = "permission_denied"
+
+
 class NotFound(DomainError):
     status_code = 404
     code = "not_found"

@@ -23,7 +23,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from projects.errors import Conflict, InvalidTransition, ValidationFailed
+from projects.errors import Conflict, DomainError, Forbidden, InvalidTransition, NotFound, ValidationFailed
 from projects.models import (
     ApiKey,
     BaseModel,
@@ -86,11 +86,57 @@ def team_create(*, name: str, owner: User | None = None) -> Team:
     return team
 
 
-def membership_set(*, team: Team, user: User, role: str) -> Membership:
+# A team always keeps at least one owner: demoting or removing one first locks the team's owner
+# memberships (select_for_update), so two owners leaving at once are serialised and the second
+# sees that it would be the last.
+LAST_OWNER = "last_owner"
+
+
+def _require_owner(*, team: Team, by: User | None) -> None:
+    """``by`` is the person acting; None means the platform itself (set-up commands, tests)."""
+    if by is not None and not Membership.objects.filter(team=team, user=by, role=Role.OWNER).exists():
+        raise Forbidden("only team owners manage members")
+
+
+def _refuse_last_owner(*, team: Team, user: User, action: str) -> None:
+    owners = list(
+        Membership.objects.select_for_update()
+        .filter(team=team, role=Role.OWNER)
+        .values_list("user_id", flat=True)
+    )
+    if owners == [user.pk]:
+        raise DomainError(
+            f"{user.username} is the last owner of {team.name} and cannot be {action}; "
+            "make another member an owner first",
+            field="user",
+            code=LAST_OWNER,
+        )
+
+
+def membership_set(*, team: Team, user: User, role: str, by: User | None = None) -> Membership:
+    """Add ``user`` to ``team`` with ``role``, or change their role (owners only, when ``by`` is
+    given). The last owner cannot be demoted."""
     if role not in Role.values:
         raise ValidationFailed(f"must be one of {', '.join(Role.values)}", field="role")
-    membership, _ = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})
+    with transaction.atomic():
+        _require_owner(team=team, by=by)
+        if role != Role.OWNER:
+            _refuse_last_owner(team=team, user=user, action="demoted")
+        membership, _ = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})
     return membership
+
+
+def membership_remove(*, team: Team, user: User, by: User | None) -> None:
+    """Take ``user`` out of ``team`` (owners only, when ``by`` is given; an owner may remove
+    themselves while another owner remains). The last owner cannot be removed."""
+    with transaction.atomic():
+        _require_owner(team=team, by=by)
+        membership = Membership.objects.select_for_update().filter(team=team, user=user).first()
+        if membership is None:
+            raise NotFound(f"{user.username} is not a member of {team.name}", field="user")
+        if membership.role == Role.OWNER:
+            _refuse_last_owner(team=team, user=user, action="removed")
+        membership.delete()
 
 
 API_KEY_PREFIX = "aw"

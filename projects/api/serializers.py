@@ -10,8 +10,10 @@ from projects.models import (
     BaseModel,
     Checkpoint,
     Environment,
+    Membership,
     Project,
     RewardDefinition,
+    Role,
     Run,
     RunEvent,
     StepMetrics,
@@ -139,6 +141,14 @@ class TrajectoryOut(serializers.ModelSerializer):
         ]  # fmt: skip
 
 
+class MemberOut(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "user_id", "username", "role", "created_at"]
+
+
 class ApiKeyOut(serializers.ModelSerializer):
     class Meta:
         model = ApiKey
@@ -234,6 +244,15 @@ class RunIn(serializers.Serializer):
     environment = serializers.IntegerField()
     reward = serializers.IntegerField(help_text="id of a reward definition version")
     config = serializers.DictField(required=False, default=dict, help_text="see /api/v1/hyperparameters")
+
+
+class MemberIn(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class MemberRoleIn(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
 
 
 class ApiKeyIn(serializers.Serializer):

@@ -14,6 +14,7 @@ router.register("task-sets", views.TaskSetViewSet, basename="task-set")
 router.register("environments", views.EnvironmentViewSet, basename="environment")
 router.register("runs", views.RunViewSet, basename="run")
 router.register("api-keys", views.ApiKeyViewSet, basename="api-key")
+router.register("members", views.MemberViewSet, basename="member")
 router.register("judge-endpoints", graders.JudgeEndpointViewSet, basename="judge-endpoint")
 router.register("evaluations", evaluations.EvaluationViewSet, basename="evaluation")
 

@@ -26,6 +26,7 @@ from projects.models import (
     BaseModel,
     Checkpoint,
     Environment,
+    Membership,
     Project,
     RewardDefinition,
     Run,
@@ -394,6 +395,43 @@ class ApiKeyViewSet(TeamScopedViewSet, mixins.ListModelMixin):
     def revoke(self, request: Request, pk: str) -> Response:
         api_key = services.api_key_revoke(api_key=self.get_object())
         return Response(s.ApiKeyOut(api_key).data)
+
+
+class MemberViewSet(TeamScopedViewSet, mixins.ListModelMixin):
+    """The team's members and their roles. Any member reads; owners add members, change roles and
+    remove members (session sign-in: API keys belong to teams, not people, so none is an owner).
+    A team keeps at least one owner: demoting or removing the last one is a 400 ``last_owner``."""
+
+    model = Membership
+    serializer_class = s.MemberOut
+    permission_classes = [IsTeamOwner]
+
+    def base_queryset(self) -> QuerySet:
+        return Membership.objects.select_related("user").order_by("user__username")
+
+    @extend_schema(request=s.MemberIn, responses={201: s.MemberOut})
+    def create(self, request: Request) -> Response:
+        data = _valid(s.MemberIn, request.data)
+        user = User.objects.filter(username=data["username"]).first()
+        if user is None:
+            raise ValidationFailed("no user with this name", field="username")
+        membership = services.membership_set(team=self.team, user=user, role=data["role"], by=_user(request))
+        return Response(s.MemberOut(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.MemberRoleIn, responses=s.MemberOut)
+    def partial_update(self, request: Request, pk: str) -> Response:
+        membership = self.get_object()
+        data = _valid(s.MemberRoleIn, request.data)
+        membership = services.membership_set(
+            team=self.team, user=membership.user, role=data["role"], by=_user(request)
+        )
+        return Response(s.MemberOut(membership).data)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request: Request, pk: str) -> Response:
+        membership = self.get_object()
+        services.membership_remove(team=self.team, user=membership.user, by=_user(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class EnvironmentKindsView(APIView):

@@ -239,6 +239,58 @@ def test_owner_adds_a_member(cast):
     assert "no user with this name" in response.content.decode()
 
 
+def test_owner_removes_a_member_from_the_members_page(cast):
+    from projects.models import Membership
+
+    bob = Membership.objects.get(team=cast.alpha, user=cast.bob)
+    client = client_for(cast.alice)
+    html = client.get("/team/members").content.decode()
+    assert f'action="/team/members/{bob.pk}/remove"' in html and "data-confirm=" in html
+    response = client.post(f"/team/members/{bob.pk}/remove", follow=True)
+    assert "bob was removed from the team." in response.content.decode()
+    assert not Membership.objects.filter(pk=bob.pk).exists()
+
+
+def test_members_page_refuses_to_remove_or_demote_the_last_owner(cast):
+    from projects.models import Membership
+
+    alice = Membership.objects.get(team=cast.alpha, user=cast.alice)
+    client = client_for(cast.alice)
+    html = client.post(f"/team/members/{alice.pk}/remove", follow=True).content.decode()
+    assert "last owner" in html
+    html = client.post("/team/members", {"username": "alice", "role": "viewer"}).content.decode()
+    assert "last owner" in html
+    assert Membership.objects.get(pk=alice.pk).role == "owner"
+
+
+def test_only_owners_see_or_use_the_remove_button(cast):
+    from projects.models import Membership
+
+    charlie_in_alpha = services.membership_set(team=cast.alpha, user=cast.charlie, role="member")
+    bob = client_for(cast.bob)
+    assert "/remove" not in bob.get("/team/members").content.decode()
+    assert bob.post(f"/team/members/{charlie_in_alpha.pk}/remove").status_code == 403
+    # Another team's membership is not found, even for an owner (charlie owns beta, not alpha).
+    alpha_owner = Membership.objects.get(team=cast.alpha, user=cast.alice)
+    charlie = client_for(cast.charlie)
+    charlie.post("/team/switch", {"team": cast.beta.pk})
+    assert charlie.post(f"/team/members/{alpha_owner.pk}/remove").status_code == 404
+    assert Membership.objects.filter(pk__in=[charlie_in_alpha.pk, alpha_owner.pk]).count() == 2
+
+
+def test_owner_leaving_the_team_goes_back_to_projects(cast):
+    from projects.models import Membership
+
+    services.membership_set(team=cast.alpha, user=cast.charlie, role="owner")
+    client = client_for(cast.charlie)
+    client.post("/team/switch", {"team": cast.alpha.pk})
+    mine = Membership.objects.get(team=cast.alpha, user=cast.charlie)
+    response = client.post(f"/team/members/{mine.pk}/remove")
+    assert response.status_code == 302 and response["Location"] == "/projects/"
+    assert not Membership.objects.filter(pk=mine.pk).exists()
+    assert "beta" in client.get("/projects/").content.decode()
+
+
 def test_reward_editor_saves_a_new_version_and_shows_errors(cast, alpha_setup):
     client = client_for(cast.alice)
     url = f"/rewards/{alpha_setup.reward.pk}/"
