@@ -13,6 +13,12 @@ app under uvicorn, with a team, an API key and the base model registered, then m
 
     python -m benchmarks.bench_gateway                       # bundled SmolLM2-135M (CPU, fp32)
     python -m benchmarks.bench_gateway --tiny --json /tmp/gateway-bench.json
+    python -m benchmarks.bench_gateway --tiny --echo-upstream   # the gateway's own cost only
+
+`--echo-upstream` puts the vLLM protocol double (tests/gateway/fake_vllm.py, started through
+`serve_inference --engine vllm --vllm-command`) behind the gateway instead of a model: it answers
+in well under a millisecond, so the paired difference is the gateway's own work (its vLLM path,
+which also re-serialises the body) without the model's latency noise. Only part 1 runs then.
 
 The database is SQLite in the scratch dir unless --database-url names one (e.g. the PostgreSQL
 the tests use); the gateway's per-request database work differs between the two.
@@ -59,6 +65,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=32, help="completion length in the batching part")
     parser.add_argument("--batch-window-ms", type=float, default=10.0)
     parser.add_argument("--json", default="", help="also write the report here")
+    parser.add_argument("--gateway-app", default="artweb.asgi:application",
+                        help="the ASGI app uvicorn serves as the gateway (to compare variants)")  # fmt: skip
+    parser.add_argument("--echo-upstream", action="store_true",
+                        help="measure overhead against the vLLM protocol double instead of a model")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -257,10 +267,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     processes = Processes(env, data_dir)
     try:
-        server, server_log = processes.start(
-            "inference",
-            [sys.executable, "manage.py", "serve_inference", "--base-model", BASE_MODEL_NAME, "--port", "0"],
-        )
+        command = [
+            sys.executable,
+            "manage.py",
+            "serve_inference",
+            "--base-model",
+            BASE_MODEL_NAME,
+            "--port",
+            "0",
+        ]
+        if args.echo_upstream:
+            double = REPO_ROOT / "tests" / "gateway" / "fake_vllm.py"
+            command += ["--engine", "vllm", "--vllm-command", f"{sys.executable} {double}"]
+        server, server_log = processes.start("inference", command)
 
         def server_url() -> str | None:
             for line in server_log.read_text(errors="replace").splitlines():
@@ -277,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 sys.executable,
                 "-m",
                 "uvicorn",
-                "artweb.asgi:application",
+                args.gateway_app,
                 "--port",
                 str(port),
                 "--log-level",
@@ -306,26 +325,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "model": source,
             "database": "postgresql" if args.database_url else "sqlite",
             "batch_window_ms": args.batch_window_ms,
+            "upstream": "vLLM protocol double (echo)"
+            if args.echo_upstream
+            else "serve_inference (CPU engine)",
             "overhead": measure_overhead(direct, Client(gateway_url, key), args.overhead_requests),
-            "batching": measure_batching(gateway_url, key, direct, args),
         }
+        if not args.echo_upstream:
+            report["batching"] = measure_batching(gateway_url, key, direct, args)
         report["machine"]["load_avg_after"] = os.getloadavg()
     finally:
         processes.stop()
 
-    overhead, batching = report["overhead"], report["batching"]
-    print(f"== gateway overhead ({overhead['requests']} alternating 1-token requests, {report['database']})")
+    overhead = report["overhead"]
+    print(f"== gateway overhead ({overhead['requests']} alternating 1-token requests, {report['database']}, "
+          f"upstream: {report['upstream']})")  # fmt: skip
     print(f"direct   median {overhead['direct_ms']['median']} ms  p95 {overhead['direct_ms']['p95']} ms")
     print(f"gateway  median {overhead['gateway_ms']['median']} ms  p95 {overhead['gateway_ms']['p95']} ms")
     print(
         f"added    median {overhead['added_ms']['median_paired']} ms (paired)  p95 {overhead['added_ms']['p95_paired']} ms"
     )
-    print(
-        f"== batching ({batching['clients']} clients, {batching['requests']} requests of {batching['max_tokens']} tokens)"
-    )
-    print(f"one at a time {batching['one_at_a_time']['tokens_per_s']} tok/s, "
-          f"concurrent {batching['concurrent']['tokens_per_s']} tok/s: ratio {batching['throughput_ratio']}x")  # fmt: skip
-    print(f"server batches (requests each): {batching['server_requests_per_batch']}")
+    batching = report.get("batching")
+    if batching:
+        print(f"== batching ({batching['clients']} clients, {batching['requests']} requests of "
+              f"{batching['max_tokens']} tokens)")  # fmt: skip
+        print(f"one at a time {batching['one_at_a_time']['tokens_per_s']} tok/s, "
+              f"concurrent {batching['concurrent']['tokens_per_s']} tok/s: ratio {batching['throughput_ratio']}x")  # fmt: skip
+        print(f"server batches (requests each): {batching['server_requests_per_batch']}")
     print(
         f"load average before/after: {report['machine']['load_avg']} / {report['machine']['load_avg_after']}"
     )

@@ -5,6 +5,7 @@ reopened on its next use. See projects.gateway.views for why."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
@@ -29,3 +30,15 @@ def in_db_thread(func: Callable[P, R]) -> Callable[P, Any]:
         return func(*args, **kwargs)
 
     return sync_to_async(run, thread_sensitive=False, executor=_db_executor)
+
+
+def close_db_thread_connections() -> None:
+    """Close the connection each database thread holds (tests, before the test database goes)."""
+    barrier = threading.Barrier(DB_THREADS, timeout=10)
+
+    def close() -> None:
+        barrier.wait()  # one call per thread: each waits until all threads hold one
+        connections.close_all()
+
+    for future in [_db_executor.submit(close) for _ in range(DB_THREADS)]:
+        future.result()
