@@ -6,15 +6,26 @@ the checkpoint beside its base model. No page may log a console error."""
 from __future__ import annotations
 
 import json
+import re
+from unittest import mock
 
 import pytest
 
 from projects import services
-from projects.models import ApiKey, EnvironmentKind, Run, RunStatus
+from projects.models import ApiKey, BaseModel, EnvironmentKind, Membership, Run, RunStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-GOOD_ROWS = "\n".join(json.dumps({"prompt": f"Say {w}", "item": {"answer": w}}) for w in "abcd") + "\n"
+# Four training rows and two explicit validation rows: the run evaluates its step-0 and final
+# checkpoints on those two (training/evaluation.py), a few greedy answers on the tiny model.
+GOOD_ROWS = (
+    "\n".join(
+        [json.dumps({"prompt": f"Say {w}", "item": {"answer": w}}) for w in "abcd"]
+        + [json.dumps({"prompt": f"Say {w}", "item": {"answer": w}, "split": "validation"}) for w in "ea"]
+    )
+    + "\n"
+)
+NUMBER = re.compile(r"^-?\d+\.\d{3}$")
 BAD_ROWS = '{"prompt": "fine", "item": {}}\n{not json}\n{"item": {"answer": "x"}}\n'
 
 # A canvas has been drawn on when some pixel is not fully transparent.
@@ -35,9 +46,9 @@ def workspace(transactional_db, settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher"]
     alice = get_user_model().objects.create_user("alice", password="pw-alice-123")
     team = services.team_create(name="alpha", owner=alice)
+    dora = get_user_model().objects.create_user("dora", password="pw-dora-123")
+    services.membership_set(team=team, user=dora, role="member", by=alice)
     project = services.project_create(team=team, name="demo", description="The dashboard's browser test")
-    from projects.models import BaseModel
-
     services.trainable_model_create(
         project=project, name="agent", base_model=BaseModel.objects.get(name="tiny")
     )
@@ -46,7 +57,7 @@ def workspace(transactional_db, settings):
     return project
 
 
-def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
+def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_path):
     page, url = browser.page, stack.web.url
 
     # Sign in.
@@ -102,6 +113,7 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     page.wait_for_url(f"{url}/runs/*/")
     run = Run.objects.get()
     assert run.total_steps == 2 and run.config["group_size"] == 2
+    assert (run.task_set.train_count, run.task_set.validation_count) == (4, 2)
 
     # The run page updates itself (htmx polling) until the run succeeds; the charts are drawn.
     page.wait_for_selector("#run-live-inner[data-status=succeeded]", timeout=240_000)
@@ -112,6 +124,19 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     for chart in ("chart-reward", "chart-loss", "chart-tokens_per_second"):
         assert page.evaluate(CANVAS_HAS_INK, chart) > 100, chart
     assert page.locator(".progress").get_attribute("aria-valuenow") == "2"
+    # The run evaluated its step-0 and final checkpoints on the validation rows; the table is
+    # rendered with the page, so load it again now that the run is over.
+    page.reload()
+    page.wait_for_function("() => window.Chart && Chart.getChart('chart-reward')")
+    evaluations = page.locator("table.evaluations tbody tr")
+    assert evaluations.count() == 2
+    assert page.locator("table.evaluations td.step").all_inner_texts() == ["0", "2"]
+    for row in range(2):
+        cells = evaluations.nth(row)
+        assert cells.locator("td.samples").inner_text() == "2"
+        for column in ("reward-mean", "pass-rate"):
+            assert NUMBER.match(cells.locator(f"td.{column}").inner_text()), cells.inner_text()
+    assert re.match(r"^\d\.\d{3} vs step 0$", evaluations.nth(1).locator("td.win-rate").inner_text())
     browser.screenshot("07-run-succeeded")
 
     # Trajectory viewer: the group side by side, best first.
@@ -147,6 +172,10 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     page.get_by_role("link", name="step 2", exact=True).click()
     page.wait_for_selector("#playground")
     assert "demo/agent:2" in page.locator("#snippet-python").inner_text()
+    # The run's final evaluation is this checkpoint's.
+    assert page.locator("table.evaluations tbody tr").count() == 1
+    assert NUMBER.match(page.locator("table.evaluations td.reward-mean").inner_text())
+    assert page.locator("table.evaluations td.samples").inner_text() == "2"
     page.fill("#pg-prompt", "Say a")
     page.fill("#pg-max-tokens", "12")
     page.click("#playground-form button[type=submit]")
@@ -164,7 +193,16 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     assert page.locator("tbody tr").count() == 1
     browser.screenshot("11-runs-list")
     page.goto(f"{url}/team/members")
+    assert page.locator("tr[data-member=dora]").count() == 1
     browser.screenshot("12-members")
+    page.click("tr[data-member=dora] >> text=Remove")  # the confirmation dialog is accepted
+    page.wait_for_selector("text=dora was removed from the team.")
+    assert page.locator("tr[data-member=dora]").count() == 0
+    assert not Membership.objects.filter(user__username="dora").exists()
+    page.click("tr[data-member=alice] >> text=Leave")  # the last owner: refused, with the reason
+    page.wait_for_selector(".messages .error")
+    assert "last owner" in page.locator(".messages .error").inner_text()
+    browser.screenshot("12-members-removed")
     page.goto(f"{url}/models/{run.model_id}/")
     assert page.get_by_role("link", name="step 2", exact=True).count() == 1
     browser.screenshot("12-model")
@@ -189,6 +227,22 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     assert Run.objects.get(pk=long_run.pk).status == RunStatus.CANCELLED
     browser.screenshot("14-run-cancelled")
 
+    # A multi-turn tool transcript in the trajectory viewer: calls, results, where they diverge.
+    tool_run = _record_tool_run(workspace, tmp_path)
+    page.goto(f"{url}/runs/{tool_run.pk}/trajectories")
+    page.wait_for_selector(".trajectory")
+    columns = page.locator(".trajectory")
+    assert columns.count() == 2
+    best, worst = columns.nth(0), columns.nth(1)
+    assert best.locator("header strong").inner_text() == "Reward 1.000"
+    assert best.locator(".msg.role-assistant").count() == 3 and best.locator(".msg.role-tool").count() == 2
+    assert best.locator(".tool-call .tool-name").all_inner_texts() == ["→ calculator", "→ calculator"]
+    assert best.locator(".msg.role-tool .content").all_inner_texts() == ["42", "50"]
+    assert "(result of call_1_0)" in (best.locator(".msg.role-tool .role").nth(1).text_content() or "")
+    assert "not an arithmetic expression" in worst.locator(".msg.role-tool .content").nth(1).inner_text()
+    assert best.locator(".msg.divergence").count() == 1 and worst.locator(".msg.divergence").count() == 1
+    browser.screenshot("18-trajectory-tools")
+
     # The same pages on a phone.
     page.set_viewport_size({"width": 390, "height": 844})
     page.goto(f"{url}/runs/{run.pk}/")
@@ -196,6 +250,8 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     browser.screenshot("15-phone-run")
     page.goto(f"{url}/runs/{run.pk}/trajectories")
     browser.screenshot("16-phone-trajectories")
+    page.goto(f"{url}/runs/{tool_run.pk}/trajectories")
+    browser.screenshot("16-phone-trajectory-tools")
     page.goto(f"{url}/projects/{workspace.pk}/runs/new")
     browser.screenshot("17-phone-new-run")
 
@@ -203,3 +259,91 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser):
     page.wait_for_url(f"{url}/login/")
 
     assert browser.console_errors == [], browser.console_errors
+
+
+TOOL_PROMPT = "What is 6*7+8? Use the calculator."
+
+
+def _calculator(expression: str) -> str:
+    body = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def _record_tool_run(project, tmp_path) -> Run:
+    """A run on a ``python_tools`` environment with one step of two multi-turn trajectories,
+    recorded through the services a worker uses (claim, step_record, transition). The tiny random
+    model never writes a tool call, so the model's turns are scripted; everything else is real: the
+    environment runs the calculator, ``parse_tool_calls`` reads the calls, the grader grades."""
+    from projects import evaluations
+    from training.rewards import Sample, grade
+    from training.tools import parse_tool_calls
+
+    environment = services.environment_create(
+        project=project,
+        name="calculator",
+        kind=EnvironmentKind.PYTHON_TOOLS,
+        tools=["calculator"],
+        max_turns=4,
+    )
+    reward = services.reward_definition_create(
+        project=project,
+        name="says-50",
+        spec={
+            "type": "string_check",
+            "input": "{{sample.output_text}}",
+            "reference": "50",
+            "operation": "like",
+        },
+    )
+    task_set = services.task_set_create(
+        project=project, name="arithmetic", jsonl=json.dumps({"prompt": TOOL_PROMPT, "item": {}}) + "\n"
+    )
+    model = services.trainable_model_create(
+        project=project, name="tool-agent", base_model=BaseModel.objects.get(name="tiny")
+    )
+    with mock.patch.object(services, "_enqueue_run", lambda run_id: None):  # recorded here, not trained
+        run = services.run_create(
+            model=model, task_set=task_set, environment=environment, reward=reward,
+            config={"steps": 1, "group_size": 2},
+        )  # fmt: skip
+    worker = "browser-test"
+    claimed = services.run_claim(run_id=run.pk, worker=worker)
+    assert claimed is not None
+    scripts = [
+        [_calculator("6*7"), _calculator("42+8"), "The answer is 50."],
+        [_calculator("6*7"), _calculator("42+"), "The answer is 48."],
+    ]
+    records = []
+    core = evaluations.environment_build(environment=environment)
+    for sample_index, turns in enumerate(scripts):
+        state = core.start({"prompt": TOOL_PROMPT, "item": {}}, seed=sample_index)
+        messages = list(state.messages)
+        for turn, text in enumerate(turns):
+            calls = parse_tool_calls(text, id_prefix=f"call_{turn}_")
+            message = {"role": "assistant", "content": text}
+            if calls:
+                message["tool_calls"] = [call.to_openai() for call in calls]
+            messages.append(message)
+            reply = core.respond(state, text, calls)
+            messages += reply.messages
+            if reply.done:
+                break
+        graded = grade(reward.spec, Sample(output_text=turns[-1], messages=messages), {})
+        records.append(
+            services.TrajectoryRecord(
+                group_index=0, sample_index=sample_index, task_row_index=0, messages=messages,
+                reward=graded.reward, sub_rewards=graded.sub_rewards, errors=graded.errors,
+                metrics={"turns": len(turns), "tool_calls": 2}, prompt_tokens=30, completion_tokens=40,
+                finish_reason="stop",
+            )
+        )  # fmt: skip
+    core.close()
+    rewards = [record.reward for record in records]
+    assert rewards == [1.0, 0.0], rewards
+    checkpoint = tmp_path / "tool-agent-step-1"
+    checkpoint.mkdir()
+    assert services.step_record(
+        run=claimed, worker=worker, step=1, metrics={"reward_mean": 0.5, "reward_std": 0.5, "loss": 0.0},
+        trajectories=records, checkpoint_path=str(checkpoint),
+    )  # fmt: skip
+    return services.run_transition(run_id=run.pk, to=RunStatus.SUCCEEDED, message="Run succeeded")

@@ -365,6 +365,14 @@ def test_run_and_checkpoint_pages_show_evaluations(cast, alpha_setup, alpha_run)
     for url in (f"/runs/{alpha_run.pk}/", f"/checkpoints/{checkpoint.pk}/"):
         html = client.get(url).content.decode()
         assert "0.625" in html and "0.500" in html and "0.750" in html
+    # A run's own later evaluation compares with its step-0 baseline (projects.evaluations).
+    Evaluation.objects.create(
+        project=alpha_setup.project, run=alpha_run, step=2, task_set=alpha_setup.task_set,
+        environment=alpha_setup.environment, reward=alpha_setup.reward, status="succeeded",
+        results={"n": 4, "reward_mean": 0.25, "baseline_step": 0, "comparison_to_baseline": {"win_rate": 0.375}},
+    )  # fmt: skip
+    html = client.get(f"/runs/{alpha_run.pk}/").content.decode()
+    assert '0.375 <span class="muted">vs step 0</span>' in html
 
 
 def test_runs_list_filters_searches_and_paginates(cast, alpha_setup, alpha_run):
