@@ -201,6 +201,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/env_proof/models"))
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--checkpoint-root",
+        type=Path,
+        help="validate the checkpoints of an earlier run in this folder (no training); see --validate-steps",
+    )
+    parser.add_argument(
+        "--validate-steps", type=int, nargs="*", help="steps to validate (default: 0 and --steps)"
+    )
     arguments = parser.parse_args()
     torch.set_num_threads(arguments.threads)
     settings = task_settings(arguments.task)
@@ -216,7 +224,24 @@ def main() -> None:
         }
     )
     lora = LoraSpec.from_dict({"rank": 16, "alpha": 32})
+    steps_to_validate = arguments.validate_steps or [0, arguments.steps]
+    if arguments.checkpoint_root:
+        for step in steps_to_validate:
+            with settings["environment"]() as environment:
+                result = validate(
+                    checkpoint_path(arguments.checkpoint_root, step),
+                    environment,
+                    settings["validation"],
+                    settings,
+                    config,
+                    lora,
+                    arguments.cache_dir,
+                    arguments.val_samples,
+                )
+            print(json.dumps({"validation": f"step_{step}", **result}), flush=True)
+        return
     root = Path(tempfile.mkdtemp(prefix=f"env-proof-{arguments.task}-"))
+    print(json.dumps({"checkpoint_root": str(root)}), flush=True)
     spec = RunSpec(
         base_model_source=BUNDLED_MODEL,
         model_cache_dir=arguments.cache_dir,
