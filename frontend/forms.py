@@ -164,3 +164,87 @@ class ApiKeyForm(forms.Form):
 class MemberForm(forms.Form):
     username = forms.CharField(max_length=150)
     role = forms.ChoiceField(choices=Role.choices)
+
+
+class ScenarioForm(forms.Form):
+    """Scenario generation (``projects.scenarios.task_set_generate``): the service checks the
+    values; the form only shapes them."""
+
+    environment = forms.TypedChoiceField(
+        coerce=int, help_text="the model writes tasks that use this environment's tools"
+    )
+    endpoint = forms.TypedChoiceField(
+        coerce=int, label="Endpoint", help_text="one of the team's OpenAI-compatible endpoints"
+    )
+    model = forms.CharField(
+        required=False, max_length=200, help_text="the model to call there; empty: the endpoint's default"
+    )
+    n = forms.IntegerField(initial=10, label="Rows", help_text="how many task rows to ask for (1 to 100)")
+    instruction = forms.CharField(
+        widget=forms.Textarea({"rows": 3}), help_text="what the tasks should be about, in plain words"
+    )
+    name = forms.CharField(
+        max_length=63, label="New task set name", help_text="lowercase letters, digits, '.', '_' or '-'"
+    )
+    validation_fraction = forms.FloatField(
+        initial=0.0, label="Validation fraction", help_text="share of the rows kept for evaluation"
+    )
+
+    def __init__(self, *args: Any, choices: dict[str, list[tuple[int, str]]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in ("environment", "endpoint"):
+            self.fields[name].choices = choices[name]  # type: ignore[attr-defined]
+
+
+# An evaluation's subject or reference is chosen from one list: "checkpoint:<id>", "base:<id>"
+# (a base model without an adapter) or, for the reference only, "endpoint:<id>".
+REFERENCE_NONE = ""
+
+
+def split_choice(value: str) -> tuple[str, int]:
+    kind, _, pk = value.partition(":")
+    return kind, int(pk)
+
+
+class EvaluationForm(forms.Form):
+    """A queued evaluation (``projects.evaluations.evaluation_create``)."""
+
+    subject = forms.ChoiceField(label="Model to evaluate")
+    task_set = forms.TypedChoiceField(coerce=int, label="Task set")
+    split = forms.ChoiceField(initial="validation", help_text="which rows of the task set")
+    environment = forms.TypedChoiceField(coerce=int)
+    reward = forms.TypedChoiceField(coerce=int, label="Reward definition")
+    reference = forms.ChoiceField(
+        required=False,
+        label="Compare against (optional)",
+        help_text="the same rows, graded the same way; the win rate is by reward per row",
+    )
+    reference_model = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Model on the endpoint",
+        help_text="only for an endpoint reference; empty: the endpoint's default model",
+    )
+    pass_threshold = forms.FloatField(
+        initial=1.0, help_text="a sample passes when its reward is at least this"
+    )
+    samples_per_row = forms.IntegerField(initial=1, label="Samples per row")
+    max_rows = forms.IntegerField(required=False, label="Max rows", help_text="empty: every row of the split")
+    temperature = forms.FloatField(initial=0.0, widget=forms.NumberInput({"step": "any"}))
+    max_new_tokens = forms.IntegerField(
+        required=False, label="Max new tokens", help_text="empty: the environment's setting"
+    )
+
+    def __init__(self, *args: Any, choices: dict[str, list[Any]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in ("subject", "task_set", "split", "environment", "reward", "reference"):
+            self.fields[name].choices = choices[name]  # type: ignore[attr-defined]
+
+
+# Service error fields (projects.evaluations) → the form field that shows them.
+EVALUATION_FIELD_FOR_SERVICE_ERROR = {
+    "model": "subject",
+    "reference.model": "reference_model",
+    "reference.checkpoint": "reference",
+    "reference.endpoint": "reference",
+}

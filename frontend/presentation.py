@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from projects.models import EnvironmentKind, Trajectory
+from projects.models import EnvironmentKind
 
 # The per-step series the run page charts, read from StepMetrics.metrics (training/loop.py and
 # training/trainer.py write these keys).
@@ -58,9 +59,10 @@ class Message:
 
 @dataclass
 class Column:
-    trajectory: Trajectory
+    trajectory: Any  # a Trajectory or an EvaluationSample: messages, reward, sub_rewards, errors
     messages: list[Message]
     rank: str  # "best", "worst" or ""
+    side: str = ""  # an evaluation sample's side: "subject" or "reference"
 
 
 def _tool_calls(message: dict[str, Any]) -> list[dict[str, str]]:
@@ -90,52 +92,178 @@ def _key(message: dict[str, Any]) -> str:
     return json.dumps([message.get("role"), _text(message), _tool_calls(message)], sort_keys=True)
 
 
-def transcript_columns(trajectories: list[Trajectory]) -> list[Column]:
+def _divergence(a: Any, b: Any) -> tuple[int | None, int]:
+    """(message index, character index) where transcripts ``a`` and ``b`` first differ; (None, 0)
+    when they are the same or got the same reward (nothing to explain)."""
+    if a.reward == b.reward:
+        return None, 0
+    for index in range(max(len(a.messages), len(b.messages))):
+        x = a.messages[index] if index < len(a.messages) else None
+        y = b.messages[index] if index < len(b.messages) else None
+        if x is None or y is None or _key(x) != _key(y):
+            split_char = 0
+            if x is not None and y is not None:
+                text_x, text_y = _text(x), _text(y)
+                while split_char < min(len(text_x), len(text_y)) and text_x[split_char] == text_y[split_char]:
+                    split_char += 1
+            return index, split_char
+    return None, 0
+
+
+def _messages(raw_messages: list[dict[str, Any]], split: tuple[int | None, int] | None) -> list[Message]:
+    """Messages for the template; with ``split`` (from ``_divergence``), the text from there on is
+    marked ``diverged`` and the first differing message gets ``first_divergence``."""
+    split_message, split_char = split if split is not None else (None, 0)
+    messages = []
+    for index, raw in enumerate(raw_messages):
+        text = _text(raw)
+        if split_message is not None and index == split_message:
+            parts = [Part(text[:split_char]), Part(text[split_char:], diverged=True)]
+        elif split_message is not None and index > split_message:
+            parts = [Part(text, diverged=True)]
+        else:
+            parts = [Part(text)]
+        messages.append(
+            Message(
+                role=str(raw.get("role", "?")),
+                parts=[part for part in parts if part.text],
+                tool_calls=_tool_calls(raw),
+                tool_call_id=str(raw.get("tool_call_id", "")),
+                name=str(raw.get("name", "")),
+                first_divergence=split_message is not None and index == split_message,
+            )
+        )
+    return messages
+
+
+def transcript_columns(trajectories: Sequence[Any]) -> list[Column]:
     """Columns best first; in the best and the worst, the text from their first difference on is
     marked ``diverged`` (the first differing message gets ``first_divergence``)."""
     if not trajectories:
         return []
     best, worst = trajectories[0], trajectories[-1]
-    split_message, split_char = None, 0
-    if len(trajectories) > 1 and best.reward != worst.reward:
-        for index in range(max(len(best.messages), len(worst.messages))):
-            a = best.messages[index] if index < len(best.messages) else None
-            b = worst.messages[index] if index < len(worst.messages) else None
-            if a is None or b is None or _key(a) != _key(b):
-                split_message = index
-                if a is not None and b is not None:
-                    text_a, text_b = _text(a), _text(b)
-                    while (
-                        split_char < min(len(text_a), len(text_b))
-                        and text_a[split_char] == text_b[split_char]
-                    ):
-                        split_char += 1
-                break
+    split = _divergence(best, worst) if len(trajectories) > 1 else None
     columns = []
     for trajectory in trajectories:
-        marked = split_message is not None and trajectory.pk in (best.pk, worst.pk)
-        messages = []
-        for index, raw in enumerate(trajectory.messages):
-            text = _text(raw)
-            if marked and index == split_message:
-                parts = [Part(text[:split_char]), Part(text[split_char:], diverged=True)]
-            elif marked and split_message is not None and index > split_message:
-                parts = [Part(text, diverged=True)]
-            else:
-                parts = [Part(text)]
-            messages.append(
-                Message(
-                    role=str(raw.get("role", "?")),
-                    parts=[part for part in parts if part.text],
-                    tool_calls=_tool_calls(raw),
-                    tool_call_id=str(raw.get("tool_call_id", "")),
-                    name=str(raw.get("name", "")),
-                    first_divergence=marked and index == split_message,
-                )
-            )
+        marked = trajectory.pk in (best.pk, worst.pk)
         rank = "best" if trajectory.pk == best.pk else "worst" if trajectory.pk == worst.pk else ""
-        columns.append(Column(trajectory, messages, rank if len(trajectories) > 1 else ""))
+        columns.append(
+            Column(
+                trajectory,
+                _messages(trajectory.messages, split if marked else None),
+                rank if len(trajectories) > 1 else "",
+            )
+        )
     return columns
+
+
+@dataclass
+class SampleRow:
+    task_row_index: int
+    columns: list[Column]
+
+
+def evaluation_sample_rows(samples: Sequence[Any]) -> list[SampleRow]:
+    """An evaluation's samples per task row: the subject's, then the reference's, side by side.
+    Where the first subject sample and the first reference sample got different rewards, the point
+    where their transcripts part ways is marked as in the trajectory viewer."""
+    by_row: dict[int, list[Any]] = {}
+    for sample in samples:
+        by_row.setdefault(sample.task_row_index, []).append(sample)
+    rows = []
+    for index, row_samples in sorted(by_row.items()):
+        ordered = sorted(row_samples, key=lambda s: (s.side != "subject", s.sample_index))
+        subject = next((s for s in ordered if s.side == "subject"), None)
+        reference = next((s for s in ordered if s.side != "subject"), None)
+        split = _divergence(subject, reference) if subject is not None and reference is not None else None
+        rows.append(
+            SampleRow(
+                index,
+                [
+                    Column(
+                        sample,
+                        _messages(sample.messages, split if sample in (subject, reference) else None),
+                        "",
+                        side=sample.side,
+                    )
+                    for sample in ordered
+                ],
+            )
+        )
+    return rows
+
+
+# The numbers of one side of an evaluation (training.evaluation.aggregate): (label, key, decimals;
+# None for a count).
+RESULT_ROWS = [
+    ("Samples", "n", None),
+    ("Task rows", "rows", None),
+    ("Mean reward", "reward_mean", 3),
+    ("Reward std", "reward_std", 3),
+    ("Pass rate", "pass_rate", 3),
+    ("Mean turns", "turns_mean", 2),
+    ("Tool calls", "tool_calls", None),
+    ("Tool error rate", "tool_error_rate", 3),
+    ("Grader error rate", "grader_error_rate", 3),
+    ("Failed rollouts", "policy_errors", None),
+]
+
+
+def _show(value: Any, decimals: int | None) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "–"
+    return str(int(value)) if decimals is None else f"{value:.{decimals}f}"
+
+
+def evaluation_results(results: dict[str, Any], *, has_reference: bool) -> dict[str, Any]:
+    """An evaluation's ``results`` as table rows (label, subject, reference), the per-grader means
+    of both sides, and the comparison with the reference (or, for a run's later evaluation, with
+    its first one)."""
+    raw_reference = results.get("reference")
+    reference: dict[str, Any] = raw_reference if isinstance(raw_reference, dict) else {}
+    rows = [
+        {
+            "label": label,
+            "key": key,
+            "subject": _show(results.get(key), d),
+            "reference": _show(reference.get(key), d),
+        }
+        for label, key, d in RESULT_ROWS
+    ]
+    if isinstance(results.get("pass_threshold"), int | float):
+        rows[4]["label"] = f"Pass rate (reward ≥ {results['pass_threshold']:g})"
+    subject_graders = results.get("grader_means") or {}
+    reference_graders = reference.get("grader_means") or {}
+    graders = [
+        {
+            "name": name,
+            "subject": _show(subject_graders.get(name), 3),
+            "reference": _show(reference_graders.get(name), 3),
+        }
+        for name in sorted({*subject_graders, *reference_graders})
+    ]
+
+    def comparison(raw: Any) -> dict[str, str] | None:
+        if not isinstance(raw, dict):
+            return None
+        return {
+            "win_rate": _show(raw.get("win_rate"), 3),
+            "wins": _show(raw.get("wins"), None),
+            "ties": _show(raw.get("ties"), None),
+            "losses": _show(raw.get("losses"), None),
+            "rows": _show(raw.get("rows"), None),
+            "reward_delta": _show(raw.get("reward_delta"), 3),
+        }
+
+    return {
+        "any": bool(results),
+        "rows": rows,
+        "graders": graders,
+        "has_reference": has_reference or bool(reference),
+        "comparison": comparison(results.get("comparison")),
+        "baseline": comparison(results.get("comparison_to_baseline")),
+        "baseline_step": results.get("baseline_step"),
+    }
 
 
 def environment_kinds() -> list[dict[str, Any]]:

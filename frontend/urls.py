@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import playground, views
+from frontend import evaluation_pages, playground, task_set_pages, views
 
 app_name = "frontend"
 
@@ -18,6 +18,19 @@ urlpatterns = [
     path("projects/<int:project_id>/", views.project, name="project"),
     path("projects/<int:project_id>/runs/new", views.run_new, name="run-new"),
     path("projects/<int:project_id>/rewards/", views.rewards, name="rewards"),
+    path(
+        "projects/<int:project_id>/task-sets/generate",
+        task_set_pages.task_set_generate,
+        name="task-set-generate",
+    ),
+    path("task-sets/<int:task_set_id>/", task_set_pages.task_set, name="task-set"),
+    path("evaluations/", evaluation_pages.evaluation_list, name="evaluations"),
+    path("evaluations/new", evaluation_pages.evaluation_new, name="evaluation-new"),
+    path("evaluations/<int:evaluation_id>/", evaluation_pages.evaluation_detail, name="evaluation"),
+    path("evaluations/<int:evaluation_id>/live", evaluation_pages.evaluation_live, name="evaluation-live"),
+    path(
+        "evaluations/<int:evaluation_id>/cancel", evaluation_pages.evaluation_cancel, name="evaluation-cancel"
+    ),
     path("models/<int:model_id>/", views.model_detail, name="model"),
     path("runs/", views.runs, name="runs"),
     path("runs/<int:run_id>/", views.run_detail, name="run"),

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from frontend import evaluation_pages
 from frontend import forms as f
 from frontend.access import SESSION_TEAM_KEY, can_write, get_scoped, team_view
 from frontend.presentation import chart_data, environment_kinds, transcript_columns
@@ -223,6 +224,7 @@ def project(request: HttpRequest, project_id: int) -> HttpResponse:
             "model_form": model_form,
             "environment_form": environment_form,
             "environment_kinds": kinds,
+            "has_endpoints": selectors.judge_endpoints(team=team).exists(),
         },
     )
 
@@ -556,10 +558,22 @@ def checkpoint(request: HttpRequest, checkpoint_id: int) -> HttpResponse:
             "server_count": len(servers),
             "metrics": sorted((k, v) for k, v in checkpoint.metrics.items() if isinstance(v, int | float)),
             "evaluations": selectors.checkpoint_evaluations(checkpoint=checkpoint),
+            "evaluation_form": _checkpoint_evaluation_form(request, checkpoint),
             "gateway_url": gateway_url,
             "playground_url": reverse("frontend:playground-chat"),
         },
     )
+
+
+def _checkpoint_evaluation_form(request: HttpRequest, checkpoint: Checkpoint) -> Any:
+    """The Evaluate form for members, prefilled with this checkpoint and its run's inputs."""
+    if not can_write(request):
+        return None
+    initial: dict[str, Any] = {"subject": f"checkpoint:{checkpoint.pk}"}
+    if checkpoint.run is not None:
+        run = checkpoint.run
+        initial.update(task_set=run.task_set_id, environment=run.environment_id, reward=run.reward_id)
+    return evaluation_pages.evaluation_form(request, initial=initial)
 
 
 def root(request: HttpRequest) -> HttpResponse:

@@ -11,6 +11,9 @@ from projects.models import (
     ApiKey,
     Checkpoint,
     Evaluation,
+    EvaluationEvent,
+    EvaluationSample,
+    JudgeEndpoint,
     Membership,
     Project,
     RewardDefinition,
@@ -158,3 +161,31 @@ def checkpoint_evaluations(*, checkpoint: Checkpoint) -> QuerySet[Evaluation]:
 def run_recent_events(*, run: Run, limit: int = 50) -> list[RunEvent]:
     """The newest ``limit`` events, newest first (the run page's log)."""
     return list(RunEvent.objects.filter(run=run).order_by("-id")[:limit])
+
+
+def judge_endpoints(*, team: Team) -> QuerySet[JudgeEndpoint]:
+    """The team's OpenAI-compatible endpoints (judges, scenario writers, evaluation references)."""
+    return JudgeEndpoint.objects.filter(team=team).order_by("name")
+
+
+def evaluation_recent_events(*, evaluation: Evaluation, limit: int = 50) -> list[EvaluationEvent]:
+    """The newest ``limit`` events, newest first (the evaluation page's log)."""
+    return list(EvaluationEvent.objects.filter(evaluation=evaluation).order_by("-id")[:limit])
+
+
+def evaluation_sample_row_indexes(*, evaluation: Evaluation) -> list[int]:
+    """The task rows an evaluation has samples for, in order (the samples view pages by row)."""
+    return list(
+        EvaluationSample.objects.filter(evaluation=evaluation)
+        .values_list("task_row_index", flat=True)
+        .distinct()
+        .order_by("task_row_index")
+    )
+
+
+def evaluation_samples_of_rows(
+    *, evaluation: Evaluation, row_indexes: list[int]
+) -> QuerySet[EvaluationSample]:
+    return EvaluationSample.objects.filter(evaluation=evaluation, task_row_index__in=row_indexes).order_by(
+        "task_row_index", "side", "sample_index"
+    )

@@ -1,7 +1,8 @@
 """One person's path through the dashboard in Chromium, on the real stack (see conftest): sign in,
 create and revoke an API key, start a run from the form with an uploaded JSONL task set, watch it
 succeed on the run page with the charts drawn, open a trajectory, dry-run a grader, and chat with
-the checkpoint beside its base model. No page may log a console error."""
+the checkpoint beside its base model, evaluate the checkpoint against its base model from its page
+and watch the queued evaluation finish. No page may log a console error."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from unittest import mock
 
 import pytest
 
-from projects import services
-from projects.models import ApiKey, BaseModel, EnvironmentKind, Membership, Run, RunStatus
+from projects import judges, services
+from projects.models import ApiKey, BaseModel, EnvironmentKind, Evaluation, Membership, Run, RunStatus
+from tests.openai_stub import openai_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -188,6 +190,58 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
     assert page.locator("#pg-answer-checkpoint").inner_text() or page.locator("#pg-answer-base").inner_text()
     browser.screenshot("10-checkpoint-playground")
 
+    # Evaluate the checkpoint against its base model from the checkpoint page (the form is
+    # prefilled with the run's task set, environment and reward): the worker runs the queued job
+    # while the evaluation page polls; then results and the samples side by side.
+    page.click("summary:has-text('Evaluate this checkpoint')")
+    page.select_option("#id_reference", value=f"base:{BaseModel.objects.get(name='tiny').pk}")
+    page.click("summary:has-text('Sampling and pass threshold')")
+    page.fill("#id_max_new_tokens", "6")
+    page.click("text=Queue evaluation")
+    page.wait_for_url(f"{url}/evaluations/*/")
+    page.wait_for_selector("#evaluation-live[data-status=succeeded]", timeout=120_000)
+    evaluation = Evaluation.objects.get(run=None)
+    assert evaluation.checkpoint.step == 2 and evaluation.reference_base_model is not None
+    for side in ("subject", "reference"):
+        cell = page.locator(f".results-table tr[data-metric=reward_mean] td.{side}")
+        assert NUMBER.match(cell.inner_text()), cell.inner_text()
+    assert NUMBER.match(page.locator(".comparison .win-rate").inner_text())
+    assert page.locator(".sample-row").count() == 2
+    assert page.locator(".sample-row").first.locator(".trajectory").count() == 2
+    assert page.locator(".sample-row .trajectory.side-reference .msg.role-assistant").count() == 2
+    browser.screenshot("19-evaluation")
+    page.goto(f"{url}/evaluations/")
+    assert page.locator("table.evaluations tbody tr").count() == 3  # the run's two and this one
+    page.goto(f"{url}/projects/{workspace.pk}/task-sets/generate")
+    assert page.locator("#endpoint-needed").count() == 1  # no team endpoint: how to add one
+    assert page.locator("button:has-text('Generate task set')").is_disabled()
+    browser.screenshot("20-generate-needs-endpoint")
+    # With a team endpoint (a scripted OpenAI-compatible stub on loopback, tests/openai_stub.py)
+    # the web process generates the rows; the new task set's page shows the report.
+    reply = "\n".join(
+        [
+            '{"prompt": "Say maybe", "item": ',  # malformed
+            json.dumps({"prompt": "Say yes", "item": {"answer": "yes"}}),
+            json.dumps({"prompt": "say YES", "item": {"answer": "yes"}}),  # a duplicate
+            json.dumps({"prompt": "Say no", "item": {"answer": "no"}}),
+        ]
+    )
+    with openai_stub([reply]) as stub:
+        judges.judge_endpoint_create(
+            team=workspace.team, name="writer", base_url=stub.url, default_model="writer-model"
+        )
+        page.goto(f"{url}/projects/{workspace.pk}/")
+        page.click("text=Generate scenarios")
+        page.fill("#id_n", "2")
+        page.fill("#id_instruction", "one-word answers")
+        page.fill("#id_name", "generated")
+        page.click("button:has-text('Generate task set')")
+        page.wait_for_url(f"{url}/task-sets/*/")
+    assert page.locator(".generation-report dd.accepted").inner_text() == "2"
+    assert page.locator(".generation-report dd.rejected").inner_text() == "2"
+    assert page.locator("table.row-errors tbody tr").count() == 2
+    browser.screenshot("21-generated-task-set")
+
     # Lists, members and the environment form (every kind offered; unavailable ones disabled).
     page.goto(f"{url}/runs/?status=succeeded")
     assert page.locator("tbody tr").count() == 1
@@ -254,6 +308,8 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
     browser.screenshot("16-phone-trajectory-tools")
     page.goto(f"{url}/projects/{workspace.pk}/runs/new")
     browser.screenshot("17-phone-new-run")
+    page.goto(f"{url}/evaluations/{evaluation.pk}/")
+    browser.screenshot("19-phone-evaluation")
 
     page.click("text=Sign out")
     page.wait_for_url(f"{url}/login/")

@@ -1,0 +1,282 @@
+"""Evaluation pages: the team's evaluations, the form that queues one (``projects.evaluations.
+evaluation_create``, the service behind ``POST /api/v1/evaluations``), and an evaluation's page:
+status and events (live while it is queued or running), results, and its samples per task row,
+the subject beside the reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from frontend import forms as f
+from frontend.access import can_write, get_scoped, team_view
+from frontend.presentation import evaluation_results, evaluation_sample_rows
+from projects import evaluations, selectors
+from projects.errors import DomainError, ValidationFailed
+from projects.models import (
+    BaseModel,
+    Checkpoint,
+    Environment,
+    Evaluation,
+    EvaluationStatus,
+    JudgeEndpoint,
+    Project,
+    RewardDefinition,
+    TaskSet,
+)
+
+ROWS_PER_PAGE = 10
+ACTIVE = (EvaluationStatus.QUEUED, EvaluationStatus.RUNNING)
+
+
+@team_view()
+def evaluation_list(request: HttpRequest) -> HttpResponse:
+    team = request.team  # type: ignore[attr-defined]
+    project_id = request.GET.get("project", "")
+    status = request.GET.get("status", "")
+    items = evaluations.evaluations_list(
+        team=team,
+        project_id=int(project_id) if project_id.isdigit() else None,
+        status=status if status in EvaluationStatus.values else None,
+    ).select_related(
+        "task_set", "reference_checkpoint__model__project", "reference_base_model", "reference_endpoint"
+    )
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(
+        request,
+        "frontend/evaluations.html",
+        {
+            "page": Paginator(items, 20).get_page(request.GET.get("page")),
+            "projects": selectors.scoped(Project, team).order_by("name"),
+            "statuses": EvaluationStatus.values,
+            "filters": {"project": project_id, "status": status},
+            "query": query.urlencode(),
+        },
+    )
+
+
+def _model_choices(team: Any) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    checkpoints = [
+        (f"checkpoint:{c.pk}", evaluations.model_label(c, None))
+        for c in selectors.scoped(Checkpoint, team)
+        .select_related("model__project")
+        .order_by("model__project__name", "model__name", "-step")
+    ]
+    base_models = [
+        (f"base:{b.pk}", f"{b.name} (base model, no adapter)") for b in BaseModel.objects.order_by("name")
+    ]
+    return checkpoints, base_models
+
+
+def _choices(team: Any) -> dict[str, list[Any]]:
+    """Every choice across the team's projects, labelled with the project (the service checks that
+    the task set, environment and reward definition share one)."""
+    checkpoints, base_models = _model_choices(team)
+    endpoints = [
+        (f"endpoint:{e.pk}", f"{e.name} ({e.base_url})") for e in selectors.judge_endpoints(team=team)
+    ]
+    projects = list(selectors.scoped(Project, team).order_by("name"))
+    return {
+        "subject": [("Checkpoints", checkpoints), ("Base models", base_models)],
+        "task_set": [
+            (t.pk, f"{t.project.name} / {t.name} ({t.train_count} train / {t.validation_count} validation)")
+            for t in selectors.scoped(TaskSet, team)
+            .select_related("project")
+            .order_by("project__name", "name")
+        ],
+        "split": [(split, split) for split in evaluations.SPLITS],
+        "environment": [
+            (e.pk, f"{e.project.name} / {e.name} ({e.kind})")
+            for e in selectors.scoped(Environment, team)
+            .select_related("project")
+            .order_by("project__name", "name")
+        ],
+        "reward": [
+            (r.pk, f"{project.name} / {r.name} v{r.version}")
+            for project in projects
+            for r in selectors.reward_definitions_latest(team=team, project=project)
+        ],
+        "reference": [
+            (f.REFERENCE_NONE, "— none —"),
+            ("Checkpoints", checkpoints),
+            ("Base models", base_models),
+            ("Team endpoints", endpoints),
+        ],
+    }
+
+
+def _initial(request: HttpRequest) -> dict[str, Any]:
+    """``?checkpoint=<id>`` evaluates that checkpoint; ``?from=<evaluation id>`` repeats an
+    evaluation's settings (the team's own rows only: anything else is ignored)."""
+    initial: dict[str, Any] = {}
+    checkpoint_id = request.GET.get("checkpoint", "")
+    if checkpoint_id.isdigit():
+        checkpoint = get_scoped(Checkpoint, request, int(checkpoint_id))
+        initial["subject"] = f"checkpoint:{checkpoint.pk}"
+    source_id = request.GET.get("from", "")
+    if source_id.isdigit():
+        source = get_scoped(Evaluation, request, int(source_id))
+        initial.update(
+            task_set=source.task_set_id,
+            split=source.split,
+            environment=source.environment_id,
+            reward=source.reward_id,
+            pass_threshold=source.pass_threshold,
+            samples_per_row=source.samples_per_row,
+            max_rows=source.max_rows,
+            temperature=source.config.get("temperature", 0.0),
+            reference_model=source.reference_model,
+        )
+        if source.checkpoint_id:
+            initial.setdefault("subject", f"checkpoint:{source.checkpoint_id}")
+        elif source.base_model_id:
+            initial.setdefault("subject", f"base:{source.base_model_id}")
+        for kind, pk in (
+            ("checkpoint", source.reference_checkpoint_id),
+            ("base", source.reference_base_model_id),
+            ("endpoint", source.reference_endpoint_id),
+        ):
+            if pk:
+                initial["reference"] = f"{kind}:{pk}"
+    return initial
+
+
+def evaluation_form(
+    request: HttpRequest, data: Any = None, initial: dict[str, Any] | None = None
+) -> f.EvaluationForm:
+    return f.EvaluationForm(data, initial=initial or {}, choices=_choices(request.team))  # type: ignore[attr-defined]
+
+
+@team_view(write=True)
+def evaluation_new(request: HttpRequest) -> HttpResponse:
+    form = evaluation_form(request, request.POST or None, _initial(request))
+    if request.method == "POST" and form.is_valid():
+        evaluation = _create(request, form)
+        if evaluation is not None:
+            messages.success(request, f"Evaluation {evaluation.pk} queued.")
+            return redirect("frontend:evaluation", evaluation_id=evaluation.pk)
+    return render(request, "frontend/evaluation_new.html", {"form": form})
+
+
+def _create(request: HttpRequest, form: f.EvaluationForm) -> Evaluation | None:
+    data = form.cleaned_data
+    kind, pk = f.split_choice(data["subject"])
+    subject: dict[str, Any] = (
+        {"checkpoint": get_scoped(Checkpoint, request, pk)}
+        if kind == "checkpoint"
+        else {"base_model": BaseModel.objects.get(pk=pk)}
+    )
+    reference: dict[str, Any] = {}
+    if data["reference"]:
+        kind, pk = f.split_choice(data["reference"])
+        if kind == "checkpoint":
+            reference["reference_checkpoint"] = get_scoped(Checkpoint, request, pk)
+        elif kind == "base":
+            reference["reference_base_model"] = BaseModel.objects.get(pk=pk)
+        else:
+            reference["reference_endpoint"] = get_scoped(JudgeEndpoint, request, pk)
+            reference["reference_model"] = data["reference_model"]
+    try:
+        return evaluations.evaluation_create(
+            task_set=get_scoped(TaskSet, request, data["task_set"]),
+            environment=get_scoped(Environment, request, data["environment"]),
+            reward=get_scoped(RewardDefinition, request, data["reward"]),
+            split=data["split"],
+            pass_threshold=data["pass_threshold"],
+            max_rows=data["max_rows"],
+            samples_per_row=data["samples_per_row"],
+            temperature=data["temperature"],
+            max_new_tokens=data["max_new_tokens"],
+            created_by=request.user,  # type: ignore[arg-type]
+            **subject,
+            **reference,
+        )
+    except ValidationFailed as exc:
+        f.attach_errors(form, exc, rename=f.EVALUATION_FIELD_FOR_SERVICE_ERROR)
+    return None
+
+
+def _context(request: HttpRequest, evaluation: Evaluation) -> dict[str, Any]:
+    row_indexes = selectors.evaluation_sample_row_indexes(evaluation=evaluation)
+    page = Paginator(row_indexes, ROWS_PER_PAGE).get_page(request.GET.get("page"))
+    samples = selectors.evaluation_samples_of_rows(evaluation=evaluation, row_indexes=list(page.object_list))
+    has_reference = bool(
+        evaluation.reference_checkpoint_id or evaluation.reference_base_model_id or evaluation.reference_model
+    )
+    return {
+        "evaluation": evaluation,
+        "active": evaluation.status in ACTIVE,
+        "subject_label": evaluations.model_label(evaluation.checkpoint, evaluation.base_model)
+        or "deleted checkpoint",
+        "reference_label": _reference_label(evaluation),
+        "results": evaluation_results(evaluation.results, has_reference=has_reference),
+        "events": selectors.evaluation_recent_events(evaluation=evaluation),
+        "page": page,
+        "sample_rows": evaluation_sample_rows(list(samples)),
+        "can_cancel": can_write(request) and evaluation.status in ACTIVE,
+        "can_write": can_write(request),
+    }
+
+
+def _reference_label(evaluation: Evaluation) -> str:
+    if evaluation.reference_checkpoint_id or evaluation.reference_base_model_id:
+        return evaluations.model_label(evaluation.reference_checkpoint, evaluation.reference_base_model)
+    if evaluation.reference_model:
+        endpoint = (
+            evaluation.reference_endpoint.name if evaluation.reference_endpoint else "a deleted endpoint"
+        )
+        return f"{evaluation.reference_model} on {endpoint}"
+    return ""
+
+
+def _get(request: HttpRequest, evaluation_id: int) -> Evaluation:
+    """The team's evaluation with the relations its page labels read (one query), else 404."""
+    evaluation = (
+        selectors.scoped(Evaluation, request.team)  # type: ignore[attr-defined]
+        .select_related(
+            "project",
+            "task_set",
+            "environment",
+            "reward",
+            "checkpoint__model__project",
+            "base_model",
+            "reference_checkpoint__model__project",
+            "reference_base_model",
+            "reference_endpoint",
+        )  # fmt: skip
+        .filter(pk=evaluation_id)
+        .first()
+    )
+    if evaluation is None:
+        raise Http404("no such evaluation")
+    return evaluation
+
+
+@team_view()
+def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
+    return render(request, "frontend/evaluation.html", _context(request, _get(request, evaluation_id)))
+
+
+@require_GET
+@team_view()
+def evaluation_live(request: HttpRequest, evaluation_id: int) -> HttpResponse:
+    """The evaluation page's live part, polled by htmx while the evaluation is queued or running."""
+    return render(request, "frontend/_evaluation_live.html", _context(request, _get(request, evaluation_id)))
+
+
+@require_POST
+@team_view(write=True)
+def evaluation_cancel(request: HttpRequest, evaluation_id: int) -> HttpResponse:
+    evaluation = get_scoped(Evaluation, request, evaluation_id)
+    try:
+        evaluations.evaluation_cancel(evaluation=evaluation)
+        messages.success(request, "Evaluation cancelled.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("frontend:evaluation", evaluation_id=evaluation.pk)
