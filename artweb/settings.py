@@ -181,10 +181,15 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # --- training -------------------------------------------------------------------------------
-# A running run whose worker has not written a heartbeat for this long is considered orphaned and
-# is re-enqueued; it resumes from its last checkpoint.
+# A running run (or queued evaluation job) whose worker has not written a heartbeat for this long
+# is considered orphaned and is re-enqueued: a run resumes from its last checkpoint, an evaluation
+# restarts from scratch.
 RUN_HEARTBEAT_TIMEOUT_S = env_float("RUN_HEARTBEAT_TIMEOUT_S", 300.0)
 RUN_TIME_LIMIT_S = env_int("RUN_TIME_LIMIT_S", 7 * 24 * 3600, minimum=60)
+# The longest a queued evaluation (POST /api/v1/evaluations) may take: past it the evaluation fails
+# (Celery's soft time limit). Liveness is the heartbeat above, not this limit: an evaluation whose
+# worker dies is taken over after RUN_HEARTBEAT_TIMEOUT_S and restarted from scratch.
+EVALUATION_TIME_LIMIT_S = env_int("EVALUATION_TIME_LIMIT_S", 6 * 3600, minimum=60)
 TRAINING_DEVICE = env_str("TRAINING_DEVICE", "cpu")
 TORCH_THREADS = env_int("TORCH_THREADS", 0, minimum=0)
 CHECKPOINT_DIR = DATA_DIR / "checkpoints"
@@ -204,9 +209,14 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     "training.train_run": {"queue": "train"},
     "training.requeue_orphaned_runs": {"queue": "default"},
+    "training.requeue_orphaned_evaluations": {"queue": "default"},
 }
 CELERY_BEAT_SCHEDULE = {
     "requeue-orphaned-runs": {"task": "training.requeue_orphaned_runs", "schedule": RUN_REAPER_INTERVAL_S},
+    "requeue-orphaned-evaluations": {
+        "task": "training.requeue_orphaned_evaluations",
+        "schedule": RUN_REAPER_INTERVAL_S,
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 

@@ -4,6 +4,9 @@ Concurrency invariants, as for runs:
 - a requested evaluation is enqueued with ``transaction.on_commit``; the task's first act is
   ``evaluation_claim``, a conditional transition under ``select_for_update``, so a duplicate
   delivery is a no-op;
+- its worker beats ``heartbeat_at`` while it works; an evaluation whose heartbeat is older than
+  ``RUN_HEARTBEAT_TIMEOUT_S`` is re-enqueued (``evaluations_requeue_orphaned``) and the next claim
+  restarts it from scratch, deleting whatever samples it had (it has no checkpoint to resume from);
 - results and samples are written in one transaction by ``evaluation_finish``, and only while the
   evaluation is still running on this worker: a cancelled evaluation never gets results;
 - a run's evaluation at a step is recorded at most once (the (run, step) unique constraint).
@@ -18,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from projects.errors import InvalidTransition, NotFound, ValidationFailed
@@ -41,14 +44,12 @@ from projects.models import (
 )
 from projects.queues import Queue
 from projects.selectors import scoped
-from projects.services import _jsonb_safe, run_event_add
+from projects.services import jsonb_safe, run_event_add
 from training.config import TrainConfig
 
 SPLITS = ("validation", "train", "all")
 MAX_SAMPLES_PER_ROW = 16
 MAX_SAMPLES = 5000  # rows x samples per row x sides: bounds one job's time and its stored samples
-# A task older than this has been killed by Celery's time limit, so its evaluation is free to take.
-EVALUATION_TIME_LIMIT_S = 6 * 3600
 TERMINAL = (EvaluationStatus.SUCCEEDED, EvaluationStatus.FAILED, EvaluationStatus.CANCELLED)
 
 
@@ -97,6 +98,12 @@ def evaluation_events(
         events = events.filter(id__gt=after)
     page = list(events[: limit + 1])
     return page[:limit], len(page) > limit
+
+
+def run_step_evaluated(*, run: Run, step: int) -> bool:
+    """Whether the run's checkpoint ``step`` has its validation evaluation (a resumed run asks, to
+    evaluate a step whose worker died between recording it and evaluating it)."""
+    return Evaluation.objects.filter(run=run, step=step).exists()
 
 
 def evaluation_rows(*, evaluation: Evaluation) -> list[dict[str, Any]]:
@@ -281,10 +288,21 @@ def _enqueue(evaluation_id: int) -> None:
     evaluate.apply_async(args=(evaluation_id,), queue=Queue.TRAIN)
 
 
-def evaluation_claim(*, evaluation_id: int, worker: str) -> Evaluation | None:
-    """The idempotent first act of the evaluation task: queued → running for this worker. A running
-    evaluation is taken over only after the task time limit (its worker is gone). Anything else (a
-    duplicate delivery, a finished or cancelled evaluation) returns None and changes nothing."""
+def _stale_after(stale_after_s: float | None) -> timedelta:
+    return timedelta(seconds=stale_after_s if stale_after_s is not None else settings.RUN_HEARTBEAT_TIMEOUT_S)
+
+
+def evaluation_claim(
+    *, evaluation_id: int, worker: str, stale_after_s: float | None = None
+) -> Evaluation | None:
+    """The idempotent first act of the evaluation task: queued → running for this worker.
+
+    A running evaluation whose worker has not beaten its heartbeat for ``stale_after_s`` (default
+    ``RUN_HEARTBEAT_TIMEOUT_S``) is taken over and **restarted from scratch**: an evaluation keeps
+    no checkpoint of its progress, so the samples it may have stored are deleted in this same
+    transaction and every sample ends up recorded exactly once. Anything else (a duplicate
+    delivery, a live owner, a finished or cancelled evaluation) returns None and changes nothing.
+    """
     with transaction.atomic():
         evaluation = Evaluation.objects.select_for_update().filter(pk=evaluation_id).first()
         if evaluation is None:
@@ -293,18 +311,46 @@ def evaluation_claim(*, evaluation_id: int, worker: str) -> Evaluation | None:
         if evaluation.status == EvaluationStatus.QUEUED:
             message = f"Evaluation started on worker {worker}"
         elif evaluation.status == EvaluationStatus.RUNNING and (
-            evaluation.started_at is None
-            or now - evaluation.started_at > timedelta(seconds=EVALUATION_TIME_LIMIT_S)
+            evaluation.heartbeat_at is None or now - evaluation.heartbeat_at > _stale_after(stale_after_s)
         ):
-            message = f"Worker {evaluation.worker or '?'} did not finish; restarting on {worker}"
+            deleted, _ = EvaluationSample.objects.filter(evaluation=evaluation).delete()
+            message = (
+                f"Worker {evaluation.worker or '?'} stopped sending heartbeats; restarting from scratch on {worker}"
+                + (f" ({deleted} partial samples deleted)" if deleted else "")
+            )
         else:
             return None
         evaluation.status = EvaluationStatus.RUNNING
         evaluation.worker = worker
-        evaluation.started_at = now
-        evaluation.save(update_fields=["status", "worker", "started_at"])
+        evaluation.started_at = evaluation.heartbeat_at = now
+        evaluation.results = {}
+        evaluation.save(update_fields=["status", "worker", "started_at", "heartbeat_at", "results"])
         evaluation_event_add(evaluation=evaluation, message=message)
     return evaluation
+
+
+def evaluation_heartbeat(*, evaluation_id: int, worker: str) -> bool:
+    """Refresh the heartbeat; False if this worker no longer owns the evaluation (cancelled or
+    taken over): it must stop."""
+    updated = Evaluation.objects.filter(
+        pk=evaluation_id, worker=worker, status=EvaluationStatus.RUNNING
+    ).update(heartbeat_at=timezone.now())
+    return updated == 1
+
+
+def evaluations_requeue_orphaned(*, stale_after_s: float | None = None) -> list[int]:
+    """Re-enqueue running evaluations whose worker stopped heartbeating (celery beat, next to
+    ``services.runs_requeue_orphaned``); the claim decides who restarts them, from scratch. A
+    running evaluation without any heartbeat (started before heartbeats existed) counts as orphaned."""
+    cutoff = timezone.now() - _stale_after(stale_after_s)
+    evaluation_ids = list(
+        Evaluation.objects.filter(status=EvaluationStatus.RUNNING)
+        .filter(Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True))
+        .values_list("id", flat=True)
+    )
+    for evaluation_id in evaluation_ids:
+        _enqueue(evaluation_id)
+    return evaluation_ids
 
 
 def evaluation_is_active(*, evaluation_id: int, worker: str) -> bool:
@@ -322,11 +368,11 @@ def _samples(evaluation: Evaluation, samples: list[Any]) -> None:
                 side=sample.side,
                 task_row_index=sample.task_row_index,
                 sample_index=sample.sample_index,
-                messages=_jsonb_safe(sample.messages),
+                messages=jsonb_safe(sample.messages),
                 reward=sample.reward,
                 sub_rewards=sample.sub_rewards,
-                errors=_jsonb_safe(sample.errors),
-                metrics=_jsonb_safe(sample.metrics),
+                errors=jsonb_safe(sample.errors),
+                metrics=jsonb_safe(sample.metrics),
             )
             for sample in samples
         ],
@@ -358,7 +404,7 @@ def evaluation_finish(
         if evaluation.status != EvaluationStatus.RUNNING or evaluation.worker != worker:
             return False
         _samples(evaluation, samples)
-        evaluation.results = _jsonb_safe(results)
+        evaluation.results = jsonb_safe(results)
         evaluation.status = EvaluationStatus.SUCCEEDED
         evaluation.finished_at = timezone.now()
         evaluation.save(update_fields=["results", "status", "finished_at"])
@@ -370,11 +416,13 @@ def evaluation_finish(
     return True
 
 
-def evaluation_fail(*, evaluation_id: int, error: str) -> bool:
+def evaluation_fail(*, evaluation_id: int, error: str, worker: str | None = None) -> bool:
+    """Mark the evaluation failed; False (nothing written) when it already ended or, with
+    ``worker``, when another worker has taken it over meanwhile (its failure is not this one's)."""
     message = error if len(error) <= 2000 else error[:2000] + "…"
     with transaction.atomic():
         evaluation = Evaluation.objects.select_for_update().get(pk=evaluation_id)
-        if evaluation.status in TERMINAL:
+        if evaluation.status in TERMINAL or (worker is not None and evaluation.worker != worker):
             return False
         evaluation.status = EvaluationStatus.FAILED
         evaluation.error = message
@@ -445,7 +493,7 @@ def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], sampl
                 "seed": config.seed,
             },
             status=EvaluationStatus.SUCCEEDED,
-            results=_jsonb_safe(results),
+            results=jsonb_safe(results),
             started_at=now,
             finished_at=now,
         )

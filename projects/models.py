@@ -493,6 +493,9 @@ class Evaluation(models.Model):
     error = models.TextField(blank=True, default="")
     results = models.JSONField(default=dict, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="")
+    heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="last sign of life of the worker running a queued job"
+    )
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -500,6 +503,7 @@ class Evaluation(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        indexes = [models.Index(fields=["status", "heartbeat_at"])]
         constraints = [
             models.UniqueConstraint(
                 fields=["run", "step"],

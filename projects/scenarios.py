@@ -72,7 +72,7 @@ def task_set_generate(
 ) -> TaskSet:
     """Generate ``n`` rows and save the valid ones as task set ``name``; raises ValidationFailed
     (listing the per-row errors) when no row is valid."""
-    services._check_slug(name, "name")
+    services.check_slug(name, "name")
     if environment.project_id != project.id:
         raise ValidationFailed("must belong to the project", field="environment")
     if TaskSet.objects.filter(project=project, name=name).exists():

@@ -54,7 +54,9 @@ from training.rewards import GraderSpecError, validate_grader
 # --- helpers --------------------------------------------------------------------------------
 
 
-def _check_slug(value: str, field: str) -> None:
+def check_slug(value: str, field: str) -> None:
+    """A name users put in URLs and model ids (``project/model:step``): ValidationFailed on ``field``
+    unless it is a slug. Shared by every service that names things (scenarios too)."""
     from django.core.exceptions import ValidationError
 
     try:
@@ -76,7 +78,7 @@ def _unique(create, *, field: str, message: str):
 
 
 def team_create(*, name: str, owner: User | None = None) -> Team:
-    _check_slug(name, "name")
+    check_slug(name, "name")
     if Team.objects.filter(name=name).exists():
         raise ValidationFailed(f"a team named {name!r} already exists", field="name")
     with transaction.atomic():
@@ -200,7 +202,7 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
 
 
 def project_create(*, team: Team, name: str, description: str = "") -> Project:
-    _check_slug(name, "name")
+    check_slug(name, "name")
     return _unique(
         lambda: Project.objects.create(team=team, name=name, description=description),
         field="name",
@@ -210,7 +212,7 @@ def project_create(*, team: Team, name: str, description: str = "") -> Project:
 
 def project_update(*, project: Project, name: str | None = None, description: str | None = None) -> Project:
     if name is not None:
-        _check_slug(name, "name")
+        check_slug(name, "name")
         project.name = name
     if description is not None:
         project.description = description
@@ -257,7 +259,7 @@ def _lora(lora: dict[str, Any] | None) -> dict[str, Any]:
 def trainable_model_create(
     *, project: Project, name: str, base_model: BaseModel, lora: dict[str, Any] | None = None
 ) -> TrainableModel:
-    _check_slug(name, "name")
+    check_slug(name, "name")
     spec = _lora(lora)
     return _unique(
         lambda: TrainableModel.objects.create(project=project, name=name, base_model=base_model, lora=spec),
@@ -302,7 +304,7 @@ def _grader(spec: Any) -> dict[str, Any]:
 
 
 def reward_definition_create(*, project: Project, name: str, spec: dict[str, Any]) -> RewardDefinition:
-    _check_slug(name, "name")
+    check_slug(name, "name")
     normalised = _grader(spec)
     if RewardDefinition.objects.filter(project=project, name=name).exists():
         raise ValidationFailed(
@@ -344,7 +346,7 @@ def task_set_create(
     validation_fraction: float = 0.0,
     seed: int = 0,
 ) -> TaskSet:
-    _check_slug(name, "name")
+    check_slug(name, "name")
     if not 0.0 <= validation_fraction < 1.0:
         raise ValidationFailed("must be in [0, 1)", field="validation_fraction")
     parsed = parse_rows(jsonl=jsonl, rows=rows)
@@ -444,7 +446,7 @@ def environment_create(
     config: Any = None,
     tool_timeout_s: float = 10.0,
 ) -> Environment:
-    _check_slug(name, "name")
+    check_slug(name, "name")
     fields = _environment_fields(
         kind, system_prompt, max_turns, tools or [], sampling or {}, config or {}, tool_timeout_s
     )
@@ -678,15 +680,15 @@ class TrajectoryRecord:
     finish_reason: str
 
 
-def _jsonb_safe(value: Any) -> Any:
+def jsonb_safe(value: Any) -> Any:
     """PostgreSQL text and jsonb cannot hold NUL characters, but a model can sample one: replace it
     (U+FFFD) rather than lose the whole step."""
     if isinstance(value, str):
         return value.replace("\x00", "\ufffd")
     if isinstance(value, dict):
-        return {_jsonb_safe(k): _jsonb_safe(v) for k, v in value.items()}
+        return {jsonb_safe(k): jsonb_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonb_safe(v) for v in value]
+        return [jsonb_safe(v) for v in value]
     return value
 
 
@@ -716,7 +718,7 @@ def step_record(
             metrics=metrics,
         )
         Trajectory.objects.bulk_create(
-            [Trajectory(run=locked, step=step, **_jsonb_safe(record.__dict__)) for record in trajectories],
+            [Trajectory(run=locked, step=step, **jsonb_safe(record.__dict__)) for record in trajectories],
             batch_size=200,
         )
         checkpoint_record(model=locked.model, run=locked, step=step, path=checkpoint_path, metrics=metrics)

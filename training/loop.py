@@ -71,6 +71,9 @@ class RunHooks(Protocol):
     def record_evaluation(self, *, step: int, results: dict[str, Any], samples: list[Any]) -> None:
         """Persist the validation evaluation of checkpoint ``step`` (training.evaluation.EvalSample list)."""
 
+    def is_evaluated(self, *, step: int) -> bool:
+        """Whether checkpoint ``step`` has its evaluation recorded (asked only when resuming)."""
+
 
 def sampled_tokens(trajectory: Trajectory) -> int:
     """Tokens the model generated (tool results and chat headers between turns are not counted)."""
@@ -258,7 +261,14 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
         hooks.event(f"Environment tools: {', '.join(tool.name for tool in spec.environment.tools)}")
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
     final_step = spec.start_step + config.steps
-    if spec.resume_step is None:  # the untrained policy: the baseline later evaluations are read against
+    # The untrained policy: the baseline later evaluations are read against. A resumed run evaluates
+    # its resume step only if that was due and the dead worker recorded the step, not its evaluation.
+    if spec.resume_step is None or (
+        is_evaluation_step(
+            current, start_step=spec.start_step, final_step=final_step, interval=config.eval_interval
+        )
+        and not hooks.is_evaluated(step=current)
+    ):
         evaluate_during_run(spec, sampler.engine, sampler.adapter, current, hooks)
 
     for step in range(current + 1, final_step + 1):

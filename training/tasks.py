@@ -3,7 +3,9 @@
 ``train_run`` is delivered at least once. Its first act is ``run_claim`` (idempotent): a duplicate
 delivery, a finished run or a run owned by a live worker is a no-op. A worker that dies is
 detected by its stale heartbeat; ``requeue_orphaned_runs`` (celery beat) re-enqueues the run and
-the next claim resumes it from its last recorded checkpoint.
+the next claim resumes it from its last recorded checkpoint. ``evaluate`` works the same way with
+one ``_Heartbeat`` of its own, except that a taken-over evaluation restarts from scratch
+(``requeue_orphaned_evaluations``, ``projects.evaluations.evaluation_claim``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import socket
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,24 +36,43 @@ def worker_id() -> str:
 
 
 class _Heartbeat(threading.Thread):
-    """Beats while a step runs (steps can be long); notices if the run was taken over."""
+    """Beats while long work runs (a training step, an evaluation's rollouts) in the task's thread.
 
-    def __init__(self, run_id: int, worker: str, interval: float) -> None:
-        super().__init__(daemon=True, name=f"heartbeat-{run_id}")
-        self.run_id, self.worker, self.interval = run_id, worker, interval
+    ``beat`` refreshes the owner's heartbeat row (``services.run_heartbeat``,
+    ``evaluations.evaluation_heartbeat``) and returns False once this worker no longer owns it
+    (taken over, or an evaluation cancelled): ``lost`` then tells the work to stop. Use it as a
+    context manager: it beats every ``interval`` seconds from entry to exit.
+    """
+
+    def __init__(self, beat: Callable[[], bool], *, name: str, interval: float) -> None:
+        super().__init__(daemon=True, name=f"heartbeat-{name}")
+        self.beat, self.interval = beat, interval
         self.stopped = threading.Event()
         self.lost = False
+
+    @classmethod
+    def every_quarter_timeout(cls, beat: Callable[[], bool], *, name: str) -> _Heartbeat:
+        """Four beats per ``RUN_HEARTBEAT_TIMEOUT_S``: one slow beat does not make the owner stale."""
+        return cls(beat, name=name, interval=max(0.2, settings.RUN_HEARTBEAT_TIMEOUT_S / 4))
 
     def run(self) -> None:
         try:
             while not self.stopped.wait(self.interval):
                 try:
-                    if not services.run_heartbeat(run_id=self.run_id, worker=self.worker):
+                    if not self.beat():
                         self.lost = True
-                except Exception:  # a DB blip must not kill training; the next beat retries
-                    logger.exception("heartbeat failed for run %s", self.run_id)
+                except Exception:  # a DB blip must not kill the work; the next beat retries
+                    logger.exception("heartbeat %s failed", self.name)
         finally:
             connection.close()
+
+    def __enter__(self) -> _Heartbeat:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stopped.set()
+        self.join(timeout=5)
 
 
 class DjangoRunHooks:
@@ -119,6 +141,9 @@ class DjangoRunHooks:
     def record_evaluation(self, *, step: int, results: dict[str, Any], samples: list[Any]) -> None:
         evaluations.run_evaluation_record(run=self.run, step=step, results=results, samples=samples)
 
+    def is_evaluated(self, *, step: int) -> bool:
+        return evaluations.run_step_evaluated(run=self.run, step=step)
+
 
 def build_run_spec(run: Run) -> RunSpec:
     from training.config import LoraSpec, TrainConfig
@@ -177,11 +202,13 @@ def train_run(run_id: int) -> str:
         import torch
 
         torch.set_num_threads(settings.TORCH_THREADS)
-    heartbeat = _Heartbeat(run.pk, worker, interval=max(0.2, settings.RUN_HEARTBEAT_TIMEOUT_S / 4))
-    heartbeat.start()
+    heartbeat = _Heartbeat.every_quarter_timeout(
+        lambda: services.run_heartbeat(run_id=run.pk, worker=worker), name=f"run-{run.pk}"
+    )
     try:
-        spec = build_run_spec(run)
-        outcome = run_training(spec, DjangoRunHooks(run, worker, heartbeat))
+        with heartbeat:
+            spec = build_run_spec(run)
+            outcome = run_training(spec, DjangoRunHooks(run, worker, heartbeat))
     except RewardFailure as exc:
         services.run_fail(run_id=run.pk, error=str(exc))
         return "failed"
@@ -189,9 +216,6 @@ def train_run(run_id: int) -> str:
         logger.exception("run %s failed", run.pk)
         services.run_fail(run_id=run.pk, error=_readable(exc))
         return "failed"
-    finally:
-        heartbeat.stopped.set()
-        heartbeat.join(timeout=5)
     if outcome == "succeeded":
         services.run_transition(run_id=run.pk, to=RunStatus.SUCCEEDED, message="Run succeeded")
     elif outcome == "cancelled":
@@ -211,14 +235,27 @@ def requeue_orphaned_runs() -> list[int]:
     return services.runs_requeue_orphaned()
 
 
+@shared_task(name="training.requeue_orphaned_evaluations", time_limit=60)
+def requeue_orphaned_evaluations() -> list[int]:
+    """Evaluation jobs whose worker stopped heartbeating go back on the queue; they restart from scratch."""
+    return evaluations.evaluations_requeue_orphaned()
+
+
 # --- evaluations (POST /api/v1/evaluations) --------------------------------------------------------
 
 
-@shared_task(name="training.evaluate", acks_late=True, time_limit=evaluations.EVALUATION_TIME_LIMIT_S)
+@shared_task(
+    name="training.evaluate",
+    acks_late=True,
+    # Past the soft limit the evaluation fails readably; the hard limit is the backstop.
+    soft_time_limit=settings.EVALUATION_TIME_LIMIT_S,
+    time_limit=settings.EVALUATION_TIME_LIMIT_S + 60,
+)
 def evaluate(evaluation_id: int) -> str:
     """Evaluate a checkpoint or base model (and a reference) on a task set's rows; results, samples
     and events go through projects.evaluations. Any failure is a failed evaluation with a readable
-    error, never a crash of the worker."""
+    error, never a crash of the worker. While it works a heartbeat thread keeps it claimed; if this
+    worker dies, another one takes it over and restarts it from scratch (no partial results)."""
     close_old_connections()
     worker = worker_id()
     evaluation = evaluations.evaluation_claim(evaluation_id=evaluation_id, worker=worker)
@@ -228,15 +265,20 @@ def evaluate(evaluation_id: int) -> str:
         import torch
 
         torch.set_num_threads(settings.TORCH_THREADS)
+    heartbeat = _Heartbeat.every_quarter_timeout(
+        lambda: evaluations.evaluation_heartbeat(evaluation_id=evaluation_id, worker=worker),
+        name=f"evaluation-{evaluation_id}",
+    )
     try:
-        return _evaluate(evaluation, worker)
+        with heartbeat:
+            return _evaluate(evaluation, worker, heartbeat)
     except Exception as exc:
         logger.exception("evaluation %s failed", evaluation_id)
-        evaluations.evaluation_fail(evaluation_id=evaluation_id, error=_readable(exc))
+        evaluations.evaluation_fail(evaluation_id=evaluation_id, error=_readable(exc), worker=worker)
         return "failed"
 
 
-def _evaluate(evaluation: Evaluation, worker: str) -> str:
+def _evaluate(evaluation: Evaluation, worker: str, heartbeat: _Heartbeat) -> str:
     import gc
 
     from training.engines.base import SamplingParams
@@ -247,7 +289,9 @@ def _evaluate(evaluation: Evaluation, worker: str) -> str:
         evaluations.evaluation_event_add(evaluation=evaluation, message=message, data=data)
 
     def active() -> bool:
-        return evaluations.evaluation_is_active(evaluation_id=evaluation.pk, worker=worker)
+        return not heartbeat.lost and evaluations.evaluation_is_active(
+            evaluation_id=evaluation.pk, worker=worker
+        )
 
     rows = evaluations.evaluation_rows(evaluation=evaluation)
     if not rows:

@@ -1,12 +1,27 @@
 """A real Celery worker evaluates: a run's validation split at step 0 and at the end, stored per
-checkpoint, and a queued POST /api/v1/evaluations job against a reference checkpoint."""
+checkpoint, and a queued POST /api/v1/evaluations job against a reference checkpoint. A job whose
+worker is SIGKILLed is taken over through its stale heartbeat and restarts from scratch."""
 
 from __future__ import annotations
 
-import pytest
+import threading
+import time
+from datetime import timedelta
 
-from projects import services
-from projects.models import Evaluation, EvaluationSample, EvaluationStatus, Run, RunStatus
+import pytest
+from django.utils import timezone
+
+from projects import evaluations, services
+from projects.models import (
+    BaseModel,
+    Evaluation,
+    EvaluationEvent,
+    EvaluationSample,
+    EvaluationStatus,
+    Run,
+    RunStatus,
+    TaskSet,
+)
 from tests.integration.conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -188,3 +203,111 @@ def test_a_base_model_against_a_team_endpoint_reference_in_the_worker(start_work
     assert all(h["Authorization"] == "Bearer sk-external" for h in stub.headers)
     asked = {r["messages"][-1]["content"] for r in stub.requests}
     assert asked == {"Say b", "Say d", "Say f"}, "the validation rows, each asked once"
+
+
+def test_killed_worker_evaluation_restarts_from_scratch_with_each_sample_once(
+    start_worker, api, inputs, cast
+):
+    from django.conf import settings
+
+    from projects import judges
+    from tests.openai_stub import openai_stub
+
+    # The reference endpoint holds every reply until `gate` opens: the first worker is then
+    # deterministically mid-evaluation (subject done, reference in flight) when it is killed.
+    gate = threading.Event()
+
+    def held(body):
+        gate.wait(timeout=120)
+        return "a"
+
+    first = start_worker(SECRET_KEY=settings.SECRET_KEY)  # the worker decrypts the endpoint's key
+    with openai_stub([held] * 40) as stub:
+        endpoint = judges.judge_endpoint_create(
+            team=cast.alpha, name="held", base_url=stub.url, api_key="sk-held"
+        )
+        response = api.post(
+            "/api/v1/evaluations",
+            {"model": "tiny", "task_set": inputs["task_set"], "environment": inputs["environment"],
+             "reward": inputs["reward"], "samples_per_row": 2,
+             "reference": {"endpoint": endpoint.id, "model": "gpt-ref"}},
+            format="json",
+        )  # fmt: skip
+        assert response.status_code == 201, response.json()
+        evaluation_id = response.json()["id"]
+        wait_for(lambda: stub.requests, timeout=120, what="the reference phase", worker=first)
+        claimed = Evaluation.objects.get(pk=evaluation_id)
+        assert claimed.status == EvaluationStatus.RUNNING and claimed.heartbeat_at is not None
+
+        # Alive though stuck longer than the heartbeat timeout (4 s): its heartbeat keeps it.
+        time.sleep(6)
+        live = Evaluation.objects.get(pk=evaluation_id)
+        assert live.worker == claimed.worker and live.heartbeat_at > claimed.heartbeat_at
+        assert evaluations.evaluations_requeue_orphaned(stale_after_s=4) == []
+
+        first.kill()
+        wait_for(
+            lambda: (
+                timezone.now() - Evaluation.objects.get(pk=evaluation_id).heartbeat_at
+                > timedelta(seconds=4.5)
+            ),
+            timeout=30,
+            what="the dead worker's heartbeat to go stale",
+        )
+        assert Evaluation.objects.get(pk=evaluation_id).status == EvaluationStatus.RUNNING
+        # The beat task's work, run here: the orphan goes back on the queue.
+        assert evaluations.evaluations_requeue_orphaned(stale_after_s=4) == [evaluation_id]
+        gate.set()  # the endpoint answers from now on
+        second = start_worker(SECRET_KEY=settings.SECRET_KEY)
+        wait_for(
+            lambda: (
+                Evaluation.objects.get(pk=evaluation_id).status
+                not in (EvaluationStatus.QUEUED, EvaluationStatus.RUNNING)
+            ),
+            timeout=180,
+            what="the restarted evaluation",
+            worker=second,
+        )
+    evaluation = Evaluation.objects.get(pk=evaluation_id)
+    assert evaluation.status == EvaluationStatus.SUCCEEDED, (evaluation.error, second.output()[-3000:])
+    assert evaluation.worker != claimed.worker
+    assert evaluation.results["n"] == 6 and evaluation.results["reference"]["n"] == 6
+    assert evaluation.results["reference"]["reward_mean"] == 1.0
+    recorded = sorted(
+        EvaluationSample.objects.filter(evaluation=evaluation).values_list(
+            "side", "task_row_index", "sample_index"
+        )
+    )
+    expected = sorted(
+        (side, row, sample) for side in ("reference", "subject") for row in (1, 3, 5) for sample in (0, 1)
+    )
+    assert recorded == expected, "each sample recorded exactly once"
+    messages = list(
+        EvaluationEvent.objects.filter(evaluation=evaluation).order_by("id").values_list("message", flat=True)
+    )
+    restarts = [m for m in messages if "stopped sending heartbeats; restarting from scratch" in m]
+    assert len(restarts) == 1 and claimed.worker in restarts[0], messages
+    assert sum(m.startswith("Evaluation succeeded") for m in messages) == 1
+
+
+def test_claim_takes_over_only_a_stale_evaluation_and_deletes_its_partial_samples(inputs):
+    task_set = TaskSet.objects.get(pk=inputs["task_set"])
+    evaluation = Evaluation.objects.create(  # as evaluation_create makes it, without enqueueing it
+        project=task_set.project,
+        task_set=task_set,
+        environment_id=inputs["environment"],
+        reward_id=inputs["reward"],
+        base_model=BaseModel.objects.get(name="tiny"),
+    )
+    assert evaluations.evaluation_claim(evaluation_id=evaluation.pk, worker="w1") is not None
+    assert evaluations.evaluation_claim(evaluation_id=evaluation.pk, worker="w2") is None, "w1 is alive"
+    assert evaluations.evaluation_heartbeat(evaluation_id=evaluation.pk, worker="w1")
+    assert not evaluations.evaluation_heartbeat(evaluation_id=evaluation.pk, worker="w2")
+    EvaluationSample.objects.create(evaluation=evaluation, task_row_index=1, messages=[], reward=1.0)
+    Evaluation.objects.filter(pk=evaluation.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=60))
+
+    taken = evaluations.evaluation_claim(evaluation_id=evaluation.pk, worker="w2", stale_after_s=30)
+    assert taken is not None and taken.worker == "w2" and taken.status == EvaluationStatus.RUNNING
+    assert not EvaluationSample.objects.filter(evaluation=evaluation).exists(), "restarts from scratch"
+    assert not evaluations.evaluation_heartbeat(evaluation_id=evaluation.pk, worker="w1"), "w1 must stop"
+    assert evaluations.evaluation_claim(evaluation_id=evaluation.pk, worker="w3", stale_after_s=30) is None

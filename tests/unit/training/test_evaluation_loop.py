@@ -1,5 +1,6 @@
 """The training loop evaluates the validation rows at its first checkpoint, every eval_interval steps
-and at its last step, on the tiny model; a resumed run does not evaluate step 0 again."""
+and at its last step, on the tiny model; a resumed run does not evaluate step 0 again, but does
+evaluate its resume step when that was due and the dead worker never recorded its evaluation."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ VALIDATION = [
 
 
 class Hooks:
-    def __init__(self) -> None:
+    def __init__(self, evaluated: set[int] | None = None) -> None:
         self.evaluations: list[dict[str, Any]] = []
         self.events: list[str] = []
+        self.evaluated = set(evaluated or ())  # steps whose evaluation is already recorded
+        self.asked: list[int] = []
 
     def should_stop(self) -> str | None:
         return None
@@ -35,6 +38,11 @@ class Hooks:
 
     def record_evaluation(self, *, step: int, results: dict[str, Any], samples: list[Any]) -> None:
         self.evaluations.append({"step": step, "results": results, "samples": samples})
+        self.evaluated.add(step)
+
+    def is_evaluated(self, *, step: int) -> bool:
+        self.asked.append(step)
+        return step in self.evaluated
 
 
 def spec(tiny_model_dir: Path, root: Path, *, steps: int, resume_step: int | None, **config: Any) -> RunSpec:
@@ -74,3 +82,27 @@ def test_evaluations_at_step_zero_every_interval_and_the_end_then_not_again_on_r
         "a resumed run evaluates its end, not step 0 again"
     )
     assert resumed.evaluations[0]["results"]["n"] == 1
+
+
+def test_resumed_run_evaluates_its_resume_step_when_due_and_missing(tiny_model_dir, tmp_path):
+    # A worker trained steps 1-2 and recorded step 2, then died before evaluating it.
+    first = Hooks()
+    run_training(spec(tiny_model_dir, tmp_path, steps=2, resume_step=None, eval_interval=2), first)
+    assert [e["step"] for e in first.evaluations] == [0, 2]
+    lost = first.evaluations[-1]
+
+    resumed = Hooks(evaluated={0})  # the database has step 0's evaluation, not step 2's
+    assert run_training(spec(tiny_model_dir, tmp_path, steps=4, resume_step=2, eval_interval=2), resumed) == (
+        "succeeded"
+    )
+    assert resumed.asked == [2]
+    assert [e["step"] for e in resumed.evaluations] == [2, 4], "the missing step 2, then the end"
+    recovered = resumed.evaluations[0]
+    assert [(s.task_row_index, s.messages, s.reward) for s in recovered["samples"]] == [
+        (s.task_row_index, s.messages, s.reward) for s in lost["samples"]
+    ], "the same greedy answers the dead worker would have recorded"
+
+    # Once recorded, a resume at that step (here: the run's last) does not evaluate it again.
+    again = Hooks(evaluated={0, 2})
+    run_training(spec(tiny_model_dir, tmp_path, steps=2, resume_step=2, eval_interval=2), again)
+    assert again.asked == [2] and again.evaluations == []
