@@ -11,7 +11,7 @@ import pytest
 from projects import services
 from projects.gateway import lookups
 from projects.gateway.services import inference_server_heartbeat
-from projects.gateway.views import GatewayError, _prepare_chat
+from projects.gateway.views import GatewayError, _NotRemembered, _prepare_chat, _prepare_remembered
 
 
 @pytest.fixture
@@ -65,3 +65,24 @@ def test_zero_turns_the_memory_off(gateway_setup, alpha_key, settings, django_as
     _prepare_chat(f"Bearer {alpha_key}", body("tiny"))
     with django_assert_num_queries(3):  # key, model, live servers
         _prepare_chat(f"Bearer {alpha_key}", body("tiny"))
+
+
+def test_a_remembered_caller_is_routed_without_the_database_and_counted_once(
+    gateway_setup, alpha_key, settings, django_assert_num_queries
+):
+    settings.GATEWAY_RATE_LIMIT_PER_MINUTE = 2
+    from django.core.cache import cache
+
+    cache.clear()
+    authorization = f"Bearer {alpha_key}"
+    with pytest.raises(_NotRemembered):  # nothing remembered yet: the database path must run
+        _prepare_remembered(authorization, body("tiny"), None)
+    _prepare_chat(authorization, body("tiny"))  # counted: 1
+    with django_assert_num_queries(0):
+        route = _prepare_remembered(authorization, body("tiny"), None)  # counted: 2
+    assert route.target.model_id == "tiny" and [s.url for s in route.servers] == ["http://a:1"]
+    with pytest.raises(GatewayError) as error:
+        _prepare_remembered(authorization, body("tiny"), None)
+    assert error.value.status == 429
+    with pytest.raises(_NotRemembered):  # another model: not remembered, and not counted here
+        _prepare_remembered(authorization, body("math/agent:latest"), None)
