@@ -170,8 +170,9 @@ def validate(
     lora: LoraSpec,
     cache_dir: Path,
     samples: int,
+    model_source: str = BUNDLED_MODEL,
 ) -> dict[str, Any]:
-    model, tokenizer = load_base_model(BUNDLED_MODEL, cache_dir, dtype=torch.float32)
+    model, tokenizer = load_base_model(model_source, cache_dir, dtype=torch.float32)
     trainer = Trainer.resume(model, tokenizer, checkpoint, config, lora)
     engine = TransformersEngine(trainer.policy.eval(), tokenizer)
     sampling = SamplingParams(
@@ -200,8 +201,11 @@ def validate(
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model", default=BUNDLED_MODEL, help="base model: the bundled one or a local directory"
+    )
     parser.add_argument("--task", choices=["tools", "tic_tac_toe"], required=True)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--groups-per-step", type=int, default=2)
@@ -220,7 +224,7 @@ def main() -> None:
     parser.add_argument(
         "--validate-steps", type=int, nargs="*", help="steps to validate (default: 0 and --steps)"
     )
-    arguments = parser.parse_args()
+    arguments = parser.parse_args(argv)
     torch.set_num_threads(arguments.threads)
     settings = task_settings(arguments.task)
     config = TrainConfig.from_dict(
@@ -248,13 +252,14 @@ def main() -> None:
                     lora,
                     arguments.cache_dir,
                     arguments.val_samples,
+                    arguments.model,
                 )
             print(json.dumps({"validation": f"step_{step}", **result}), flush=True)
-        return
+        return {}
     root = Path(tempfile.mkdtemp(prefix=f"env-proof-{arguments.task}-"))
     print(json.dumps({"checkpoint_root": str(root)}), flush=True)
     spec = RunSpec(
-        base_model_source=BUNDLED_MODEL,
+        base_model_source=arguments.model,
         model_cache_dir=arguments.cache_dir,
         checkpoint_root=root,
         config=config,
@@ -289,6 +294,7 @@ def main() -> None:
                 lora,
                 arguments.cache_dir,
                 arguments.val_samples,
+                arguments.model,
             )
         report[label] = result
         print(json.dumps({"validation": label, **result}), flush=True)
@@ -300,6 +306,7 @@ def main() -> None:
     )
     if arguments.json:
         arguments.json.write_text(json.dumps(report, indent=2, default=str))
+    return report
 
 
 if __name__ == "__main__":
