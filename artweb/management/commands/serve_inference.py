@@ -3,7 +3,7 @@
 Django is used here only to read settings and to register the server (and heartbeat) through
 projects.gateway.services; the server itself is training.serving, which knows nothing of Django.
 
-``--engine transformers`` (the default off GPU) serves with the CPU engine in this process.
+``--engine transformers`` (the default) serves with the CPU engine in this process.
 ``--engine vllm`` starts vLLM's own OpenAI server with LoRA enabled as a child process, waits for
 its health check and registers *its* URL (the gateway talks to vLLM directly and loads adapters
 through it); this process then only heartbeats while the child lives, and stops it and
@@ -44,8 +44,10 @@ class Command(BaseCommand):
         parser.add_argument("--max-batch-size", type=int, default=settings.INFERENCE_MAX_BATCH_SIZE)
         parser.add_argument("--batch-window-ms", type=float, default=settings.INFERENCE_BATCH_WINDOW_MS)
         parser.add_argument(
-            "--engine", choices=ENGINES, default=os.environ.get("ARTWEB_ENGINE", "auto").strip().lower() or "auto",
-            help="auto (default, or ARTWEB_ENGINE): vllm on a CUDA host with vLLM installed, else transformers",
+            "--engine", choices=ENGINES,
+            default=os.environ.get("ARTWEB_SERVE_ENGINE", "transformers").strip().lower() or "transformers",
+            help="transformers (default, or ARTWEB_SERVE_ENGINE), vllm, or auto: vllm on a CUDA host "
+            "with vLLM installed. Not auto by default: on a GPU a trainer may need the memory",
         )  # fmt: skip
         parser.add_argument(
             "--vllm-command", default=os.environ.get("ARTWEB_VLLM_COMMAND", ""),
@@ -55,10 +57,16 @@ class Command(BaseCommand):
             "--vllm-startup-timeout", type=float, default=900.0,
             help="seconds to wait for vLLM's /health (loading a large model takes minutes)",
         )  # fmt: skip
+        parser.add_argument(
+            "--vllm-gpu-memory-utilization", type=float, default=0.85,
+            help="share of GPU memory vLLM may take (lower it when a trainer shares the GPU)",
+        )  # fmt: skip
 
     def handle(self, *args, base_model: str, host: str, port: int, url: str, capacity: int,
                max_batch_size: int, batch_window_ms: float, engine: str, vllm_command: str,
-               vllm_startup_timeout: float, **options):  # fmt: skip
+               vllm_startup_timeout: float, vllm_gpu_memory_utilization: float, **options):  # fmt: skip
+        if engine not in ENGINES:  # a bad ARTWEB_SERVE_ENGINE (argparse checks only given values)
+            raise CommandError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         row = BaseModel.objects.filter(name=base_model).first()
         if row is None:
             raise CommandError(
@@ -71,7 +79,8 @@ class Command(BaseCommand):
         if engine == "vllm":
             self._serve_vllm(row, host=host, port=port, url=url, capacity=capacity,
                              max_batch_size=max_batch_size, command=vllm_command,
-                             startup_timeout=vllm_startup_timeout)  # fmt: skip
+                             startup_timeout=vllm_startup_timeout,
+                             gpu_memory_utilization=vllm_gpu_memory_utilization)  # fmt: skip
         else:
             self._serve_transformers(row, host=host, port=port, url=url, capacity=capacity,
                                      max_batch_size=max_batch_size, batch_window_ms=batch_window_ms)  # fmt: skip
@@ -136,7 +145,8 @@ class Command(BaseCommand):
         )
 
     def _serve_vllm(self, row: BaseModel, *, host: str, port: int, url: str, capacity: int,
-                    max_batch_size: int, command: str, startup_timeout: float) -> None:  # fmt: skip
+                    max_batch_size: int, command: str, startup_timeout: float,
+                    gpu_memory_utilization: float) -> None:  # fmt: skip
         from training.engines import vllm_installed
         from training.models import base_model_dir
         from training.serving.server import advertised_url
@@ -166,6 +176,7 @@ class Command(BaseCommand):
             max_loras=capacity,
             max_cpu_loras=capacity,
             api_key=settings.INFERENCE_SERVER_TOKEN,
+            gpu_memory_utilization=gpu_memory_utilization,
         )
         argv, env = vllm_serve_command(options, executable)
         local_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
