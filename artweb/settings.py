@@ -265,3 +265,9 @@ GRADER_SANDBOX_TIMEOUT_S = env_float("GRADER_SANDBOX_TIMEOUT_S", 5.0)
 GRADER_SANDBOX_CPU_S = env_int("GRADER_SANDBOX_CPU_S", 5, minimum=1)
 GRADER_SANDBOX_MEMORY_MB = env_int("GRADER_SANDBOX_MEMORY_MB", 512, minimum=64)
 GRADER_SANDBOX_ALLOW_UNSANDBOXED = env_bool("GRADER_SANDBOX_ALLOW_UNSANDBOXED", False)
+
+# --- environments ---------------------------------------------------------------------------
+# An MCP environment's stdio command runs a program on the worker: besides the shipped demo server
+# only these programs (exact match of config.command[0], comma-separated) may run. Listing an
+# interpreter lets teams run any script with it.
+MCP_STDIO_PROGRAMS: tuple[str, ...] = tuple(env_list("MCP_STDIO_PROGRAMS", []))

@@ -116,7 +116,8 @@ class EnvironmentForm(forms.Form):
     config = forms.CharField(
         required=False,
         widget=forms.Textarea({"rows": 2, "spellcheck": "false"}),
-        help_text="JSON object of kind-specific settings",
+        help_text="JSON object of kind-specific settings; MCP header values (config.headers) are "
+        "stored encrypted and never shown again",
     )
 
     def clean_tools(self) -> Any:

@@ -24,6 +24,7 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from projects import environment_config
 from projects.errors import InvalidTransition, NotFound, ValidationFailed
 from projects.models import (
     BaseModel,
@@ -145,18 +146,19 @@ def model_label(checkpoint: Checkpoint | None, base_model: BaseModel | None) -> 
 
 
 def environment_build(*, environment: Environment) -> Any:
-    """The environment an evaluation drives (and whose tools scenario generation shows), built
-    from the registry as a run builds it. Close it when done (an MCP session)."""
+    """The environment a run trains in, an evaluation drives and whose tools scenario generation
+    shows, built from the registry with the stored MCP header values decrypted. Close it when done
+    (an MCP session)."""
     from training.environments import build_environment
 
     return build_environment(
         environment.kind,
-        config=environment.config,
+        config=environment_config.config_for_build(environment.config),
         tools=environment.tools,
         system_prompt=environment.system_prompt,
         max_turns=environment.max_turns,
         tool_timeout_s=environment.tool_timeout_s,
-        allowed_programs=tuple(getattr(settings, "MCP_STDIO_PROGRAMS", ())),  # as build_run_spec does
+        allowed_programs=environment_config.mcp_allowed_programs(),
     )
 
 

@@ -23,6 +23,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from projects import environment_config
 from projects.errors import Conflict, DomainError, Forbidden, InvalidTransition, NotFound, ValidationFailed
 from projects.models import (
     ApiKey,
@@ -390,13 +391,17 @@ def _environment_fields(
     sampling: Any,
     config: Any = None,
     tool_timeout_s: Any = 10.0,
+    stored_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every field checked by the environment registry's per-kind rules (training.environments):
-    `max_turns=None` takes the kind's default; errors name the field (`config.<key>`, `tools`)."""
+    `max_turns=None` takes the kind's default; errors name the field (`config.<key>`, `tools`).
+    MCP header values: masked ones keep `stored_config`'s (see projects.environment_config); the
+    registry checks the plaintext, the returned config holds them encrypted."""
     from training.environments import validate_environment
 
     if kind not in EnvironmentKind.values:
         raise ValidationFailed(f"must be one of {', '.join(EnvironmentKind.values)}", field="kind")
+    config = environment_config.config_with_kept_headers(config, stored=stored_config or {})
     try:
         checked = validate_environment(
             kind,
@@ -404,7 +409,7 @@ def _environment_fields(
             tools=tools,
             max_turns=max_turns,
             tool_timeout_s=tool_timeout_s,
-            allowed_programs=tuple(getattr(settings, "MCP_STDIO_PROGRAMS", ())),
+            allowed_programs=environment_config.mcp_allowed_programs(),
         )
     except ConfigError as exc:
         raise ValidationFailed(exc.message, field=exc.field) from exc
@@ -428,7 +433,7 @@ def _environment_fields(
         "system_prompt": system_prompt,
         "max_turns": checked["max_turns"],
         "tools": checked["tools"],
-        "config": checked["config"],
+        "config": environment_config.config_for_storage(checked["config"]),
         "tool_timeout_s": float(tool_timeout_s),
         "sampling": sampling,
     }
@@ -464,14 +469,17 @@ def environment_update(*, environment: Environment, **changes: Any) -> Environme
         "max_turns": environment.max_turns,
         "tools": environment.tools,
         "sampling": environment.sampling,
-        "config": environment.config,
+        # As the API shows it: masked header values, which keep the stored ones.
+        "config": environment_config.config_public(environment.config),
         "tool_timeout_s": environment.tool_timeout_s,
     }
+    stored_config = environment.config
     if changes.get("kind", environment.kind) != environment.kind:
         # Another kind: its own defaults, unless given (a chat's one turn is no game of tic-tac-toe).
         current.update(max_turns=None, tools=[], config={})
+        stored_config = {}
     current.update({k: v for k, v in changes.items() if k in current})
-    for key, value in _environment_fields(**current).items():
+    for key, value in _environment_fields(**current, stored_config=stored_config).items():
         setattr(environment, key, value)
     environment.save()
     return environment

@@ -147,7 +147,6 @@ class DjangoRunHooks:
 
 def build_run_spec(run: Run) -> RunSpec:
     from training.config import LoraSpec, TrainConfig
-    from training.environments import build_environment
 
     model = run.model
     if run.attempts == 1:
@@ -165,15 +164,7 @@ def build_run_spec(run: Run) -> RunSpec:
         checkpoint_root=settings.CHECKPOINT_DIR / f"model-{model.pk}",
         config=TrainConfig.from_dict(run.config),
         lora=LoraSpec.from_dict(model.lora),
-        environment=build_environment(
-            environment.kind,
-            config=environment.config,
-            tools=environment.tools,
-            system_prompt=environment.system_prompt,
-            max_turns=environment.max_turns,
-            tool_timeout_s=environment.tool_timeout_s,
-            allowed_programs=tuple(getattr(settings, "MCP_STDIO_PROGRAMS", ())),
-        ),
+        environment=evaluations.environment_build(environment=environment),
         grader_spec=run.reward.spec,
         train_rows=rows,
         start_step=run.start_step,

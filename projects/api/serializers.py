@@ -3,8 +3,11 @@ projects.services (which raise ValidationFailed naming the field)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
+from projects.environment_config import MASK, config_public
 from projects.models import (
     ApiKey,
     BaseModel,
@@ -70,6 +73,10 @@ class TaskRowOut(serializers.ModelSerializer):
 
 
 class EnvironmentOut(serializers.ModelSerializer):
+    config = serializers.SerializerMethodField(
+        help_text=f"kind-specific settings; MCP header values are write-only, shown as {MASK!r}"
+    )
+
     class Meta:
         model = Environment
         fields = [
@@ -85,6 +92,9 @@ class EnvironmentOut(serializers.ModelSerializer):
             "sampling",
             "created_at",
         ]
+
+    def get_config(self, obj: Environment) -> dict[str, Any]:
+        return config_public(obj.config)
 
 
 class RunOut(serializers.ModelSerializer):
@@ -199,6 +209,17 @@ class TaskSetIn(serializers.Serializer):
     seed = serializers.IntegerField(required=False, default=0)
 
 
+CONFIG_HELP = (
+    "kind-specific settings (GET /api/v1/environment-kinds). An MCP server's config.headers values "
+    "(e.g. Authorization) are write-only: stored encrypted, returned as " + repr(MASK) + "."
+)
+CONFIG_UPDATE_HELP = (
+    CONFIG_HELP + " The whole config is replaced, except header values: a value of " + repr(MASK) + " keeps "
+    "the stored one, and a config without headers keeps them all, while config.url stays the same "
+    "(a changed URL needs the values again); a header left out of a given headers object is removed."
+)
+
+
 class EnvironmentIn(serializers.Serializer):
     """Kind, config, tools and max_turns are checked by the environment registry's per-kind rules
     (see GET /api/v1/environment-kinds); a bad value is a 400 naming the field."""
@@ -211,7 +232,7 @@ class EnvironmentIn(serializers.Serializer):
         required=False, allow_null=True, default=None, help_text="default: the kind's"
     )
     tools = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
-    config = serializers.DictField(required=False, default=dict, help_text="kind-specific settings")
+    config = serializers.DictField(required=False, default=dict, help_text=CONFIG_HELP)
     tool_timeout_s = serializers.FloatField(required=False, default=10.0)
     sampling = serializers.DictField(required=False, default=dict)
 
@@ -221,7 +242,7 @@ class EnvironmentUpdateIn(serializers.Serializer):
     system_prompt = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
     max_turns = serializers.IntegerField(required=False, allow_null=True)
     tools = serializers.ListField(child=serializers.JSONField(), required=False)
-    config = serializers.DictField(required=False)
+    config = serializers.DictField(required=False, help_text=CONFIG_UPDATE_HELP)
     tool_timeout_s = serializers.FloatField(required=False)
     sampling = serializers.DictField(required=False)
 

@@ -5,6 +5,7 @@ No database or broker: these tests start only MCP server processes on this machi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -70,14 +71,16 @@ def free_port() -> int:
 @pytest.fixture
 def http_server(tmp_path):
     port = free_port()
+    with serving([sys.executable, "-m", DEMO_MODULE, "--http", "--port", str(port)], port, tmp_path):
+        yield f"http://127.0.0.1:{port}/mcp"
+
+
+@contextlib.contextmanager
+def serving(command: list[str], port: int, tmp_path: Path):
+    """Runs an HTTP server process until the block ends; enters the block once it listens."""
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", DEMO_MODULE, "--http", "--port", str(port)],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -88,8 +91,8 @@ def http_server(tmp_path):
             except OSError:
                 time.sleep(0.2)
         else:
-            pytest.fail("the demo MCP server did not start listening")
-        yield f"http://127.0.0.1:{port}/mcp"
+            pytest.fail("the MCP server did not start listening")
+        yield
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -255,3 +258,37 @@ def test_a_run_lists_the_servers_tools_at_start_and_closes_the_session_at_the_en
     assert "Environment tools: search_products, get_product, list_categories" in events
     assert len(steps) == 1 and all("get_product" in t.messages[0]["content"] for _, _, t in steps[0])
     assert environment._session is None  # closed with the run
+
+
+def test_stored_headers_reach_the_http_server_decrypted(tmp_path):
+    """What the API stores (header values encrypted) is what the worker sends, in plaintext."""
+    from projects.environment_config import config_for_build, config_for_storage
+
+    server = tmp_path / "whoami_server.py"
+    server.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            from mcp.server.fastmcp import Context, FastMCP
+
+            server = FastMCP("whoami", host="127.0.0.1", port=int(sys.argv[1]), log_level="WARNING")
+
+            @server.tool()
+            def whoami(ctx: Context) -> str:
+                \"\"\"The Authorization header this request came with.\"\"\"
+                return ctx.request_context.request.headers.get("authorization", "none")
+
+            server.run("streamable-http")
+            """
+        )
+    )
+    port = free_port()
+    stored = config_for_storage(
+        {"url": f"http://127.0.0.1:{port}/mcp", "headers": {"Authorization": "Bearer t0ken"}}
+    )
+    assert "t0ken" not in json.dumps(stored)
+    with (
+        serving([sys.executable, str(server), str(port)], port, tmp_path),
+        build_environment("mcp", config=config_for_build(stored)) as env,
+    ):
+        assert env.tools[0].function() == "Bearer t0ken"

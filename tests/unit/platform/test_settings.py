@@ -81,3 +81,14 @@ def test_embedded_defaults_use_sqlite_and_the_filesystem_broker(tmp_path):
     assert (
         engine.endswith("sqlite3") and broker.startswith("filesystem://") and folder.startswith(str(tmp_path))
     )
+
+
+def test_mcp_stdio_programs_come_from_a_comma_separated_list(tmp_path):
+    code = "from django.conf import settings; print(repr(settings.MCP_STDIO_PROGRAMS))"
+    unset = manage("shell", "-v", "0", "-c", code, env={"DEBUG": "1"}, tmp_path=tmp_path)
+    assert unset.returncode == 0, unset.stderr
+    assert unset.stdout.strip() == "()"  # only the shipped demo server
+    env = {"DEBUG": "1", "MCP_STDIO_PROGRAMS": "/opt/mcp/bin/warehouse, node,"}
+    listed = manage("shell", "-v", "0", "-c", code, env=env, tmp_path=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.strip() == "('/opt/mcp/bin/warehouse', 'node')"
