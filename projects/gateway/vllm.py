@@ -86,17 +86,14 @@ async def complete(
         raise VLLMError(404, _error_message(body), code="model_not_found")
     # Not loaded after all (see the module doc): load it and try once more.
     await in_db_thread(inference_server_adapter_forget)(server_id=server.pk, names=[prepared.adapter])
-    await _ensure_loaded(server, prepared.adapter, checkpoint.path, prepared.public_model, routed_row=False)
+    await _ensure_loaded(server, prepared.adapter, checkpoint.path, prepared.public_model)
     return await _post(server, "/v1/chat/completions", prepared.body)
 
 
-async def _ensure_loaded(
-    server: InferenceServer, name: str, path: str, public_model: str, *, routed_row: bool = True
-) -> None:
-    """`routed_row`: `server` is the row as read when routing, so its list may be trusted for
-    the shortcut below (not after the list was found wrong)."""
-    if routed_row and server.loaded_adapters and server.loaded_adapters[-1] == name:
-        return  # already the most recently used: nothing to record (saves a row lock per request)
+async def _ensure_loaded(server: InferenceServer, name: str, path: str, public_model: str) -> None:
+    # Always through the row lock, even when this adapter was the last one used: the row at hand
+    # may be a remembered route's (projects.gateway.lookups), and a shortcut on its stale list
+    # would leave the shared least-recently-used order wrong.
     use = await in_db_thread(inference_server_adapter_use)(server_id=server.pk, name=name)
     for old in use.evict:
         await _unload(server, old)
