@@ -54,4 +54,6 @@ test: install lint typecheck
 
 # On a GPU host with `pip install .[gpu]`: the tests that need CUDA and vLLM.
 test-gpu: install
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} \
+	CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
 	HF_HUB_OFFLINE=1 DEBUG=1 $(PY) -m pytest -m gpu $(PYTEST_ARGS)

@@ -1,6 +1,11 @@
+"""The ASGI entry point (uvicorn): ``/v1/`` (the OpenAI-compatible gateway) is served without
+Django's middleware, everything else with the full stack; why, and what ``/v1/`` gives up, is in
+``projects/gateway/asgi.py``."""
+
 import os
 
-from django.core.asgi import get_asgi_application
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
-application = get_asgi_application()
+
+from projects.gateway import asgi as entry  # noqa: E402  (needs the settings module set)
+
+application = entry.application

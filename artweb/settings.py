@@ -248,6 +248,15 @@ GATEWAY_RATE_LIMIT_PER_MINUTE = env_int(
 )  # per API key; 0 = off
 GATEWAY_RETRY_AFTER_S = env_int("GATEWAY_RETRY_AFTER_S", 5, minimum=1)  # Retry-After when no server is live
 GATEWAY_UPSTREAM_TIMEOUT_S = env_float("GATEWAY_UPSTREAM_TIMEOUT_S", 600.0)
+# Seconds a web process remembers an authenticated API key and a model route (0 = off): a revoked
+# key keeps working, and a new checkpoint becomes :latest, up to this long later.
+GATEWAY_LOOKUP_CACHE_S = env_float("GATEWAY_LOOKUP_CACHE_S", 1.0)
+if GATEWAY_LOOKUP_CACHE_S < 0:
+    raise ImproperlyConfigured("GATEWAY_LOOKUP_CACHE_S must be 0 or more")
+# serve_inference: transformers (CPU/GPU, batched), vllm, or auto (vllm on a CUDA host with vLLM);
+# the program started instead of `vllm` (wrappers, test doubles), empty = `vllm`.
+INFERENCE_ENGINE = env_str("INFERENCE_ENGINE", "transformers").strip().lower() or "transformers"
+INFERENCE_VLLM_COMMAND = env_str("INFERENCE_VLLM_COMMAND", "")
 # The rate limiter's counters live in the cache: per-process memory by default (exact for one web
 # process); several web processes must share one, e.g. CACHE_URL=redis://127.0.0.1:6379/1.
 CACHE_URL = env_str("CACHE_URL")

@@ -1,5 +1,5 @@
 """An ASGI entry point that serves the gateway (``/v1/…``) without Django's middleware and
-everything else with the full stack: ``uvicorn projects.gateway.asgi:application``.
+everything else with the full stack. `artweb.asgi` (what uvicorn runs) re-exports it.
 
 Why: under ASGI each of Django's classic middlewares (security, sessions, common, CSRF, auth,
 messages, clickjacking) runs its hooks through ``sync_to_async``, and whitenoise is sync-only, so a

@@ -18,28 +18,17 @@ Rate limiting is not cached: every request is counted.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 
 MAX_ENTRIES = 10_000  # a bound on memory; the whole map is dropped when it is reached
 
 
 def cache_seconds() -> float:
-    value = getattr(settings, "GATEWAY_LOOKUP_CACHE_S", None)
-    if value is None:
-        raw = os.environ.get("GATEWAY_LOOKUP_CACHE_S", "1")
-        try:
-            value = float(raw)
-        except ValueError as exc:
-            raise ImproperlyConfigured(f"GATEWAY_LOOKUP_CACHE_S={raw!r} is not a number") from exc
-    if value < 0:
-        raise ImproperlyConfigured("GATEWAY_LOOKUP_CACHE_S must be 0 or more")
-    return float(value)
+    return float(settings.GATEWAY_LOOKUP_CACHE_S)
 
 
 class ExpiringMap:

@@ -262,7 +262,7 @@ def test_a_vllm_that_dies_ends_serve_inference_with_an_error(live, serving, tiny
 def test_vllm_missing_or_failing_at_start_is_a_readable_error(live, serving):
     base = [sys.executable, "manage.py", "serve_inference", "--base-model", VLLM_MODEL, "--port", "0",
             "--engine", "vllm"]  # fmt: skip
-    env = {key: value for key, value in serving.env.items() if key != "ARTWEB_VLLM_COMMAND"}
+    env = {key: value for key, value in serving.env.items() if key != "INFERENCE_VLLM_COMMAND"}
     missing = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert missing.returncode != 0 and "needs vLLM, which is not installed here" in missing.stderr
 

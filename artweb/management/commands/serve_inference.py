@@ -7,7 +7,7 @@ projects.gateway.services; the server itself is training.serving, which knows no
 ``--engine vllm`` starts vLLM's own OpenAI server with LoRA enabled as a child process, waits for
 its health check and registers *its* URL (the gateway talks to vLLM directly and loads adapters
 through it); this process then only heartbeats while the child lives, and stops it and
-deregisters on SIGTERM/SIGINT. ``--vllm-command`` (or ARTWEB_VLLM_COMMAND) replaces the program
+deregisters on SIGTERM/SIGINT. ``--vllm-command`` (or the INFERENCE_VLLM_COMMAND setting) replaces the program
 that is run with the same arguments: for operators with a wrapper, and for the tests, which run
 a protocol double of vLLM's server (tests/gateway/fake_vllm.py).
 """
@@ -45,12 +45,12 @@ class Command(BaseCommand):
         parser.add_argument("--batch-window-ms", type=float, default=settings.INFERENCE_BATCH_WINDOW_MS)
         parser.add_argument(
             "--engine", choices=ENGINES,
-            default=os.environ.get("ARTWEB_SERVE_ENGINE", "transformers").strip().lower() or "transformers",
-            help="transformers (default, or ARTWEB_SERVE_ENGINE), vllm, or auto: vllm on a CUDA host "
+            default=settings.INFERENCE_ENGINE,
+            help="transformers (default, or the INFERENCE_ENGINE setting), vllm, or auto: vllm on a CUDA host "
             "with vLLM installed. Not auto by default: on a GPU a trainer may need the memory",
         )  # fmt: skip
         parser.add_argument(
-            "--vllm-command", default=os.environ.get("ARTWEB_VLLM_COMMAND", ""),
+            "--vllm-command", default=settings.INFERENCE_VLLM_COMMAND,
             help="program to run instead of `vllm` (same arguments); for wrappers and test doubles",
         )  # fmt: skip
         parser.add_argument(
@@ -65,7 +65,7 @@ class Command(BaseCommand):
     def handle(self, *args, base_model: str, host: str, port: int, url: str, capacity: int,
                max_batch_size: int, batch_window_ms: float, engine: str, vllm_command: str,
                vllm_startup_timeout: float, vllm_gpu_memory_utilization: float, **options):  # fmt: skip
-        if engine not in ENGINES:  # a bad ARTWEB_SERVE_ENGINE (argparse checks only given values)
+        if engine not in ENGINES:  # a bad INFERENCE_ENGINE (argparse checks only given values)
             raise CommandError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         row = BaseModel.objects.filter(name=base_model).first()
         if row is None:
