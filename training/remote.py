@@ -8,28 +8,23 @@ without a tool parser, like ours) to ``environment.respond``, append its reply, 
 ``max_turns`` model turns. Every failure of a sample (HTTP error, timeout, malformed reply) is
 recorded on that sample as ``metrics["policy_error"]``; nothing here raises for one bad sample.
 
-Safety: the API key goes only to ``base_url`` (redirects are refused, as in the judge client) and
-never into error messages.
+The HTTP call (retries, a 4 MiB cap, refused redirects so the API key goes only to ``base_url``,
+no key in error messages) is ``training.openai_http.post_chat_completion``, shared with the judge.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from training.openai_http import ChatCompletionError, post_chat_completion, snippet
 from training.tools import ToolCall, parse_tool_calls
 
 if TYPE_CHECKING:  # training.rollout imports torch: the web process (scenario generation) must not
     from training.environments import Environment
     from training.rollout import Trajectory
-
-RETRY_STATUSES = (408, 409, 429, 500, 502, 503, 504)
-DETAIL_CHARS = 300
 
 
 class EndpointError(RuntimeError):
@@ -73,34 +68,24 @@ class ChatEndpoint:
             body["max_tokens"] = max_tokens
         if seed is not None:
             body["seed"] = seed
-        headers = {"Accept": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        url = self.base_url.rstrip("/") + "/chat/completions"
-        attempt = 0
-        while True:
-            try:
-                with httpx.Client(timeout=self.timeout, follow_redirects=False) as client:
-                    response = client.post(url, json=body, headers=headers)
-            except httpx.TimeoutException:
-                error = f"endpoint did not answer within {self.timeout:g} s"
-                retryable = True
-            except httpx.HTTPError as exc:
-                error, retryable = f"endpoint unreachable: {type(exc).__name__}", True
-            else:
-                if response.status_code == 200:
-                    return parse_reply(response)
-                error = f"endpoint answered HTTP {response.status_code}: {_snippet(response.text)}"
-                retryable = response.status_code in RETRY_STATUSES
-            if not retryable or attempt >= self.retries:
-                raise EndpointError(error)
-            time.sleep(self.retry_backoff * (2**attempt))
-            attempt += 1
+        try:
+            payload = post_chat_completion(
+                self.base_url,
+                body,
+                api_key=self.api_key,
+                timeout=self.timeout,
+                retries=self.retries,
+                retry_backoff=self.retry_backoff,
+                label="endpoint",
+            )
+        except ChatCompletionError as error:
+            raise EndpointError(str(error)) from None
+        return parse_reply(payload)
 
 
-def parse_reply(response: httpx.Response) -> ChatReply:
+def parse_reply(payload: Any) -> ChatReply:
+    """A decoded chat completion as a ChatReply; EndpointError if it is not one."""
     try:
-        payload = response.json()
         choice = payload["choices"][0]
         message = choice["message"]
         content = message.get("content") or ""
@@ -109,8 +94,9 @@ def parse_reply(response: httpx.Response) -> ChatReply:
         calls = message.get("tool_calls") or []
         if not isinstance(calls, list):
             raise TypeError("tool_calls is not a list")
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-        raise EndpointError(f"not a chat completion ({exc}): {_snippet(response.text)}") from None
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        shown = snippet(json.dumps(payload, ensure_ascii=False))
+        raise EndpointError(f"not a chat completion ({exc}): {shown}") from None
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
     return ChatReply(
         content=content,
@@ -118,11 +104,6 @@ def parse_reply(response: httpx.Response) -> ChatReply:
         finish_reason=str(choice.get("finish_reason") or "stop"),
         usage={k: int(v) for k, v in usage.items() if isinstance(v, int)},
     )
-
-
-def _snippet(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 1] + "…"
 
 
 def _to_tool_call(call: Any, fallback_id: str) -> ToolCall:

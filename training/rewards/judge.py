@@ -1,5 +1,6 @@
 """A minimal client for OpenAI-compatible chat completions, used by the judge graders (`score_model`,
-`label_model`, `ruler`). Standard library only (urllib).
+`label_model`, `ruler`). The HTTP call (retries, size cap, refused redirects) is
+`training.openai_http.post_chat_completion`, shared with remote policies.
 
 The caller builds one from the team's judge settings (base URL, API key, optional model override)
 and hands it to `build_grader(..., judge=client)`; graders never read settings or secrets themselves.
@@ -9,20 +10,13 @@ the samples it hits, never a crash. Error details never include the key, the hea
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from training.openai_http import ChatCompletionError, post_chat_completion
 from training.rewards.errors import GradingError
 
 SERVER_ERROR = "model_grader_server_error"
-# Statuses worth a retry: rate limits and server-side trouble; a 4xx is our request's fault.
-RETRY_STATUSES = (408, 409, 429, 500, 502, 503, 504)
-MAX_RESPONSE_BYTES = 4 * 1024 * 1024
-DETAIL_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -55,62 +49,19 @@ class JudgeClient:
     ) -> JudgeReply:
         """One chat completion; raises GradingError(model_grader_server_error) on any failure."""
         body = {"model": self.resolve_model(model), "messages": messages, **request_params(sampling_params)}
-        data = json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        url = self.base_url.rstrip("/") + "/chat/completions"
-        attempt = 0
-        while True:
-            try:
-                payload = self._post(url, data, headers)
-                break
-            except _Retryable as error:
-                if attempt >= self.retries:
-                    raise GradingError(SERVER_ERROR, str(error)) from None
-                time.sleep(self.retry_backoff * (2**attempt))
-                attempt += 1
+        try:
+            payload = post_chat_completion(
+                self.base_url,
+                body,
+                api_key=self.api_key,
+                timeout=self.timeout,
+                retries=self.retries,
+                retry_backoff=self.retry_backoff,
+                label="judge endpoint",
+            )
+        except ChatCompletionError as error:
+            raise GradingError(SERVER_ERROR, str(error)) from None
         return parse_reply(payload, body["model"])
-
-    def _post(self, url: str, data: bytes, headers: dict[str, str]) -> Any:
-        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
-        try:
-            with _OPENER.open(request, timeout=self.timeout) as response:
-                raw = response.read(MAX_RESPONSE_BYTES + 1)
-        except urllib.error.HTTPError as error:
-            text = _snippet(error.read(DETAIL_CHARS).decode("utf-8", "replace"))
-            message = f"judge endpoint answered HTTP {error.code}: {text}"
-            if error.code in RETRY_STATUSES:
-                raise _Retryable(message) from None
-            raise GradingError(SERVER_ERROR, message) from None
-        except TimeoutError:  # socket.timeout is an alias since 3.10
-            raise _Retryable(f"judge endpoint did not answer within {self.timeout:g} s") from None
-        except (urllib.error.URLError, OSError) as error:
-            reason = getattr(error, "reason", error)
-            raise _Retryable(f"judge endpoint unreachable: {reason}") from None
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise GradingError(SERVER_ERROR, "judge response larger than 4 MiB")
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise GradingError(
-                SERVER_ERROR, f"judge response is not JSON: {_snippet(raw.decode('utf-8', 'replace'))}"
-            ) from None
-
-
-class _Retryable(Exception):
-    pass
-
-
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect would carry the team's API key to wherever the Location header points (urllib
-    forwards Authorization) and turn the POST into a GET: treat it as the error it is here."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
-        return None
-
-
-_OPENER = urllib.request.build_opener(_RefuseRedirects())
 
 
 # OpenAI's grader `sampling_params` names → chat completions request fields. OpenAI spells the
@@ -196,8 +147,3 @@ def merge_usage(*usages: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]
             for key, count in counts.items():
                 target[key] = target.get(key, 0) + count
     return merged
-
-
-def _snippet(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 1] + "…"

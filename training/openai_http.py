@@ -1,0 +1,108 @@
+"""POST one chat completion to an OpenAI-compatible endpoint: the single HTTP path shared by the
+judge graders (``training.rewards.judge``) and remote policies (``training.remote``). Standard
+library only (urllib); no Django.
+
+Safety: the API key goes only to ``base_url``; redirects are refused (urllib would forward the
+Authorization header to wherever Location points and turn the POST into a GET). Error messages
+never include the key, the headers or the URL. A response is read up to 4 MiB and no further.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+# Statuses worth a retry: rate limits and server-side trouble; a 4xx is our request's fault.
+RETRY_STATUSES = (408, 409, 429, 500, 502, 503, 504)
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+DETAIL_CHARS = 300
+# Some providers' front ends reject urllib's default "Python-urllib/3.x" agent.
+USER_AGENT = "artweb"
+
+
+class ChatCompletionError(RuntimeError):
+    """The endpoint failed, or answered with something that is not JSON. The message is meant for
+    people and holds no secret."""
+
+
+def post_chat_completion(
+    base_url: str,
+    body: dict[str, Any],
+    *,
+    api_key: str = "",
+    timeout: float = 60.0,
+    retries: int = 1,
+    retry_backoff: float = 0.5,
+    label: str = "endpoint",
+) -> Any:
+    """POST ``body`` to ``{base_url}/chat/completions`` and return the decoded JSON payload.
+
+    A timeout, a connection error or a status in RETRY_STATUSES is retried ``retries`` more times,
+    after ``retry_backoff`` seconds, doubled each time. Any other failure is final. Every failure
+    raises ChatCompletionError whose message starts with ``label`` ("judge endpoint", "endpoint")."""
+    data = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": USER_AGENT}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    url = base_url.rstrip("/") + "/chat/completions"
+    attempt = 0
+    while True:
+        try:
+            return _post_once(url, data, headers, timeout=timeout, label=label)
+        except _Retryable as error:
+            if attempt >= retries:
+                raise ChatCompletionError(str(error)) from None
+            time.sleep(retry_backoff * (2**attempt))
+            attempt += 1
+
+
+def snippet(text: str) -> str:
+    """``text`` on one line, cut to DETAIL_CHARS: enough of a server's answer to act on."""
+    text = " ".join(text.split())
+    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 1] + "…"
+
+
+def _post_once(url: str, data: bytes, headers: dict[str, str], *, timeout: float, label: str) -> Any:
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with _OPENER.open(request, timeout=timeout) as response:
+            raw = response.read(MAX_RESPONSE_BYTES + 1)
+    except urllib.error.HTTPError as error:  # any status outside 2xx, a refused redirect included
+        text = snippet(error.read(DETAIL_CHARS).decode("utf-8", "replace"))
+        message = f"{label} answered HTTP {error.code}: {text}"
+        if error.code in RETRY_STATUSES:
+            raise _Retryable(message) from None
+        raise ChatCompletionError(message) from None
+    except TimeoutError:  # socket.timeout is an alias since 3.10
+        raise _Retryable(f"{label} did not answer within {timeout:g} s") from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise _Retryable(f"{label} unreachable: {reason}") from None
+    except http.client.HTTPException as error:  # a reply cut short or garbled: not an OSError
+        raise _Retryable(f"{label} unreachable: {type(error).__name__}") from None
+    if len(raw) > MAX_RESPONSE_BYTES:
+        raise ChatCompletionError(f"{label} response larger than 4 MiB")
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise ChatCompletionError(
+            f"{label} response is not JSON: {snippet(raw.decode('utf-8', 'replace'))}"
+        ) from None
+
+
+class _Retryable(Exception):
+    pass
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Returning None makes urllib raise the 3xx as an HTTPError instead of following it."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        return None
+
+
+_OPENER = urllib.request.build_opener(_RefuseRedirects())
