@@ -58,16 +58,20 @@ def test_grades_with_the_users_function_on_sample_and_item():
 def test_sample_dict_has_openai_fields():
     source = """
         def grade(sample, item):
-            assert sorted(sample) == ["messages", "output_json", "output_text", "output_tools"]
-            return sample["output_json"]["score"] + len(sample["messages"]) + len(sample["output_tools"])
+            assert sorted(sample) == ["messages", "outcome", "output_json", "output_text", "output_tools"]
+            return (
+                sample["output_json"]["score"] + len(sample["messages"]) + len(sample["output_tools"])
+                + sample["outcome"]["reward"]
+            )
         """
     grader = build_grader(python(source), sandbox=FAST)
     sample = Sample(
         output_text='{"score": 0.5}',
         messages=[{"role": "user", "content": "hi"}],
         output_tools=[{"name": "t"}],
+        outcome={"reward": 0.25},
     )
-    assert grader.grade(sample, {}).reward == 2.5
+    assert grader.grade(sample, {}).reward == 2.75
 
 
 def test_one_sandbox_process_serves_a_whole_batch():
