@@ -12,7 +12,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from artweb.env import env_bool, env_float, env_int, env_list, env_str, load_or_create_secret
+from artweb.env import env_bool, env_choice, env_float, env_int, env_list, env_str, load_or_create_secret
+from projects.queues import Queue  # a plain enum: importable before Django is set up
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -128,7 +129,7 @@ REST_FRAMEWORK = {
         "projects.api.authentication.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["projects.api.permissions.IsTeamMember"],
+    "DEFAULT_PERMISSION_CLASSES": ["projects.api.permissions.TeamPermission"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -191,6 +192,10 @@ RUN_TIME_LIMIT_S = env_int("RUN_TIME_LIMIT_S", 7 * 24 * 3600, minimum=60)
 # worker dies is taken over after RUN_HEARTBEAT_TIMEOUT_S and restarted from scratch.
 EVALUATION_TIME_LIMIT_S = env_int("EVALUATION_TIME_LIMIT_S", 6 * 3600, minimum=60)
 TRAINING_DEVICE = env_str("TRAINING_DEVICE", "cpu")
+# The rollout engine (auto: vLLM on a CUDA device when installed, else transformers) and the base
+# model loader for training (auto: unsloth on CUDA when installed; on insists, off never).
+TRAINING_ENGINE = env_choice("ARTWEB_ENGINE", "auto", ("auto", "vllm", "transformers"))
+TRAINING_UNSLOTH = env_choice("ARTWEB_UNSLOTH", "auto", ("auto", "on", "off"))
 TORCH_THREADS = env_int("TORCH_THREADS", 0, minimum=0)
 CHECKPOINT_DIR = DATA_DIR / "checkpoints"
 MODEL_CACHE_DIR = DATA_DIR / "models"
@@ -205,11 +210,12 @@ LOGGING = {
 }
 GRADER_MAX_ERROR_FRACTION = env_float("GRADER_MAX_ERROR_FRACTION", 0.5)
 RUN_REAPER_INTERVAL_S = env_float("RUN_REAPER_INTERVAL_S", 60.0)
-CELERY_TASK_DEFAULT_QUEUE = "default"
+# The tasks live in projects.jobs.tasks; their names keep the "training." prefix they were queued under.
+CELERY_TASK_DEFAULT_QUEUE = Queue.DEFAULT.value
 CELERY_TASK_ROUTES = {
-    "training.train_run": {"queue": "train"},
-    "training.requeue_orphaned_runs": {"queue": "default"},
-    "training.requeue_orphaned_evaluations": {"queue": "default"},
+    "training.train_run": {"queue": Queue.TRAIN.value},
+    "training.requeue_orphaned_runs": {"queue": Queue.DEFAULT.value},
+    "training.requeue_orphaned_evaluations": {"queue": Queue.DEFAULT.value},
 }
 CELERY_BEAT_SCHEDULE = {
     "requeue-orphaned-runs": {"task": "training.requeue_orphaned_runs", "schedule": RUN_REAPER_INTERVAL_S},

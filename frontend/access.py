@@ -1,15 +1,16 @@
 """Who is asking, for which team: every dashboard view is wrapped in ``team_view``.
 
-Tenancy is enforced here once: the current team is the session's ``team_id`` while the user is
-still a member of it (else their first team), and views fetch rows only through ``get_scoped`` or
-``projects.selectors`` with ``request.team``, so another team's id reads as 404, never as data.
+The team and role come from ``projects.access.resolve_team_and_role`` (the same resolver the API
+and the gateway use): the session's ``team_id`` while the user is still a member of it, else their
+first team. Views fetch rows only through ``get_scoped`` or ``projects.selectors`` with
+``request.team``, so another team's id reads as 404, never as data.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -18,54 +19,68 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from projects import selectors
-from projects.models import Membership, Role
+from projects.access import DENIED_MESSAGES, Permission, TeamAccess, resolve_team_and_role
+from projects.models import Membership, Team
 
 SESSION_TEAM_KEY = "team_id"
 
 M = TypeVar("M", bound=Model)
 
 
-def current_membership(request: HttpRequest) -> tuple[Membership | None, list[Membership]]:
-    memberships = list(selectors.memberships_of(user=request.user))
-    wanted = request.session.get(SESSION_TEAM_KEY)
-    chosen = next((m for m in memberships if m.team_id == wanted), memberships[0] if memberships else None)
-    return chosen, memberships
+class TeamHttpRequest(HttpRequest):
+    """The request a ``team_view`` receives: the caller's access, set before the view runs."""
+
+    access: TeamAccess
+    team: Team
+    role: str
+    memberships: list[Membership]
+
+
+def session_access(request: HttpRequest) -> TeamAccess | None:
+    """The signed-in person's team for this session (see the module docstring)."""
+    return resolve_team_and_role(user=request.user, preferred_team_id=request.session.get(SESSION_TEAM_KEY))
 
 
 def team_view(*, write: bool = False, owner: bool = False) -> Callable:
-    """Sign-in required; sets ``request.team``, ``request.role`` and ``request.memberships``.
+    """Sign-in required; sets ``request.access`` (and its ``team``, ``role``, ``memberships``).
 
-    ``write``: viewers get 403 (any method). ``owner``: only owners may POST (others may read).
+    ``write``: the view needs ``Permission.WRITE`` for any method (viewers get 403).
+    ``owner``: a POST needs ``Permission.MANAGE`` (others may read).
     """
 
     def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @login_required
         @wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            membership, memberships = current_membership(request)
-            if membership is None:
+            access = session_access(request)
+            if access is None:
                 return render(request, "frontend/no_team.html")
-            request.team = membership.team  # type: ignore[attr-defined]
-            request.role = membership.role  # type: ignore[attr-defined]
-            request.memberships = memberships  # type: ignore[attr-defined]
-            if write and membership.role == Role.VIEWER:
-                raise PermissionDenied("Viewers have read-only access to this team.")
-            if owner and request.method == "POST" and membership.role != Role.OWNER:
-                raise PermissionDenied("Only team owners can do this.")
-            return view(request, *args, **kwargs)
+            team_request = cast(TeamHttpRequest, request)
+            team_request.access = access
+            team_request.team, team_request.role = access.team, access.role
+            team_request.memberships = access.memberships
+            needed = [Permission.READ]
+            if write:
+                needed.append(Permission.WRITE)
+            if owner and request.method == "POST":
+                needed.append(Permission.MANAGE)
+            for permission in needed:
+                if not access.allows(permission):
+                    raise PermissionDenied(DENIED_MESSAGES[permission])
+            return view(team_request, *args, **kwargs)
 
         return wrapped
 
     return decorator
 
 
-def get_scoped(model: type[M], request: HttpRequest, pk: Any, **filters: Any) -> M:
+def get_scoped(model: type[M], request: TeamHttpRequest, pk: Any, **filters: Any) -> M:
     """The row ``pk`` of ``model`` if it belongs to the current team; 404 otherwise."""
-    obj = selectors.scoped(model, request.team).filter(pk=pk, **filters).first()  # type: ignore[attr-defined]
+    obj = selectors.scoped(model, request.team).filter(pk=pk, **filters).first()
     if obj is None:
         raise Http404(f"no such {model._meta.verbose_name}")
     return obj
 
 
-def can_write(request: HttpRequest) -> bool:
-    return getattr(request, "role", None) in (Role.OWNER, Role.MEMBER)
+def can_write(request: TeamHttpRequest) -> bool:
+    return request.access.allows(Permission.WRITE)

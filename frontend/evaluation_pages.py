@@ -9,12 +9,12 @@ from typing import Any
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from frontend import forms as f
-from frontend.access import can_write, get_scoped, team_view
+from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
 from frontend.presentation import evaluation_results, evaluation_sample_rows
 from projects import evaluations, selectors
 from projects.errors import DomainError, ValidationFailed
@@ -35,8 +35,8 @@ ACTIVE = (EvaluationStatus.QUEUED, EvaluationStatus.RUNNING)
 
 
 @team_view()
-def evaluation_list(request: HttpRequest) -> HttpResponse:
-    team = request.team  # type: ignore[attr-defined]
+def evaluation_list(request: TeamHttpRequest) -> HttpResponse:
+    team = request.team
     project_id = request.GET.get("project", "")
     status = request.GET.get("status", "")
     items = evaluations.evaluations_list(
@@ -111,7 +111,7 @@ def _choices(team: Any) -> dict[str, list[Any]]:
     }
 
 
-def _initial(request: HttpRequest) -> dict[str, Any]:
+def _initial(request: TeamHttpRequest) -> dict[str, Any]:
     """``?checkpoint=<id>`` evaluates that checkpoint; ``?from=<evaluation id>`` repeats an
     evaluation's settings (the team's own rows only: anything else is ignored)."""
     initial: dict[str, Any] = {}
@@ -148,13 +148,13 @@ def _initial(request: HttpRequest) -> dict[str, Any]:
 
 
 def evaluation_form(
-    request: HttpRequest, data: Any = None, initial: dict[str, Any] | None = None
+    request: TeamHttpRequest, data: Any = None, initial: dict[str, Any] | None = None
 ) -> f.EvaluationForm:
-    return f.EvaluationForm(data, initial=initial or {}, choices=_choices(request.team))  # type: ignore[attr-defined]
+    return f.EvaluationForm(data, initial=initial or {}, choices=_choices(request.team))
 
 
 @team_view(write=True)
-def evaluation_new(request: HttpRequest) -> HttpResponse:
+def evaluation_new(request: TeamHttpRequest) -> HttpResponse:
     form = evaluation_form(request, request.POST or None, _initial(request))
     if request.method == "POST" and form.is_valid():
         evaluation = _create(request, form)
@@ -164,7 +164,7 @@ def evaluation_new(request: HttpRequest) -> HttpResponse:
     return render(request, "frontend/evaluation_new.html", {"form": form})
 
 
-def _create(request: HttpRequest, form: f.EvaluationForm) -> Evaluation | None:
+def _create(request: TeamHttpRequest, form: f.EvaluationForm) -> Evaluation | None:
     data = form.cleaned_data
     kind, pk = f.split_choice(data["subject"])
     subject: dict[str, Any] = (
@@ -202,7 +202,7 @@ def _create(request: HttpRequest, form: f.EvaluationForm) -> Evaluation | None:
     return None
 
 
-def _context(request: HttpRequest, evaluation: Evaluation) -> dict[str, Any]:
+def _context(request: TeamHttpRequest, evaluation: Evaluation) -> dict[str, Any]:
     row_indexes = selectors.evaluation_sample_row_indexes(evaluation=evaluation)
     page = Paginator(row_indexes, ROWS_PER_PAGE).get_page(request.GET.get("page"))
     samples = selectors.evaluation_samples_of_rows(evaluation=evaluation, row_indexes=list(page.object_list))
@@ -235,10 +235,10 @@ def _reference_label(evaluation: Evaluation) -> str:
     return ""
 
 
-def _get(request: HttpRequest, evaluation_id: int) -> Evaluation:
+def _get(request: TeamHttpRequest, evaluation_id: int) -> Evaluation:
     """The team's evaluation with the relations its page labels read (one query), else 404."""
     evaluation = (
-        selectors.scoped(Evaluation, request.team)  # type: ignore[attr-defined]
+        selectors.scoped(Evaluation, request.team)
         .select_related(
             "project",
             "task_set",
@@ -259,20 +259,20 @@ def _get(request: HttpRequest, evaluation_id: int) -> Evaluation:
 
 
 @team_view()
-def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
+def evaluation_detail(request: TeamHttpRequest, evaluation_id: int) -> HttpResponse:
     return render(request, "frontend/evaluation.html", _context(request, _get(request, evaluation_id)))
 
 
 @require_GET
 @team_view()
-def evaluation_live(request: HttpRequest, evaluation_id: int) -> HttpResponse:
+def evaluation_live(request: TeamHttpRequest, evaluation_id: int) -> HttpResponse:
     """The evaluation page's live part, polled by htmx while the evaluation is queued or running."""
     return render(request, "frontend/_evaluation_live.html", _context(request, _get(request, evaluation_id)))
 
 
 @require_POST
 @team_view(write=True)
-def evaluation_cancel(request: HttpRequest, evaluation_id: int) -> HttpResponse:
+def evaluation_cancel(request: TeamHttpRequest, evaluation_id: int) -> HttpResponse:
     evaluation = get_scoped(Evaluation, request, evaluation_id)
     try:
         evaluations.evaluation_cancel(evaluation=evaluation)

@@ -12,6 +12,13 @@ from projects.errors import ValidationFailed
 from projects.models import EnvironmentKind, Role
 from training.config import TrainConfig
 
+
+def set_choices(form: forms.BaseForm, name: str, choices: list[tuple[Any, str]]) -> None:
+    field = form.fields[name]
+    assert isinstance(field, forms.ChoiceField), name
+    field.choices = choices
+
+
 HYPERPARAMETER_PREFIX = "hp_"
 
 
@@ -50,8 +57,8 @@ class NewRunForm(forms.Form):
     def __init__(self, *args: Any, choices: dict[str, list[tuple[int, str]]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for name in ("model", "environment", "reward"):
-            self.fields[name].choices = choices[name]  # type: ignore[attr-defined]
-        self.fields["task_set"].choices = [("", "— upload a new one below —"), *choices["task_set"]]  # type: ignore[attr-defined]
+            set_choices(self, name, choices[name])
+        set_choices(self, "task_set", [("", "— upload a new one below —"), *choices["task_set"]])
         for name, spec in TrainConfig.field_help().items():
             self.fields[HYPERPARAMETER_PREFIX + name] = _hyperparameter_field(spec)
             self.fields[HYPERPARAMETER_PREFIX + name].label = name
@@ -194,7 +201,7 @@ class ScenarioForm(forms.Form):
     def __init__(self, *args: Any, choices: dict[str, list[tuple[int, str]]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for name in ("environment", "endpoint"):
-            self.fields[name].choices = choices[name]  # type: ignore[attr-defined]
+            set_choices(self, name, choices[name])
 
 
 # An evaluation's subject or reference is chosen from one list: "checkpoint:<id>", "base:<id>"
@@ -239,7 +246,7 @@ class EvaluationForm(forms.Form):
     def __init__(self, *args: Any, choices: dict[str, list[Any]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for name in ("subject", "task_set", "split", "environment", "reward", "reference"):
-            self.fields[name].choices = choices[name]  # type: ignore[attr-defined]
+            set_choices(self, name, choices[name])
 
 
 # Service error fields (projects.evaluations) → the form field that shows them.

@@ -12,7 +12,7 @@ from django.http import HttpRequest, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.http import require_POST
 
-from frontend.access import current_membership
+from frontend.access import session_access
 from projects.gateway.views import chat_completions_for_team
 
 
@@ -22,7 +22,7 @@ async def playground_chat(request: HttpRequest) -> HttpResponseBase:
     if not user.is_authenticated:
         return JsonResponse({"error": {"message": "Sign in first.", "code": "not_signed_in"}}, status=401)
     request.user = user
-    membership, _ = await sync_to_async(current_membership)(request)
-    if membership is None:
+    access = await sync_to_async(session_access)(request)
+    if access is None:
         return JsonResponse({"error": {"message": "You are in no team.", "code": "no_team"}}, status=403)
-    return await chat_completions_for_team(team=membership.team, raw_body=request.body)
+    return await chat_completions_for_team(team=access.team, raw_body=request.body)

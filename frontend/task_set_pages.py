@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 
 from frontend import forms as f
-from frontend.access import can_write, get_scoped, team_view
+from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
 from projects import scenarios, selectors
 from projects.errors import ValidationFailed
 from projects.models import Environment, JudgeEndpoint, Project, TaskRow, TaskSet
@@ -20,7 +20,7 @@ PREVIEW_ROWS = 20
 
 
 @team_view()
-def task_set(request: HttpRequest, task_set_id: int) -> HttpResponse:
+def task_set(request: TeamHttpRequest, task_set_id: int) -> HttpResponse:
     task_set = get_scoped(TaskSet, request, task_set_id)
     source = task_set.source or {}
     return render(
@@ -40,8 +40,8 @@ def task_set(request: HttpRequest, task_set_id: int) -> HttpResponse:
     )
 
 
-def _choices(request: HttpRequest, project: Project) -> dict[str, list[tuple[int, str]]]:
-    team = request.team  # type: ignore[attr-defined]
+def _choices(request: TeamHttpRequest, project: Project) -> dict[str, list[tuple[int, str]]]:
+    team = request.team
     return {
         "environment": [
             (e.pk, f"{e.name} ({e.kind})")
@@ -58,7 +58,7 @@ def _choices(request: HttpRequest, project: Project) -> dict[str, list[tuple[int
 
 
 @team_view(write=True)
-def task_set_generate(request: HttpRequest, project_id: int) -> HttpResponse:
+def task_set_generate(request: TeamHttpRequest, project_id: int) -> HttpResponse:
     project = get_scoped(Project, request, project_id)
     choices = _choices(request, project)
     form = f.ScenarioForm(request.POST or None, choices=choices)

@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from frontend import evaluation_pages
 from frontend import forms as f
-from frontend.access import SESSION_TEAM_KEY, can_write, get_scoped, team_view
+from frontend.access import SESSION_TEAM_KEY, TeamHttpRequest, can_write, get_scoped, team_view
 from frontend.presentation import chart_data, environment_kinds, transcript_columns
 from projects import selectors, services
 from projects.errors import DomainError, ValidationFailed
@@ -57,9 +57,9 @@ def _query_without_page(request: HttpRequest) -> str:
 
 @require_POST
 @team_view()
-def team_switch(request: HttpRequest) -> HttpResponse:
+def team_switch(request: TeamHttpRequest) -> HttpResponse:
     wanted = request.POST.get("team")
-    for membership in request.memberships:  # type: ignore[attr-defined]
+    for membership in request.memberships:
         if str(membership.team_id) == wanted:
             request.session[SESSION_TEAM_KEY] = membership.team_id
             messages.success(request, f"Switched to team {membership.team.name}.")
@@ -70,7 +70,7 @@ def team_switch(request: HttpRequest) -> HttpResponse:
 
 
 @team_view(owner=True)
-def members(request: HttpRequest) -> HttpResponse:
+def members(request: TeamHttpRequest) -> HttpResponse:
     form = f.MemberForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         user = get_user_model().objects.filter(username=form.cleaned_data["username"]).first()
@@ -79,7 +79,7 @@ def members(request: HttpRequest) -> HttpResponse:
         else:
             try:
                 services.membership_set(
-                    team=request.team,  # type: ignore[attr-defined]
+                    team=request.team,
                     user=user,
                     role=form.cleaned_data["role"],
                     by=request.user,  # type: ignore[arg-type]
@@ -91,13 +91,13 @@ def members(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "frontend/members.html",
-        {"members": selectors.team_members(team=request.team), "form": form},  # type: ignore[attr-defined]
+        {"members": selectors.team_members(team=request.team), "form": form},
     )
 
 
 @require_POST
 @team_view(owner=True)
-def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
+def member_remove(request: TeamHttpRequest, membership_id: int) -> HttpResponse:
     membership = get_scoped(Membership, request, membership_id)
     try:
         services.membership_remove(team=request.team, user=membership.user, by=request.user)  # type: ignore[attr-defined, arg-type]
@@ -106,20 +106,20 @@ def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
         return redirect("frontend:members")
     if membership.user == request.user:  # left the team: its pages are no longer theirs
         request.session.pop(SESSION_TEAM_KEY, None)
-        messages.success(request, f"You left {request.team.name}.")  # type: ignore[attr-defined]
+        messages.success(request, f"You left {request.team.name}.")
         return redirect("frontend:projects")
     messages.success(request, f"{membership.user.username} was removed from the team.")
     return redirect("frontend:members")
 
 
 @team_view(owner=True)
-def api_keys(request: HttpRequest) -> HttpResponse:
+def api_keys(request: TeamHttpRequest) -> HttpResponse:
     form = f.ApiKeyForm(request.POST or None)
     created = None
     if request.method == "POST" and form.is_valid():
         try:
             created = services.api_key_create(
-                team=request.team,  # type: ignore[attr-defined]
+                team=request.team,
                 name=form.cleaned_data["name"],
                 read_only=form.cleaned_data["read_only"],
                 created_by=request.user,  # type: ignore[arg-type]
@@ -130,13 +130,13 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "frontend/api_keys.html",
-        {"keys": selectors.api_keys(team=request.team), "form": form, "created": created},  # type: ignore[attr-defined]
+        {"keys": selectors.api_keys(team=request.team), "form": form, "created": created},
     )
 
 
 @require_POST
 @team_view(owner=True)
-def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
+def api_key_revoke(request: TeamHttpRequest, key_id: int) -> HttpResponse:
     api_key = get_scoped(ApiKey, request, key_id)
     services.api_key_revoke(api_key=api_key)
     messages.success(request, f"Key {api_key.name} ({api_key.prefix}) revoked.")
@@ -147,18 +147,18 @@ def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
 
 
 @team_view()
-def projects(request: HttpRequest) -> HttpResponse:
+def projects(request: TeamHttpRequest) -> HttpResponse:
     form = f.ProjectForm(request.POST or None)
     if request.method == "POST":
         if not can_write(request):
             raise PermissionDenied("Viewers have read-only access to this team.")
         if form.is_valid():
             try:
-                project = services.project_create(team=request.team, **form.cleaned_data)  # type: ignore[attr-defined]
+                project = services.project_create(team=request.team, **form.cleaned_data)
                 return redirect("frontend:project", project_id=project.pk)
             except ValidationFailed as exc:
                 f.attach_errors(form, exc)
-    items = selectors.scoped(Project, request.team)  # type: ignore[attr-defined]
+    items = selectors.scoped(Project, request.team)
     text = request.GET.get("q", "").strip()
     if text:
         items = items.filter(name__icontains=text)
@@ -175,10 +175,10 @@ def projects(request: HttpRequest) -> HttpResponse:
 
 
 @team_view()
-def project(request: HttpRequest, project_id: int) -> HttpResponse:
+def project(request: TeamHttpRequest, project_id: int) -> HttpResponse:
     project = get_scoped(Project, request, project_id)
     model_form = f.TrainableModelForm(request.POST or None, prefix="model")
-    model_form.fields["base_model"].choices = [(b.pk, b.name) for b in BaseModel.objects.order_by("name")]  # type: ignore[attr-defined]
+    f.set_choices(model_form, "base_model", [(b.pk, b.name) for b in BaseModel.objects.order_by("name")])
     environment_form = f.EnvironmentForm(request.POST or None, prefix="environment")
     kinds = environment_kinds()
     if request.method == "POST":
@@ -206,7 +206,7 @@ def project(request: HttpRequest, project_id: int) -> HttpResponse:
                     return redirect("frontend:project", project_id=project.pk)
                 except ValidationFailed as exc:
                     f.attach_errors(environment_form, exc)
-    team = request.team  # type: ignore[attr-defined]
+    team = request.team
     runs = selectors.runs_search(team=team, project_id=project.pk)
     return render(
         request,
@@ -230,9 +230,9 @@ def project(request: HttpRequest, project_id: int) -> HttpResponse:
 
 
 @team_view()
-def model_detail(request: HttpRequest, model_id: int) -> HttpResponse:
+def model_detail(request: TeamHttpRequest, model_id: int) -> HttpResponse:
     model = get_scoped(TrainableModel, request, model_id)
-    team = request.team  # type: ignore[attr-defined]
+    team = request.team
     return render(
         request,
         "frontend/model.html",
@@ -249,8 +249,8 @@ def model_detail(request: HttpRequest, model_id: int) -> HttpResponse:
 
 
 @team_view()
-def runs(request: HttpRequest) -> HttpResponse:
-    team = request.team  # type: ignore[attr-defined]
+def runs(request: TeamHttpRequest) -> HttpResponse:
+    team = request.team
     project_id = request.GET.get("project", "")
     status = request.GET.get("status", "")
     text = request.GET.get("q", "").strip()
@@ -273,8 +273,8 @@ def runs(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _run_choices(request: HttpRequest, project: Project) -> dict[str, list[tuple[int, str]]]:
-    team = request.team  # type: ignore[attr-defined]
+def _run_choices(request: TeamHttpRequest, project: Project) -> dict[str, list[tuple[int, str]]]:
+    team = request.team
     return {
         "model": [
             (m.pk, f"{m.name} ({m.base_model.name})")
@@ -298,7 +298,7 @@ def _run_choices(request: HttpRequest, project: Project) -> dict[str, list[tuple
 
 
 @team_view(write=True)
-def run_new(request: HttpRequest, project_id: int) -> HttpResponse:
+def run_new(request: TeamHttpRequest, project_id: int) -> HttpResponse:
     project = get_scoped(Project, request, project_id)
     form = f.NewRunForm(request.POST or None, request.FILES or None, choices=_run_choices(request, project))
     if request.method == "POST" and form.is_valid():
@@ -309,7 +309,7 @@ def run_new(request: HttpRequest, project_id: int) -> HttpResponse:
     return render(request, "frontend/run_new.html", {"project": project, "form": form})
 
 
-def _create_run(request: HttpRequest, project: Project, form: f.NewRunForm) -> Run | None:
+def _create_run(request: TeamHttpRequest, project: Project, form: f.NewRunForm) -> Run | None:
     data = form.cleaned_data
     try:
         if data["task_set"]:
@@ -355,7 +355,7 @@ def _timing(run: Run) -> dict[str, Any]:
     return {"elapsed": timedelta(seconds=round(elapsed.total_seconds())), "eta": eta}
 
 
-def _run_context(request: HttpRequest, run: Run) -> dict[str, Any]:
+def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
     done = run.steps_done
     return {
         "run": run,
@@ -371,7 +371,7 @@ def _run_context(request: HttpRequest, run: Run) -> dict[str, Any]:
 
 
 @team_view()
-def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_detail(request: TeamHttpRequest, run_id: int) -> HttpResponse:
     run = get_scoped(Run, request, run_id)
     context = _run_context(request, run)
     context["evaluations"] = selectors.run_evaluations(run=run)
@@ -381,21 +381,21 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @require_GET
 @team_view()
-def run_live(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_live(request: TeamHttpRequest, run_id: int) -> HttpResponse:
     """The run page's live part, polled by htmx while the run is active."""
     return render(request, "frontend/_run_live.html", _run_context(request, get_scoped(Run, request, run_id)))
 
 
 @require_GET
 @team_view()
-def run_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
+def run_metrics(request: TeamHttpRequest, run_id: int) -> JsonResponse:
     run = get_scoped(Run, request, run_id)
     return JsonResponse(chart_data(list(selectors.run_step_metrics(run=run))))
 
 
 @require_POST
 @team_view(write=True)
-def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_cancel(request: TeamHttpRequest, run_id: int) -> HttpResponse:
     run = get_scoped(Run, request, run_id)
     try:
         services.run_cancel(run=run)
@@ -406,7 +406,7 @@ def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
 
 
 @team_view()
-def trajectories(request: HttpRequest, run_id: int) -> HttpResponse:
+def trajectories(request: TeamHttpRequest, run_id: int) -> HttpResponse:
     run = get_scoped(Run, request, run_id)
     steps = selectors.trajectory_steps(run=run)
     step = _int(request.GET.get("step"), None)
@@ -451,7 +451,7 @@ EXAMPLE_SPEC = {
 
 
 @team_view()
-def rewards(request: HttpRequest, project_id: int) -> HttpResponse:
+def rewards(request: TeamHttpRequest, project_id: int) -> HttpResponse:
     project = get_scoped(Project, request, project_id)
     form = f.RewardDefinitionForm(request.POST or None, initial={"spec": json.dumps(EXAMPLE_SPEC, indent=2)})
     if request.method == "POST":
@@ -472,7 +472,7 @@ def rewards(request: HttpRequest, project_id: int) -> HttpResponse:
         "frontend/rewards.html",
         {
             "project": project,
-            "definitions": selectors.reward_definitions_latest(team=request.team, project=project),  # type: ignore[attr-defined]
+            "definitions": selectors.reward_definitions_latest(team=request.team, project=project),
             "form": form,
         },
     )
@@ -487,7 +487,7 @@ def _json_field(form: Any, name: str) -> Any:
 
 
 @team_view()
-def reward(request: HttpRequest, reward_id: int) -> HttpResponse:
+def reward(request: TeamHttpRequest, reward_id: int) -> HttpResponse:
     definition = get_scoped(RewardDefinition, request, reward_id)
     form = f.RewardDefinitionForm(
         request.POST or None, initial={"name": definition.name, "spec": json.dumps(definition.spec, indent=2)}
@@ -519,7 +519,7 @@ def reward(request: HttpRequest, reward_id: int) -> HttpResponse:
 
 @require_POST
 @team_view()
-def grader_validate(request: HttpRequest) -> JsonResponse:
+def grader_validate(request: TeamHttpRequest) -> JsonResponse:
     """Validation as you type in the reward editor: the same check as ``POST
     /api/v1/graders/validate`` (``services.grader_problems``), but a spec with problems is an
     answer (200), not a failed request, so typing does not fill the browser console with 400s."""
@@ -540,7 +540,7 @@ def grader_validate(request: HttpRequest) -> JsonResponse:
 
 
 @team_view()
-def checkpoint(request: HttpRequest, checkpoint_id: int) -> HttpResponse:
+def checkpoint(request: TeamHttpRequest, checkpoint_id: int) -> HttpResponse:
     checkpoint = get_scoped(Checkpoint, request, checkpoint_id)
     model = checkpoint.model
     model_id = f"{model.project.name}/{model.name}:{checkpoint.step}"
@@ -565,7 +565,7 @@ def checkpoint(request: HttpRequest, checkpoint_id: int) -> HttpResponse:
     )
 
 
-def _checkpoint_evaluation_form(request: HttpRequest, checkpoint: Checkpoint) -> Any:
+def _checkpoint_evaluation_form(request: TeamHttpRequest, checkpoint: Checkpoint) -> Any:
     """The Evaluate form for members, prefilled with this checkpoint and its run's inputs."""
     if not can_write(request):
         return None

@@ -1,7 +1,7 @@
-"""API key authentication (``Authorization: Bearer aw_…``) and the caller's team.
+"""API key authentication (``Authorization: Bearer aw_…``).
 
-``request.team`` and ``request.role`` are resolved once here (or in ``resolve_team`` for session
-users) and used by the one scoping base class; views never pick a team themselves.
+Which team the key (or a signed-in person) acts for is decided in ``projects.access``, called once
+per request by ``projects.api.base``; views never pick a team themselves.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from projects import services
-from projects.models import ApiKey, Membership, Role
+from projects.models import ApiKey
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -47,21 +47,3 @@ class ApiKeyUser:
 
     def __str__(self) -> str:
         return f"api-key:{self.api_key.prefix}"
-
-
-def resolve_team(request: Request) -> tuple[object | None, str | None]:
-    """Return (team, role) of the caller. A key gives its team (role ``viewer`` if read-only);
-    a signed-in user gives the team named by the ``X-Team`` header or ``?team=``, or their first."""
-    if isinstance(request.auth, ApiKey):
-        return request.auth.team, (Role.VIEWER if request.auth.read_only else Role.MEMBER)
-    user = request.user
-    if not user or not user.is_authenticated:
-        return None, None
-    memberships = Membership.objects.select_related("team").filter(user=user).order_by("team__name")
-    wanted = request.headers.get("X-Team") or request.query_params.get("team")
-    if wanted:
-        memberships = memberships.filter(team__name=wanted)
-    membership = memberships.first()
-    if membership is None:
-        return None, None
-    return membership.team, membership.role

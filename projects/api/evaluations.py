@@ -19,11 +19,11 @@ from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from projects import evaluations, selectors
-from projects.api.views import TeamScopedViewSet, _int_param, _user, _valid
-from projects.errors import NotFound, ValidationFailed
+from projects.api.base import TeamViewSet
+from projects.api.views import _int_param, _user, _valid
+from projects.errors import ValidationFailed
 from projects.models import (
     Checkpoint,
     Environment,
@@ -33,6 +33,7 @@ from projects.models import (
     EvaluationStatus,
     JudgeEndpoint,
     RewardDefinition,
+    Run,
     TaskSet,
     Team,
 )
@@ -150,7 +151,7 @@ def _reference(team: Team, data: dict[str, Any] | None) -> dict[str, Any]:
     raise ValidationFailed("give exactly one of checkpoint, model, or endpoint (+ model)", field="reference")
 
 
-class EvaluationViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
+class EvaluationViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     model = Evaluation
     serializer_class = EvaluationOut
 
@@ -245,25 +246,28 @@ class EvaluationViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
         )
 
 
-class RunEvaluationsView(APIView):
+class RunEvaluationsView(TeamViewSet):
     """``GET /api/v1/runs/<id>/evaluations``: the run's validation evaluations, by step."""
 
+    model = Run
+    lookup_url_kwarg = "run_id"
+
     @extend_schema(responses=EvaluationOut(many=True))
-    def get(self, request: Request, run_id: int) -> Response:
-        team = request.team  # type: ignore[attr-defined]  # set by IsTeamMember
-        run = selectors.run_get(team=team, run_id=run_id)
-        queryset = evaluations.evaluations_list(team=team, run_id=run.pk).order_by("step", "id")
+    def list(self, request: Request, run_id: int) -> Response:
+        run = self.get_object()
+        queryset = evaluations.evaluations_list(team=self.team, run_id=run.pk).order_by("step", "id")
         return Response({"object": "list", "data": EvaluationOut(queryset, many=True).data})
 
 
-class CheckpointEvaluationsView(APIView):
+class CheckpointEvaluationsView(TeamViewSet):
     """``GET /api/v1/checkpoints/<id>/evaluations``: every evaluation of one checkpoint (a run's at
     its step, and requested ones), newest first."""
 
+    model = Checkpoint
+    lookup_url_kwarg = "checkpoint_id"
+
     @extend_schema(responses=EvaluationOut(many=True))
-    def get(self, request: Request, checkpoint_id: int) -> Response:
-        team = request.team  # type: ignore[attr-defined]  # set by IsTeamMember
-        if not selectors.scoped(Checkpoint, team).filter(pk=checkpoint_id).exists():
-            raise NotFound("checkpoint not found")
-        queryset = evaluations.evaluations_list(team=team, checkpoint_id=checkpoint_id)
+    def list(self, request: Request, checkpoint_id: int) -> Response:
+        checkpoint = self.get_object()
+        queryset = evaluations.evaluations_list(team=self.team, checkpoint_id=checkpoint.pk)
         return Response({"object": "list", "data": EvaluationOut(queryset, many=True).data})

@@ -9,10 +9,10 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from projects import judges
-from projects.api.views import TeamScopedViewSet, _valid
+from projects.api.base import TeamViewSet
+from projects.api.views import _valid
 from projects.errors import ValidationFailed
 from projects.models import JudgeEndpoint
 from projects.services import grader_problems
@@ -51,19 +51,19 @@ def _sample(value: Any, field: str) -> Sample:
     return Sample(**serializer.validated_data)
 
 
-class GraderValidateView(APIView):
+class GraderValidateView(TeamViewSet):
     @extend_schema(request=GraderValidateIn, responses={200: dict})
-    def post(self, request: Request) -> Response:
+    def create(self, request: Request) -> Response:
         data = _valid(GraderValidateIn, request.data)
         return Response({"grader": grader_problems(data["grader"], field="grader")})
 
 
-class GraderRunView(APIView):
+class GraderRunView(TeamViewSet):
     """Grade one sample (or one group, for ruler) without starting a run: the reward editor's
     "try it" panel and CI checks of a grader."""
 
     @extend_schema(request=GraderRunIn, responses={200: dict})
-    def post(self, request: Request) -> Response:
+    def create(self, request: Request) -> Response:
         data = _valid(GraderRunIn, request.data)
         spec = grader_problems(data["grader"], field="grader")
         if ("model_sample" in data) == ("group" in data):
@@ -74,8 +74,7 @@ class GraderRunView(APIView):
             samples = [_sample(value, f"group[{i}]") for i, value in enumerate(data["group"])]
         else:
             samples = [_sample(data["model_sample"], "model_sample")]
-        team = request.team  # type: ignore[attr-defined]
-        judge = judges.judge_client(team=team, name=data.get("judge_endpoint"))
+        judge = judges.judge_client(team=self.team, name=data.get("judge_endpoint"))
         try:
             grader = build_grader(spec, judge=judge, sandbox=judges.sandbox_config())
             results = grade_group(grader, samples, data["item"])
@@ -105,7 +104,7 @@ class JudgeEndpointIn(serializers.Serializer):
     timeout_s = serializers.FloatField(required=False, default=60.0)
 
 
-class JudgeEndpointViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+class JudgeEndpointViewSet(TeamViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     """OpenAI-compatible endpoints the team's LLM-judge graders call. The one named "default" is
     used by runs; the API key is stored encrypted and never returned."""
 

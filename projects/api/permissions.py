@@ -1,32 +1,47 @@
-from rest_framework.permissions import SAFE_METHODS, BasePermission
+"""The API's one permission check (the settings' default): the caller's team and role from
+``projects.access``, and the permission the view needs (``projects.api.base.CallerViewSet``).
 
-from projects.api.authentication import resolve_team
-from projects.models import Role
+Kept apart from ``base`` because DRF imports its default permission classes while
+``rest_framework.views`` itself is being imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+
+from projects.access import DENIED_MESSAGES, Permission, TeamAccess, resolve_team_and_role
+from projects.models import ApiKey
+
+_ACCESS_ATTRIBUTE = "team_access"
 
 
-class IsTeamMember(BasePermission):
-    """Any member may read; owners and members may write; viewers and read-only keys may not."""
+def request_access(request: Request) -> TeamAccess | None:
+    """The caller's team and role, resolved once per request (key, or session + ``X-Team``)."""
+    if not hasattr(request, _ACCESS_ATTRIBUTE):
+        api_key = request.auth if isinstance(request.auth, ApiKey) else None
+        team_name = request.headers.get("X-Team") or request.query_params.get("team")
+        access = resolve_team_and_role(api_key=api_key, user=request.user, team_name=team_name)
+        setattr(request, _ACCESS_ATTRIBUTE, access)
+    return getattr(request, _ACCESS_ATTRIBUTE)
 
-    message = "You need a team membership or API key for this."
 
-    def has_permission(self, request, view) -> bool:
-        if not hasattr(request, "team"):
-            request.team, request.role = resolve_team(request)
-        if request.team is None:
+class TeamPermission(BasePermission):
+    """Reads need ``Permission.READ``; any other method the view's ``write_permission``."""
+
+    message = DENIED_MESSAGES[Permission.READ]
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not hasattr(view, "required_permission"):  # the settings' default: a view outside the base
+            self.message = "This view is not team-scoped; derive it from projects.api.base."
             return False
-        if request.method in SAFE_METHODS:
-            return True
-        if request.role == Role.VIEWER:
-            self.message = "This API key or membership is read-only."
+        access = request_access(request)
+        if access is None:
             return False
-        return True
-
-
-class IsTeamOwner(IsTeamMember):
-    def has_permission(self, request, view) -> bool:
-        if not super().has_permission(request, view):
-            return False
-        if request.method not in SAFE_METHODS and request.role != Role.OWNER:
-            self.message = "Only team owners can do this."
+        needed = view.required_permission(request)
+        if not access.allows(needed):
+            self.message = DENIED_MESSAGES[needed]
             return False
         return True

@@ -7,10 +7,10 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from projects import scenarios, selectors
+from projects import scenarios
 from projects.api import serializers as s
+from projects.api.base import TeamViewSet
 from projects.api.views import _valid
 from projects.models import Environment, JudgeEndpoint, Project
 from training.scenarios import MAX_ROWS
@@ -35,17 +35,14 @@ class GeneratedTaskSetOut(s.TaskSetOut):
         fields = [*s.TaskSetOut.Meta.fields, "source"]
 
 
-class TaskSetGenerateView(APIView):
+class TaskSetGenerateView(TeamViewSet):
     @extend_schema(request=GenerateIn, responses={201: GeneratedTaskSetOut})
-    def post(self, request: Request) -> Response:
+    def create(self, request: Request) -> Response:
         data = _valid(GenerateIn, request.data)
-        team = request.team  # type: ignore[attr-defined]  # set by IsTeamMember
         task_set = scenarios.task_set_generate(
-            project=selectors.scoped_reference(Project, team, data["project"], field="project"),
-            environment=selectors.scoped_reference(
-                Environment, team, data["environment"], field="environment"
-            ),
-            endpoint=selectors.scoped_reference(JudgeEndpoint, team, data["endpoint"], field="endpoint"),
+            project=self.ref(Project, data["project"], "project"),
+            environment=self.ref(Environment, data["environment"], "environment"),
+            endpoint=self.ref(JudgeEndpoint, data["endpoint"], "endpoint"),
             model=data["model"],
             n=data["n"],
             instruction=data["instruction"],

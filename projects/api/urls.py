@@ -19,10 +19,10 @@ router.register("judge-endpoints", graders.JudgeEndpointViewSet, basename="judge
 router.register("evaluations", evaluations.EvaluationViewSet, basename="evaluation")
 
 urlpatterns = [
-    path("hyperparameters", views.HyperparametersView.as_view(), name="hyperparameters"),
-    path("environment-kinds", views.EnvironmentKindsView.as_view(), name="environment-kinds"),
-    path("graders/validate", graders.GraderValidateView.as_view(), name="graders-validate"),
-    path("graders/run", graders.GraderRunView.as_view(), name="graders-run"),
+    path("hyperparameters", views.HyperparametersView.as_view({"get": "list"}), name="hyperparameters"),
+    path("environment-kinds", views.EnvironmentKindsView.as_view({"get": "list"}), name="environment-kinds"),
+    path("graders/validate", graders.GraderValidateView.as_view({"post": "create"}), name="graders-validate"),
+    path("graders/run", graders.GraderRunView.as_view({"post": "create"}), name="graders-run"),
     path("usage", UsageViewSet.as_view({"get": "list"}), name="usage"),
     # POST /api/v1/evaluations without the router's trailing slash, as the docs write it.
     path(
@@ -30,20 +30,30 @@ urlpatterns = [
         evaluations.EvaluationViewSet.as_view({"get": "list", "post": "create"}, schema=None),
         name="evaluation-list-noslash",
     ),
-    path("runs/<int:run_id>/evaluations/", evaluations.RunEvaluationsView.as_view(), name="run-evaluations"),
-    path("runs/<int:run_id>/evaluations", evaluations.RunEvaluationsView.as_view(schema=None)),
+    path(
+        "runs/<int:run_id>/evaluations/",
+        evaluations.RunEvaluationsView.as_view({"get": "list"}),
+        name="run-evaluations",
+    ),
+    path(
+        "runs/<int:run_id>/evaluations", evaluations.RunEvaluationsView.as_view({"get": "list"}, schema=None)
+    ),
     path(
         "checkpoints/<int:checkpoint_id>/evaluations/",
-        evaluations.CheckpointEvaluationsView.as_view(),
+        evaluations.CheckpointEvaluationsView.as_view({"get": "list"}),
         name="checkpoint-evaluations",
     ),
     path(
         "checkpoints/<int:checkpoint_id>/evaluations",
-        evaluations.CheckpointEvaluationsView.as_view(schema=None),
+        evaluations.CheckpointEvaluationsView.as_view({"get": "list"}, schema=None),
     ),
     # Before the router: "generate" is not a task-set id.
-    path("task-sets/generate", scenarios.TaskSetGenerateView.as_view(), name="task-sets-generate"),
-    path("task-sets/generate/", scenarios.TaskSetGenerateView.as_view(schema=None)),
+    path(
+        "task-sets/generate",
+        scenarios.TaskSetGenerateView.as_view({"post": "create"}),
+        name="task-sets-generate",
+    ),
+    path("task-sets/generate/", scenarios.TaskSetGenerateView.as_view({"post": "create"}, schema=None)),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[]), name="docs"),
     *router.urls,

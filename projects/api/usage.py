@@ -1,6 +1,6 @@
 """``GET /api/v1/usage``: tokens used through the gateway, by day and by model (and API key).
 
-Rows are the caller's team's only (``TeamScopedViewSet``). Totals are sums over the matching
+Rows are the caller's team's only (``TeamViewSet``). Totals are sums over the matching
 ``UsageRecord`` rows, grouped by the fields named in ``group_by``.
 """
 
@@ -12,7 +12,8 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from projects.api.views import TeamScopedViewSet, _valid
+from projects.api.base import TeamViewSet
+from projects.api.views import _valid
 from projects.models import UsageRecord
 
 GROUPS = {"day": "day", "model": "model", "api_key": "api_key__prefix"}
@@ -42,7 +43,7 @@ class UsageOut(serializers.Serializer):
     total_tokens = serializers.IntegerField()
 
 
-class UsageViewSet(TeamScopedViewSet):
+class UsageViewSet(TeamViewSet):
     model = UsageRecord
 
     @extend_schema(

@@ -1,7 +1,7 @@
 """REST API views. Each action: one input serializer, one service call, one output serializer.
 
-Tenancy is enforced once, in ``TeamScopedViewSet.get_queryset``; subclasses provide
-``base_queryset()`` and cannot override the scoping (``__init_subclass__`` refuses).
+Tenancy is enforced once, in ``projects.api.base``: every view here derives from ``TeamViewSet``
+(or ``CatalogueViewSet`` for the shared base-model catalogue) and provides ``base_queryset()``.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db.models import Max, QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from projects import selectors, services
+from projects.access import Permission
 from projects.api import serializers as s
-from projects.api.permissions import IsTeamOwner
+from projects.api.base import CallerViewSet, CatalogueViewSet, TeamViewSet
 from projects.errors import ValidationFailed
 from projects.models import (
     ApiKey,
@@ -32,48 +32,9 @@ from projects.models import (
     Run,
     RunStatus,
     TaskSet,
-    Team,
     TrainableModel,
 )
 from training.config import TrainConfig
-
-
-class TeamScopedViewSet(viewsets.GenericViewSet):
-    """Base of every team-owned resource: the queryset is always filtered to the caller's team."""
-
-    model: Any = None  # the Django model; it must define TEAM_PATH
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "get_queryset" in cls.__dict__:
-            raise TypeError(f"{cls.__name__} must not override get_queryset; override base_queryset")
-
-    def base_queryset(self) -> QuerySet:
-        return self.model._default_manager.all()
-
-    def get_queryset(self) -> QuerySet:
-        if getattr(self, "swagger_fake_view", False):  # schema generation has no caller
-            return self.model._default_manager.none()
-        return self.base_queryset().filter(**{self.model.TEAM_PATH: self.team})
-
-    @property
-    def team(self) -> Team:
-        return self.request.team  # type: ignore[attr-defined]  # set by IsTeamMember
-
-    def ref(self, model: type, value: Any, field: str) -> Any:
-        return selectors.scoped_reference(model, self.team, value, field=field)
-
-    def filter_by_project(self, queryset: QuerySet) -> QuerySet:
-        project = self.request.query_params.get("project")
-        if project is not None:
-            if not project.isdigit():
-                raise ValidationFailed("must be an integer id", field="project")
-            queryset = queryset.filter(project_id=int(project))
-        return queryset
-
-    def paginated(self, queryset: QuerySet, serializer_class: type) -> Response:
-        page = self.paginate_queryset(queryset)
-        return self.get_paginated_response(serializer_class(page, many=True).data)
 
 
 def _valid(serializer_class: type, data: Any, partial: bool = False) -> dict[str, Any]:
@@ -82,7 +43,7 @@ def _valid(serializer_class: type, data: Any, partial: bool = False) -> dict[str
     return dict(serializer.validated_data)
 
 
-class ProjectViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+class ProjectViewSet(TeamViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     model = Project
     serializer_class = s.ProjectOut
 
@@ -105,14 +66,17 @@ class ProjectViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMo
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class BaseModelViewSet(viewsets.ReadOnlyModelViewSet):
+class BaseModelViewSet(CatalogueViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     """The operator-maintained catalogue of base models (readable by every team)."""
 
-    queryset = BaseModel.objects.order_by("name")
+    model = BaseModel
     serializer_class = s.BaseModelOut
 
+    def list(self, request: Request) -> Response:
+        return self.paginated(self.get_queryset().order_by("name"), s.BaseModelOut)
 
-class TrainableModelViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
+
+class TrainableModelViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     model = TrainableModel
     serializer_class = s.TrainableModelOut
 
@@ -154,7 +118,7 @@ class TrainableModelViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
         return self.paginated(checkpoints.order_by("step"), s.CheckpointOut)
 
 
-class RewardDefinitionViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
+class RewardDefinitionViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     """Versioned grader specs: an update inserts the next version and returns it (201)."""
 
     model = RewardDefinition
@@ -211,7 +175,7 @@ class RewardDefinitionViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
         return Response(s.RewardDefinitionOut(versions, many=True).data)
 
 
-class TaskSetViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
+class TaskSetViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     model = TaskSet
     serializer_class = s.TaskSetOut
 
@@ -257,7 +221,7 @@ class TaskSetViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
         return self.paginated(rows, s.TaskRowOut)
 
 
-class EnvironmentViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
+class EnvironmentViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     model = Environment
     serializer_class = s.EnvironmentOut
 
@@ -285,7 +249,7 @@ class EnvironmentViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class RunViewSet(TeamScopedViewSet, mixins.RetrieveModelMixin):
+class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     """Training runs (shaped like OpenAI fine-tuning jobs: events, checkpoints, cancel)."""
 
     model = Run
@@ -370,12 +334,12 @@ def _int_param(request: Request, name: str, default: int | None) -> int | None:
         raise ValidationFailed("must be an integer", field=name) from None
 
 
-class ApiKeyViewSet(TeamScopedViewSet, mixins.ListModelMixin):
+class ApiKeyViewSet(TeamViewSet, mixins.ListModelMixin):
     """Team API keys. Owners create and revoke; the plaintext key is returned once, at creation."""
 
     model = ApiKey
     serializer_class = s.ApiKeyOut
-    permission_classes = [IsTeamOwner]
+    write_permission = Permission.MANAGE
 
     @extend_schema(request=s.ApiKeyIn, responses={201: s.ApiKeyOut})
     def create(self, request: Request) -> Response:
@@ -397,14 +361,14 @@ class ApiKeyViewSet(TeamScopedViewSet, mixins.ListModelMixin):
         return Response(s.ApiKeyOut(api_key).data)
 
 
-class MemberViewSet(TeamScopedViewSet, mixins.ListModelMixin):
+class MemberViewSet(TeamViewSet, mixins.ListModelMixin):
     """The team's members and their roles. Any member reads; owners add members, change roles and
     remove members (session sign-in: API keys belong to teams, not people, so none is an owner).
     A team keeps at least one owner: demoting or removing the last one is a 400 ``last_owner``."""
 
     model = Membership
     serializer_class = s.MemberOut
-    permission_classes = [IsTeamOwner]
+    write_permission = Permission.MANAGE
 
     def base_queryset(self) -> QuerySet:
         return Membership.objects.select_related("user").order_by("user__username")
@@ -434,20 +398,20 @@ class MemberViewSet(TeamScopedViewSet, mixins.ListModelMixin):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class EnvironmentKindsView(APIView):
+class EnvironmentKindsView(CallerViewSet):
     """Every environment kind with its tools, config keys and how its final answer is read (the
     environment form reads these)."""
 
     @extend_schema(responses={200: s.EnvironmentKindOut(many=True)})
-    def get(self, request: Request) -> Response:
+    def list(self, request: Request) -> Response:
         from training.environments import describe_kinds
 
         return Response(s.EnvironmentKindOut(describe_kinds(), many=True).data)
 
 
-class HyperparametersView(APIView):
+class HyperparametersView(CallerViewSet):
     """Defaults and help text of every run hyperparameter (the run form reads these)."""
 
     @extend_schema(responses={200: dict})
-    def get(self, request: Request) -> Response:
+    def list(self, request: Request) -> Response:
         return Response(TrainConfig.field_help())

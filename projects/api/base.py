@@ -1,0 +1,113 @@
+"""The base of every REST API view: who the caller is, which team, and what the role allows.
+
+Tenancy is enforced here once. ``TeamViewSet`` filters ``get_queryset`` (and so ``get_object``) to
+the caller's team through the model's ``TEAM_PATH`` and derives the permission each request needs
+from ``projects.access.ROLE_PERMISSIONS``; subclasses cannot override any of that (``__init_subclass__``
+refuses), only narrow it (``write_permission = Permission.MANAGE``). ``CatalogueViewSet`` is the one
+read-only exception for operator-maintained rows every team shares (the base-model catalogue).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db.models import QuerySet
+from rest_framework import viewsets
+from rest_framework.permissions import SAFE_METHODS
+from rest_framework.request import Request
+
+from projects import selectors
+from projects.access import Permission, TeamAccess
+from projects.api.permissions import TeamPermission, request_access
+from projects.errors import ValidationFailed
+from projects.models import Team
+
+
+class CallerViewSet(viewsets.GenericViewSet):
+    """Authentication and the role table; the parts no subclass may replace."""
+
+    write_permission: ClassVar[Permission] = Permission.WRITE
+    permission_classes = [TeamPermission]
+    _final: ClassVar[tuple[str, ...]] = (
+        "get_queryset",
+        "get_object",
+        "permission_classes",
+        "get_permissions",
+        "check_permissions",
+        "check_object_permissions",
+        "required_permission",
+    )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__module__ == __name__:  # the bases below define what they scope
+            return
+        for name in cls._final:
+            if name in cls.__dict__:
+                raise TypeError(
+                    f"{cls.__name__} must not override {name}: tenancy lives in projects.api.base"
+                )
+        if cls.write_permission == Permission.READ:
+            raise TypeError(f"{cls.__name__}: write_permission may not be weakened to read")
+
+    def required_permission(self, request: Request) -> Permission:
+        return Permission.READ if request.method in SAFE_METHODS else self.write_permission
+
+    @property
+    def access(self) -> TeamAccess:
+        access = request_access(self.request)
+        assert access is not None, "TeamPermission ran first"
+        return access
+
+    @property
+    def team(self) -> Team:
+        return self.access.team
+
+    def paginated(self, queryset: QuerySet, serializer_class: type) -> Any:
+        page = self.paginate_queryset(queryset)
+        return self.get_paginated_response(serializer_class(page, many=True).data)
+
+
+class TeamViewSet(CallerViewSet):
+    """Base of every team-owned resource and team action: the queryset is always the caller's team's.
+
+    Views without a ``model`` (actions such as ``graders/run``) get no queryset at all.
+    """
+
+    model: Any = None  # the Django model; it must define TEAM_PATH
+
+    def base_queryset(self) -> QuerySet:
+        return self.model._default_manager.all()
+
+    def get_queryset(self) -> QuerySet:
+        if self.model is None:
+            raise ImproperlyConfigured(f"{type(self).__name__} has no model to query")
+        if getattr(self, "swagger_fake_view", False):  # schema generation has no caller
+            return self.model._default_manager.none()
+        return self.base_queryset().filter(**{self.model.TEAM_PATH: self.team})
+
+    def get_object(self) -> Any:
+        return super().get_object()  # through the scoped get_queryset: another team's id is 404
+
+    def ref(self, model: type, value: Any, field: str) -> Any:
+        """A row named by id in the request body; another team's id is a 400 on ``field``."""
+        return selectors.scoped_reference(model, self.team, value, field=field)
+
+    def filter_by_project(self, queryset: QuerySet) -> QuerySet:
+        project = self.request.query_params.get("project")
+        if project is not None:
+            if not project.isdigit():
+                raise ValidationFailed("must be an integer id", field="project")
+            queryset = queryset.filter(project_id=int(project))
+        return queryset
+
+
+class CatalogueViewSet(CallerViewSet):
+    """Operator-maintained rows every team may read (any caller with a team); never written here."""
+
+    model: Any = None
+    http_method_names = ["get", "head", "options"]
+
+    def get_queryset(self) -> QuerySet:
+        return self.model._default_manager.all()
