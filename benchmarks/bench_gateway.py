@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from projects import services
     from projects.models import Team
-    from training.models import BUNDLED_MODEL, build_tiny_model
+    from training.base_models import BUNDLED_MODEL, build_tiny_model
 
     source = args.model or BUNDLED_MODEL
     if args.tiny:

@@ -54,14 +54,16 @@ from typing import Any
 
 import torch
 
+from training.agent import rollout_groups
+from training.base_models import BUNDLED_MODEL, load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import Environment, build_environment
-from training.loop import RunSpec, checkpoint_path, grade_trajectories, run_training
-from training.models import BUNDLED_MODEL, load_base_model
-from training.rollout import Trajectory, rollout_groups
+from training.loop import RunSpec, checkpoint_path, run_training
+from training.rewards import grade_trajectories
 from training.trainer import Trainer
+from training.trajectory import Trajectory
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOL_TASKS = REPO_ROOT / "artweb" / "demo" / "tool_tasks.jsonl"

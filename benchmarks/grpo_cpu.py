@@ -43,14 +43,16 @@ from typing import Any
 import torch
 
 from artweb.demo import SYSTEM_PROMPT, TASKS_PATH
+from training.agent import rollout_groups
+from training.base_models import BUNDLED_MODEL, load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
-from training.loop import grade_trajectories, rows_for_step
-from training.models import BUNDLED_MODEL, load_base_model
-from training.rewards import Sample, build_grader, grade_many
-from training.rollout import EnvironmentSpec, build_messages, rollout_groups, to_train_group
+from training.environments import EnvironmentSpec, build_messages
+from training.loop import rows_for_step
+from training.rewards import Sample, build_grader, grade_many, grade_trajectories
 from training.trainer import Trainer, peft_lora_config
+from training.trajectory import to_train_group
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENVIRONMENT = EnvironmentSpec(system_prompt=SYSTEM_PROMPT)

@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random-init causal LM with a local tokenizer (seconds to build, a few MB)."""
-    from training.models import build_tiny_model
+    from training.base_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny", seed=0)
 

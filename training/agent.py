@@ -1,4 +1,6 @@
-"""The agent loop: model turn, environment reply, ..., final answer; many trajectories at once.
+"""Rollouts, through the agent loop: model turn, environment reply, ..., final answer; task rows
+in, trajectories (`training/trajectory.py`: messages, exact tokens, a trainable-token mask) out,
+many at once. A single-turn rollout is this loop with one turn and no tools: one code path for both.
 
 The loop drives any environment through its message-level protocol (`training/environments/base.py`):
 `start(row)` gives the prompt messages, `respond_batch` answers each model turn with tool messages
@@ -26,15 +28,15 @@ from typing import Any
 
 from training.engines.base import Choice, Engine, SamplingParams, render_chat
 from training.environments.base import Environment, EpisodeState
-from training.rollout import Trajectory
 from training.tools import Tool, ToolCall, parse_tool_calls, tools_system_prompt
+from training.trajectory import Trajectory
 
 
 class ChatTemplateError(RuntimeError):
     """The chat template cannot be continued token by token (see `ChatFormat.environment_ids`)."""
 
 
-def run_agent_group(
+def rollout_group(
     engine: Engine,
     row: dict,
     env: Environment,
@@ -43,10 +45,10 @@ def run_agent_group(
     adapter: str | None = None,
 ) -> list[Trajectory]:
     """`group_size` trajectories for one task row."""
-    return run_agent_groups(engine, [row], env, sampling, group_size, adapter=adapter)[0]
+    return rollout_groups(engine, [row], env, sampling, group_size, adapter=adapter)[0]
 
 
-def run_agent_groups(
+def rollout_groups(
     engine: Engine,
     rows: list[dict],
     env: Environment,

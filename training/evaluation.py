@@ -2,7 +2,7 @@
 
 No Django here. A *policy* is anything that turns rows into episodes (`Policy.rollout`): our own
 engine with or without a LoRA adapter (`LocalPolicy`), or a model behind any OpenAI-compatible
-endpoint (`training.remote.RemotePolicy`). Episodes are `training.rollout.Trajectory` objects, so
+endpoint (`training.remote.RemotePolicy`). Episodes are `training.trajectory.Trajectory` objects, so
 the run's graders see exactly what they see during training (output_text, output_tools, messages).
 
 The aggregation functions (`aggregate`, `compare`) are pure and unit-tested on hand-computed values.
@@ -16,11 +16,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # training.rollout imports torch; the web process uses `compare` without it
-    from training.environments import Environment
-    from training.rollout import Trajectory
+from training.agent import rollout_groups
+from training.environments import Environment
+from training.rewards import grade_trajectories
+from training.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +176,6 @@ def grade_episodes(
 ) -> list[EvalSample]:
     """Grade every episode with the run's grader (errors are data: nothing here raises for a bad
     sample) and flatten to EvalSamples. A failed rollout gets reward 0 and its error, ungraded."""
-    from training.loop import grade_trajectories
-
     grade_trajectories(grader_spec, groups, rows, max_error_fraction=1.0, judge=judge, sandbox=sandbox)
     samples = []
     for group, row in zip(groups, rows, strict=True):
@@ -254,8 +253,6 @@ class LocalPolicy:
     def rollout(
         self, rows: list[dict[str, Any]], env: Environment, samples_per_row: int
     ) -> list[list[Trajectory]]:
-        from training.rollout import rollout_groups
-
         data = [row["data"] for row in rows]
         return rollout_groups(self.engine, data, env, self.sampling, samples_per_row, adapter=self.adapter)
 
@@ -271,8 +268,8 @@ def load_local_policy(
 ) -> LocalPolicy:
     """A base model on a TransformersEngine, with the checkpoint's adapter when given. (Standalone
     evaluations use transformers even on GPU: one model, a few rows; vLLM's start-up would dominate.)"""
+    from training.base_models import load_base_model, resolve_dtype
     from training.engines.transformers_engine import TransformersEngine
-    from training.models import load_base_model, resolve_dtype
 
     model, tokenizer = load_base_model(
         base_model_source, model_cache_dir, dtype=resolve_dtype("auto", device), device=device

@@ -17,16 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from training.agent import rollout_groups
 from training.config import LoraSpec, TrainConfig
 from training.environments import Environment
 from training.evaluation import evaluate_during_run, is_evaluation_step
-from training.rollout import Trajectory, rollout_groups, to_train_group
+from training.rewards import grade_trajectories
+from training.trajectory import Trajectory, to_train_group
 
 logger = logging.getLogger(__name__)
-
-
-class RewardFailure(RuntimeError):
-    """Too many samples of a step could not be graded: the run fails with this message."""
 
 
 @dataclass
@@ -94,68 +92,9 @@ def rows_for_step(rows: list[dict[str, Any]], *, seed: int, step: int, count: in
     return [rng.choice(rows) for _ in range(count)]
 
 
-def grade_trajectories(
-    grader_spec: dict[str, Any],
-    groups: list[list[Trajectory]],
-    rows: list[dict[str, Any]],
-    max_error_fraction: float,
-    reward_name: str = "",
-    *,
-    judge: Any = None,
-    sandbox: Any = None,
-) -> dict[str, float]:
-    """Fill in reward, sub_rewards and errors of every trajectory, one group at a time (a relative
-    judge like RULER compares a group's trajectories). Errors are data, not crashes, unless more
-    than ``max_error_fraction`` of the step's samples failed."""
-    from training.rewards import Sample, build_grader, grade_group, grade_many
-
-    grader = build_grader(grader_spec, judge=judge, sandbox=sandbox)
-    trajectories = [t for group in groups for t in group]
-    samples = [
-        Sample(output_text=t.output_text, messages=t.messages, output_tools=t.output_tools, outcome=t.outcome)
-        for t in trajectories
-    ]
-    if grader.grades_groups:  # a relative judge (RULER) compares the trajectories of one group
-        results, offset = [], 0
-        for group, row in zip(groups, rows, strict=True):
-            results += grade_group(grader, samples[offset : offset + len(group)], row["data"].get("item", {}))
-            offset += len(group)
-    else:  # one batch for the step: a python grader starts one sandbox, not one per group
-        items = [row["data"].get("item", {}) for group, row in zip(groups, rows, strict=True) for _ in group]
-        results = grade_many(grader, samples, items)
-    failed = total = 0
-    errors_by_code: dict[str, int] = {}
-    example = ""
-    for trajectory, result in zip(trajectories, results, strict=True):
-        total += 1
-        trajectory.reward = float(result.reward)
-        trajectory.sub_rewards = dict(result.sub_rewards)
-        trajectory.errors = list(result.errors)
-        if result.scores:
-            trajectory.metrics = {**trajectory.metrics, "grader_scores": result.scores}
-        if result.errors:
-            failed += 1
-            for error in result.errors:
-                code = error.get("code", "error")
-                errors_by_code[code] = errors_by_code.get(code, 0) + 1
-            if not example:
-                first = result.errors[0]
-                example = f"{first.get('grader', '?')}: {first.get('code')}: {first.get('detail')}"
-    fraction = failed / max(1, total)
-    if fraction > max_error_fraction:
-        name = grader_spec.get("name") or grader_spec.get("type")
-        owner = f"reward definition {reward_name}: " if reward_name else ""
-        raise RewardFailure(
-            f"{owner}grader {name!r} failed on {failed} of {total} samples (limit {max_error_fraction:.0%}); e.g. {example}"
-        )
-    metrics = {"grader_error_fraction": fraction, "grader_errors": float(failed)}
-    metrics.update({f"grader_errors.{code}": float(count) for code, count in errors_by_code.items()})
-    return metrics
-
-
 def _load_policy_model(spec: RunSpec) -> tuple[Any, Any, Any]:
     """The base model for training: unsloth's loader on CUDA when installed, else transformers."""
-    from training.models import base_model_dir, load_base_model, resolve_dtype
+    from training.base_models import base_model_dir, load_base_model, resolve_dtype
     from training.unsloth_loader import load_with_unsloth, use_unsloth
 
     dtype = resolve_dtype("auto", spec.device)
@@ -187,7 +126,7 @@ class _Sampler:
         self.adapter: str | None = None
         if self.kind == "vllm":
             from training.engines.vllm_engine import VLLMEngine
-            from training.models import base_model_dir
+            from training.base_models import base_model_dir
 
             self.engine: Any = VLLMEngine(
                 base_model_dir(spec.base_model_source, spec.model_cache_dir),

@@ -17,14 +17,12 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from training.environments import Environment
 from training.openai_http import ChatCompletionError, post_chat_completion, snippet
 from training.tools import ToolCall, parse_tool_calls
-
-if TYPE_CHECKING:  # training.rollout imports torch: the web process (scenario generation) must not
-    from training.environments import Environment
-    from training.rollout import Trajectory
+from training.trajectory import Trajectory
 
 
 class EndpointError(RuntimeError):
@@ -195,8 +193,6 @@ class RemotePolicy:
                 str(exc) if isinstance(exc, EndpointError) else f"{type(exc).__name__}: {exc}"
             )
             finish = "error"
-        from training.rollout import Trajectory
-
         return Trajectory(
             messages=messages,
             prompt_token_ids=[],

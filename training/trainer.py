@@ -21,7 +21,6 @@ import tempfile
 import time
 import uuid
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from training.grpo import (
     micro_batch_weight,
     policy_loss,
 )
+from training.trajectory import TrainGroup, TrainSample
 
 CHECKPOINT_FORMAT_VERSION = 1
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -44,32 +44,6 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 class CheckpointError(ValueError):
     """A directory that is not a readable checkpoint, or one that does not fit the run."""
-
-
-@dataclass
-class TrainSample:
-    """One trajectory: its prompt, then exactly the tokens that followed, their sampler logprobs,
-    its reward. In a multi-turn trajectory the completion also holds the environment's tokens
-    (tool results, chat headers); `completion_mask` marks which ones the model sampled (1). Only
-    those are trained on and counted; None means all of them.
-    """
-
-    prompt_token_ids: list[int]
-    completion_token_ids: list[int]
-    completion_logprobs: list[float]  # aligned with completion_token_ids; ignored where the mask is 0
-    reward: float
-    completion_mask: list[int] | None = None
-
-    def trainable_tokens(self) -> int:
-        mask = self.completion_mask
-        return len(self.completion_token_ids) if mask is None else sum(mask)
-
-
-@dataclass
-class TrainGroup:
-    """The completions of one task row; advantages are computed within it."""
-
-    samples: list[TrainSample]
 
 
 def peft_lora_config(lora: LoraSpec) -> LoraConfig:

@@ -12,7 +12,7 @@ from django.db import transaction
 from artweb.demo import REWARD_SPEC, RUN_CONFIG, SYSTEM_PROMPT, TASKS_PATH
 from projects import services
 from projects.models import Environment, Project, RewardDefinition, Run, TaskSet, Team, TrainableModel
-from training.models import BUNDLED_MODEL
+from training.base_models import BUNDLED_MODEL
 
 DEMO_TEAM = "demo"
 DEMO_USER = "demo"

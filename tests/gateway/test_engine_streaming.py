@@ -14,7 +14,7 @@ from training.engines.transformers_engine import TransformersEngine
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir) -> TransformersEngine:
-    from training.models import load_base_model
+    from training.base_models import load_base_model
 
     model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
     return TransformersEngine(model, tokenizer)

@@ -70,8 +70,8 @@ def trainable_model(team, project_name: str, model_name: str):
 
 def save_checkpoint(serving, tiny_model_dir: Path, model, step: int):
     """What a run does at the end of a step: write the adapter files, then record the row."""
+    from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.models import load_base_model
     from training.trainer import Trainer
 
     base, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
@@ -241,7 +241,7 @@ def tool_adapter(serving, tiny_model_dir) -> Path:
     from peft import LoraConfig, get_peft_model
 
     from training.agent import template_supports_tools
-    from training.models import load_base_model
+    from training.base_models import load_base_model
     from training.serving.prompts import render_prompt
     from training.serving.protocol import Limits, parse_chat_request
 
@@ -307,7 +307,7 @@ def test_tool_calls_come_back_as_openai_tool_calls_and_tool_results_go_in(live, 
         extra_body={"return_token_ids": True},
     )  # fmt: skip
     assert follow_up.usage.prompt_tokens > reply.usage.prompt_tokens
-    from training.models import load_base_model
+    from training.base_models import load_base_model
 
     _, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
     prompt_text = tokenizer.decode(follow_up.model_extra["prompt_token_ids"])

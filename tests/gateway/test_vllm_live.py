@@ -89,8 +89,8 @@ def client(gateway: Process, key: str) -> OpenAI:
 
 def checkpoints(serving: Serving, tiny_model_dir: Path, team, steps: list[int], project: str = "vl"):
     """A trainable model on the vLLM base model with real LoRA checkpoints at `steps`."""
+    from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.models import load_base_model
     from training.trainer import Trainer
 
     base_model = BaseModel.objects.get(name=VLLM_MODEL)
@@ -319,8 +319,8 @@ def test_real_vllm_serves_checkpoints_through_the_gateway(serving, tiny_model_di
     model = services.trainable_model_create(
         project=services.project_create(team=cast.alpha, name="gpu"), name="agent", base_model=base
     )
+    from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.models import load_base_model
     from training.trainer import Trainer
 
     trainer = Trainer(*load_base_model(str(model_dir), model_dir.parent), TrainConfig(), LoraSpec())

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from training.agent import run_agent_groups
+from training.agent import rollout_groups
 from training.engines.base import Choice, Engine, SamplingParams
 from training.environments import build_environment
 from training.environments.mcp import DEMO_MODULE
@@ -57,7 +57,7 @@ class ScriptEngine(Engine):
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from training.models import build_tiny_model
+    from training.base_models import build_tiny_model
 
     return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))
 
@@ -109,7 +109,7 @@ def run_product_episode(tokenizer, config: dict):
         assert [tool.name for tool in env.tools] == ["search_products", "get_product", "list_categories"]
         assert env.tools[1].parameters["required"] == ["product_id"]
         row = {"prompt": "How much is the cheapest lamp, and how many are in stock?", "item": {"id": "P-101"}}
-        ((trajectory,),) = run_agent_groups(engine, [row], env, SAMPLING, group_size=1)
+        ((trajectory,),) = rollout_groups(engine, [row], env, SAMPLING, group_size=1)
     return engine, trajectory
 
 
@@ -203,7 +203,7 @@ def test_a_hanging_tool_is_cut_off_by_its_timeout_and_the_trajectory_records_it(
     engine = ScriptEngine(tokenizer, [call("hang", seconds=30) + call("echo", text="hi"), "It timed out."])
     started = time.monotonic()
     with env:
-        ((trajectory,),) = run_agent_groups(engine, [{"prompt": "Wait."}], env, SAMPLING, group_size=1)
+        ((trajectory,),) = rollout_groups(engine, [{"prompt": "Wait."}], env, SAMPLING, group_size=1)
         # The session still works after the timeout.
         assert env.tools[1].function(text="again") == "again"
     assert time.monotonic() - started < 20
@@ -215,9 +215,9 @@ def test_a_hanging_tool_is_cut_off_by_its_timeout_and_the_trajectory_records_it(
 
 
 def test_a_run_lists_the_servers_tools_at_start_and_closes_the_session_at_the_end(tmp_path):
+    from training.base_models import build_tiny_model
     from training.config import LoraSpec, TrainConfig
     from training.loop import RunSpec, run_training
-    from training.models import build_tiny_model
 
     environment = build_environment("mcp", config=STDIO, max_turns=2)
     events: list[str] = []

@@ -230,7 +230,7 @@ class VLLMEngine(Engine):
         if tokenizer is None:
             tokenizer = self._llm.get_tokenizer()
             if not getattr(tokenizer, "chat_template", None):
-                from training.models import CHATML_TEMPLATE
+                from training.base_models import CHATML_TEMPLATE
 
                 tokenizer.chat_template = CHATML_TEMPLATE
         self.tokenizer = tokenizer

@@ -21,7 +21,14 @@ Tool calls are parsed from the model's text with `training.tools.parse_tool_call
 its tools, its default max turns and how the final answer is read (`describe_kinds()`).
 """
 
-from training.environments.base import ConfigError, Environment, EpisodeState, Reply, build_messages
+from training.environments.base import (
+    ConfigError,
+    Environment,
+    EnvironmentSpec,
+    EpisodeState,
+    Reply,
+    build_messages,
+)
 from training.environments.registry import (
     ENVIRONMENT_KINDS,
     build_environment,
@@ -34,6 +41,7 @@ __all__ = [
     "ENVIRONMENT_KINDS",
     "ConfigError",
     "Environment",
+    "EnvironmentSpec",
     "EpisodeState",
     "Reply",
     "build_environment",

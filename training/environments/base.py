@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from training.config import ConfigError
 from training.tools import Tool, ToolCall, ToolResult, run_tool_call_batches
 
-__all__ = ["ConfigError", "Environment", "EpisodeState", "Reply", "build_messages"]
+__all__ = ["ConfigError", "Environment", "EnvironmentSpec", "EpisodeState", "Reply", "build_messages"]
 
 
 @dataclass
@@ -191,6 +191,21 @@ class Environment:
     def outcome(self, state: EpisodeState) -> dict[str, Any]:
         """What the episode achieved, for graders (`sample.outcome`) and the viewer."""
         return {}
+
+
+@dataclass(eq=False)
+class EnvironmentSpec(Environment):
+    """A tool environment built in Python (tests, benchmarks, scripts): the given tools, the agent
+    loop's default behaviour. Runs build theirs from the registry (`training.environments`)."""
+
+    system_prompt: str = ""  # prepended unless the row brings its own system message
+    max_turns: int = 1  # model turns per trajectory; a turn without a tool call ends it earlier
+    tools: list[Tool] = field(default_factory=list)
+    tool_timeout_s: float = 10.0  # a tool call still running after this is abandoned (an error)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_common(max_turns=self.max_turns, tool_timeout_s=self.tool_timeout_s, tools=self.tools)
 
 
 def tool_message(call: ToolCall, result: ToolResult) -> dict[str, Any]:

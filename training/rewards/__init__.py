@@ -10,7 +10,7 @@ sandbox=...)`), never read from settings.
 """
 
 from training.rewards.base import Field, Grader, GradeResult, GraderRuntime, Sample
-from training.rewards.errors import GraderSetupError, GraderSpecError, GradingError
+from training.rewards.errors import GraderSetupError, GraderSpecError, GradingError, RewardFailure
 from training.rewards.judge import JudgeClient
 from training.rewards.registry import (
     GRADER_TYPES,
@@ -18,6 +18,7 @@ from training.rewards.registry import (
     grade,
     grade_group,
     grade_many,
+    grade_trajectories,
     validate_grader,
 )
 from training.rewards.sandbox import SandboxConfig, SandboxUnavailable, sandbox_mode
@@ -32,6 +33,7 @@ __all__ = [
     "GraderSpecError",
     "GradingError",
     "JudgeClient",
+    "RewardFailure",
     "Sample",
     "SandboxConfig",
     "SandboxUnavailable",
@@ -39,6 +41,7 @@ __all__ = [
     "grade",
     "grade_group",
     "grade_many",
+    "grade_trajectories",
     "sandbox_mode",
     "validate_grader",
 ]

@@ -43,3 +43,7 @@ class GraderSpecError(ValueError):
 
 class GraderSetupError(ValueError):
     """A valid spec that cannot be built here, e.g. a judge grader with no judge endpoint given."""
+
+
+class RewardFailure(RuntimeError):
+    """Too many samples of a step could not be graded: the run fails with this message."""

@@ -6,6 +6,7 @@ by decorator) so the full list of types is readable in one place.
     grader = build_grader(spec, judge=team_judge, sandbox=limits)  # GraderSetupError if a judge is missing
     result = grade(grader, Sample(output_text="4"), {"answer": "4"})
     results = grade_group(grader, group_samples, group_items)     # one GRPO group (needed by ruler)
+    metrics = grade_trajectories(spec, groups, rows, max_error_fraction=0.5)  # a step's rollouts
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from training.rewards.base import Grader, GradeResult, GraderRuntime, Sample
 from training.rewards.environment import EnvironmentGrader
-from training.rewards.errors import GraderSpecError
+from training.rewards.errors import GraderSpecError, RewardFailure
 from training.rewards.json_match import JsonMatchGrader
 from training.rewards.judge import JudgeClient
 from training.rewards.label_model import LabelModelGrader
@@ -27,6 +28,7 @@ from training.rewards.score_model import ScoreModelGrader
 from training.rewards.string_check import StringCheckGrader
 from training.rewards.text_similarity import TextSimilarityGrader
 from training.rewards.tool_call import ToolCallGrader
+from training.trajectory import Trajectory
 
 GRADER_TYPES: dict[str, type[Grader]] = {
     StringCheckGrader.type: StringCheckGrader,
@@ -97,3 +99,60 @@ def grade_group(
     if len(samples) != len(item_list):
         raise ValueError(f"got {len(samples)} samples but {len(item_list)} items")
     return _built(grader).grade_group(samples, item_list)
+
+
+def grade_trajectories(
+    grader_spec: dict[str, Any],
+    groups: list[list[Trajectory]],
+    rows: list[dict[str, Any]],
+    max_error_fraction: float,
+    reward_name: str = "",
+    *,
+    judge: JudgeClient | None = None,
+    sandbox: SandboxConfig | None = None,
+) -> dict[str, float]:
+    """Fill in reward, sub_rewards and errors of every trajectory, one group at a time (a relative
+    judge like RULER compares a group's trajectories). Errors are data, not crashes, unless more
+    than ``max_error_fraction`` of the step's samples failed."""
+    grader = build_grader(grader_spec, judge=judge, sandbox=sandbox)
+    trajectories = [t for group in groups for t in group]
+    samples = [
+        Sample(output_text=t.output_text, messages=t.messages, output_tools=t.output_tools, outcome=t.outcome)
+        for t in trajectories
+    ]
+    if grader.grades_groups:  # a relative judge (RULER) compares the trajectories of one group
+        results, offset = [], 0
+        for group, row in zip(groups, rows, strict=True):
+            results += grade_group(grader, samples[offset : offset + len(group)], row["data"].get("item", {}))
+            offset += len(group)
+    else:  # one batch for the step: a python grader starts one sandbox, not one per group
+        items = [row["data"].get("item", {}) for group, row in zip(groups, rows, strict=True) for _ in group]
+        results = grade_many(grader, samples, items)
+    failed = total = 0
+    errors_by_code: dict[str, int] = {}
+    example = ""
+    for trajectory, result in zip(trajectories, results, strict=True):
+        total += 1
+        trajectory.reward = float(result.reward)
+        trajectory.sub_rewards = dict(result.sub_rewards)
+        trajectory.errors = list(result.errors)
+        if result.scores:
+            trajectory.metrics = {**trajectory.metrics, "grader_scores": result.scores}
+        if result.errors:
+            failed += 1
+            for error in result.errors:
+                code = error.get("code", "error")
+                errors_by_code[code] = errors_by_code.get(code, 0) + 1
+            if not example:
+                first = result.errors[0]
+                example = f"{first.get('grader', '?')}: {first.get('code')}: {first.get('detail')}"
+    fraction = failed / max(1, total)
+    if fraction > max_error_fraction:
+        name = grader_spec.get("name") or grader_spec.get("type")
+        owner = f"reward definition {reward_name}: " if reward_name else ""
+        raise RewardFailure(
+            f"{owner}grader {name!r} failed on {failed} of {total} samples (limit {max_error_fraction:.0%}); e.g. {example}"
+        )
+    metrics = {"grader_error_fraction": fraction, "grader_errors": float(failed)}
+    metrics.update({f"grader_errors.{code}": float(count) for code, count in errors_by_code.items()})
+    return metrics

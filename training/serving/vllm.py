@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class VLLMServeOptions:
-    model_dir: Path  # the base model's local HF directory (training.models.base_model_dir)
+    model_dir: Path  # the base model's local HF directory (training.base_models.base_model_dir)
     served_model_name: str  # the base model's catalogue name
     host: str = "127.0.0.1"
     port: int = 8100

@@ -12,7 +12,7 @@ from tqdm import tqdm
 from artweb.demo.setup import demo_start
 from artweb.stack import Stack, worker_command
 from projects.models import Run, RunEvent, RunStatus, StepMetrics
-from training.models import BUNDLED_MODEL
+from training.base_models import BUNDLED_MODEL
 
 TERMINAL = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
 

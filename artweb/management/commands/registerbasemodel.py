@@ -3,7 +3,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from projects import services
-from training.models import BUNDLED_MODEL
+from training.base_models import BUNDLED_MODEL
 
 
 class Command(BaseCommand):

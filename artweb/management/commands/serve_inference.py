@@ -89,8 +89,8 @@ class Command(BaseCommand):
                             max_batch_size: int, batch_window_ms: float) -> None:  # fmt: skip
         import torch
 
+        from training.base_models import ModelLoadError, load_base_model
         from training.engines.transformers_engine import TransformersEngine
-        from training.models import ModelLoadError, load_base_model
         from training.serving.app import InferenceApp, ServerConfig
         from training.serving.protocol import Limits
         from training.serving.server import advertised_url, bind, serve
@@ -147,8 +147,8 @@ class Command(BaseCommand):
     def _serve_vllm(self, row: BaseModel, *, host: str, port: int, url: str, capacity: int,
                     max_batch_size: int, command: str, startup_timeout: float,
                     gpu_memory_utilization: float) -> None:  # fmt: skip
+        from training.base_models import base_model_dir
         from training.engines import vllm_installed
-        from training.models import base_model_dir
         from training.serving.server import advertised_url
         from training.serving.vllm import (
             VLLMServeOptions,

@@ -14,7 +14,7 @@ from artweb.demo.setup import demo_start
 from artweb.management.commands.demo import print_credentials, watch_run
 from artweb.stack import Stack, inference_command, web_command, worker_command
 from projects import services
-from training.models import BUNDLED_MODEL
+from training.base_models import BUNDLED_MODEL
 
 
 def _raise_keyboard_interrupt(signum, frame):

@@ -10,7 +10,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from training.models import build_tiny_model, load_base_model  # noqa: E402
+from training.base_models import build_tiny_model, load_base_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

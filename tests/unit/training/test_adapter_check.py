@@ -14,12 +14,14 @@ from training.adapter_check import (
     saved_adapter_fingerprint,
     verify_sampler,
 )
+from training.agent import rollout_groups
+from training.base_models import build_tiny_model, load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
-from training.models import build_tiny_model, load_base_model
-from training.rollout import EnvironmentSpec, rollout_groups, to_train_group
+from training.environments import EnvironmentSpec
 from training.trainer import Trainer
+from training.trajectory import to_train_group
 
 PROBES = [
     [{"role": "user", "content": "Hello! How are you today?"}],

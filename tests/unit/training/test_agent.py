@@ -15,14 +15,15 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from training.agent import ChatTemplateError, run_agent_group, run_agent_groups, template_supports_tools
+from training.agent import ChatTemplateError, rollout_group, rollout_groups, template_supports_tools
+from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import Choice, Engine, SamplingParams
 from training.engines.transformers_engine import TransformersEngine
-from training.models import load_base_model
-from training.rollout import EnvironmentSpec, rollout_groups, to_train_group
+from training.environments import EnvironmentSpec
 from training.tools import Tool
 from training.trainer import Trainer
+from training.trajectory import to_train_group
 
 NUMBERS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
 ADD = Tool("add", "Add a and b.", NUMBERS, lambda a, b: a + b)
@@ -120,7 +121,7 @@ def turn_pieces(engine, row, trajectory):
 def test_tool_turns_make_an_openai_style_transcript(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, {"Add 2, 3, 4": [call(2, 3), call(5, 4), "It is 9."]})
     env = EnvironmentSpec(system_prompt="Be brief.", max_turns=5, tools=[ADD])
-    (trajectory,) = run_agent_group(engine, {"prompt": "Add 2, 3, 4."}, env, SAMPLING, group_size=1)
+    (trajectory,) = rollout_group(engine, {"prompt": "Add 2, 3, 4."}, env, SAMPLING, group_size=1)
 
     assert [m["role"] for m in trajectory.messages] == [
         "system", "user", "assistant", "tool", "assistant", "tool", "assistant"
@@ -155,7 +156,7 @@ def test_tokens_are_sampled_ids_then_environment_ids_with_the_mask_on_sampled_on
     script = [call(2, 3), Cut(call(1, 1)), "Done."]
     engine = ScriptedEngine(tiny_tokenizer, {"Add 2 and 3": script})
     env = EnvironmentSpec(max_turns=5, tools=[ADD])
-    (trajectory,) = run_agent_group(engine, {"prompt": "Add 2 and 3."}, env, SAMPLING, group_size=1)
+    (trajectory,) = rollout_group(engine, {"prompt": "Add 2 and 3."}, env, SAMPLING, group_size=1)
 
     pieces = turn_pieces(engine, 0, trajectory)
     assert [tiny_tokenizer.decode(env_ids) for _, env_ids in pieces] == [
@@ -180,7 +181,7 @@ def test_sampled_ids_are_kept_even_where_re_rendering_would_tokenise_differently
     script = [CharByChar(call(2, 3)), CharByChar("It is 5.")]
     engine = ScriptedEngine(tiny_tokenizer, {"Add 2 and 3": script})
     env = EnvironmentSpec(max_turns=3, tools=[ADD])
-    (trajectory,) = run_agent_group(engine, {"prompt": "Add 2 and 3."}, env, SAMPLING, group_size=1)
+    (trajectory,) = rollout_group(engine, {"prompt": "Add 2 and 3."}, env, SAMPLING, group_size=1)
 
     (first, env_ids), (second, _) = turn_pieces(engine, 0, trajectory)
     assert tiny_tokenizer.decode(env_ids) == AFTER_ADD_5
@@ -196,7 +197,7 @@ def test_all_trajectories_of_a_step_advance_in_one_batched_call_per_turn(tiny_to
     engine = ScriptedEngine(tiny_tokenizer, scripts)
     env = EnvironmentSpec(max_turns=4, tools=[ADD])
     rows = [{"prompt": "one"}, {"prompt": "two"}, {"prompt": "three"}]
-    groups = run_agent_groups(engine, rows, env, SAMPLING, group_size=2)
+    groups = rollout_groups(engine, rows, env, SAMPLING, group_size=2)
     assert [len(call) for call in engine.prompts] == [6, 4, 2]  # finished trajectories drop out
     assert [[t.output_text for t in group] for group in groups] == [["1."] * 2, ["2."] * 2, ["3."] * 2]
     assert [group[0].metrics["turns"] for group in groups] == [1, 2, 3]
@@ -221,7 +222,7 @@ def test_tool_failures_go_back_to_the_model_and_into_the_metrics(tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, {"Try": [turn, "Sorry."]})
     env = EnvironmentSpec(max_turns=3, tools=[ADD, divide, hang], tool_timeout_s=0.2)
     try:
-        (trajectory,) = run_agent_group(engine, {"prompt": "Try."}, env, SAMPLING, group_size=1)
+        (trajectory,) = rollout_group(engine, {"prompt": "Try."}, env, SAMPLING, group_size=1)
     finally:
         release.set()
     replies = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
@@ -244,7 +245,7 @@ def test_max_turns_ends_a_trajectory_that_keeps_calling_tools(tiny_tokenizer):
     counting_add = Tool("add", "Add.", NUMBERS, lambda a, b: runs.append((a, b)) or a + b)
     engine = ScriptedEngine(tiny_tokenizer, {"Loop": [call(1, 1), call(2, 2), call(3, 3)]})
     env = EnvironmentSpec(max_turns=2, tools=[counting_add])
-    (trajectory,) = run_agent_group(engine, {"prompt": "Loop."}, env, SAMPLING, group_size=1)
+    (trajectory,) = rollout_group(engine, {"prompt": "Loop."}, env, SAMPLING, group_size=1)
     assert trajectory.finish_reason == "max_turns"
     assert runs == [(1, 1)]  # the last turn's call has no turn left to read its result: not run
     assert [m["role"] for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
@@ -254,7 +255,7 @@ def test_max_turns_ends_a_trajectory_that_keeps_calling_tools(tiny_tokenizer):
 
 def test_without_tools_a_tool_call_is_just_text(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, {"Hi": [call(1, 1)]})
-    (trajectory,) = run_agent_group(engine, {"prompt": "Hi"}, EnvironmentSpec(max_turns=3), SAMPLING, 1)
+    (trajectory,) = rollout_group(engine, {"prompt": "Hi"}, EnvironmentSpec(max_turns=3), SAMPLING, 1)
     assert trajectory.messages[-1] == {"role": "assistant", "content": call(1, 1)}
     assert trajectory.messages[0] == {"role": "user", "content": "Hi"}  # no tool block either
     assert trajectory.metrics["turns"] == 1 and trajectory.completion_mask == [1] * len(
@@ -283,7 +284,7 @@ def test_a_template_with_tool_support_shows_the_tools_itself(tiny_tokenizer):
     assert template_supports_tools(tokenizer) and not template_supports_tools(tiny_tokenizer)
     engine = ScriptedEngine(tokenizer, {"Add": [call(2, 3), "5."]})
     env = EnvironmentSpec(max_turns=3, tools=[ADD])
-    (trajectory,) = run_agent_group(engine, {"prompt": "Add 2 and 3."}, env, SAMPLING, group_size=1)
+    (trajectory,) = rollout_group(engine, {"prompt": "Add 2 and 3."}, env, SAMPLING, group_size=1)
     assert trajectory.messages[0] == {"role": "user", "content": "Add 2 and 3."}  # no system block
     assert tokenizer.decode(trajectory.prompt_token_ids).startswith(
         "<|im_start|>system\nTools: add<|im_end|>"
@@ -301,7 +302,7 @@ def test_a_template_that_renders_the_last_turn_differently_falls_back(tiny_token
     )
     tokenizer = with_template(tiny_tokenizer, template)
     engine = ScriptedEngine(tokenizer, {"Add": [call(2, 3), Cut(call(5, 0)), "5."]})
-    (trajectory,) = run_agent_group(
+    (trajectory,) = rollout_group(
         engine, {"prompt": "Add 2 and 3."}, EnvironmentSpec(max_turns=3, tools=[ADD]), SAMPLING, 1
     )
     pieces = turn_pieces(engine, 0, trajectory)
@@ -318,7 +319,7 @@ def test_a_template_that_renders_the_history_differently_is_a_clear_error(tiny_t
     )
     engine = ScriptedEngine(tokenizer, {"Add": [call(2, 3), "5."]})
     with pytest.raises(ChatTemplateError, match="before the model's last turn"):
-        run_agent_group(engine, {"prompt": "Add."}, EnvironmentSpec(max_turns=3, tools=[ADD]), SAMPLING, 1)
+        rollout_group(engine, {"prompt": "Add."}, EnvironmentSpec(max_turns=3, tools=[ADD]), SAMPLING, 1)
 
 
 # ---------------------------------------------------------------- real sampling on a taught model
@@ -348,7 +349,7 @@ class RecordingEngine(TransformersEngine):
 def taught_weights(tiny_model_dir, tmp_path_factory):
     """Weights of the tiny model after learning, by teacher forcing, the scripted trajectory."""
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path_factory.mktemp("taught"))
-    (script,) = run_agent_group(
+    (script,) = rollout_group(
         ScriptedEngine(tokenizer, {"Add 2, 3, 4": TAUGHT_SCRIPT}), TAUGHT_ROW, TAUGHT_ENV, SAMPLING, 1
     )
     ids = torch.tensor([script.prompt_token_ids + script.completion_token_ids])
@@ -376,7 +377,7 @@ def test_multi_turn_tokens_and_logprobs_are_exact_on_a_real_model(tiny_model_dir
     model, tokenizer = taught_model(tiny_model_dir, tmp_path, taught_weights)
     engine = RecordingEngine(model, tokenizer)
     sampling = SamplingParams(temperature=TEMPERATURE, max_new_tokens=40, seed=0)
-    group = run_agent_group(engine, TAUGHT_ROW, TAUGHT_ENV, sampling, group_size=2)
+    group = rollout_group(engine, TAUGHT_ROW, TAUGHT_ENV, sampling, group_size=2)
 
     for row, trajectory in enumerate(group):
         # The taught model really does call the tool three times, then answers.
@@ -421,7 +422,7 @@ def test_the_trainer_sees_ratio_one_on_multi_turn_trajectories(tiny_model_dir, t
     trainer = Trainer(model, tokenizer, config, LoraSpec(rank=4, alpha=8))  # LoRA starts as a no-op
     engine = TransformersEngine(trainer.policy, tokenizer)
     sampling = SamplingParams(temperature=TEMPERATURE, max_new_tokens=40, seed=1)
-    group = run_agent_group(engine, TAUGHT_ROW, TAUGHT_ENV, sampling, group_size=2)
+    group = rollout_group(engine, TAUGHT_ROW, TAUGHT_ENV, sampling, group_size=2)
     assert all(t.metrics["tool_calls"] == 3 for t in group)
     for reward, trajectory in enumerate(group):
         trajectory.reward = float(reward)

@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from training.base_models import BUNDLED_MODEL, ModelLoadError, build_tiny_model, load_base_model
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
-from training.models import BUNDLED_MODEL, ModelLoadError, build_tiny_model, load_base_model
 
 
 def test_tiny_model_is_deterministic_per_seed(tmp_path):

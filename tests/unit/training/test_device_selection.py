@@ -8,8 +8,8 @@ import torch
 
 import training.engines as engines
 import training.unsloth_loader as unsloth_loader
+from training.base_models import load_base_model, resolve_dtype
 from training.engines import select_engine_kind
-from training.models import load_base_model, resolve_dtype
 from training.unsloth_loader import load_with_unsloth, use_unsloth
 
 

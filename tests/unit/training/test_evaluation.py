@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from training.config import TrainConfig
+from training.environments import EnvironmentSpec
 from training.evaluation import (
     EvalSample,
     aggregate,
@@ -19,7 +20,7 @@ from training.evaluation import (
     validation_rows,
     with_reference,
 )
-from training.rollout import EnvironmentSpec, Trajectory
+from training.trajectory import Trajectory
 
 
 def sample(row: int, index: int, reward: float, sub: dict, side: str = "subject", errors=None, **metrics):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tests.openai_stub import openai_stub, tool_call
+from training.environments import EnvironmentSpec
 from training.evaluation import evaluate
 from training.remote import ChatEndpoint, RemotePolicy
-from training.rollout import EnvironmentSpec
 from training.tools import Tool
 
 EXACT = {

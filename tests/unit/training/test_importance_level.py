@@ -80,9 +80,10 @@ def test_trainer_uses_the_configured_importance_level(monkeypatch):
     import tempfile
     from pathlib import Path
 
+    from training.base_models import build_tiny_model, load_base_model
     from training.config import LoraSpec
-    from training.models import build_tiny_model, load_base_model
-    from training.trainer import Trainer, TrainGroup, TrainSample
+    from training.trainer import Trainer
+    from training.trajectory import TrainGroup, TrainSample
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = build_tiny_model(Path(tmp) / "tiny")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from training.loop import RewardFailure, grade_trajectories, rows_for_step
-from training.rollout import Trajectory
+from training.loop import rows_for_step
+from training.rewards import RewardFailure, grade_trajectories
+from training.trajectory import Trajectory
 
 
 def trajectory(text: str) -> Trajectory:

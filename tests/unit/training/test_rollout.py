@@ -2,16 +2,11 @@ import json
 
 import pytest
 
+from training.agent import rollout_group, rollout_groups
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
-from training.rollout import (
-    EnvironmentSpec,
-    Trajectory,
-    build_messages,
-    rollout_group,
-    rollout_groups,
-    to_train_group,
-)
+from training.environments import EnvironmentSpec, build_messages
+from training.trajectory import Trajectory, to_train_group
 
 
 class CountingEngine(TransformersEngine):

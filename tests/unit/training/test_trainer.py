@@ -4,18 +4,14 @@ import time
 import pytest
 import torch
 
+from training.agent import rollout_groups
+from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
-from training.models import load_base_model
-from training.rollout import EnvironmentSpec, rollout_groups, to_train_group
-from training.trainer import (
-    CheckpointError,
-    Trainer,
-    TrainGroup,
-    TrainSample,
-    read_checkpoint_state,
-)
+from training.environments import EnvironmentSpec
+from training.trainer import CheckpointError, Trainer, read_checkpoint_state
+from training.trajectory import TrainGroup, TrainSample, to_train_group
 
 ROWS = [{"prompt": "Hello! How are you today?"}, {"prompt": "What is the answer?"}]
 

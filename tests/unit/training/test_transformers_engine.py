@@ -164,7 +164,7 @@ def test_engine_samples_from_the_live_peft_adapter_and_restores_train_mode(tiny_
 
 
 def test_load_and_unload_adapter_from_a_checkpoint(tiny_model_dir, tmp_path):
-    from training.models import load_base_model
+    from training.base_models import load_base_model
 
     policy_model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
     trainer = Trainer(policy_model, tokenizer, TrainConfig(), LoraSpec())
@@ -191,7 +191,7 @@ def test_load_and_unload_adapter_from_a_checkpoint(tiny_model_dir, tmp_path):
 
 
 def test_extra_adapter_on_the_trainers_policy_leaves_training_untouched(tiny_model, tiny_model_dir, tmp_path):
-    from training.models import load_base_model
+    from training.base_models import load_base_model
 
     other_model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
     other = Trainer(other_model, tokenizer, TrainConfig(), LoraSpec())

@@ -184,10 +184,12 @@ def test_without_vllm_the_engine_says_how_to_install_it(monkeypatch, tmp_path):
 def test_vllm_samples_the_newest_adapter_on_gpu(tmp_path):
     """On a GPU worker: train one step, load the checkpoint into vLLM, check it with verify_sampler."""
     from training.adapter_check import verify_sampler
+    from training.agent import rollout_groups
+    from training.base_models import BUNDLED_MODEL, base_model_dir, load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.models import BUNDLED_MODEL, base_model_dir, load_base_model
-    from training.rollout import EnvironmentSpec, rollout_groups, to_train_group
+    from training.environments import EnvironmentSpec
     from training.trainer import Trainer
+    from training.trajectory import to_train_group
 
     cache = tmp_path / "models"
     model, tokenizer = load_base_model(BUNDLED_MODEL, cache, dtype=torch.float32, device="cuda")

@@ -6,15 +6,14 @@ import re
 
 import pytest
 
-from training.agent import run_agent_groups
+from training.agent import rollout_groups
+from training.base_models import load_base_model
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import build_environment
 from training.environments.game_2048 import parse_direction, slide
 from training.environments.tic_tac_toe import board_text, parse_move, winner
-from training.loop import grade_trajectories
-from training.models import load_base_model
-from training.rewards import Sample, build_grader, grade
+from training.rewards import Sample, build_grader, grade, grade_trajectories
 
 SAMPLING = SamplingParams(max_new_tokens=16, seed=3)
 
@@ -39,7 +38,7 @@ def test_tic_tac_toe_rules():
 def test_a_whole_tic_tac_toe_game_is_played_and_scored(policy_engine, token_exact):
     env = build_environment("tic_tac_toe")
     engine = policy_engine(first_free_cell)
-    ((trajectory,),) = run_agent_groups(
+    ((trajectory,),) = rollout_groups(
         engine, [{"prompt": "Let's play.", "item": {"seed": 7}}], env, SAMPLING, 1
     )
 
@@ -60,7 +59,7 @@ def test_a_whole_tic_tac_toe_game_is_played_and_scored(policy_engine, token_exac
     assert (outcome["result"] == "win") == (winner([" " if c == "." else c for c in marks]) == "X")
 
     # The same seed replays the same game; the environment's grader reads the outcome.
-    ((again,),) = run_agent_groups(
+    ((again,),) = rollout_groups(
         policy_engine(first_free_cell), [{"prompt": "Let's play.", "item": {"seed": 7}}], env, SAMPLING, 1
     )
     assert again.messages == trajectory.messages
@@ -72,9 +71,7 @@ def test_a_whole_tic_tac_toe_game_is_played_and_scored(policy_engine, token_exac
 def test_an_invalid_tic_tac_toe_move_forfeits_or_is_retried_with_a_penalty(policy_engine):
     row = {"prompt": "Play.", "item": {"seed": 1}}
     env = build_environment("tic_tac_toe")
-    ((forfeit,),) = run_agent_groups(
-        policy_engine(lambda text: "I pick the middle."), [row], env, SAMPLING, 1
-    )
+    ((forfeit,),) = rollout_groups(policy_engine(lambda text: "I pick the middle."), [row], env, SAMPLING, 1)
     assert forfeit.metrics["turns"] == 1 and forfeit.metrics["invalid_moves"] == 1
     assert forfeit.outcome["result"] == "forfeit"
     assert forfeit.outcome["reward"] == pytest.approx(-0.1)
@@ -84,7 +81,7 @@ def test_an_invalid_tic_tac_toe_move_forfeits_or_is_retried_with_a_penalty(polic
         config={"max_invalid_moves": 2, "invalid_move_penalty": 0.25, "valid_move_reward": 0.05},
     )
     replies = iter(["<move>B2</move>", "<move>B2</move>"])
-    ((retried,),) = run_agent_groups(
+    ((retried,),) = rollout_groups(
         policy_engine(lambda text: next(replies, None) or first_free_cell(text)), [row], lenient, SAMPLING, 1
     )
     assert retried.messages[5]["content"].startswith("Invalid move: B2 is taken. Try again.\n  A B C")
@@ -95,7 +92,7 @@ def test_an_invalid_tic_tac_toe_move_forfeits_or_is_retried_with_a_penalty(polic
 
 def test_playing_o_the_opponent_opens(policy_engine):
     env = build_environment("tic_tac_toe", config={"model_mark": "O"})
-    ((trajectory,),) = run_agent_groups(policy_engine(first_free_cell), [{"prompt": "Go."}], env, SAMPLING, 1)
+    ((trajectory,),) = rollout_groups(policy_engine(first_free_cell), [{"prompt": "Go."}], env, SAMPLING, 1)
     assert re.search(r"I played [A-C][1-3]\. You play O\.", trajectory.messages[1]["content"])
     assert trajectory.messages[1]["content"].count("X") == 1
 
@@ -115,7 +112,7 @@ def test_a_2048_game_ends_at_max_turns_with_the_highest_tile_rewarded(policy_eng
     env = build_environment("2048", max_turns=6, config={"target": 64})
     moves = iter(["<move>left</move>", "<move>up</move>", "<move>right</move>", "<move>down</move>"] * 2)
     engine = policy_engine(lambda text: next(moves))
-    ((trajectory,),) = run_agent_groups(
+    ((trajectory,),) = rollout_groups(
         engine, [{"prompt": "Play 2048.", "item": {"seed": 4}}], env, SAMPLING, 1
     )
     outcome = trajectory.outcome
@@ -132,7 +129,7 @@ def test_a_2048_game_ends_at_max_turns_with_the_highest_tile_rewarded(policy_eng
 
 def test_2048_invalid_moves_end_the_game_after_the_allowed_number(policy_engine):
     env = build_environment("2048", config={"max_invalid_moves": 1})
-    ((trajectory,),) = run_agent_groups(
+    ((trajectory,),) = rollout_groups(
         policy_engine(lambda text: "Hmm."), [{"prompt": "Play."}], env, SAMPLING, 1
     )
     assert trajectory.metrics["turns"] == 2 and trajectory.outcome["result"] == "invalid"
@@ -148,7 +145,7 @@ def test_the_tiny_model_plays_games_end_to_end(tiny_model_dir, tmp_path):
     rows = [{"prompt": "Play.", "item": {"seed": 1}}, {"prompt": "Play again."}]
     for kind, config in (("tic_tac_toe", {"max_invalid_moves": 1}), ("2048", {"max_invalid_moves": 1})):
         env = build_environment(kind, config=config, max_turns=6)
-        groups = run_agent_groups(engine, rows, env, SamplingParams(max_new_tokens=12, seed=0), group_size=2)
+        groups = rollout_groups(engine, rows, env, SamplingParams(max_new_tokens=12, seed=0), group_size=2)
         for group in groups:
             for trajectory in group:
                 turns = trajectory.metrics["turns"]

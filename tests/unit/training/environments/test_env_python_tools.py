@@ -6,14 +6,14 @@ import re
 
 import pytest
 
-from training.agent import run_agent_groups
+from training.agent import rollout_groups
+from training.base_models import load_base_model
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import build_environment
 from training.environments.python_tools import calculate, convert_units
-from training.loop import grade_trajectories
-from training.models import load_base_model
-from training.rollout import to_train_group
+from training.rewards import grade_trajectories
+from training.trajectory import to_train_group
 
 SAMPLING = SamplingParams(max_new_tokens=48, seed=0)
 
@@ -77,7 +77,7 @@ def test_lookup_reads_each_rows_own_facts_and_the_clock_is_fixed(policy_engine):
             return call("lookup", key=f"capital of {country}") + call("current_time")
         return "It is " + re.findall(r'tool\n"?(\w+)"?<\|im_end\|>', text)[0] + "."
 
-    groups = run_agent_groups(policy_engine(policy), rows, env, SAMPLING, group_size=1)
+    groups = rollout_groups(policy_engine(policy), rows, env, SAMPLING, group_size=1)
     (zorbia,), (mirth,) = groups
     tool_replies = [m["content"] for m in zorbia.messages if m["role"] == "tool"]
     assert tool_replies[0] == "Quel"
@@ -90,7 +90,7 @@ def test_lookup_reads_each_rows_own_facts_and_the_clock_is_fixed(policy_engine):
     assert zorbia.outcome == {}
 
     # A key the row does not have is an error the model reads, counted in the metrics.
-    (missing,) = run_agent_groups(
+    (missing,) = rollout_groups(
         policy_engine(lambda text: call("lookup", key="moon") if "tool\n" not in text else "Unknown."),
         [rows[0]],
         env,
@@ -107,7 +107,7 @@ def test_a_multi_turn_tool_episode_is_token_exact_and_graded_by_tool_use(policy_
     script = iter([call("calculator", expression="12 * 7"), call("calculator", expression="84 + 1"), "85"])
     engine = policy_engine(lambda text: next(script))
     row = {"prompt": "What is 12 * 7 + 1?", "item": {"answer": "85"}}
-    ((trajectory,),) = run_agent_groups(engine, [row], env, SAMPLING, group_size=1)
+    ((trajectory,),) = rollout_groups(engine, [row], env, SAMPLING, group_size=1)
 
     assert [m["role"] for m in trajectory.messages] == [
         "system", "user", "assistant", "tool", "assistant", "tool", "assistant"
@@ -139,7 +139,7 @@ def test_the_tiny_model_samples_whole_episodes_with_consistent_tokens(tiny_model
         {"prompt": "What is 2 + 2?", "item": {"answer": "4"}},
         {"prompt": "And 3 * 3?", "item": {"answer": "9"}},
     ]
-    groups = run_agent_groups(engine, rows, env, SamplingParams(max_new_tokens=16, seed=1), group_size=2)
+    groups = rollout_groups(engine, rows, env, SamplingParams(max_new_tokens=16, seed=1), group_size=2)
     for group in groups:
         assert len(group) == 2
         train_group = to_train_group(group)
