@@ -1,11 +1,14 @@
-"""Domain errors raised by services; the API's error handler maps each to one HTTP status."""
+"""Domain errors raised by services; the API's error handler maps each to one HTTP status.
+A class's default ``code`` is its status's in the shared OpenAI error table (training.openai_errors)."""
 
 from __future__ import annotations
+
+from training.openai_errors import error_kind
 
 
 class DomainError(Exception):
     status_code = 400
-    code = "invalid_request"
+    code = error_kind(status_code).code  # "invalid_request"
 
     def __init__(self, message: str, *, field: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -35,17 +38,17 @@ class Forbidden(DomainError):
     """The caller may see the thing but not do this to it (e.g. a non-owner managing members)."""
 
     status_code = 403
-    code = "permission_denied"
+    code = error_kind(status_code).code  # "permission_denied"
 
 
 class NotFound(DomainError):
     status_code = 404
-    code = "not_found"
+    code = error_kind(status_code).code  # "not_found"
 
 
 class Conflict(DomainError):
     status_code = 409
-    code = "conflict"
+    code = error_kind(status_code).code  # "conflict"
 
 
 class InvalidTransition(Conflict):

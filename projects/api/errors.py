@@ -1,7 +1,9 @@
 """One error handler: every error is an OpenAI-style error object.
 
-``{"error": {"message": ..., "type": ..., "code": ..., "param": <field or null>, "fields": {...}}}``
+``{"error": {"message": ..., "type": ..., "param": <field or null>, "code": ..., "fields": {...}}}``
 — ``param`` names the (first) offending field, ``fields`` maps every bad field to its reasons.
+The ``type`` of each status comes from the table the gateway and inference server share
+(training.openai_errors).
 """
 
 from __future__ import annotations
@@ -15,18 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from projects.errors import DomainError, ValidationFailed
-
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-}
+from training.openai_errors import error_object
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -57,14 +48,7 @@ def error_response(
     fields: dict | None = None,
     headers=None,
 ) -> Response:
-    body: dict[str, dict[str, Any]] = {
-        "error": {
-            "message": message,
-            "type": _TYPES.get(status_code, "api_error"),
-            "code": code,
-            "param": param,
-        }
-    }
+    body = error_object(status_code, message, code=code, param=param)
     if fields:
         body["error"]["fields"] = fields
     return Response(body, status=status_code, headers=headers)

@@ -1,4 +1,5 @@
-"""A small HTTP/1.1 client over asyncio streams, for gateway -> inference server calls.
+"""A small HTTP/1.1 client over asyncio streams, for gateway -> inference server calls (what the
+two dialects in projects.gateway.upstream and projects.gateway.vllm send their requests with).
 
 Why not a library: the web process has no async HTTP client among its dependencies, and the
 servers are our own (uvicorn/h11), so the client needs little: keep-alive reuse, Content-Length

@@ -8,6 +8,9 @@ through the team-scoped queryset, so it reads exactly like a missing one (404).
 Server choice is rendezvous hashing on the checkpoint: every gateway process sends a given
 checkpoint to the same live server, so its adapter stays loaded there instead of thrashing every
 server's LRU; when that server dies, its checkpoints spread over the others.
+
+A request's ``Route`` carries everything resolved before forwarding, the body decoded and
+validated once (``ParsedChat``) included, so no later step decodes it again.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ import hashlib
 import re
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
 from projects.errors import NotFound
-from projects.models import BaseModel, Checkpoint, InferenceServer, Team
+from projects.models import ApiKey, BaseModel, Checkpoint, InferenceServer, Team
 from projects.selectors import scoped
+from training.serving.protocol import ChatRequest
 
 CHECKPOINT_ID = re.compile(
     r"^(?P<project>[a-z0-9][a-z0-9._-]{0,62})/(?P<model>[a-z0-9][a-z0-9._-]{0,62})(?::(?P<tag>latest|\d+))?$"
@@ -48,6 +53,29 @@ class Target:
     @property
     def adapter_path(self) -> str | None:
         return self.checkpoint.path if self.checkpoint else None
+
+
+@dataclass(frozen=True)
+class ParsedChat:
+    """A chat completion body, decoded and validated once."""
+
+    raw: bytes  # as the client sent it: our own servers get it unchanged
+    decoded: dict[str, Any]  # the JSON object: vLLM's body is rewritten from it
+    request: ChatRequest  # validated with Limits.shape_only() (every server applies its own limits)
+
+
+@dataclass
+class Route:
+    """Where a chat completion goes, and what it is: everything settled before forwarding."""
+
+    api_key: ApiKey | None  # None: a signed-in dashboard user (the playground); not metered per key
+    target: Target
+    servers: list[InferenceServer]  # live, best first
+    chat: ParsedChat
+
+    @property
+    def stream(self) -> bool:
+        return self.chat.request.stream
 
 
 def resolve_model(*, team: Team, model_id: str) -> Target:

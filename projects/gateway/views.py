@@ -12,6 +12,10 @@ web process; a connection that failed is dropped and reopened on its next use. U
 on the same pool after the response has gone out, so metering never delays a reply; a usage
 record can therefore trail its response by a moment (and is lost if the process dies then).
 
+Forwarding reads straight through: the route (key, model, live servers, the body parsed once),
+then for each server best first its upstream (projects.gateway.upstream: our inference server
+or vLLM, one interface) sends the completion, and relays the stream or answers the reply.
+
 Errors are OpenAI's error object: bad key 401, bad parameters 400, unknown (or another team's)
 model 404, over the rate limit 429 and no live server 503, both with ``Retry-After``.
 """
@@ -20,8 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -31,24 +34,17 @@ from django.views.decorators.csrf import csrf_exempt
 
 from projects import services as project_services
 from projects.errors import DomainError
-from projects.gateway import lookups, routing, vllm
+from projects.gateway import lookups, routing
 from projects.gateway.db import in_db_thread
+from projects.gateway.errors import GatewayError
+from projects.gateway.http import UpstreamBroken, UpstreamUnavailable
 from projects.gateway.ratelimit import rate_limit_hit
+from projects.gateway.routing import ParsedChat, Route
 from projects.gateway.services import usage_record
-from projects.gateway.upstream import UpstreamBroken, UpstreamResponse, UpstreamUnavailable, pool
+from projects.gateway.upstream import InferenceServerUpstream, Upstream, Usage
+from projects.gateway.vllm import VLLMUpstream
 from projects.models import ApiKey, InferenceServer, Team
-from training.serving.protocol import (
-    ADAPTER_HEADER,
-    MODEL_HEADER,
-    USAGE_COMMENT_PREFIX,
-    USAGE_HEADER,
-    ChatRequest,
-    Limits,
-    RequestError,
-    error_body,
-    parse_chat_request,
-    parse_usage,
-)
+from training.serving.protocol import Limits, RequestError, parse_chat_request
 
 _background: set[asyncio.Task] = set()  # strong references until the usage writes finish
 
@@ -57,39 +53,6 @@ def _after_response(func: Callable[..., Any], *args: Any) -> None:
     task = asyncio.get_running_loop().create_task(in_db_thread(func)(*args))
     _background.add(task)
     task.add_done_callback(_background.discard)
-
-
-class GatewayError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        code: str,
-        param: str | None = None,
-        retry_after: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
-        self.retry_after = retry_after  # seconds, sent as Retry-After
-
-    def response(self) -> JsonResponse:
-        response = JsonResponse(error_body(self.status, self.message, code=self.code, param=self.param),
-                                status=self.status)  # fmt: skip
-        if self.retry_after is not None:
-            response["Retry-After"] = str(self.retry_after)
-        return response
-
-
-@dataclass
-class Route:
-    api_key: ApiKey | None  # None: a signed-in dashboard user (the playground); not metered per key
-    target: routing.Target
-    servers: list[InferenceServer]
-    stream: bool
 
 
 def _authenticate(authorization: str | None) -> ApiKey:
@@ -127,20 +90,29 @@ def _count_request(api_key: ApiKey) -> None:
         )  # fmt: skip
 
 
-def _prepare_chat(authorization: str | None, raw_body: bytes, team: Team | None = None) -> Route:
+def _prepare_chat(
+    authorization: str | None, raw_body: bytes, team: Team | None = None, chat: ParsedChat | None = None
+) -> Route:
     """Everything before forwarding; raises GatewayError. ``team`` is given (and the key check
-    skipped) only by ``chat_completions_for_team``, whose caller has checked the session."""
+    skipped) only by ``chat_completions_for_team``, whose caller has checked the session;
+    ``chat`` when ``_prepare_remembered`` has parsed the body already."""
     api_key = _authenticate(authorization) if team is None else None
     if api_key is not None:
         team = api_key.team
     assert team is not None
-    request = _parse(raw_body)
-    target, servers = _route(team, request.model)
-    return Route(api_key, target, servers, bool(request.stream))
+    if chat is None:
+        chat = _parse(raw_body)
+    target, servers = _route(team, chat.request.model)
+    return Route(api_key, target, servers, chat)
 
 
 class _NotRemembered(Exception):
-    """A lookup the fast path needs is not in the lookup memory."""
+    """A lookup the fast path needs is not in the lookup memory; ``chat`` is the body if it was
+    parsed before the miss, so the database path does not parse it again."""
+
+    def __init__(self, chat: ParsedChat | None = None) -> None:
+        super().__init__()
+        self.chat = chat
 
 
 def _prepare_remembered(authorization: str | None, raw_body: bytes, team: Team | None) -> Route:
@@ -154,25 +126,27 @@ def _prepare_remembered(authorization: str | None, raw_body: bytes, team: Team |
         if api_key is None or not ApiKey.team.is_cached(api_key):  # no lazy query on the loop
             raise _NotRemembered
         team = api_key.team
-    request = _parse(raw_body)
-    remembered = lookups.routes.get((team.pk, request.model))
+    chat = _parse(raw_body)
+    remembered = lookups.routes.get((team.pk, chat.request.model))
     if remembered is None:
-        raise _NotRemembered
+        raise _NotRemembered(chat)
     if api_key is not None:
         _count_request(api_key)
     target, servers = remembered
-    return Route(api_key, target, servers, bool(request.stream))
+    return Route(api_key, target, servers, chat)
 
 
-def _parse(raw_body: bytes) -> ChatRequest:
+def _parse(raw_body: bytes) -> ParsedChat:
+    """The one place the body is decoded and validated."""
     try:
         body = json.loads(raw_body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise GatewayError(400, f"The body is not valid JSON: {exc}", code="invalid_json") from exc
     try:
-        return parse_chat_request(body, Limits.shape_only())
+        request = parse_chat_request(body, Limits.shape_only())
     except RequestError as exc:
         raise GatewayError(exc.status, exc.message, code=exc.code, param=exc.param) from exc
+    return ParsedChat(raw_body, body, request)
 
 
 def _route(team: Team, model_id: str) -> tuple[routing.Target, list[InferenceServer]]:
@@ -201,7 +175,7 @@ def _no_server(base_model: str) -> GatewayError:
     )  # fmt: skip
 
 
-def _record_usage(route: Route, usage: tuple[int, int] | None) -> None:
+def _record_usage(route: Route, usage: Usage | None) -> None:
     if usage is None or route.api_key is None:
         return
     usage_record(
@@ -230,123 +204,46 @@ async def _complete(raw_body: bytes, authorization: str | None, team: Team | Non
     try:
         try:
             route = _prepare_remembered(authorization, raw_body, team)
-        except _NotRemembered:
-            route = await in_db_thread(_prepare_chat)(authorization, raw_body, team)
+        except _NotRemembered as miss:
+            route = await in_db_thread(_prepare_chat)(authorization, raw_body, team, miss.chat)
     except GatewayError as exc:
         return exc.response()
-    headers = {
-        "Authorization": f"Bearer {settings.INFERENCE_SERVER_TOKEN}",
-        "Content-Type": "application/json",
-        MODEL_HEADER: route.target.model_id,
-    }
-    if route.target.adapter_path:
-        headers[ADAPTER_HEADER] = route.target.adapter_path
-    upstream = None
-    for_vllm: vllm.Prepared | None = None  # set when the server that answers is a vLLM one
+
+    def on_usage(usage: Usage) -> None:
+        _after_response(_record_usage, route, usage)
+
     for server in route.servers:  # best first; a dead one that still looks alive is skipped
+        upstream = _upstream(server)
         try:
-            if server.engine == "vllm":
-                for_vllm = vllm.prepare(
-                    raw_body, public_model=route.target.model_id, served_model=route.target.base_model.name,
-                    checkpoint=route.target.checkpoint,
-                )  # fmt: skip
-                upstream = await vllm.complete(server, for_vllm, route.target.checkpoint)
-            else:
-                for_vllm = None
-                upstream = await pool().request(
-                    server.url, "/v1/chat/completions", headers=headers, body=raw_body,
-                    timeout=settings.GATEWAY_UPSTREAM_TIMEOUT_S,
-                )  # fmt: skip
-            break
+            reply = await upstream.send(route)
         except UpstreamUnavailable:
             continue
         except UpstreamBroken as exc:
             return GatewayError(
                 504, f"The inference server did not answer: {exc}", code="upstream_timeout"
             ).response()
-        except vllm.VLLMError as exc:
-            return GatewayError(exc.status, exc.message, code=exc.code).response()
-    if upstream is None:
-        return _no_server(route.target.base_model.name).response()
-    if for_vllm is not None:
-        return await _vllm_response(upstream, route, for_vllm)
-
-    content_type = upstream.headers.get("content-type", "application/json")
-    if route.stream and upstream.status == 200:
-        response = StreamingHttpResponse(_relay(upstream, route), status=200, content_type=content_type)
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"  # tell a proxy in front not to buffer either
-        return response
-    try:
-        body = await upstream.read()
-    except UpstreamBroken as exc:
-        return GatewayError(
-            502, f"The inference server failed mid-response: {exc}", code="upstream_error"
-        ).response()
-    if upstream.status == 200:
-        _after_response(_record_usage, route, parse_usage(upstream.headers.get(USAGE_HEADER, "")))
-    return HttpResponse(body, status=upstream.status, content_type=content_type)
-
-
-async def _relay(upstream: UpstreamResponse, route: Route) -> AsyncIterator[bytes]:
-    """Pass the server's events through as they arrive; keep our usage comment to ourselves."""
-    usage = None
-    try:
-        async for chunk in upstream.chunks():
-            if chunk.startswith(USAGE_COMMENT_PREFIX):
-                usage = parse_usage(chunk)
-                continue
-            yield chunk
-    except UpstreamBroken:
-        return  # the client sees the stream end without [DONE]
-    finally:
-        upstream.release()  # closes the connection if the client left before the end
+        except GatewayError as exc:
+            return exc.response()
+        if route.stream and reply.status == 200:
+            content_type = upstream.stream_content_type(reply)
+            response = StreamingHttpResponse(upstream.relay(reply, route, on_usage), status=200,
+                                             content_type=content_type)  # fmt: skip
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"  # tell a proxy in front not to buffer either
+            return response
+        try:
+            answer, usage = await upstream.answer(reply, route)
+        except GatewayError as exc:
+            return exc.response()
         if usage is not None:
-            _after_response(_record_usage, route, usage)
+            on_usage(usage)
+        return answer
+    return _no_server(route.target.base_model.name).response()
 
 
-async def _vllm_response(
-    upstream: UpstreamResponse, route: Route, prepared: vllm.Prepared
-) -> HttpResponseBase:
-    """A vLLM server's answer in our shape (see projects.gateway.vllm)."""
-    if prepared.stream and upstream.status == 200:
-        rewriter = vllm.StreamRewriter(prepared.public_model, prepared.client_wants_usage)
-        response = StreamingHttpResponse(_relay_vllm(upstream, route, rewriter), status=200,
-                                         content_type="text/event-stream; charset=utf-8")  # fmt: skip
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
-        return response
-    try:
-        body = await upstream.read()
-    except UpstreamBroken as exc:
-        return GatewayError(
-            502, f"The inference server failed mid-response: {exc}", code="upstream_error"
-        ).response()
-    if upstream.status != 200:
-        return JsonResponse(vllm.openai_error(upstream.status, body), status=upstream.status)
-    try:
-        body, usage = vllm.rewrite_completion(body, prepared.public_model)
-    except (ValueError, TypeError) as exc:
-        return GatewayError(502, f"The inference server sent an unreadable reply: {exc}",
-                            code="upstream_error").response()  # fmt: skip
-    _after_response(_record_usage, route, usage)
-    return HttpResponse(body, status=200, content_type="application/json")
-
-
-async def _relay_vllm(
-    upstream: UpstreamResponse, route: Route, rewriter: vllm.StreamRewriter
-) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in upstream.chunks():
-            rewritten = rewriter.feed(chunk)
-            if rewritten:
-                yield rewritten
-    except UpstreamBroken:
-        return
-    finally:
-        upstream.release()
-        if rewriter.usage is not None:
-            _after_response(_record_usage, route, rewriter.usage)
+def _upstream(server: InferenceServer) -> Upstream:
+    """The server's dialect: vLLM's own server, or ours (serve_inference's other engines)."""
+    return VLLMUpstream(server) if server.engine == "vllm" else InferenceServerUpstream(server)
 
 
 def _list_models(authorization: str | None) -> dict:

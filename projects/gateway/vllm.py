@@ -1,5 +1,6 @@
 """Checkpoints on vLLM inference servers (``serve_inference --engine vllm``): the gateway loads each
-checkpoint's LoRA adapter into vLLM on first use and speaks vLLM's dialect of the API.
+checkpoint's LoRA adapter into vLLM on first use and speaks vLLM's dialect of the API
+(``VLLMUpstream``, one of the two upstreams of projects.gateway.upstream).
 
 - Names: a checkpoint's adapter is ``model-<trainable model id>-step-<step>`` on every server.
   The request's ``model`` is rewritten to it; the response's ``model`` back to the public id.
@@ -19,75 +20,78 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.http import HttpResponse, JsonResponse
 
 from projects.gateway.db import in_db_thread
+from projects.gateway.errors import GatewayError
+from projects.gateway.http import UpstreamResponse, pool
+from projects.gateway.routing import Route
 from projects.gateway.services import inference_server_adapter_forget, inference_server_adapter_use
-from projects.gateway.upstream import UpstreamResponse, pool
+from projects.gateway.upstream import StreamFilter, Upstream, Usage
 from projects.models import Checkpoint, InferenceServer
-from training.serving.protocol import error_body
+from training.openai_errors import error_object
 from training.serving.vllm import HttpCall, load_adapter_call, unload_adapter_call
 
 log = logging.getLogger(__name__)
-
-
-class VLLMError(Exception):
-    """A request the gateway cannot complete on a vLLM server; becomes an OpenAI error object."""
-
-    def __init__(self, status: int, message: str, *, code: str) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code = status, message, code
 
 
 def adapter_name(checkpoint: Checkpoint) -> str:
     return f"model-{checkpoint.model_id}-step-{checkpoint.step}"
 
 
-@dataclass
-class Prepared:
-    """A completion request rewritten for a vLLM server."""
+class VLLMUpstream(Upstream):
+    """A vLLM server: the body's ``model`` names the adapter (loaded first if needed), replies and
+    stream events are rewritten to the public model id (see the module doc)."""
 
-    body: bytes
-    public_model: str  # echoed in responses
-    adapter: str | None
-    stream: bool
-    client_wants_usage: bool
+    async def send(self, route: Route) -> UpstreamResponse:
+        """Raises GatewayError, or UpstreamUnavailable when the server cannot be reached."""
+        target, server = route.target, self.server
+        adapter = adapter_name(target.checkpoint) if target.checkpoint is not None else None
+        body = request_body(route.chat.decoded, model=adapter or target.base_model.name)
+        if adapter is None or target.checkpoint is None:
+            return await _post(server, "/v1/chat/completions", body)
+        path, public_model = target.checkpoint.path, target.model_id
+        await _ensure_loaded(server, adapter, path, public_model)
+        response = await _post(server, "/v1/chat/completions", body)
+        if response.status != 404:
+            return response
+        answered = await response.read()
+        if "does not exist" not in _error_message(answered):
+            raise GatewayError(404, _error_message(answered), code="model_not_found")
+        # Not loaded after all (see the module doc): load it and try once more.
+        await in_db_thread(inference_server_adapter_forget)(server_id=server.pk, names=[adapter])
+        await _ensure_loaded(server, adapter, path, public_model)
+        return await _post(server, "/v1/chat/completions", body)
+
+    def stream_content_type(self, reply: UpstreamResponse) -> str:
+        return "text/event-stream; charset=utf-8"
+
+    def stream_filter(self, route: Route) -> StreamFilter:
+        return StreamRewriter(route.target.model_id, route.chat.request.include_usage)
+
+    def rewrite(
+        self, reply: UpstreamResponse, body: bytes, route: Route
+    ) -> tuple[HttpResponse, Usage | None]:
+        if reply.status != 200:
+            return JsonResponse(openai_error(reply.status, body), status=reply.status), None
+        try:
+            rewritten, usage = rewrite_completion(body, route.target.model_id)
+        except (ValueError, TypeError) as exc:
+            raise GatewayError(502, f"The inference server sent an unreadable reply: {exc}",
+                               code="upstream_error") from exc  # fmt: skip
+        return HttpResponse(rewritten, status=200, content_type="application/json"), usage
 
 
-def prepare(
-    raw_body: bytes, *, public_model: str, served_model: str, checkpoint: Checkpoint | None
-) -> Prepared:
-    body: dict[str, Any] = json.loads(raw_body)  # the gateway has validated it
-    adapter = adapter_name(checkpoint) if checkpoint is not None else None
-    body["model"] = adapter or served_model
-    stream = bool(body.get("stream"))
-    options = body.get("stream_options") or {}
-    wants_usage = bool(options.get("include_usage"))
-    if stream:
-        body["stream_options"] = {**options, "include_usage": True}  # for metering
-    return Prepared(json.dumps(body).encode(), public_model, adapter, stream, wants_usage)
-
-
-async def complete(
-    server: InferenceServer, prepared: Prepared, checkpoint: Checkpoint | None
-) -> UpstreamResponse:
-    """Send the completion to ``server``, loading the checkpoint's adapter first if needed.
-    Raises VLLMError, or UpstreamUnavailable when the server cannot be reached (try another)."""
-    if prepared.adapter is not None and checkpoint is not None:
-        await _ensure_loaded(server, prepared.adapter, checkpoint.path, prepared.public_model)
-    response = await _post(server, "/v1/chat/completions", prepared.body)
-    if prepared.adapter is None or checkpoint is None or response.status != 404:
-        return response
-    body = await response.read()
-    if "does not exist" not in _error_message(body):
-        raise VLLMError(404, _error_message(body), code="model_not_found")
-    # Not loaded after all (see the module doc): load it and try once more.
-    await in_db_thread(inference_server_adapter_forget)(server_id=server.pk, names=[prepared.adapter])
-    await _ensure_loaded(server, prepared.adapter, checkpoint.path, prepared.public_model)
-    return await _post(server, "/v1/chat/completions", prepared.body)
+def request_body(decoded: dict[str, Any], *, model: str) -> bytes:
+    """The client's (validated) body for vLLM: ``model`` as vLLM knows it, and a stream asks for
+    the final usage chunk, for metering (StreamRewriter hides it unless the client asked too)."""
+    body = {**decoded, "model": model}
+    if body.get("stream"):
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return json.dumps(body).encode()
 
 
 async def _ensure_loaded(server: InferenceServer, name: str, path: str, public_model: str) -> None:
@@ -113,7 +117,7 @@ async def _load(server: InferenceServer, name: str, path: str, public_model: str
     message = _error_message(body)
     if "already" in message and "loaded" in message:
         return  # another request or gateway loaded it first: fine
-    raise VLLMError(
+    raise GatewayError(
         500, f"The inference server could not load the checkpoint `{public_model}`: {message}",
         code="adapter_load_failed",
     )  # fmt: skip
@@ -167,12 +171,12 @@ def openai_error(status: int, body: bytes) -> dict[str, Any]:
     if isinstance(decoded, dict) and isinstance(decoded.get("error"), dict):  # newer vLLM: OpenAI's shape
         error = decoded["error"]
         named = error.get("code") if isinstance(error.get("code"), str) else code
-        return error_body(status, str(error.get("message", "")), code=named, param=error.get("param"))
+        return error_object(status, str(error.get("message", "")), code=named, param=error.get("param"))
     param = decoded.get("param") if isinstance(decoded, dict) else None
-    return error_body(status, _error_message(body), code=code, param=param)
+    return error_object(status, _error_message(body), code=code, param=param)
 
 
-def rewrite_completion(body: bytes, public_model: str) -> tuple[bytes, tuple[int, int] | None]:
+def rewrite_completion(body: bytes, public_model: str) -> tuple[bytes, Usage | None]:
     """A non-streamed completion with the public model id, and its (prompt, completion) usage."""
     decoded = json.loads(body)
     decoded["model"] = public_model
@@ -186,7 +190,7 @@ class StreamRewriter:
     def __init__(self, public_model: str, client_wants_usage: bool) -> None:
         self.public_model = public_model
         self.client_wants_usage = client_wants_usage
-        self.usage: tuple[int, int] | None = None
+        self.usage: Usage | None = None
         self._pending = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -210,7 +214,7 @@ class StreamRewriter:
         return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _usage(usage: Any) -> tuple[int, int] | None:
+def _usage(usage: Any) -> Usage | None:
     if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
         return usage["prompt_tokens"], int(usage.get("completion_tokens") or 0)
     return None

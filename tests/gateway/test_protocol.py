@@ -7,19 +7,16 @@ import json
 import pytest
 
 from training.engines.base import Choice
+from training.serving.chunks import ChunkContext, choice_chunks, token_pieces
 from training.serving.protocol import (
     ChatRequest,
-    ChunkContext,
     Limits,
     RequestError,
-    choice_chunks,
-    completion_body,
     parse_chat_request,
     parse_usage,
-    render_choice,
-    token_pieces,
     usage_comment,
 )
+from training.serving.responses import completion_body, render_choice
 
 USER = [{"role": "user", "content": "Hi"}]
 WEATHER = {

@@ -23,6 +23,14 @@ from typing import Any
 from training.agent import template_supports_tools
 from training.engines.base import Choice, Engine, OnToken, SamplingParams, TokenDelta
 from training.serving.adapters import AdapterCache, check_adapter_path
+from training.serving.chunks import (
+    ChunkContext,
+    choice_chunks,
+    finish_chunk,
+    first_chunks,
+    sse_event,
+    token_chunk,
+)
 from training.serving.prompts import render_prompt
 from training.serving.protocol import (
     ADAPTER_HEADER,
@@ -30,20 +38,12 @@ from training.serving.protocol import (
     MODEL_HEADER,
     USAGE_HEADER,
     ChatRequest,
-    ChunkContext,
     Limits,
     RequestError,
-    choice_chunks,
-    completion_body,
-    finish_chunk,
-    first_chunks,
-    new_completion_id,
     parse_chat_request,
-    sse_event,
-    token_chunk,
-    usage_body,
     usage_comment,
 )
+from training.serving.responses import completion_body, new_completion_id, usage_body
 from training.serving.scheduler import BatchScheduler
 
 log = logging.getLogger(__name__)

@@ -20,19 +20,18 @@ Differences from OpenAI, on purpose:
   the exception: a choice may turn out to be a tool call, known only when it ends, so its chunks
   are sent when it is complete.
 
-Nothing here imports torch or Django.
+The protocol is three modules: this one (the wire between gateway and server, request validation),
+`responses` (a sampled choice rendered as content or tool calls, whole completion bodies) and
+`chunks` (stream chunks and server-sent events). Nothing in them imports torch or Django.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.engines.base import Choice, TokenDelta
-from training.tools import parse_tool_calls
+from training.openai_errors import error_object
 
 # Wire extensions between the gateway and an inference server (never sent to end users).
 ADAPTER_HEADER = "x-artweb-adapter"  # absolute path of the LoRA checkpoint to apply
@@ -41,28 +40,21 @@ USAGE_HEADER = "x-artweb-usage"  # "<prompt_tokens> <completion_tokens>" on non-
 USAGE_COMMENT_PREFIX = b": usage "  # an SSE comment (clients ignore it) carrying the same numbers
 DONE_EVENT = b"data: [DONE]\n\n"
 
-# The same error types as the REST API's error handler (projects.api.errors).
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-}
+
+def usage_comment(prompt_tokens: int, completion_tokens: int) -> bytes:
+    return USAGE_COMMENT_PREFIX + f"{prompt_tokens} {completion_tokens}\n\n".encode()
 
 
-def error_body(status: int, message: str, *, code: str, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object."""
-    return {
-        "error": {
-            "message": message,
-            "type": ERROR_TYPES.get(status, "api_error"),
-            "param": param,
-            "code": code,
-        }
-    }
+def parse_usage(value: bytes | str) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) from a USAGE_HEADER value or a usage comment event."""
+    if isinstance(value, bytes):
+        if not value.startswith(USAGE_COMMENT_PREFIX):
+            return None
+        value = value[len(USAGE_COMMENT_PREFIX) :].decode(errors="replace")
+    parts = value.split()
+    if len(parts) != 2 or not all(part.isdigit() for part in parts):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 class RequestError(Exception):
@@ -75,7 +67,7 @@ class RequestError(Exception):
         self.message, self.param, self.code, self.status = message, param, code, status
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, code=self.code, param=self.param)
+        return error_object(self.status, self.message, code=self.code, param=self.param)
 
 
 @dataclass(frozen=True)
@@ -366,267 +358,3 @@ def _response_format(value: Any, limits: Limits) -> None:
         raise RequestError(f"response_format {kind} is not supported by this server's engine",
                            param="response_format", code="unsupported_value")  # fmt: skip
     raise RequestError("response_format.type must be text or json_object", param="response_format")
-
-
-# --------------------------------------------------------------------------- responses
-
-
-@dataclass
-class Rendered:
-    """One choice as the client sees it: the assistant message and why it ended."""
-
-    content: str | None
-    tool_calls: list[dict[str, Any]]
-    finish_reason: str
-
-
-def new_completion_id() -> str:
-    return f"chatcmpl-{secrets.token_hex(12)}"
-
-
-def render_choice(request: ChatRequest, choice: Choice) -> Rendered:
-    """Split the model's text into content and tool calls (Hermes `<tool_call>{json}</tool_call>`).
-
-    A turn whose calls do not all parse stays plain content, as vLLM's Hermes parser does: the
-    client sees what the model wrote rather than a half-understood call.
-    """
-    text = request.tool_prefill() + choice.text
-    if request.uses_tools and "<tool_call>" in text:
-        calls = parse_tool_calls(text)
-        if calls and all(call.error is None for call in calls):
-            before = text[: text.index("<tool_call>")].strip()
-            return Rendered(
-                content=before or None,
-                tool_calls=[
-                    {
-                        "id": f"call_{secrets.token_hex(12)}",
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments_json},
-                    }
-                    for call in calls
-                ],
-                finish_reason="tool_calls",
-            )
-    return Rendered(content=text, tool_calls=[], finish_reason=choice.finish_reason)
-
-
-def logprobs_content(
-    request: ChatRequest,
-    token_ids: Sequence[int],
-    logprobs: Sequence[float],
-    token_text: Callable[[int], str],
-    top: Sequence[Sequence[tuple[int, float]]] | None = None,
-) -> list[dict[str, Any]]:
-    """OpenAI's `logprobs.content`; `top` holds the engine's alternatives per token, if any."""
-    entries = []
-    for position, (token_id, logprob) in enumerate(zip(token_ids, logprobs, strict=True)):
-        entry = _logprob_entry(token_text(token_id), logprob)
-        alternatives: list[dict[str, Any]] = []
-        if request.top_logprobs:
-            if top is not None:
-                alternatives = [
-                    _logprob_entry(token_text(other), other_logprob)
-                    for other, other_logprob in top[position][: request.top_logprobs]
-                ]
-            else:  # the engine reports no alternatives (see the module doc)
-                alternatives = [dict(entry)]
-        entry["top_logprobs"] = alternatives
-        entries.append(entry)
-    return entries
-
-
-def _logprob_entry(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-
-
-def usage_body(prompt_tokens: int, choices: Sequence[Choice]) -> dict[str, int]:
-    completion = sum(len(choice.token_ids) for choice in choices)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
-    }
-
-
-def completion_body(
-    request: ChatRequest,
-    choices: Sequence[Choice],
-    *,
-    completion_id: str,
-    created: int,
-    model: str,
-    prompt_token_ids: list[int],
-    token_text: Callable[[int], str],
-) -> dict[str, Any]:
-    rendered_choices = []
-    for index, choice in enumerate(choices):
-        rendered = render_choice(request, choice)
-        message: dict[str, Any] = {"role": "assistant", "content": rendered.content, "refusal": None}
-        if rendered.tool_calls:
-            message["tool_calls"] = rendered.tool_calls
-        item: dict[str, Any] = {
-            "index": index,
-            "message": message,
-            "logprobs": None,
-            "finish_reason": rendered.finish_reason,
-        }
-        if request.logprobs:
-            content = logprobs_content(
-                request, choice.token_ids, choice.logprobs, token_text, choice.top_logprobs
-            )
-            item["logprobs"] = {"content": content, "refusal": None}
-        if request.return_token_ids:
-            item["token_ids"] = list(choice.token_ids)
-        rendered_choices.append(item)
-    body: dict[str, Any] = {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": rendered_choices,
-        "usage": usage_body(len(prompt_token_ids), choices),
-        "system_fingerprint": None,
-    }
-    if request.return_token_ids:
-        body["prompt_token_ids"] = list(prompt_token_ids)
-    return body
-
-
-@dataclass
-class ChunkContext:
-    request: ChatRequest
-    completion_id: str
-    created: int
-    model: str
-
-    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "id": self.completion_id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "system_fingerprint": None,
-        }
-        if self.request.include_usage:
-            body["usage"] = None
-        body.update(extra)
-        return body
-
-
-def first_chunks(context: ChunkContext) -> Iterator[dict[str, Any]]:
-    """Sent as soon as the request is accepted, before anything is sampled: the role of each choice."""
-    for index in range(context.request.n):
-        delta = {"role": "assistant", "content": ""}
-        yield context.chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
-
-
-def choice_chunks(
-    context: ChunkContext,
-    index: int,
-    choice: Choice,
-    *,
-    decode: Callable[[list[int]], str],
-    token_text: Callable[[int], str],
-) -> Iterator[dict[str, Any]]:
-    """The chunks of one sampled choice: a content delta per token (with its logprob and id), or,
-    when the model called tools, the content and the calls in one delta each; then the finish."""
-    request = context.request
-    rendered = render_choice(request, choice)
-
-    def entry(
-        delta: dict[str, Any],
-        ids: list[int],
-        logprobs: list[float],
-        top: list[list[tuple[int, float]]] | None,
-    ) -> dict[str, Any]:
-        return _choice_item(request, index, delta, ids, logprobs, top, token_text)
-
-    if rendered.tool_calls:
-        delta: dict[str, Any] = {"content": rendered.content} if rendered.content else {}
-        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(rendered.tool_calls)]
-        yield context.chunk(
-            [entry(delta, list(choice.token_ids), list(choice.logprobs), choice.top_logprobs)]
-        )
-    else:
-        text = rendered.content or ""
-        pieces = token_pieces(choice.token_ids, text, decode)
-        for position, (token_id, logprob, piece) in enumerate(
-            zip(choice.token_ids, choice.logprobs, pieces, strict=True)
-        ):
-            top = [choice.top_logprobs[position]] if choice.top_logprobs else None
-            yield context.chunk([entry({"content": piece}, [token_id], [logprob], top)])
-        if not choice.token_ids and text:
-            yield context.chunk([entry({"content": text}, [], [], None)])
-    yield finish_chunk(context, index, rendered.finish_reason)
-
-
-def token_chunk(context: ChunkContext, delta: TokenDelta, token_text: Callable[[int], str]) -> dict[str, Any]:
-    """The chunk of one token sampled while the batch is still running (TokenDelta, which holds
-    back split characters and possible stop strings): its text, logprob and id."""
-    top = [delta.top_logprobs] if delta.top_logprobs else None
-    item = _choice_item(context.request, delta.index, {"content": delta.text}, [delta.token_id],
-                        [delta.logprob], top, token_text)  # fmt: skip
-    return context.chunk([item])
-
-
-def finish_chunk(context: ChunkContext, index: int, finish_reason: str) -> dict[str, Any]:
-    return context.chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason}])
-
-
-def _choice_item(
-    request: ChatRequest,
-    index: int,
-    delta: dict[str, Any],
-    ids: list[int],
-    logprobs: list[float],
-    top: Sequence[Sequence[tuple[int, float]]] | None,
-    token_text: Callable[[int], str],
-) -> dict[str, Any]:
-    item: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-    if request.logprobs:
-        item["logprobs"] = {
-            "content": logprobs_content(request, ids, logprobs, token_text, top),
-            "refusal": None,
-        }
-    if request.return_token_ids:
-        item["token_ids"] = ids
-    return item
-
-
-def token_pieces(token_ids: Sequence[int], text: str, decode: Callable[[list[int]], str]) -> list[str]:
-    """The part of `text` each token adds, so the pieces join to exactly `text` (which may be cut
-    before a stop string). A token that ends inside a multi-byte character adds nothing; the next
-    one adds the whole character."""
-    pieces, emitted = [], 0
-    for end in range(1, len(token_ids) + 1):
-        prefix = decode(list(token_ids[:end]))
-        if prefix.endswith("\ufffd") and end < len(token_ids):
-            pieces.append("")
-            continue
-        upto = max(emitted, min(len(prefix), len(text)))
-        pieces.append(text[emitted:upto])
-        emitted = upto
-    if pieces:
-        pieces[-1] += text[emitted:]
-    return pieces
-
-
-def sse_event(data: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-
-
-def usage_comment(prompt_tokens: int, completion_tokens: int) -> bytes:
-    return USAGE_COMMENT_PREFIX + f"{prompt_tokens} {completion_tokens}\n\n".encode()
-
-
-def parse_usage(value: bytes | str) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) from a USAGE_HEADER value or a usage comment event."""
-    if isinstance(value, bytes):
-        if not value.startswith(USAGE_COMMENT_PREFIX):
-            return None
-        value = value[len(USAGE_COMMENT_PREFIX) :].decode(errors="replace")
-    parts = value.split()
-    if len(parts) != 2 or not all(part.isdigit() for part in parts):
-        return None
-    return int(parts[0]), int(parts[1])
