@@ -357,7 +357,7 @@ def _record_tool_run(project, tmp_path) -> Run:
     model = services.trainable_model_create(
         project=project, name="tool-agent", base_model=BaseModel.objects.get(name="tiny")
     )
-    with mock.patch.object(services, "_enqueue_run", lambda run_id: None):  # recorded here, not trained
+    with mock.patch.object(services.runs, "_enqueue_run", lambda run_id: None):  # recorded here, not trained
         run = services.run_create(
             model=model, task_set=task_set, environment=environment, reward=reward,
             config={"steps": 1, "group_size": 2},

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def _no_enqueue(monkeypatch):
     # Creating a run enqueues training after commit; these tests have no worker.
-    monkeypatch.setattr(services, "_enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(services.runs, "_enqueue_run", lambda run_id: None)
 
 
 def client_for(user) -> Client:

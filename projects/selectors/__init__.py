@@ -1,0 +1,108 @@
+"""Reads. Every function takes the caller's team (or a row already read through it) and returns
+only that team's rows, one module per subject; this package re-exports them all, so callers write
+``selectors.run_get(...)``. ``_scoping.scoped`` is the one place a query is tied to a team.
+"""
+
+from __future__ import annotations
+
+from projects.selectors._scoping import (
+    scoped,
+    scoped_reference,
+)
+from projects.selectors.evaluations import (
+    ModelChoice,
+    checkpoint_evaluations,
+    evaluation_events,
+    evaluation_get,
+    evaluation_inputs_resolve,
+    evaluation_is_active,
+    evaluation_recent_events,
+    evaluation_reference,
+    evaluation_reference_label,
+    evaluation_rows,
+    evaluation_sample_row_indexes,
+    evaluation_samples,
+    evaluation_samples_of_rows,
+    evaluations_list,
+    model_id_resolve,
+    model_label,
+    run_evaluations,
+    run_step_evaluated,
+)
+from projects.selectors.judges import (
+    judge_endpoints,
+)
+from projects.selectors.rewards import (
+    reward_definition_versions,
+    reward_definitions_latest,
+)
+from projects.selectors.runs import (
+    run_events,
+    run_get,
+    run_recent_events,
+    run_stop_reason,
+    runs_search,
+)
+from projects.selectors.steps import (
+    checkpoint_exists,
+    checkpoint_latest,
+    run_checkpoints,
+    run_step_metrics,
+    run_trajectories,
+    trajectory_group,
+    trajectory_group_indexes,
+    trajectory_steps,
+)
+from projects.selectors.task_sets import (
+    task_rows,
+    task_set_rows,
+)
+from projects.selectors.teams import (
+    api_keys,
+    memberships_of,
+    team_members,
+)
+
+__all__ = [
+    "scoped",
+    "scoped_reference",
+    "api_keys",
+    "memberships_of",
+    "team_members",
+    "run_get",
+    "run_events",
+    "run_recent_events",
+    "runs_search",
+    "run_stop_reason",
+    "run_step_metrics",
+    "run_checkpoints",
+    "run_trajectories",
+    "trajectory_steps",
+    "trajectory_group_indexes",
+    "trajectory_group",
+    "checkpoint_latest",
+    "checkpoint_exists",
+    "reward_definitions_latest",
+    "reward_definition_versions",
+    "task_set_rows",
+    "task_rows",
+    "judge_endpoints",
+    "ModelChoice",
+    "evaluations_list",
+    "evaluation_get",
+    "run_evaluations",
+    "checkpoint_evaluations",
+    "run_step_evaluated",
+    "evaluation_is_active",
+    "evaluation_rows",
+    "evaluation_samples",
+    "evaluation_sample_row_indexes",
+    "evaluation_samples_of_rows",
+    "evaluation_events",
+    "evaluation_recent_events",
+    "model_id_resolve",
+    "model_label",
+    "evaluation_inputs_resolve",
+    "evaluation_reference",
+    "evaluation_reference_label",
+]

@@ -1,0 +1,62 @@
+"""Reads of runs: one run, the team's runs, a run's events; and the worker's own check on its run."""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+
+from projects.errors import NotFound
+from projects.models import Run, RunEvent, RunStatus, Team
+from projects.selectors._scoping import page_after, scoped
+
+
+def run_get(*, team: Team, run_id: int) -> Run:
+    run = scoped(Run, team).filter(pk=run_id).first()
+    if run is None:
+        raise NotFound("run not found")
+    return run
+
+
+def run_events(*, run: Run, after: int | None = None, limit: int = 100) -> tuple[list[RunEvent], bool]:
+    return page_after(RunEvent.objects.filter(run=run), after=after, limit=limit)
+
+
+def run_recent_events(*, run: Run, limit: int = 50) -> list[RunEvent]:
+    """The newest ``limit`` events, newest first (the run page's log)."""
+    return list(RunEvent.objects.filter(run=run).order_by("-id")[:limit])
+
+
+def runs_search(
+    *,
+    team: Team,
+    project_id: int | None = None,
+    model_id: int | None = None,
+    status: str | None = None,
+    text: str = "",
+) -> QuerySet[Run]:
+    """The team's runs, newest first; ``text`` matches the model, project or creator name."""
+    runs = scoped(Run, team).select_related("project", "model", "created_by")
+    if project_id is not None:
+        runs = runs.filter(project_id=project_id)
+    if model_id is not None:
+        runs = runs.filter(model_id=model_id)
+    if status:
+        runs = runs.filter(status=status)
+    if text:
+        runs = runs.filter(
+            Q(model__name__icontains=text)
+            | Q(project__name__icontains=text)
+            | Q(created_by__username__icontains=text)
+        )
+    return runs.order_by("-id")
+
+
+# --- the worker's reads (projects.jobs): by id, for the system rather than a caller's team ----------
+
+
+def run_stop_reason(*, run_id: int, worker: str) -> str | None:
+    """Why a run's worker must stop before its next step: "lost" (the run is gone, no longer
+    running, or another worker's), "cancelled" (a user asked), or None to go on."""
+    state = Run.objects.filter(pk=run_id).values("cancel_requested", "status", "worker").first()
+    if state is None or state["status"] != RunStatus.RUNNING or state["worker"] != worker:
+        return "lost"
+    return "cancelled" if state["cancel_requested"] else None

@@ -1,0 +1,171 @@
+"""Writes. Every change to the domain goes through a function here (keyword-only, typed), one
+module per subject; this package re-exports them all, so callers write ``services.run_create(...)``.
+
+- ``teams``: teams, memberships (a team keeps an owner), API keys
+- ``projects``: projects, the base model catalogue, trainable models
+- ``rewards``: reward definitions (versioned grader specs)
+- ``task_sets``: task set upload (the row rules) and deletion
+- ``environments``: environments, and building one for use (MCP headers decrypted)
+- ``runs``: the run state machine, create, cancel, claim, heartbeat, fail, requeue
+- ``steps``: a step's metrics, trajectories and checkpoint, recorded once
+- ``evaluations``: the evaluation state machine and a run's own evaluations
+- ``judges``: team judge endpoints and the python graders' sandbox limits
+- ``scenarios``: task sets written by an LLM for an environment
+- ``_common``: helpers the modules share (slugs, unique names, NUL-free JSON)
+
+Each module with a concurrency invariant states it at its top.
+"""
+
+from __future__ import annotations
+
+from projects.services._common import (
+    check_slug,
+    jsonb_safe,
+)
+from projects.services.environments import (
+    environment_build,
+    environment_create,
+    environment_delete,
+    environment_update,
+)
+from projects.services.evaluations import (
+    EVALUATION_SPLITS,
+    EVALUATION_TERMINAL_STATUSES,
+    EVALUATION_TRANSITIONS,
+    evaluation_cancel,
+    evaluation_claim,
+    evaluation_create,
+    evaluation_event_add,
+    evaluation_fail,
+    evaluation_finish,
+    evaluation_heartbeat,
+    evaluation_results_summary,
+    evaluation_transition,
+    evaluations_requeue_orphaned,
+    run_evaluation_record,
+)
+from projects.services.judges import (
+    DEFAULT_JUDGE,
+    judge_client,
+    judge_endpoint_create,
+    judge_endpoint_update,
+    sandbox_config,
+)
+from projects.services.projects import (
+    base_model_register,
+    project_create,
+    project_delete,
+    project_update,
+    trainable_model_create,
+    trainable_model_delete,
+    trainable_model_update,
+)
+from projects.services.rewards import (
+    grader_problems,
+    reward_definition_create,
+    reward_definition_delete,
+    reward_definition_update,
+)
+from projects.services.runs import (
+    ACTIVE_STATUSES,
+    ALLOWED_TRANSITIONS,
+    TERMINAL_STATUSES,
+    run_cancel,
+    run_claim,
+    run_create,
+    run_event_add,
+    run_fail,
+    run_heartbeat,
+    run_set_start_step,
+    run_transition,
+    runs_requeue_orphaned,
+)
+from projects.services.scenarios import (
+    task_set_generate,
+)
+from projects.services.steps import (
+    TrajectoryRecord,
+    checkpoint_record,
+    step_record,
+)
+from projects.services.task_sets import (
+    parse_rows,
+    task_set_create,
+    task_set_delete,
+)
+from projects.services.teams import (
+    LAST_OWNER,
+    CreatedApiKey,
+    api_key_authenticate,
+    api_key_create,
+    api_key_revoke,
+    membership_remove,
+    membership_set,
+    team_create,
+)
+
+__all__ = [
+    "check_slug",
+    "jsonb_safe",
+    "LAST_OWNER",
+    "CreatedApiKey",
+    "team_create",
+    "membership_set",
+    "membership_remove",
+    "api_key_create",
+    "api_key_authenticate",
+    "api_key_revoke",
+    "project_create",
+    "project_update",
+    "project_delete",
+    "base_model_register",
+    "trainable_model_create",
+    "trainable_model_update",
+    "trainable_model_delete",
+    "grader_problems",
+    "reward_definition_create",
+    "reward_definition_update",
+    "reward_definition_delete",
+    "parse_rows",
+    "task_set_create",
+    "task_set_delete",
+    "environment_create",
+    "environment_update",
+    "environment_delete",
+    "environment_build",
+    "ACTIVE_STATUSES",
+    "TERMINAL_STATUSES",
+    "ALLOWED_TRANSITIONS",
+    "run_event_add",
+    "run_transition",
+    "run_create",
+    "run_cancel",
+    "run_claim",
+    "run_heartbeat",
+    "run_set_start_step",
+    "run_fail",
+    "runs_requeue_orphaned",
+    "TrajectoryRecord",
+    "checkpoint_record",
+    "step_record",
+    "EVALUATION_SPLITS",
+    "EVALUATION_TERMINAL_STATUSES",
+    "EVALUATION_TRANSITIONS",
+    "evaluation_event_add",
+    "evaluation_transition",
+    "evaluation_create",
+    "evaluation_claim",
+    "evaluation_heartbeat",
+    "evaluations_requeue_orphaned",
+    "evaluation_results_summary",
+    "evaluation_finish",
+    "evaluation_fail",
+    "evaluation_cancel",
+    "run_evaluation_record",
+    "DEFAULT_JUDGE",
+    "judge_endpoint_create",
+    "judge_endpoint_update",
+    "judge_client",
+    "sandbox_config",
+    "task_set_generate",
+]

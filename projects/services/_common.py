@@ -1,0 +1,59 @@
+"""Helpers every service module uses: names users put in URLs, unique-name races, deletes that
+runs protect, and text that PostgreSQL can store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import ProtectedError
+
+from projects.errors import Conflict, ValidationFailed
+from projects.models import slug_validator
+
+T = TypeVar("T")
+
+
+def check_slug(value: str, field: str) -> None:
+    """A name users put in URLs and model ids (``project/model:step``): ValidationFailed on ``field``
+    unless it is a slug. Shared by every service that names things (scenarios too)."""
+    try:
+        slug_validator(value)
+    except ValidationError as exc:
+        raise ValidationFailed(exc.messages[0], field=field) from exc
+
+
+def create_unique(create: Callable[[], T], *, field: str, message: str) -> T:
+    """Run a create inside a savepoint, turning a unique-constraint race into a clear 400."""
+    try:
+        with transaction.atomic():
+            return create()
+    except IntegrityError as exc:
+        raise ValidationFailed(message, field=field) from exc
+
+
+def delete_unless_used(instance: Any, what: str) -> None:
+    """Delete ``instance``; a 409 ``in_use`` when runs still protect it."""
+    try:
+        instance.delete()
+    except ProtectedError as exc:
+        raise Conflict(f"this {what} is used by runs; delete those first", code="in_use") from exc
+
+
+def jsonb_safe(value: Any) -> Any:
+    """PostgreSQL text and jsonb cannot hold NUL characters, but a model can sample one: replace it
+    (U+FFFD) rather than lose the whole step."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {jsonb_safe(k): jsonb_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonb_safe(v) for v in value]
+    return value
+
+
+def error_text(error: str, *, limit: int = 2000) -> str:
+    """A failure's message as stored on the row and in its event: cut at ``limit`` characters."""
+    return error if len(error) <= limit else error[:limit] + "…"

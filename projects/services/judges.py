@@ -1,0 +1,93 @@
+"""Team judge endpoints (writes, and the one read that decrypts the key for graders) and the
+operator's sandbox limits for python graders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from projects import secrets
+from projects.errors import ValidationFailed
+from projects.models import JudgeEndpoint, Team
+from projects.services._common import check_slug
+from training.rewards import JudgeClient, SandboxConfig
+
+DEFAULT_JUDGE = "default"
+
+
+def _validate(name: str, base_url: str, timeout_s: float) -> None:
+    from django.core.exceptions import ValidationError
+    from django.core.validators import URLValidator
+
+    check_slug(name, "name")
+    try:
+        URLValidator(schemes=["http", "https"])(base_url)
+    except ValidationError as exc:
+        raise ValidationFailed(
+            "must be an http(s) URL ending before /chat/completions", field="base_url"
+        ) from exc
+    if not 0 < timeout_s <= 600:
+        raise ValidationFailed("must be in (0, 600] seconds", field="timeout_s")
+
+
+def judge_endpoint_create(
+    *,
+    team: Team,
+    name: str,
+    base_url: str,
+    api_key: str = "",
+    default_model: str = "",
+    timeout_s: float = 60.0,
+) -> JudgeEndpoint:
+    _validate(name, base_url, timeout_s)
+    if JudgeEndpoint.objects.filter(team=team, name=name).exists():
+        raise ValidationFailed(f"a judge endpoint named {name!r} already exists", field="name")
+    return JudgeEndpoint.objects.create(
+        team=team,
+        name=name,
+        base_url=base_url,
+        api_key_encrypted=secrets.encrypt(api_key),
+        default_model=default_model,
+        timeout_s=timeout_s,
+    )
+
+
+def judge_endpoint_update(*, endpoint: JudgeEndpoint, **changes: Any) -> JudgeEndpoint:
+    name = changes.get("name", endpoint.name)
+    base_url = changes.get("base_url", endpoint.base_url)
+    timeout_s = changes.get("timeout_s", endpoint.timeout_s)
+    _validate(name, base_url, timeout_s)
+    endpoint.name, endpoint.base_url, endpoint.timeout_s = name, base_url, timeout_s
+    if "default_model" in changes:
+        endpoint.default_model = changes["default_model"]
+    if "api_key" in changes:
+        endpoint.api_key_encrypted = secrets.encrypt(changes["api_key"])
+    endpoint.save()
+    return endpoint
+
+
+def judge_client(*, team: Team, name: str | None = None) -> JudgeClient | None:
+    """The JudgeClient for the team's endpoint ``name`` (default: the one named "default");
+    None when the team has none. Raises ValidationFailed for an unknown explicit name."""
+    endpoint = JudgeEndpoint.objects.filter(team=team, name=name or DEFAULT_JUDGE).first()
+    if endpoint is None:
+        if name:
+            raise ValidationFailed(f"no judge endpoint named {name!r} in your team", field="judge_endpoint")
+        return None
+    return JudgeClient(
+        base_url=endpoint.base_url,
+        api_key=secrets.decrypt(endpoint.api_key_encrypted),
+        model=endpoint.default_model or None,
+        timeout=endpoint.timeout_s,
+    )
+
+
+def sandbox_config() -> SandboxConfig:
+    """The operator's limits for python graders (settings, from the environment)."""
+    return SandboxConfig(
+        timeout_seconds=settings.GRADER_SANDBOX_TIMEOUT_S,
+        cpu_seconds=settings.GRADER_SANDBOX_CPU_S,
+        memory_bytes=settings.GRADER_SANDBOX_MEMORY_MB * 1024 * 1024,
+        allow_unsandboxed=settings.GRADER_SANDBOX_ALLOW_UNSANDBOXED,
+    )

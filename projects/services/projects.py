@@ -1,0 +1,84 @@
+"""Projects, the base model catalogue and the trainable models (LoRA adapters) in a project."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from projects.errors import Conflict, ValidationFailed
+from projects.models import BaseModel, Project, Run, Team, TrainableModel
+from projects.services._common import check_slug, create_unique, delete_unless_used
+from projects.services.runs import ACTIVE_STATUSES
+from training.config import ConfigError, LoraSpec
+
+
+def project_create(*, team: Team, name: str, description: str = "") -> Project:
+    check_slug(name, "name")
+    return create_unique(
+        lambda: Project.objects.create(team=team, name=name, description=description),
+        field="name",
+        message=f"a project named {name!r} already exists in this team",
+    )
+
+
+def project_update(*, project: Project, name: str | None = None, description: str | None = None) -> Project:
+    if name is not None:
+        check_slug(name, "name")
+        project.name = name
+    if description is not None:
+        project.description = description
+    create_unique(project.save, field="name", message=f"a project named {name!r} already exists in this team")
+    return project
+
+
+def project_delete(*, project: Project) -> None:
+    if project.runs.filter(status__in=ACTIVE_STATUSES).exists():
+        raise Conflict("the project has active runs; cancel them first", code="in_use")
+    with transaction.atomic():
+        # Runs protect their inputs; deleting a project deletes its runs first, then the rest.
+        Run.objects.filter(project=project).delete()
+        delete_unless_used(project, "project")
+
+
+def base_model_register(*, name: str, source: str, description: str = "") -> BaseModel:
+    if not name.strip():
+        raise ValidationFailed("must not be empty", field="name")
+    if not source.strip():
+        raise ValidationFailed("must not be empty", field="source")
+    model, _ = BaseModel.objects.update_or_create(
+        name=name, defaults={"source": source, "description": description}
+    )
+    return model
+
+
+def _lora(lora: dict[str, Any] | None) -> dict[str, Any]:
+    try:
+        return LoraSpec.from_dict(lora or {}).to_dict()
+    except ConfigError as exc:
+        raise ValidationFailed(exc.message, field=f"lora.{exc.field}") from exc
+
+
+def trainable_model_create(
+    *, project: Project, name: str, base_model: BaseModel, lora: dict[str, Any] | None = None
+) -> TrainableModel:
+    check_slug(name, "name")
+    spec = _lora(lora)
+    return create_unique(
+        lambda: TrainableModel.objects.create(project=project, name=name, base_model=base_model, lora=spec),
+        field="name",
+        message=f"a model named {name!r} already exists in this project",
+    )
+
+
+def trainable_model_update(*, model: TrainableModel, lora: dict[str, Any] | None = None) -> TrainableModel:
+    if lora is not None:
+        if model.checkpoints.exists():
+            raise Conflict("the LoRA shape cannot change once the model has checkpoints", code="in_use")
+        model.lora = _lora(lora)
+        model.save(update_fields=["lora"])
+    return model
+
+
+def trainable_model_delete(*, model: TrainableModel) -> None:
+    delete_unless_used(model, "model")

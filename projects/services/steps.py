@@ -1,0 +1,84 @@
+"""Steps of a run: its metrics, trajectories and checkpoint, recorded together.
+
+Invariant: a step (metrics, trajectories, checkpoint row) is recorded in one transaction after the
+checkpoint files are complete; the (run, step) unique constraint makes a replay a no-op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from projects.models import Checkpoint, EventType, Run, RunStatus, StepMetrics, TrainableModel, Trajectory
+from projects.services._common import jsonb_safe
+from projects.services.runs import run_event_add
+
+
+def checkpoint_record(
+    *, model: TrainableModel, run: Run | None, step: int, path: str, metrics: dict[str, Any] | None = None
+) -> Checkpoint:
+    """Record a checkpoint whose files are already complete on disk (idempotent per step)."""
+    checkpoint, _ = Checkpoint.objects.get_or_create(
+        model=model, step=step, defaults={"run": run, "path": path, "metrics": metrics or {}}
+    )
+    return checkpoint
+
+
+@dataclass
+class TrajectoryRecord:
+    group_index: int
+    sample_index: int
+    task_row_index: int | None
+    messages: list[dict[str, Any]]
+    reward: float
+    sub_rewards: dict[str, float]
+    errors: list[dict[str, Any]]
+    metrics: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+def step_record(
+    *,
+    run: Run,
+    worker: str,
+    step: int,
+    metrics: dict[str, Any],
+    trajectories: list[TrajectoryRecord],
+    checkpoint_path: str,
+) -> bool:
+    """Record one finished step in one transaction. Returns False (and writes nothing) if the step
+    is already recorded or this worker lost the run: a step is never counted twice."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.status != RunStatus.RUNNING or locked.worker != worker:
+            return False
+        if StepMetrics.objects.filter(run=locked, step=step).exists():
+            return False
+        StepMetrics.objects.create(
+            run=locked,
+            step=step,
+            reward_mean=metrics.get("reward_mean"),
+            reward_std=metrics.get("reward_std"),
+            loss=metrics.get("loss"),
+            metrics=metrics,
+        )
+        Trajectory.objects.bulk_create(
+            [Trajectory(run=locked, step=step, **jsonb_safe(record.__dict__)) for record in trajectories],
+            batch_size=200,
+        )
+        checkpoint_record(model=locked.model, run=locked, step=step, path=checkpoint_path, metrics=metrics)
+        locked.current_step = step
+        locked.heartbeat_at = timezone.now()
+        locked.save(update_fields=["current_step", "heartbeat_at"])
+        run_event_add(
+            run=locked,
+            message=f"Step {step - locked.start_step}/{locked.total_steps}: reward {metrics.get('reward_mean', 0):.3f}, loss {metrics.get('loss', 0):.4f}",
+            type=EventType.METRICS,
+            data={"step": step, **metrics},
+        )
+    return True
