@@ -1,6 +1,7 @@
 """POST one chat completion to an OpenAI-compatible endpoint: the single HTTP path shared by the
-judge graders (``training.rewards.judge``) and remote policies (``training.remote``). Standard
-library only (urllib); no Django.
+judge graders (``training.rewards.judge.JudgeClient``) and remote policies
+(``training.remote.ChatEndpoint``), both ``ChatCompletionsEndpoint`` subclasses. Standard library
+only (urllib); no Django.
 
 Safety: the API key goes only to ``base_url``; redirects are refused (urllib would forward the
 Authorization header to wherever Location points and turn the POST into a GET). Error messages
@@ -14,7 +15,8 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 # Statuses worth a retry: rate limits and server-side trouble; a 4xx is our request's fault.
 RETRY_STATUSES = (408, 409, 429, 500, 502, 503, 504)
@@ -27,6 +29,45 @@ USER_AGENT = "artweb"
 class ChatCompletionError(RuntimeError):
     """The endpoint failed, or answered with something that is not JSON. The message is meant for
     people and holds no secret."""
+
+
+@dataclass(frozen=True)
+class ChatCompletionsEndpoint:
+    """An OpenAI-compatible endpoint: where to POST, with which key, how patiently. ``base_url``
+    ends before ``/chat/completions`` (``https://api.openai.com/v1``, ``http://127.0.0.1:8000/v1``)."""
+
+    base_url: str
+    api_key: str = field(default="", repr=False)
+    timeout: float = 60.0  # seconds per HTTP request
+    retries: int = 1  # extra attempts after a timeout, a connection error, or a RETRY_STATUSES answer
+    retry_backoff: float = 0.5  # seconds before the first retry, doubled each time
+    label: ClassVar[str] = "endpoint"  # how error messages name it
+
+    def post(self, body: dict[str, Any]) -> Any:
+        """The decoded JSON reply to ``body``; ChatCompletionError (holding no secret) on failure."""
+        return post_chat_completion(
+            self.base_url,
+            body,
+            api_key=self.api_key,
+            timeout=self.timeout,
+            retries=self.retries,
+            retry_backoff=self.retry_backoff,
+            label=self.label,
+        )
+
+
+def first_choice(payload: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """A decoded chat completion's ``choices[0]``, its ``message`` and the message's text content
+    ("" for none); ValueError saying what is missing when the payload is not a chat completion."""
+    try:
+        choice = payload["choices"][0]
+        message = choice["message"]
+        content = message.get("content") or ""
+    except (KeyError, IndexError, TypeError, AttributeError) as error:
+        raise ValueError(str(error)) from None
+    if not isinstance(content, str):
+        raise ValueError("content is not a string")
+    return choice, message, content
 
 
 def post_chat_completion(

@@ -9,18 +9,19 @@ without a tool parser, like ours) to ``environment.respond``, append its reply, 
 recorded on that sample as ``metrics["policy_error"]``; nothing here raises for one bad sample.
 
 The HTTP call (retries, a 4 MiB cap, refused redirects so the API key goes only to ``base_url``,
-no key in error messages) is ``training.openai_http.post_chat_completion``, shared with the judge.
+no key in error messages) is ``training.openai_http.ChatCompletionsEndpoint.post``, shared with the
+judge.
 """
 
 from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from training.environments import Environment
-from training.openai_http import ChatCompletionError, post_chat_completion, snippet
+from training.openai_http import ChatCompletionError, ChatCompletionsEndpoint, first_choice, snippet
 from training.tools import ToolCall, parse_tool_calls
 from training.trajectory import Trajectory
 
@@ -38,14 +39,9 @@ class ChatReply:
 
 
 @dataclass(frozen=True)
-class ChatEndpoint:
-    """An OpenAI-compatible endpoint; ``base_url`` ends before ``/chat/completions``."""
-
-    base_url: str
-    api_key: str = field(default="", repr=False)
-    timeout: float = 60.0  # seconds per request
-    retries: int = 1  # extra attempts after a timeout, a connection error, 429 or 5xx
-    retry_backoff: float = 0.5
+class ChatEndpoint(ChatCompletionsEndpoint):
+    """An OpenAI-compatible endpoint a policy's turns are sent to (base_url, api_key, timeout,
+    retries, retry_backoff: ``training.openai_http.ChatCompletionsEndpoint``)."""
 
     def chat(
         self,
@@ -67,15 +63,7 @@ class ChatEndpoint:
         if seed is not None:
             body["seed"] = seed
         try:
-            payload = post_chat_completion(
-                self.base_url,
-                body,
-                api_key=self.api_key,
-                timeout=self.timeout,
-                retries=self.retries,
-                retry_backoff=self.retry_backoff,
-                label="endpoint",
-            )
+            payload = self.post(body)
         except ChatCompletionError as error:
             raise EndpointError(str(error)) from None
         return parse_reply(payload)
@@ -84,15 +72,11 @@ class ChatEndpoint:
 def parse_reply(payload: Any) -> ChatReply:
     """A decoded chat completion as a ChatReply; EndpointError if it is not one."""
     try:
-        choice = payload["choices"][0]
-        message = choice["message"]
-        content = message.get("content") or ""
-        if not isinstance(content, str):
-            raise TypeError("content is not a string")
+        choice, message, content = first_choice(payload)
         calls = message.get("tool_calls") or []
         if not isinstance(calls, list):
-            raise TypeError("tool_calls is not a list")
-    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ValueError("tool_calls is not a list")
+    except ValueError as exc:
         shown = snippet(json.dumps(payload, ensure_ascii=False))
         raise EndpointError(f"not a chat completion ({exc}): {shown}") from None
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}

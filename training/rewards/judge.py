@@ -1,6 +1,6 @@
 """A minimal client for OpenAI-compatible chat completions, used by the judge graders (`score_model`,
 `label_model`, `ruler`). The HTTP call (retries, size cap, refused redirects) is
-`training.openai_http.post_chat_completion`, shared with remote policies.
+`training.openai_http.ChatCompletionsEndpoint`, shared with remote policies.
 
 The caller builds one from the team's judge settings (base URL, API key, optional model override)
 and hands it to `build_grader(..., judge=client)`; graders never read settings or secrets themselves.
@@ -10,10 +10,10 @@ the samples it hits, never a crash. Error details never include the key, the hea
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from training.openai_http import ChatCompletionError, post_chat_completion
+from training.openai_http import ChatCompletionError, ChatCompletionsEndpoint, first_choice
 from training.rewards.errors import GradingError
 
 SERVER_ERROR = "model_grader_server_error"
@@ -29,17 +29,13 @@ class JudgeReply:
 
 
 @dataclass(frozen=True)
-class JudgeClient:
-    """An OpenAI-compatible endpoint. `base_url` ends before `/chat/completions`
-    (`https://api.openai.com/v1`, `http://127.0.0.1:8000/v1`)."""
+class JudgeClient(ChatCompletionsEndpoint):
+    """The team's judge endpoint (base_url, api_key, timeout, retries, retry_backoff:
+    ``training.openai_http.ChatCompletionsEndpoint``), optionally pinned to one model."""
 
-    base_url: str
-    api_key: str = field(default="", repr=False)
     model: str | None = None  # when set, replaces every spec's `model` (an endpoint with one model)
-    timeout: float = 60.0  # seconds per HTTP request
     max_concurrency: int = 4  # judge calls in flight at once when grading a batch
-    retries: int = 1  # extra attempts after a timeout, a connection error, 429 or 5xx
-    retry_backoff: float = 0.5  # seconds before the first retry, doubled each time
+    label: ClassVar[str] = "judge endpoint"
 
     def resolve_model(self, spec_model: str) -> str:
         return self.model or spec_model
@@ -50,15 +46,7 @@ class JudgeClient:
         """One chat completion; raises GradingError(model_grader_server_error) on any failure."""
         body = {"model": self.resolve_model(model), "messages": messages, **request_params(sampling_params)}
         try:
-            payload = post_chat_completion(
-                self.base_url,
-                body,
-                api_key=self.api_key,
-                timeout=self.timeout,
-                retries=self.retries,
-                retry_backoff=self.retry_backoff,
-                label="judge endpoint",
-            )
+            payload = self.post(body)
         except ChatCompletionError as error:
             raise GradingError(SERVER_ERROR, str(error)) from None
         return parse_reply(payload, body["model"])
@@ -106,12 +94,8 @@ def sampling_params_problems(value: dict[str, Any], path: str) -> list[dict[str,
 
 def parse_reply(payload: Any, requested_model: str) -> JudgeReply:
     try:
-        choice = payload["choices"][0]
-        message = choice["message"]
-        content = message.get("content") or ""
-        if not isinstance(content, str):
-            raise TypeError("content is not a string")
-    except (KeyError, IndexError, TypeError, AttributeError) as error:
+        choice, message, content = first_choice(payload)
+    except ValueError as error:
         raise GradingError(
             SERVER_ERROR, f"judge response has no choices[0].message.content ({error})"
         ) from None
