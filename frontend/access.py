@@ -23,8 +23,11 @@ from projects.access import DENIED_MESSAGES, Permission, TeamAccess, resolve_tea
 from projects.models import Membership, Team
 
 SESSION_TEAM_KEY = "team_id"
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 M = TypeVar("M", bound=Model)
+
+TEAM_VIEWS: set[Callable[..., HttpResponse]] = set()  # every team_view, for the URL-walk test
 
 
 class TeamHttpRequest(HttpRequest):
@@ -41,11 +44,12 @@ def session_access(request: HttpRequest) -> TeamAccess | None:
     return resolve_team_and_role(user=request.user, preferred_team_id=request.session.get(SESSION_TEAM_KEY))
 
 
-def team_view(*, write: bool = False, owner: bool = False) -> Callable:
+def team_view(*, write: bool = False, owner: bool = False, viewer_may_post: bool = False) -> Callable:
     """Sign-in required; sets ``request.access`` (and its ``team``, ``role``, ``memberships``).
 
-    ``write``: the view needs ``Permission.WRITE`` for any method (viewers get 403).
-    ``owner``: a POST needs ``Permission.MANAGE`` (others may read).
+    Reads need ``Permission.READ``; any other method needs ``Permission.WRITE`` (as in the API),
+    ``Permission.MANAGE`` with ``owner``, or only READ with ``viewer_may_post`` (choosing a team).
+    ``write``: the page itself is for writers (a form viewers cannot use): WRITE for any method.
     """
 
     def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -62,13 +66,14 @@ def team_view(*, write: bool = False, owner: bool = False) -> Callable:
             needed = [Permission.READ]
             if write:
                 needed.append(Permission.WRITE)
-            if owner and request.method == "POST":
-                needed.append(Permission.MANAGE)
+            if request.method not in SAFE_METHODS and not viewer_may_post:
+                needed.append(Permission.MANAGE if owner else Permission.WRITE)
             for permission in needed:
                 if not access.allows(permission):
                     raise PermissionDenied(DENIED_MESSAGES[permission])
             return view(team_request, *args, **kwargs)
 
+        TEAM_VIEWS.add(wrapped)
         return wrapped
 
     return decorator

@@ -10,7 +10,6 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth import get_user_model
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
@@ -56,7 +55,7 @@ def _query_without_page(request: HttpRequest) -> str:
 
 
 @require_POST
-@team_view()
+@team_view(viewer_may_post=True)
 def team_switch(request: TeamHttpRequest) -> HttpResponse:
     wanted = request.POST.get("team")
     for membership in request.memberships:
@@ -149,15 +148,12 @@ def api_key_revoke(request: TeamHttpRequest, key_id: int) -> HttpResponse:
 @team_view()
 def projects(request: TeamHttpRequest) -> HttpResponse:
     form = f.ProjectForm(request.POST or None)
-    if request.method == "POST":
-        if not can_write(request):
-            raise PermissionDenied("Viewers have read-only access to this team.")
-        if form.is_valid():
-            try:
-                project = services.project_create(team=request.team, **form.cleaned_data)
-                return redirect("frontend:project", project_id=project.pk)
-            except ValidationFailed as exc:
-                f.attach_errors(form, exc)
+    if request.method == "POST" and form.is_valid():
+        try:
+            project = services.project_create(team=request.team, **form.cleaned_data)
+            return redirect("frontend:project", project_id=project.pk)
+        except ValidationFailed as exc:
+            f.attach_errors(form, exc)
     items = selectors.scoped(Project, request.team)
     text = request.GET.get("q", "").strip()
     if text:
@@ -182,8 +178,6 @@ def project(request: TeamHttpRequest, project_id: int) -> HttpResponse:
     environment_form = f.EnvironmentForm(request.POST or None, prefix="environment")
     kinds = environment_kinds()
     if request.method == "POST":
-        if not can_write(request):
-            raise PermissionDenied("Viewers have read-only access to this team.")
         if "model-name" in request.POST and model_form.is_valid():
             try:
                 services.trainable_model_create(
@@ -454,19 +448,16 @@ EXAMPLE_SPEC = {
 def rewards(request: TeamHttpRequest, project_id: int) -> HttpResponse:
     project = get_scoped(Project, request, project_id)
     form = f.RewardDefinitionForm(request.POST or None, initial={"spec": json.dumps(EXAMPLE_SPEC, indent=2)})
-    if request.method == "POST":
-        if not can_write(request):
-            raise PermissionDenied("Viewers have read-only access to this team.")
-        if form.is_valid():
-            spec = _json_field(form, "spec")
-            if spec is not None:
-                try:
-                    definition = services.reward_definition_create(
-                        project=project, name=form.cleaned_data["name"], spec=spec
-                    )
-                    return redirect("frontend:reward", reward_id=definition.pk)
-                except ValidationFailed as exc:
-                    f.attach_errors(form, exc)
+    if request.method == "POST" and form.is_valid():
+        spec = _json_field(form, "spec")
+        if spec is not None:
+            try:
+                definition = services.reward_definition_create(
+                    project=project, name=form.cleaned_data["name"], spec=spec
+                )
+                return redirect("frontend:reward", reward_id=definition.pk)
+            except ValidationFailed as exc:
+                f.attach_errors(form, exc)
     return render(
         request,
         "frontend/rewards.html",
@@ -493,18 +484,15 @@ def reward(request: TeamHttpRequest, reward_id: int) -> HttpResponse:
         request.POST or None, initial={"name": definition.name, "spec": json.dumps(definition.spec, indent=2)}
     )
     form.fields["name"].disabled = True
-    if request.method == "POST":
-        if not can_write(request):
-            raise PermissionDenied("Viewers have read-only access to this team.")
-        if form.is_valid():
-            spec = _json_field(form, "spec")
-            if spec is not None:
-                try:
-                    created = services.reward_definition_update(definition=definition, spec=spec)
-                    messages.success(request, f"Saved as version {created.version}.")
-                    return redirect("frontend:reward", reward_id=created.pk)
-                except ValidationFailed as exc:
-                    f.attach_errors(form, exc)
+    if request.method == "POST" and form.is_valid():
+        spec = _json_field(form, "spec")
+        if spec is not None:
+            try:
+                created = services.reward_definition_update(definition=definition, spec=spec)
+                messages.success(request, f"Saved as version {created.version}.")
+                return redirect("frontend:reward", reward_id=created.pk)
+            except ValidationFailed as exc:
+                f.attach_errors(form, exc)
     return render(
         request,
         "frontend/reward.html",

@@ -37,6 +37,7 @@ class CallerViewSet(viewsets.GenericViewSet):
         "check_permissions",
         "check_object_permissions",
         "required_permission",
+        "initial",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -87,8 +88,16 @@ class TeamViewSet(CallerViewSet):
             return self.model._default_manager.none()
         return self.base_queryset().filter(**{self.model.TEAM_PATH: self.team})
 
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # authentication, then TeamPermission
+        if self.model is not None and (self.lookup_url_kwarg or self.lookup_field) in self.kwargs:
+            self.get_object()  # another team's id is a 404 before any body is read
+
     def get_object(self) -> Any:
-        return super().get_object()  # through the scoped get_queryset: another team's id is 404
+        # Through the scoped get_queryset, so another team's id is 404; remembered for the request.
+        if not hasattr(self, "_scoped_object"):
+            self._scoped_object = super().get_object()
+        return self._scoped_object
 
     def ref(self, model: type, value: Any, field: str) -> Any:
         """A row named by id in the request body; another team's id is a 400 on ``field``."""

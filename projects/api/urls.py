@@ -6,6 +6,7 @@ from projects.api import evaluations, graders, scenarios, schema, views  # noqa:
 from projects.api.usage import UsageViewSet
 
 router = DefaultRouter()
+router.include_root_view = False  # an unscoped index of the API; the schema and docs describe it
 router.register("projects", views.ProjectViewSet, basename="project")
 router.register("base-models", views.BaseModelViewSet, basename="base-model")
 router.register("models", views.TrainableModelViewSet, basename="model")

@@ -16,10 +16,10 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from projects import selectors, services
+from projects import catalog, selectors, services
 from projects.access import Permission
 from projects.api import serializers as s
-from projects.api.base import CallerViewSet, CatalogueViewSet, TeamViewSet
+from projects.api.base import CatalogueViewSet, TeamViewSet
 from projects.errors import ValidationFailed
 from projects.models import (
     ApiKey,
@@ -34,7 +34,6 @@ from projects.models import (
     TaskSet,
     TrainableModel,
 )
-from training.config import TrainConfig
 
 
 def _valid(serializer_class: type, data: Any, partial: bool = False) -> dict[str, Any]:
@@ -398,20 +397,18 @@ class MemberViewSet(TeamViewSet, mixins.ListModelMixin):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class EnvironmentKindsView(CallerViewSet):
+class EnvironmentKindsView(CatalogueViewSet):
     """Every environment kind with its tools, config keys and how its final answer is read (the
     environment form reads these)."""
 
     @extend_schema(responses={200: s.EnvironmentKindOut(many=True)})
     def list(self, request: Request) -> Response:
-        from training.environments import describe_kinds
-
-        return Response(s.EnvironmentKindOut(describe_kinds(), many=True).data)
+        return Response(s.EnvironmentKindOut(catalog.environment_kinds(), many=True).data)
 
 
-class HyperparametersView(CallerViewSet):
+class HyperparametersView(CatalogueViewSet):
     """Defaults and help text of every run hyperparameter (the run form reads these)."""
 
     @extend_schema(responses={200: dict})
     def list(self, request: Request) -> Response:
-        return Response(TrainConfig.field_help())
+        return Response(catalog.hyperparameters())

@@ -1,0 +1,44 @@
+"""A run's spec as the worker builds it (projects.jobs.runs): the worker's settings, the task set's
+splits, and the step a first attempt starts from and resumes."""
+
+from __future__ import annotations
+
+from projects import services
+from projects.jobs.runs import build_run_spec
+
+
+def _run(alpha_setup):
+    return services.run_create(
+        model=alpha_setup.model,
+        task_set=alpha_setup.task_set,
+        environment=alpha_setup.environment,
+        reward=alpha_setup.reward,
+    )
+
+
+def test_the_spec_carries_the_workers_engine_and_loader_settings(alpha_setup, settings):
+    settings.TRAINING_ENGINE, settings.TRAINING_UNSLOTH, settings.TRAINING_DEVICE = (
+        "transformers",
+        "off",
+        "cpu",
+    )
+    spec = build_run_spec(_run(alpha_setup))
+    assert (spec.engine, spec.unsloth, spec.device) == ("transformers", "off", "cpu")
+
+
+def test_the_spec_has_the_train_and_validation_rows_in_index_order(alpha_setup):
+    spec = build_run_spec(_run(alpha_setup))
+    train = [row["index"] for row in spec.train_rows]
+    validation = [row["index"] for row in spec.validation_rows]
+    assert train == sorted(train) and validation == sorted(validation)
+    assert sorted(train + validation) == list(range(6)) and validation
+    assert all("prompt" in row["data"] for row in spec.train_rows)
+
+
+def test_a_first_attempt_starts_from_and_resumes_the_models_latest_checkpoint(alpha_setup):
+    for step in (0, 3):
+        services.checkpoint_record(model=alpha_setup.model, run=None, step=step, path=f"/ckpt/{step}")
+    run = services.run_claim(run_id=_run(alpha_setup).pk, worker="w1")
+    assert run is not None and run.attempts == 1
+    spec = build_run_spec(run)
+    assert (spec.start_step, spec.resume_step) == (3, 3)

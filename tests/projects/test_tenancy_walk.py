@@ -1,0 +1,258 @@
+"""Every URL of the REST API and the dashboard is team-scoped, proven by walking the URL patterns.
+
+A view added later that forgets the tenancy base (or that this walk cannot fill in) fails here:
+each pattern must be a team view (``projects.api.base`` / ``frontend.access.team_view``) or be on
+an explicit list below; an outsider (charlie, owner of beta) gets 404 on every method of every
+alpha object; a viewer (bob) and a read-only key get 403 on every write; and alice, the owner,
+reads every page, so the 404s are not an accident of a badly filled URL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+
+from frontend.access import TEAM_VIEWS
+from projects import services
+from projects.api.base import CatalogueViewSet, TeamViewSet
+from projects.models import Membership
+
+pytestmark = pytest.mark.django_db
+
+# Reachable without a team: signing in and out, the API's schema and its docs page.
+PUBLIC = {"schema", "docs", "frontend:login", "frontend:logout"}
+# Rows every team shares (the operator's catalogue), and static descriptions of the platform.
+CATALOGUE = {"base-model-list", "base-model-detail", "hyperparameters", "environment-kinds"}
+# The one dashboard post a viewer may make: choosing which of their teams to work in.
+VIEWER_MAY_POST = {"frontend:team-switch"}
+# Not a team_view: ``/`` redirects; the playground checks the session with the same resolver
+# (``session_access``) and is tested below on its own.
+DASHBOARD_OTHERS = {"frontend:root", "frontend:playground-chat"}
+
+
+def _walk(patterns: list, prefix: str = "", namespace: str = "") -> list[tuple[str, URLPattern, str]]:
+    found = []
+    for entry in patterns:
+        if isinstance(entry, URLResolver):
+            inner = f"{namespace}{entry.namespace}:" if entry.namespace else namespace
+            found += _walk(entry.url_patterns, prefix + str(entry.pattern), inner)
+        elif entry.name:
+            found.append((prefix + str(entry.pattern), entry, f"{namespace}{entry.name}"))
+    return found
+
+
+def api_patterns() -> list[tuple[str, URLPattern, str]]:
+    return [
+        (route, entry, name)
+        for route, entry, name in _walk(get_resolver().url_patterns)
+        if route.startswith("api/v1/") and "format" not in entry.pattern.regex.groupindex
+    ]
+
+
+def dashboard_patterns() -> list[tuple[str, URLPattern, str]]:
+    return [
+        (route, entry, name)
+        for route, entry, name in _walk(get_resolver().url_patterns)
+        if name.startswith("frontend:")
+    ]
+
+
+@pytest.fixture
+def world(cast, alpha_setup, alice_client):
+    """One of every team-owned object, all in alpha (nothing is enqueued: the test's transaction
+    never commits)."""
+    from projects.services import judges
+
+    run = services.run_create(
+        model=alpha_setup.model,
+        task_set=alpha_setup.task_set,
+        environment=alpha_setup.environment,
+        reward=alpha_setup.reward,
+        config={"steps": 2},
+        created_by=cast.alice,
+    )
+    checkpoint = services.checkpoint_record(model=alpha_setup.model, run=run, step=0, path="/nowhere/step-0")
+    created = alice_client.post(
+        "/api/v1/evaluations",
+        {
+            "model": "math/agent:0",
+            "task_set": alpha_setup.task_set.id,
+            "environment": alpha_setup.environment.id,
+            "reward": alpha_setup.reward.id,
+        },
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    from projects.models import Evaluation
+
+    evaluation = Evaluation.objects.get(pk=created.json()["id"])
+    judge = judges.judge_endpoint_create(team=cast.alpha, name="judge", base_url="http://127.0.0.1:9/v1")
+    api_key = services.api_key_create(team=cast.alpha, name="walk").api_key
+    objects = {
+        "project": alpha_setup.project,
+        "model": alpha_setup.model,
+        "task_set": alpha_setup.task_set,
+        "environment": alpha_setup.environment,
+        "reward": alpha_setup.reward,
+        "run": run,
+        "checkpoint": checkpoint,
+        "evaluation": evaluation,
+        "judge": judge,
+        "api_key": api_key,
+        "membership": Membership.objects.get(team=cast.alpha, user=cast.bob),
+        "base_model": alpha_setup.base,
+    }
+    return type("World", (), {**objects, "objects": objects, "setup": alpha_setup})
+
+
+# URL keyword → the world's object that fills it.
+KWARGS = {
+    "run_id": "run",
+    "checkpoint_id": "checkpoint",
+    "project_id": "project",
+    "task_set_id": "task_set",
+    "evaluation_id": "evaluation",
+    "model_id": "model",
+    "reward_id": "reward",
+    "membership_id": "membership",
+    "key_id": "api_key",
+}
+# A router's ``pk`` → the world's object, by the view's model.
+PK_OF_MODEL = {
+    "Project": "project",
+    "TrainableModel": "model",
+    "TaskSet": "task_set",
+    "Environment": "environment",
+    "RewardDefinition": "reward",
+    "Run": "run",
+    "Checkpoint": "checkpoint",
+    "Evaluation": "evaluation",
+    "JudgeEndpoint": "judge",
+    "ApiKey": "api_key",
+    "Membership": "membership",
+    "BaseModel": "base_model",
+}
+
+
+def _url(world: Any, entry: URLPattern, name: str, view_class: type | None) -> str:
+    kwargs: dict[str, Any] = {}
+    for key in entry.pattern.regex.groupindex:
+        if key == "pk":
+            assert view_class is not None and view_class.model is not None, f"{name}: pk of what?"
+            kwargs[key] = world.objects[PK_OF_MODEL[view_class.model.__name__]].pk
+        else:
+            assert key in KWARGS, f"{name}: the walk does not know the URL keyword {key!r}; add it"
+            kwargs[key] = world.objects[KWARGS[key]].pk
+    return reverse(name, kwargs=kwargs)
+
+
+def _api_methods(entry: URLPattern) -> dict[str, str]:
+    return dict(getattr(entry.callback, "actions", {}) or {})
+
+
+def _send(client: Any, method: str, url: str) -> Any:
+    return getattr(client, method)(url, {}, format="json") if method != "get" else client.get(url)
+
+
+def test_every_api_view_derives_from_the_tenancy_base():
+    unscoped = []
+    for route, entry, name in api_patterns():
+        if name in PUBLIC:
+            continue
+        view_class = getattr(entry.callback, "cls", None)
+        expected = CatalogueViewSet if name in CATALOGUE else TeamViewSet
+        if view_class is None or not issubclass(view_class, expected):
+            unscoped.append(f"{route} ({name}): {view_class}")
+    assert not unscoped, "API views outside projects.api.base:\n" + "\n".join(unscoped)
+
+
+def test_api_outsiders_get_404_viewers_403_and_the_owner_reads(
+    world, alice_client, bob_client, charlie_client, read_only_client
+):
+    problems: list[str] = []
+    checked_objects = 0
+    for _route, entry, name in api_patterns():
+        if name in PUBLIC:
+            continue
+        view_class = entry.callback.cls
+        url = _url(world, entry, name, view_class)
+        methods = _api_methods(entry)
+        for method in methods:
+            if method in {"head", "options"}:
+                continue
+            if method == "get":
+                status = alice_client.get(url).status_code
+                if status >= 400:
+                    problems.append(f"owner GET {url} → {status}")
+            elif name not in CATALOGUE:
+                for who, client in (("viewer", bob_client), ("read-only key", read_only_client)):
+                    status = _send(client, method, url).status_code
+                    if status != 403:
+                        problems.append(f"{who} {method.upper()} {url} → {status}, not 403")
+            if entry.pattern.regex.groupindex and name not in CATALOGUE:
+                checked_objects += 1
+                status = _send(charlie_client, method, url).status_code
+                if status != 404:
+                    problems.append(f"outsider {method.upper()} {url} → {status}, not 404")
+    assert not problems, "\n".join(problems)
+    assert checked_objects >= 30, "the walk reached too few object routes to mean anything"
+
+
+def _is_team_view(view: Any) -> bool:
+    while view is not None:  # through outer decorators such as require_POST
+        if view in TEAM_VIEWS:
+            return True
+        view = getattr(view, "__wrapped__", None)
+    return False
+
+
+def test_every_dashboard_view_is_a_team_view():
+    unscoped = [
+        f"{route} ({name})"
+        for route, entry, name in dashboard_patterns()
+        if name not in PUBLIC | DASHBOARD_OTHERS and not _is_team_view(entry.callback)
+    ]
+    assert not unscoped, "dashboard views without team_view:\n" + "\n".join(unscoped)
+
+
+def _page_client(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_dashboard_outsiders_get_404_viewers_403_and_the_owner_reads(world, cast):
+    alice, bob, charlie = (_page_client(user) for user in (cast.alice, cast.bob, cast.charlie))
+    problems: list[str] = []
+    for _route, entry, name in dashboard_patterns():
+        if name in PUBLIC | DASHBOARD_OTHERS:
+            continue
+        url = _url(world, entry, name, None)
+        owner_get = alice.get(url).status_code
+        if owner_get not in (200, 302, 405):
+            problems.append(f"owner GET {url} → {owner_get}")
+        if entry.pattern.regex.groupindex:
+            answers = {charlie.get(url).status_code, charlie.post(url, {}).status_code}
+            if answers - {404, 405} or 404 not in answers:
+                problems.append(f"outsider {url} → {sorted(answers)}, not 404")
+        if name not in VIEWER_MAY_POST:
+            status = bob.post(url, {}).status_code
+            if status not in (403, 405):
+                problems.append(f"viewer POST {url} → {status}, not 403")
+    assert not problems, "\n".join(problems)
+
+
+def test_playground_resolves_the_session_team_and_finds_no_other_teams_model(world, cast):
+    charlie = _page_client(cast.charlie)
+    charlie.cookies["csrftoken"] = "x" * 32
+    response = charlie.post(
+        reverse("frontend:playground-chat"),
+        data={"model": "math/agent:0", "messages": [{"role": "user", "content": "hi"}]},
+        content_type="application/json",
+        HTTP_X_CSRFTOKEN="x" * 32,
+    )
+    assert response.status_code == 404, response.content
+    assert response.json()["error"]["code"] == "model_not_found"
