@@ -20,7 +20,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from training.engines.base import Choice, Engine, FinishReason, OnToken, SamplingParams, report_after
+from training.engines.base import (
+    Choice,
+    Engine,
+    FinishReason,
+    OnToken,
+    SamplingParams,
+    render_chat,
+    report_after,
+)
 
 # LoRA ranks vLLM's kernels are built for; max_lora_rank must be one of them (vllm LoRAConfig).
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -178,10 +186,9 @@ def stop_token_ids_for(tokenizer: Any, generation_eos: int | list[int] | None) -
 
 
 def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
-    """Prompt token ids of a chat request, ending with the assistant header (as TransformersEngine)."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    # The template already wrote any bos token; do not let the tokenizer add another.
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    """Prompt token ids of a chat request, ending with the assistant header: `Engine.render`'s,
+    which VLLMEngine uses too, so vLLM samples from the prompt ids the trainer scores."""
+    return render_chat(tokenizer, messages)
 
 
 class VLLMEngine(Engine):
@@ -236,14 +243,6 @@ class VLLMEngine(Engine):
         self.tokenizer = tokenizer
         self.stop_token_ids = stop_token_ids_for(tokenizer, generation_eos(Path(model)))
         self._registry = LoraRegistry()
-
-    def render(self, messages: list[dict]) -> list[int]:
-        return render_prompt(self.tokenizer, messages)
-
-    def generate(
-        self, requests: list[list[dict]], sampling: SamplingParams, adapter: str | None = None
-    ) -> list[Choice]:
-        return self.generate_from_tokens([self.render(messages) for messages in requests], sampling, adapter)
 
     def generate_from_tokens(
         self,
