@@ -8,4 +8,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
 
 app = Celery("artweb")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["training"])
+app.autodiscover_tasks(["projects.jobs"])  # projects/jobs/tasks.py

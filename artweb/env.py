@@ -60,6 +60,15 @@ def env_float(name: str, default: float) -> float:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from exc
 
 
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (case and surrounding spaces ignored); empty means ``default``."""
+    raw = os.environ.get(name)
+    value = (raw or "").strip().lower() or default
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be one of {', '.join(choices)}")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:

@@ -8,9 +8,9 @@ from typing import Any
 
 from django import forms
 
+from projects import catalog
 from projects.errors import ValidationFailed
 from projects.models import EnvironmentKind, Role
-from training.config import TrainConfig
 
 
 def set_choices(form: forms.BaseForm, name: str, choices: list[tuple[Any, str]]) -> None:
@@ -59,7 +59,7 @@ class NewRunForm(forms.Form):
         for name in ("model", "environment", "reward"):
             set_choices(self, name, choices[name])
         set_choices(self, "task_set", [("", "— upload a new one below —"), *choices["task_set"]])
-        for name, spec in TrainConfig.field_help().items():
+        for name, spec in catalog.hyperparameters().items():
             self.fields[HYPERPARAMETER_PREFIX + name] = _hyperparameter_field(spec)
             self.fields[HYPERPARAMETER_PREFIX + name].label = name
 
@@ -175,7 +175,7 @@ class MemberForm(forms.Form):
 
 
 class ScenarioForm(forms.Form):
-    """Scenario generation (``projects.scenarios.task_set_generate``): the service checks the
+    """Scenario generation (``services.task_set_generate``): the service checks the
     values; the form only shapes them."""
 
     environment = forms.TypedChoiceField(
@@ -215,7 +215,7 @@ def split_choice(value: str) -> tuple[str, int]:
 
 
 class EvaluationForm(forms.Form):
-    """A queued evaluation (``projects.evaluations.evaluation_create``)."""
+    """A queued evaluation (``services.evaluation_create``)."""
 
     subject = forms.ChoiceField(label="Model to evaluate")
     task_set = forms.TypedChoiceField(coerce=int, label="Task set")
@@ -249,7 +249,7 @@ class EvaluationForm(forms.Form):
             set_choices(self, name, choices[name])
 
 
-# Service error fields (projects.evaluations) → the form field that shows them.
+# Service error fields (evaluation services and selectors) → the form field that shows them.
 EVALUATION_FIELD_FOR_SERVICE_ERROR = {
     "model": "subject",
     "reference.model": "reference_model",

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from projects import catalog
 from projects.models import EnvironmentKind
 
 # The per-step series the run page charts, read from StepMetrics.metrics (training/loop.py and
@@ -271,11 +272,11 @@ def environment_kinds() -> list[dict[str, Any]]:
     ``training.environments``, has it) and the registry's one-line description. Without the
     registry only the single-turn chat environment runs."""
     try:
-        from training.environments import describe_kinds
+        kinds = catalog.environment_kinds()
     except ImportError:
         described = {EnvironmentKind.CHAT.value: {"description": "A single model turn; no tools."}}
     else:
-        described = {str(entry["kind"]): entry for entry in describe_kinds()}
+        described = {str(entry["kind"]): entry for entry in kinds}
     return [
         {
             "value": kind.value,

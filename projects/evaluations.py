@@ -284,7 +284,7 @@ def evaluation_create(
 
 
 def _enqueue(evaluation_id: int) -> None:
-    from training.tasks import evaluate
+    from projects.jobs.tasks import evaluate
 
     # The train queue: an evaluation loads a model, like a run.
     evaluate.apply_async(args=(evaluation_id,), queue=Queue.TRAIN)

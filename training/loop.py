@@ -42,6 +42,8 @@ class RunSpec:
     stop: list[str] = field(default_factory=list)
     max_grader_error_fraction: float = 0.5
     device: str = "cpu"
+    engine: str = "auto"  # rollout engine: auto | vllm | transformers (training.engines.select_engine_kind)
+    unsloth: str = "auto"  # base model loader: auto | on | off (training.unsloth_loader.use_unsloth)
     reward_name: str = ""  # how users know the reward definition, for error messages
     judge: Any = None  # training.rewards.JudgeClient for LLM-judge graders (the team's endpoint)
     sandbox: Any = None  # training.rewards.SandboxConfig: the operator's python-grader limits
@@ -98,7 +100,7 @@ def _load_policy_model(spec: RunSpec) -> tuple[Any, Any, Any]:
     from training.unsloth_loader import load_with_unsloth, use_unsloth
 
     dtype = resolve_dtype("auto", spec.device)
-    if use_unsloth(spec.device):
+    if use_unsloth(spec.device, spec.unsloth):
         directory = base_model_dir(spec.base_model_source, spec.model_cache_dir)
         model, tokenizer = load_with_unsloth(directory, max_seq_length=4096, dtype=dtype)
     else:
@@ -119,14 +121,14 @@ class _Sampler:
     def __init__(self, spec: RunSpec, trainer: Any, tokenizer: Any, dtype: Any, step: int) -> None:
         from training.engines import select_engine_kind
 
-        self.kind = select_engine_kind(spec.device)
+        self.kind = select_engine_kind(spec.device, spec.engine)
         if self.kind == "vllm" and spec.config.top_p < 1:
             # vLLM reports top-p-truncated logprobs, which the trainer cannot reproduce.
             self.kind = "transformers"
         self.adapter: str | None = None
         if self.kind == "vllm":
-            from training.engines.vllm_engine import VLLMEngine
             from training.base_models import base_model_dir
+            from training.engines.vllm_engine import VLLMEngine
 
             self.engine: Any = VLLMEngine(
                 base_model_dir(spec.base_model_source, spec.model_cache_dir),

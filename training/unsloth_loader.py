@@ -9,14 +9,12 @@ model with peft LoRA (`training.base_models.load_base_model` + `Trainer`) is the
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-UNSLOTH_ENV = "ARTWEB_UNSLOTH"  # auto (default): on CUDA when installed | on: insist | off: never
-UNSLOTH_SETTINGS = ("auto", "on", "off")
+UNSLOTH_SETTINGS = ("auto", "on", "off")  # auto: on CUDA when installed | on: insist | off: never
 
 
 def unsloth_available() -> bool:
@@ -24,13 +22,14 @@ def unsloth_available() -> bool:
     return importlib.util.find_spec("unsloth") is not None
 
 
-def use_unsloth(device: str | torch.device, setting: str | None = None) -> bool:
+def use_unsloth(device: str | torch.device, setting: str = "auto") -> bool:
     """Whether to load the base model with unsloth on `device`.
 
-    `setting` (else ARTWEB_UNSLOTH, else "auto"): "auto" uses it on an available CUDA device when it
-    is installed; "off" never; "on" insists and raises, with the reason, where it cannot be used.
+    `setting` (a worker's is Django's TRAINING_UNSLOTH, from ARTWEB_UNSLOTH): "auto" uses it on an
+    available CUDA device when it is installed; "off" never; "on" insists and raises, with the
+    reason, where it cannot be used.
     """
-    choice = (setting if setting is not None else os.environ.get(UNSLOTH_ENV, "auto")).strip().lower()
+    choice = setting.strip().lower()
     if choice not in UNSLOTH_SETTINGS:
         raise ValueError(f"unsloth setting must be one of {', '.join(UNSLOTH_SETTINGS)}, got {choice!r}")
     if choice == "off":

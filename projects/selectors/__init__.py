@@ -54,7 +54,6 @@ from projects.selectors.steps import (
     trajectory_steps,
 )
 from projects.selectors.task_sets import (
-    task_rows,
     task_set_rows,
 )
 from projects.selectors.teams import (
@@ -85,7 +84,6 @@ __all__ = [
     "reward_definitions_latest",
     "reward_definition_versions",
     "task_set_rows",
-    "task_rows",
     "judge_endpoints",
     "ModelChoice",
     "evaluations_list",

@@ -16,8 +16,3 @@ def task_set_rows(*, task_set: TaskSet, split: str, max_rows: int | None = None)
     if max_rows is not None:
         rows = rows[:max_rows]
     return [{"index": row.index, "data": row.data} for row in rows]
-
-
-def task_rows(*, task_set: TaskSet, split: str) -> list[dict[str, Any]]:
-    """Every row of a split, as the training core takes them (a run's train and validation rows)."""
-    return task_set_rows(task_set=task_set, split=split)

@@ -7,12 +7,10 @@ imported here, so importing this package never pulls in torch or vLLM.
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Literal
 
 EngineKind = Literal["vllm", "transformers"]
 ENGINE_KINDS: tuple[str, ...] = ("auto", "vllm", "transformers")
-ENGINE_ENV = "ARTWEB_ENGINE"  # auto (default) | vllm | transformers
 
 
 def vllm_installed() -> bool:
@@ -26,15 +24,15 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def select_engine_kind(device: str, setting: str | None = None) -> EngineKind:
+def select_engine_kind(device: str, setting: str = "auto") -> EngineKind:
     """The engine a worker on `device` should sample with.
 
-    `setting` (else the ARTWEB_ENGINE environment variable, else "auto"): "auto" picks vLLM when
+    `setting` (a worker's is Django's TRAINING_ENGINE, from ARTWEB_ENGINE): "auto" picks vLLM when
     `device` is a CUDA device that exists and vLLM is installed, and transformers otherwise;
     "transformers" always picks transformers; "vllm" insists and fails here, with the reason, when
     vLLM cannot run, rather than at the first rollout.
     """
-    choice = (setting if setting is not None else os.environ.get(ENGINE_ENV, "auto")).strip().lower()
+    choice = setting.strip().lower()
     if choice not in ENGINE_KINDS:
         raise ValueError(f"engine setting must be one of {', '.join(ENGINE_KINDS)}, got {choice!r}")
     if choice == "transformers":

@@ -241,6 +241,8 @@ class _Session:
             command = list(self.config["command"])
             if command[0] in ("python", "python3"):
                 command[0] = sys.executable
+            # Not configuration: the child inherits this process's import path, as
+            # get_default_environment() hands on PATH and HOME.
             pythonpath = os.pathsep.join(p for p in [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")] if p)
             env = {**get_default_environment(), "PYTHONPATH": pythonpath, **self.config.get("env", {})}
             parameters = StdioServerParameters(

@@ -17,7 +17,6 @@ and Hermes tool-call parsing (`--tool-call-parser hermes`).
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -57,8 +56,9 @@ def vllm_executable() -> list[str]:
 def vllm_serve_command(
     options: VLLMServeOptions, executable: list[str] | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """The `vllm serve` command line and the environment variables it needs. `executable`
-    replaces the program (default `vllm_executable()`), e.g. with a protocol double in tests."""
+    """The `vllm serve` command line and the environment variables it needs on top of the caller's
+    own environment. `executable` replaces the program (default `vllm_executable()`), e.g. with a
+    protocol double in tests."""
     command = list(executable) if executable else vllm_executable()
     command += [
         "serve", str(options.model_dir),
@@ -74,8 +74,7 @@ def vllm_serve_command(
     ]  # fmt: skip
     if options.api_key:
         command += ["--api-key", options.api_key]
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-    return command, env
+    return command, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 
 
 @dataclass(frozen=True)
@@ -99,8 +98,9 @@ class VLLMStartError(RuntimeError):
 
 
 def start_vllm(command: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """Start vLLM as a child in our process group (a terminal's Ctrl-C reaches both) that also
-    gets SIGTERM if we die without stopping it (Linux), so no orphan holds the GPU."""
+    """Start vLLM with the environment `env` (complete: the caller's own plus what
+    `vllm_serve_command` adds) as a child in our process group (a terminal's Ctrl-C reaches both)
+    that also gets SIGTERM if we die without stopping it (Linux), so no orphan holds the GPU."""
     try:
         return subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
     except FileNotFoundError as exc:

@@ -187,7 +187,7 @@ class Command(BaseCommand):
         self.stdout.write(f"starting vLLM: {shlex.join(argv)}", ending="\n")
         self.stdout.flush()
         try:
-            child = start_vllm(argv, env)
+            child = start_vllm(argv, {**os.environ, **env})
         except VLLMStartError as exc:
             raise CommandError(str(exc)) from exc
         try:

@@ -12,7 +12,7 @@ URL = "http://mcp.internal:8000/mcp"
 
 
 def test_a_runs_environment_gets_the_decrypted_headers(alpha_setup):
-    from training.tasks import build_run_spec
+    from projects.jobs.runs import build_run_spec
 
     environment = services.environment_create(
         project=alpha_setup.project,

@@ -69,6 +69,16 @@ def test_bad_values_fail_at_start(tmp_path):
     assert result.returncode != 0 and "DATABASE_URL" in result.stderr
 
 
+def test_engine_and_unsloth_choices_come_from_the_environment(tmp_path):
+    code = "from django.conf import settings as s; print(s.TRAINING_ENGINE, s.TRAINING_UNSLOTH)"
+    env = {"DEBUG": "1", "ARTWEB_ENGINE": " Transformers ", "ARTWEB_UNSLOTH": "off"}
+    result = manage("shell", "-v", "0", "-c", code, env=env, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["transformers", "off"]
+    result = manage("check", env={"ARTWEB_ENGINE": "tensorrt"}, tmp_path=tmp_path)
+    assert result.returncode != 0 and "ARTWEB_ENGINE='tensorrt' must be one of" in result.stderr
+
+
 def test_embedded_defaults_use_sqlite_and_the_filesystem_broker(tmp_path):
     code = (
         "from django.conf import settings as s; "

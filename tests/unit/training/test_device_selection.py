@@ -16,8 +16,6 @@ from training.unsloth_loader import load_with_unsloth, use_unsloth
 @pytest.fixture
 def machine(monkeypatch):
     """Declare what this worker has: machine(cuda=..., bf16=..., vllm=..., unsloth=...)."""
-    monkeypatch.delenv(engines.ENGINE_ENV, raising=False)
-    monkeypatch.delenv(unsloth_loader.UNSLOTH_ENV, raising=False)
 
     def declare(cuda=False, bf16=False, vllm=False, unsloth=False):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
@@ -43,12 +41,14 @@ def test_transformers_everywhere_else(machine, device, cuda, vllm):
     assert select_engine_kind(device) == "transformers"
 
 
-def test_transformers_can_be_forced_by_argument_or_environment(machine, monkeypatch):
+def test_transformers_can_be_forced_by_argument(machine, monkeypatch):
+    # The core reads no environment: ARTWEB_ENGINE reaches it through Django's TRAINING_ENGINE
+    # and the run spec (tests/unit/platform/test_settings.py, tests/projects/jobs).
     machine(cuda=True, vllm=True)
     assert select_engine_kind("cuda", "transformers") == "transformers"
-    monkeypatch.setenv(engines.ENGINE_ENV, "transformers")
-    assert select_engine_kind("cuda") == "transformers"
-    assert select_engine_kind("cuda", "auto") == "vllm"  # the argument wins over the environment
+    monkeypatch.setenv("ARTWEB_ENGINE", "transformers")
+    assert select_engine_kind("cuda") == "vllm"
+    assert select_engine_kind("cuda", "auto") == "vllm"
 
 
 def test_insisting_on_vllm_fails_early_with_the_reason(machine):
@@ -102,8 +102,9 @@ def test_unsloth_only_on_cuda_when_installed(machine):
 
 def test_unsloth_can_be_switched_off_or_insisted_on(machine, monkeypatch):
     machine(cuda=True, unsloth=True)
-    monkeypatch.setenv(unsloth_loader.UNSLOTH_ENV, "off")
-    assert use_unsloth("cuda") is False
+    monkeypatch.setenv("ARTWEB_UNSLOTH", "off")  # read by Django's settings, not here
+    assert use_unsloth("cuda") is True
+    assert use_unsloth("cuda", "off") is False
     assert use_unsloth("cuda", "on") is True
     machine(cuda=True, unsloth=False)
     with pytest.raises(ValueError, match=r"pip install \.\[gpu\]"):

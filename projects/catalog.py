@@ -1,0 +1,23 @@
+"""What the training core offers, as the domain serves it to the API and the dashboard: the run
+hyperparameters with their defaults and help, and the environment kinds with their tools and
+config keys. Pages and API views read these here, never from ``training`` directly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from training.config import TrainConfig
+
+
+def hyperparameters() -> dict[str, dict[str, Any]]:
+    """Every run hyperparameter: ``{name: {type, default, help[, choices]}}``."""
+    return TrainConfig.field_help()
+
+
+def environment_kinds() -> list[dict[str, Any]]:
+    """Every environment kind of the registry (``training.environments``) with its description,
+    tools, config keys and how its final answer is read. Raises ImportError where the registry's
+    dependencies are missing."""
+    from training.environments import describe_kinds
+
+    return describe_kinds()

@@ -1,0 +1,163 @@
+"""A training run as claimed work: the run spec built from its rows, and the training loop's view
+of the database (``training.loop.RunHooks``) writing through services.
+
+A resumed run (its worker died) is claimed again and continues from its last recorded checkpoint:
+the loop never records a step twice (``services.step_record`` is conditional on this worker
+owning the run at that step).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from projects import selectors, services
+from projects.jobs.claimed import Claimed, Heartbeat, Job, readable
+from projects.models import Run, RunStatus, Split
+from training.config import LoraSpec, TrainConfig
+from training.loop import RunSpec, run_training, sampled_tokens
+from training.rewards import RewardFailure
+from training.trajectory import Trajectory
+
+
+class DjangoRunHooks:
+    """The training loop's view of the database (training.loop.RunHooks)."""
+
+    def __init__(self, run: Run, worker: str, heartbeat: Heartbeat) -> None:
+        self.run, self.worker, self.heartbeat = run, worker, heartbeat
+
+    def should_stop(self) -> str | None:
+        if self.heartbeat.lost:
+            return "lost"
+        return selectors.run_stop_reason(run_id=self.run.pk, worker=self.worker)
+
+    def record_checkpoint(self, *, step: int, path: Path, metrics: dict[str, Any]) -> None:
+        services.checkpoint_record(
+            model=self.run.model, run=self.run, step=step, path=str(path), metrics=metrics
+        )
+
+    def record_step(
+        self,
+        *,
+        step: int,
+        metrics: dict[str, Any],
+        trajectories: list[tuple[int, int, Trajectory]],
+        path: Path,
+    ) -> bool:
+        return services.step_record(
+            run=self.run,
+            worker=self.worker,
+            step=step,
+            metrics=metrics,
+            trajectories=trajectory_records(trajectories),
+            checkpoint_path=str(path),
+        )
+
+    def event(self, message: str, *, level: str = "info", data: dict[str, Any] | None = None) -> None:
+        services.run_event_add(run=self.run, message=message, level=level, data=data)
+
+    def record_evaluation(self, *, step: int, results: dict[str, Any], samples: list[Any]) -> None:
+        services.run_evaluation_record(run=self.run, step=step, results=results, samples=samples)
+
+    def is_evaluated(self, *, step: int) -> bool:
+        return selectors.run_step_evaluated(run=self.run, step=step)
+
+
+def trajectory_records(trajectories: list[tuple[int, int, Trajectory]]) -> list[services.TrajectoryRecord]:
+    """The loop's (group index, task row index, trajectory) triples as rows to store, numbered
+    within their group."""
+    counters: dict[int, int] = {}
+    records = []
+    for group_index, row_index, trajectory in trajectories:
+        sample_index = counters.get(group_index, 0)
+        counters[group_index] = sample_index + 1
+        records.append(
+            services.TrajectoryRecord(
+                group_index=group_index,
+                sample_index=sample_index,
+                task_row_index=row_index,
+                messages=trajectory.messages,
+                reward=trajectory.reward,
+                sub_rewards=trajectory.sub_rewards,
+                errors=trajectory.errors,
+                # The environment's verdict (a game's result) is kept with the metrics: the
+                # trajectory table has no column of its own for it.
+                metrics={**trajectory.metrics, "outcome": trajectory.outcome}
+                if trajectory.outcome
+                else trajectory.metrics,
+                prompt_tokens=len(trajectory.prompt_token_ids),
+                completion_tokens=sampled_tokens(trajectory),
+                finish_reason=trajectory.finish_reason,
+            )
+        )
+    return records
+
+
+def build_run_spec(run: Run) -> RunSpec:
+    """Everything the training loop needs for ``run``, read once at its start (a first attempt
+    also fixes the step it starts from: the model's latest checkpoint)."""
+    model = run.model
+    if run.attempts == 1:
+        latest = selectors.checkpoint_latest(model=model)
+        services.run_set_start_step(run=run, start_step=latest.step if latest else 0)
+    resume = selectors.checkpoint_exists(model=model, step=run.current_step)
+    environment = run.environment
+    return RunSpec(
+        base_model_source=model.base_model.source,
+        model_cache_dir=settings.MODEL_CACHE_DIR,
+        checkpoint_root=settings.CHECKPOINT_DIR / f"model-{model.pk}",
+        config=TrainConfig.from_dict(run.config),
+        lora=LoraSpec.from_dict(model.lora),
+        environment=services.environment_build(environment=environment),
+        grader_spec=run.reward.spec,
+        train_rows=selectors.task_set_rows(task_set=run.task_set, split=Split.TRAIN),
+        start_step=run.start_step,
+        resume_step=run.current_step if resume else None,
+        stop=list(environment.sampling.get("stop", [])),
+        max_grader_error_fraction=settings.GRADER_MAX_ERROR_FRACTION,
+        device=settings.TRAINING_DEVICE,
+        engine=settings.TRAINING_ENGINE,
+        unsloth=settings.TRAINING_UNSLOTH,
+        reward_name=f"{run.reward.name!r} v{run.reward.version}",
+        judge=services.judge_client(team=run.project.team),
+        sandbox=services.sandbox_config(),
+        validation_rows=selectors.task_set_rows(task_set=run.task_set, split=Split.VALIDATION),
+    )
+
+
+def _claim(run_id: int, worker: str) -> Run | None:
+    return services.run_claim(run_id=run_id, worker=worker)
+
+
+def _beat(run_id: int, worker: str) -> bool:
+    return services.run_heartbeat(run_id=run_id, worker=worker)
+
+
+def _train(claimed: Claimed[Run]) -> str:
+    spec = build_run_spec(claimed.row)
+    return run_training(spec, DjangoRunHooks(claimed.row, claimed.worker, claimed.heartbeat))
+
+
+def _fail(run_id: int, worker: str, exc: BaseException) -> None:
+    # A reward failure's message is already the user's sentence; anything else gets its place.
+    services.run_fail(run_id=run_id, error=str(exc) if isinstance(exc, RewardFailure) else readable(exc))
+
+
+def _finish(run: Run, outcome: str) -> None:
+    if outcome == "succeeded":
+        services.run_transition(run_id=run.pk, to=RunStatus.SUCCEEDED, message="Run succeeded")
+    elif outcome == "cancelled":
+        services.run_transition(run_id=run.pk, to=RunStatus.CANCELLED, message="Run cancelled")
+
+
+TRAINING: Job[Run] = Job(
+    kind="run",
+    claim=_claim,
+    beat=_beat,
+    work=_train,
+    fail=_fail,
+    finish=_finish,
+    expected_errors=(RewardFailure,),
+)

@@ -1,0 +1,45 @@
+"""The Celery tasks, and nothing else: each claims its row and makes one call.
+
+The ``name=`` strings are stable (they predate this module: messages already queued must still
+route). ``train_run`` and ``evaluate`` are delivered at least once and claim idempotently
+(``projects.jobs.claimed``); the beat tasks re-enqueue rows whose worker stopped heartbeating.
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.conf import settings
+
+from projects import services
+from projects.jobs import claimed, runs
+from projects.jobs import evaluations as evaluation_jobs
+
+
+@shared_task(name="training.train_run", acks_late=True, time_limit=settings.RUN_TIME_LIMIT_S)
+def train_run(run_id: int) -> str:
+    """Train a run from its start (or resume it from its last checkpoint) to its last step."""
+    return claimed.work_on(runs.TRAINING, run_id)
+
+
+@shared_task(
+    name="training.evaluate",
+    acks_late=True,
+    # Past the soft limit the evaluation fails readably; the hard limit is the backstop.
+    soft_time_limit=settings.EVALUATION_TIME_LIMIT_S,
+    time_limit=settings.EVALUATION_TIME_LIMIT_S + 60,
+)
+def evaluate(evaluation_id: int) -> str:
+    """Evaluate a checkpoint or base model (and a reference) on a task set's rows."""
+    return claimed.work_on(evaluation_jobs.EVALUATION, evaluation_id)
+
+
+@shared_task(name="training.requeue_orphaned_runs", time_limit=60)
+def requeue_orphaned_runs() -> list[int]:
+    """Running runs whose worker stopped heartbeating go back on the queue; they resume."""
+    return services.runs_requeue_orphaned()
+
+
+@shared_task(name="training.requeue_orphaned_evaluations", time_limit=60)
+def requeue_orphaned_evaluations() -> list[int]:
+    """Evaluation jobs whose worker stopped heartbeating go back on the queue; they restart from scratch."""
+    return services.evaluations_requeue_orphaned()
