@@ -1,7 +1,8 @@
 """Environments: what the model sees around a task row and what answers its turns.
 
 One module per kind (`chat`, `python_tools`, `tic_tac_toe`, `game_2048`, `mcp`), each a subclass of
-`base.Environment`, listed in `registry.ENVIRONMENT_KINDS`. No Django here.
+`base.Environment`, listed in `registry.ENVIRONMENT_KINDS`; `EnvironmentSpec` builds a tool
+environment in Python (tests, benchmarks, scripts). No Django here.
 
 The protocol (message level, so the token-exact agent loop in `training/agent.py` and a text-only
 OpenAI-compatible client can both drive it):

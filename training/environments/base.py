@@ -62,6 +62,10 @@ class Reply:
     finish_reason: str | None = None
 
 
+# How a tool-calling kind's final answer is read (`answer`), for the kinds' descriptions.
+TOOL_CALLING_ANSWER = "the last assistant message without a tool call (output_text); calls in output_tools"
+
+
 class Environment:
     """Base class of every kind: a tool environment (tools run, a turn without a call ends the
     episode). Kinds override `start`, `reply` and `outcome`, and declare their config in `validate`.
@@ -122,10 +126,21 @@ class Environment:
         max_turns: int,
         tool_timeout_s: float,
     ) -> Environment:
-        """The environment from settings `validate` normalised (a kind with tools builds them here)."""
+        """The environment from settings `validate` normalised; the kind's `tools` setting reaches
+        its constructor through `tool_arguments`."""
         return cls(
-            system_prompt=system_prompt, max_turns=max_turns, tool_timeout_s=tool_timeout_s, config=config
+            system_prompt=system_prompt,
+            max_turns=max_turns,
+            tool_timeout_s=tool_timeout_s,
+            config=config,
+            **cls.tool_arguments(tools, config),
         )
+
+    @classmethod
+    def tool_arguments(cls, tools: list[Any], config: dict[str, Any]) -> dict[str, Any]:
+        """Constructor arguments for the normalised `tools` setting: none for a kind without tools;
+        a kind with tools builds them here."""
+        return {}
 
     @classmethod
     def available_tools(cls) -> list[dict[str, Any]]:
@@ -222,6 +237,11 @@ def count_tool_results(state: EpisodeState, results: list[ToolResult]) -> None:
 def build_messages(row: dict, env: Any) -> list[dict]:
     """The prompt messages of a task row: `{"messages": [...]}` or `{"prompt": "..."}` (+ "item"),
     with `env.system_prompt` first unless the row brings its own system message."""
+    return prompt_messages(row, env.system_prompt)
+
+
+def prompt_messages(row: dict, system_prompt: str) -> list[dict]:
+    """`build_messages` with the system prompt given as a string."""
     if "messages" in row:
         messages = row["messages"]
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
@@ -233,9 +253,32 @@ def build_messages(row: dict, env: Any) -> list[dict]:
         messages = [{"role": "user", "content": row["prompt"]}]
     else:
         raise ValueError("a task row needs 'messages' or 'prompt'")
-    if env.system_prompt and not any(m["role"] == "system" for m in messages):
-        messages.insert(0, {"role": "system", "content": env.system_prompt})
+    if system_prompt and not any(m["role"] == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": system_prompt})
     return messages
+
+
+def game_start(row: dict[str, Any], *, seed: int | None, system_prompt: str) -> EpisodeState:
+    """A game's first state, before its board is shown: the row's `item.seed` overrides the
+    rollout's seed; the messages are the row's prompt (with `system_prompt` unless it brings its
+    own), or none for a row that has only an item."""
+    item = _item(row)
+    if isinstance(item.get("seed"), int):
+        seed = item["seed"]
+    messages = prompt_messages(row, system_prompt) if ("prompt" in row or "messages" in row) else []
+    return EpisodeState(messages=messages, row=row, seed=seed)
+
+
+def show_board(state: EpisodeState, text: str, *, system_prompt: str) -> None:
+    """Show a game's opening `text` (its board): after the row's last user message, or as the
+    first user message, after `system_prompt` when the row gave no messages at all."""
+    messages = state.messages
+    if messages and messages[-1]["role"] == "user":
+        messages[-1]["content"] = f"{messages[-1].get('content') or ''}\n\n{text}".lstrip()
+    else:
+        if not messages:
+            messages.append({"role": "system", "content": system_prompt})
+        messages.append({"role": "user", "content": text})
 
 
 def check_common(*, max_turns: int, tool_timeout_s: float, tools: list[Tool]) -> None:

@@ -22,13 +22,13 @@ from training.environments.base import (
     Environment,
     EpisodeState,
     Reply,
-    _item,
     _object,
     _turns,
-    build_messages,
+    game_start,
     integer,
     known_keys,
     number,
+    show_board,
 )
 from training.tools import ToolCall
 
@@ -77,23 +77,13 @@ class Game2048Environment(Environment):
         }
 
     def start(self, row: dict[str, Any], *, seed: int | None = None) -> EpisodeState:
-        item = _item(row)
-        if isinstance(item.get("seed"), int):
-            seed = item["seed"]
-        holder = type("Prompt", (), {"system_prompt": self.system_prompt or DEFAULT_SYSTEM_PROMPT})()
-        messages = build_messages(row, holder) if ("prompt" in row or "messages" in row) else []
-        state = EpisodeState(messages=messages, row=row, seed=seed)
+        system_prompt = self.system_prompt or DEFAULT_SYSTEM_PROMPT
+        state = game_start(row, seed=seed, system_prompt=system_prompt)
         state.data.update(board=[0] * 16, score=0, moves=0, invalid_moves=0, result=None)
         state.metrics["invalid_moves"] = 0
         add_tile(state.data["board"], state.rng)
         add_tile(state.data["board"], state.rng)
-        text = f"{board_text(state.data['board'])}\nYour move?"
-        if messages and messages[-1]["role"] == "user":
-            messages[-1]["content"] = f"{messages[-1].get('content') or ''}\n\n{text}".lstrip()
-        else:
-            if not messages:
-                messages.append({"role": "system", "content": holder.system_prompt})
-            messages.append({"role": "user", "content": text})
+        show_board(state, f"{board_text(state.data['board'])}\nYour move?", system_prompt=system_prompt)
         return state
 
     def reply_batch(

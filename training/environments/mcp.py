@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlparse
 
-from training.environments.base import ConfigError, Environment, _object, _turns, known_keys, number
+from training.environments.base import (
+    TOOL_CALLING_ANSWER,
+    ConfigError,
+    Environment,
+    _object,
+    _turns,
+    known_keys,
+    number,
+)
 from training.tools import Tool
 
 DEMO_MODULE = "training.environments.mcp_demo.server"
@@ -58,9 +66,7 @@ class MCPEnvironment(Environment):
         "The model may call the tools of a Model Context Protocol server (stdio command or streamable "
         "HTTP URL), listed when the run starts; a turn without a tool call is its final answer."
     )
-    answer: ClassVar[str] = (
-        "the last assistant message without a tool call (output_text); calls in output_tools"
-    )
+    answer: ClassVar[str] = TOOL_CALLING_ANSWER
     default_max_turns: ClassVar[int] = 4
     config_help: ClassVar[dict[str, str]] = CONFIG_HELP
     tools_help: ClassVar[str] = "names of the server's tools to expose; empty exposes all"
@@ -125,22 +131,8 @@ class MCPEnvironment(Environment):
         return {"config": config, "tools": list(tools), "max_turns": _turns(max_turns, cls.default_max_turns)}
 
     @classmethod
-    def from_settings(
-        cls,
-        *,
-        config: dict[str, Any],
-        tools: list[Any],
-        system_prompt: str,
-        max_turns: int,
-        tool_timeout_s: float,
-    ) -> Environment:
-        return cls(
-            system_prompt=system_prompt,
-            max_turns=max_turns,
-            tool_timeout_s=tool_timeout_s,
-            config=config,
-            tool_names=list(tools),
-        )
+    def tool_arguments(cls, tools: list[Any], config: dict[str, Any]) -> dict[str, Any]:
+        return {"tool_names": list(tools)}  # the server's tools are listed when the session opens
 
     def open(self) -> None:
         """Connect and list the tools, once; raises if the server cannot be reached."""

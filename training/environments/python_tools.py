@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from training.environments.base import (
+    TOOL_CALLING_ANSWER,
     ConfigError,
     Environment,
     EpisodeState,
@@ -47,9 +48,7 @@ class PythonToolsEnvironment(Environment):
         "The model may call built-in tools (calculator, unit converter, fact lookup over the task row's "
         "item, a fixed clock); a turn without a tool call is its final answer."
     )
-    answer: ClassVar[str] = (
-        "the last assistant message without a tool call (output_text); calls in output_tools"
-    )
+    answer: ClassVar[str] = TOOL_CALLING_ANSWER
     default_max_turns: ClassVar[int] = 4
     config_help: ClassVar[dict[str, str]] = CONFIG_HELP
     tools_help: ClassVar[str] = "names of built-in tools to enable; empty enables all"
@@ -80,22 +79,8 @@ class PythonToolsEnvironment(Environment):
         return {"config": config, "tools": names, "max_turns": _turns(max_turns, cls.default_max_turns)}
 
     @classmethod
-    def from_settings(
-        cls,
-        *,
-        config: dict[str, Any],
-        tools: list[Any],
-        system_prompt: str,
-        max_turns: int,
-        tool_timeout_s: float,
-    ) -> Environment:
-        return cls(
-            system_prompt=system_prompt,
-            max_turns=max_turns,
-            tools=build_tools(tools, config),
-            tool_timeout_s=tool_timeout_s,
-            config=config,
-        )
+    def tool_arguments(cls, tools: list[Any], config: dict[str, Any]) -> dict[str, Any]:
+        return {"tools": build_tools(tools, config)}
 
     @classmethod
     def available_tools(cls) -> list[dict[str, Any]]:

@@ -23,14 +23,14 @@ from training.environments.base import (
     Environment,
     EpisodeState,
     Reply,
-    _item,
     _object,
     _turns,
-    build_messages,
     choice,
+    game_start,
     integer,
     known_keys,
     number,
+    show_board,
 )
 from training.tools import ToolCall
 
@@ -103,12 +103,8 @@ class TicTacToeEnvironment(Environment):
         return {"config": config, "tools": [], "max_turns": turns}
 
     def start(self, row: dict[str, Any], *, seed: int | None = None) -> EpisodeState:
-        item = _item(row)
-        if isinstance(item.get("seed"), int):
-            seed = item["seed"]
-        settings = _WithSystemPrompt(self.system_prompt or DEFAULT_SYSTEM_PROMPT)
-        messages = build_messages(row, settings) if ("prompt" in row or "messages" in row) else []
-        state = EpisodeState(messages=messages, row=row, seed=seed)
+        system_prompt = self.system_prompt or DEFAULT_SYSTEM_PROMPT
+        state = game_start(row, seed=seed, system_prompt=system_prompt)
         state.data.update(board=[" "] * 9, moves=0, invalid_moves=0, result=None)
         state.metrics["invalid_moves"] = 0
         opening = ""
@@ -116,12 +112,7 @@ class TicTacToeEnvironment(Environment):
             cell = self._opponent_move(state)
             opening = f"I played {cell_name(cell)}. "
         text = f"{opening}You play {self.model_mark}.\n{self._board_text(state)}\nYour move?"
-        if messages and messages[-1]["role"] == "user":
-            messages[-1]["content"] = f"{messages[-1].get('content') or ''}\n\n{text}".lstrip()
-        else:
-            if not messages:
-                messages.append({"role": "system", "content": settings.system_prompt})
-            messages.append({"role": "user", "content": text})
+        show_board(state, text, system_prompt=system_prompt)
         return state
 
     def reply(self, state: EpisodeState, text: str) -> Reply:
@@ -184,11 +175,6 @@ class TicTacToeEnvironment(Environment):
         board = state.data["board"]
         free = ", ".join(cell_name(index) for index, mark in enumerate(board) if mark == " ")
         return f"{board_text(board)}\nFree cells: {free}"
-
-
-class _WithSystemPrompt:
-    def __init__(self, system_prompt: str) -> None:
-        self.system_prompt = system_prompt
 
 
 def _user(content: str) -> dict[str, Any]:
