@@ -60,10 +60,9 @@ from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import Environment, build_environment
-from training.loop import RunSpec, checkpoint_path, run_training
+from training.loop import RunSpec, StepTrajectories, checkpoint_path, run_training
 from training.rewards import grade_trajectories
 from training.trainer import Trainer
-from training.trajectory import Trajectory
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOL_TASKS = REPO_ROOT / "artweb" / "demo" / "tool_tasks.jsonl"
@@ -136,12 +135,7 @@ class MemoryHooks:
         pass
 
     def record_step(
-        self,
-        *,
-        step: int,
-        metrics: dict[str, Any],
-        trajectories: list[tuple[int, int, Trajectory]],
-        path: Path,
+        self, *, step: int, metrics: dict[str, Any], trajectories: StepTrajectories, path: Path
     ) -> bool:
         rewards = [t.reward for _, _, t in trajectories]
         turns = [t.metrics.get("turns", 1) for _, _, t in trajectories]
@@ -242,20 +236,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     lora = LoraSpec.from_dict({"rank": 16, "alpha": 32})
     steps_to_validate = arguments.validate_steps or [0, arguments.steps]
+
+    def validate_step(root: Path, step: int) -> dict[str, Any]:
+        """The checkpoint of `step` under `root` on the validation rows, in a fresh environment."""
+        with settings["environment"]() as environment:
+            return validate(
+                checkpoint_path(root, step),
+                environment,
+                settings["validation"],
+                settings,
+                config,
+                lora,
+                arguments.cache_dir,
+                arguments.val_samples,
+                arguments.model,
+            )
+
     if arguments.checkpoint_root:
         for step in steps_to_validate:
-            with settings["environment"]() as environment:
-                result = validate(
-                    checkpoint_path(arguments.checkpoint_root, step),
-                    environment,
-                    settings["validation"],
-                    settings,
-                    config,
-                    lora,
-                    arguments.cache_dir,
-                    arguments.val_samples,
-                    arguments.model,
-                )
+            result = validate_step(arguments.checkpoint_root, step)
             print(json.dumps({"validation": f"step_{step}", **result}), flush=True)
         return {}
     root = Path(tempfile.mkdtemp(prefix=f"env-proof-{arguments.task}-"))
@@ -286,18 +285,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     report["curve"] = hooks.steps
     for label, step in (("step_0", 0), ("final", arguments.steps)):
-        with settings["environment"]() as environment:
-            result = validate(
-                checkpoint_path(root, step),
-                environment,
-                settings["validation"],
-                settings,
-                config,
-                lora,
-                arguments.cache_dir,
-                arguments.val_samples,
-                arguments.model,
-            )
+        result = validate_step(root, step)
         report[label] = result
         print(json.dumps({"validation": label, **result}), flush=True)
     print(

@@ -50,6 +50,10 @@ class RunSpec:
     validation_rows: list[dict[str, Any]] = field(default_factory=list)  # evaluated (training.evaluation)
 
 
+# A finished step's trajectories as ``hooks.record_step`` gets them: (group_index, task_row_index, trajectory).
+StepTrajectories = list[tuple[int, int, Trajectory]]
+
+
 class RunHooks(Protocol):
     def should_stop(self) -> str | None:
         """A reason to stop before the next step ("cancelled", "lost") or None."""
@@ -57,14 +61,9 @@ class RunHooks(Protocol):
     def record_checkpoint(self, *, step: int, path: Path, metrics: dict[str, Any]) -> None: ...
 
     def record_step(
-        self,
-        *,
-        step: int,
-        metrics: dict[str, Any],
-        trajectories: list[tuple[int, int, Trajectory]],
-        path: Path,
+        self, *, step: int, metrics: dict[str, Any], trajectories: StepTrajectories, path: Path
     ) -> bool:
-        """Persist a finished step; trajectories are (group_index, task_row_index, trajectory)."""
+        """Persist a finished step (see StepTrajectories); False if this worker lost the run."""
 
     def event(self, message: str, *, level: str = "info", data: dict[str, Any] | None = None) -> None: ...
 
