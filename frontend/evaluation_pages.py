@@ -1,5 +1,5 @@
-"""Evaluation pages: the team's evaluations, the form that queues one (``projects.evaluations.
-evaluation_create``, the service behind ``POST /api/v1/evaluations``), and an evaluation's page:
+"""Evaluation pages: the team's evaluations, the form that queues one (resolved and created by the
+same selector and service as ``POST /api/v1/evaluations``), and an evaluation's page:
 status and events (live while it is queued or running), results, and its samples per task row,
 the subject beside the reference."""
 
@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 from frontend import forms as f
 from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
 from frontend.presentation import evaluation_results, evaluation_sample_rows
-from projects import evaluations, selectors
+from projects import selectors, services
 from projects.errors import DomainError, ValidationFailed
 from projects.models import (
     BaseModel,
@@ -24,9 +24,7 @@ from projects.models import (
     Environment,
     Evaluation,
     EvaluationStatus,
-    JudgeEndpoint,
     Project,
-    RewardDefinition,
     TaskSet,
 )
 
@@ -39,7 +37,7 @@ def evaluation_list(request: TeamHttpRequest) -> HttpResponse:
     team = request.team
     project_id = request.GET.get("project", "")
     status = request.GET.get("status", "")
-    items = evaluations.evaluations_list(
+    items = selectors.evaluations_list(
         team=team,
         project_id=int(project_id) if project_id.isdigit() else None,
         status=status if status in EvaluationStatus.values else None,
@@ -63,7 +61,7 @@ def evaluation_list(request: TeamHttpRequest) -> HttpResponse:
 
 def _model_choices(team: Any) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     checkpoints = [
-        (f"checkpoint:{c.pk}", evaluations.model_label(c, None))
+        (f"checkpoint:{c.pk}", selectors.model_label(c, None))
         for c in selectors.scoped(Checkpoint, team)
         .select_related("model__project")
         .order_by("model__project__name", "model__name", "-step")
@@ -90,7 +88,7 @@ def _choices(team: Any) -> dict[str, list[Any]]:
             .select_related("project")
             .order_by("project__name", "name")
         ],
-        "split": [(split, split) for split in evaluations.SPLITS],
+        "split": [(split, split) for split in services.EVALUATION_SPLITS],
         "environment": [
             (e.pk, f"{e.project.name} / {e.name} ({e.kind})")
             for e in selectors.scoped(Environment, team)
@@ -111,6 +109,14 @@ def _choices(team: Any) -> dict[str, list[Any]]:
     }
 
 
+def _choice_of(checkpoint_id: int | None, base_model_id: int | None, endpoint_id: int | None = None) -> str:
+    """The form's choice for an evaluation's subject or reference (empty: none)."""
+    for kind, pk in (("checkpoint", checkpoint_id), ("base", base_model_id), ("endpoint", endpoint_id)):
+        if pk:
+            return f"{kind}:{pk}"
+    return ""
+
+
 def _initial(request: TeamHttpRequest) -> dict[str, Any]:
     """``?checkpoint=<id>`` evaluates that checkpoint; ``?from=<evaluation id>`` repeats an
     evaluation's settings (the team's own rows only: anything else is ignored)."""
@@ -123,27 +129,24 @@ def _initial(request: TeamHttpRequest) -> dict[str, Any]:
     if source_id.isdigit():
         source = get_scoped(Evaluation, request, int(source_id))
         initial.update(
+            {
+                name: getattr(source, name)
+                for name in ("split", "pass_threshold", "samples_per_row", "max_rows")
+            },
             task_set=source.task_set_id,
-            split=source.split,
             environment=source.environment_id,
             reward=source.reward_id,
-            pass_threshold=source.pass_threshold,
-            samples_per_row=source.samples_per_row,
-            max_rows=source.max_rows,
             temperature=source.config.get("temperature", 0.0),
             reference_model=source.reference_model,
         )
-        if source.checkpoint_id:
-            initial.setdefault("subject", f"checkpoint:{source.checkpoint_id}")
-        elif source.base_model_id:
-            initial.setdefault("subject", f"base:{source.base_model_id}")
-        for kind, pk in (
-            ("checkpoint", source.reference_checkpoint_id),
-            ("base", source.reference_base_model_id),
-            ("endpoint", source.reference_endpoint_id),
-        ):
-            if pk:
-                initial["reference"] = f"{kind}:{pk}"
+        subject = _choice_of(source.checkpoint_id, source.base_model_id)
+        if subject:
+            initial.setdefault("subject", subject)
+        reference = _choice_of(
+            source.reference_checkpoint_id, source.reference_base_model_id, source.reference_endpoint_id
+        )
+        if reference:
+            initial["reference"] = reference
     return initial
 
 
@@ -164,38 +167,34 @@ def evaluation_new(request: TeamHttpRequest) -> HttpResponse:
     return render(request, "frontend/evaluation_new.html", {"form": form})
 
 
+def _model_choice(value: str, endpoint_model: str = "") -> selectors.ModelChoice:
+    """A subject or reference choice (``checkpoint:<id>``, ``base:<id>``, ``endpoint:<id>``) as the
+    selector that resolves the API's requests takes it."""
+    kind, pk = f.split_choice(value)
+    if kind == "checkpoint":
+        return selectors.ModelChoice(checkpoint=pk)
+    if kind == "base":
+        return selectors.ModelChoice(base_model=pk)
+    return selectors.ModelChoice(endpoint=pk, endpoint_model=endpoint_model)
+
+
 def _create(request: TeamHttpRequest, form: f.EvaluationForm) -> Evaluation | None:
     data = form.cleaned_data
-    kind, pk = f.split_choice(data["subject"])
-    subject: dict[str, Any] = (
-        {"checkpoint": get_scoped(Checkpoint, request, pk)}
-        if kind == "checkpoint"
-        else {"base_model": BaseModel.objects.get(pk=pk)}
-    )
-    reference: dict[str, Any] = {}
-    if data["reference"]:
-        kind, pk = f.split_choice(data["reference"])
-        if kind == "checkpoint":
-            reference["reference_checkpoint"] = get_scoped(Checkpoint, request, pk)
-        elif kind == "base":
-            reference["reference_base_model"] = BaseModel.objects.get(pk=pk)
-        else:
-            reference["reference_endpoint"] = get_scoped(JudgeEndpoint, request, pk)
-            reference["reference_model"] = data["reference_model"]
     try:
-        return evaluations.evaluation_create(
-            task_set=get_scoped(TaskSet, request, data["task_set"]),
-            environment=get_scoped(Environment, request, data["environment"]),
-            reward=get_scoped(RewardDefinition, request, data["reward"]),
-            split=data["split"],
-            pass_threshold=data["pass_threshold"],
-            max_rows=data["max_rows"],
-            samples_per_row=data["samples_per_row"],
-            temperature=data["temperature"],
-            max_new_tokens=data["max_new_tokens"],
+        inputs = selectors.evaluation_inputs_resolve(
+            team=request.team,
+            subject=_model_choice(data["subject"]),
+            task_set=data["task_set"],
+            environment=data["environment"],
+            reward=data["reward"],
+            reference=_model_choice(data["reference"], data["reference_model"])
+            if data["reference"]
+            else None,
+        )
+        return services.evaluation_create(
+            **inputs,
+            **{name: data[name] for name in services.EVALUATION_SETTINGS if name in data},
             created_by=request.user,  # type: ignore[arg-type]
-            **subject,
-            **reference,
         )
     except ValidationFailed as exc:
         f.attach_errors(form, exc, rename=f.EVALUATION_FIELD_FOR_SERVICE_ERROR)
@@ -206,33 +205,21 @@ def _context(request: TeamHttpRequest, evaluation: Evaluation) -> dict[str, Any]
     row_indexes = selectors.evaluation_sample_row_indexes(evaluation=evaluation)
     page = Paginator(row_indexes, ROWS_PER_PAGE).get_page(request.GET.get("page"))
     samples = selectors.evaluation_samples_of_rows(evaluation=evaluation, row_indexes=list(page.object_list))
-    has_reference = bool(
-        evaluation.reference_checkpoint_id or evaluation.reference_base_model_id or evaluation.reference_model
-    )
     return {
         "evaluation": evaluation,
         "active": evaluation.status in ACTIVE,
-        "subject_label": evaluations.model_label(evaluation.checkpoint, evaluation.base_model)
+        "subject_label": selectors.model_label(evaluation.checkpoint, evaluation.base_model)
         or "deleted checkpoint",
-        "reference_label": _reference_label(evaluation),
-        "results": evaluation_results(evaluation.results, has_reference=has_reference),
+        "reference_label": selectors.evaluation_reference_label(evaluation),
+        "results": evaluation_results(
+            evaluation.results, has_reference=selectors.evaluation_reference(evaluation) is not None
+        ),
         "events": selectors.evaluation_recent_events(evaluation=evaluation),
         "page": page,
         "sample_rows": evaluation_sample_rows(list(samples)),
         "can_cancel": can_write(request) and evaluation.status in ACTIVE,
         "can_write": can_write(request),
     }
-
-
-def _reference_label(evaluation: Evaluation) -> str:
-    if evaluation.reference_checkpoint_id or evaluation.reference_base_model_id:
-        return evaluations.model_label(evaluation.reference_checkpoint, evaluation.reference_base_model)
-    if evaluation.reference_model:
-        endpoint = (
-            evaluation.reference_endpoint.name if evaluation.reference_endpoint else "a deleted endpoint"
-        )
-        return f"{evaluation.reference_model} on {endpoint}"
-    return ""
 
 
 def _get(request: TeamHttpRequest, evaluation_id: int) -> Evaluation:
@@ -275,7 +262,7 @@ def evaluation_live(request: TeamHttpRequest, evaluation_id: int) -> HttpRespons
 def evaluation_cancel(request: TeamHttpRequest, evaluation_id: int) -> HttpResponse:
     evaluation = get_scoped(Evaluation, request, evaluation_id)
     try:
-        evaluations.evaluation_cancel(evaluation=evaluation)
+        services.evaluation_cancel(evaluation=evaluation)
         messages.success(request, "Evaluation cancelled.")
     except DomainError as exc:
         messages.error(request, exc.message)

@@ -252,6 +252,8 @@ class EvaluationForm(forms.Form):
 # Service error fields (evaluation services and selectors) → the form field that shows them.
 EVALUATION_FIELD_FOR_SERVICE_ERROR = {
     "model": "subject",
+    "checkpoint": "subject",
+    "base_model": "subject",
     "reference.model": "reference_model",
     "reference.checkpoint": "reference",
     "reference.endpoint": "reference",

@@ -1,5 +1,5 @@
 """Task set pages: a task set with its rows and, for a generated one, the generation report; and
-the scenario generation form, which calls ``projects.scenarios.task_set_generate`` (the same service
+the scenario generation form, which calls ``projects.services.scenarios.task_set_generate`` (the same service
 as ``POST /api/v1/task-sets/generate``) synchronously: the service bounds the time it takes."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from django.shortcuts import redirect, render
 
 from frontend import forms as f
 from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
-from projects import scenarios, selectors
+from projects import selectors
+from projects.services import scenarios
 from projects.errors import ValidationFailed
 from projects.models import Environment, JudgeEndpoint, Project, TaskRow, TaskSet
 

@@ -20,22 +20,17 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from projects import evaluations, selectors
+from projects import selectors, services
 from projects.api.base import TeamViewSet
 from projects.api.views import _int_param, _user, _valid
 from projects.errors import ValidationFailed
 from projects.models import (
     Checkpoint,
-    Environment,
     Evaluation,
     EvaluationEvent,
     EvaluationSample,
     EvaluationStatus,
-    JudgeEndpoint,
-    RewardDefinition,
     Run,
-    TaskSet,
-    Team,
 )
 
 # --- serializers ------------------------------------------------------------------------------
@@ -88,17 +83,10 @@ class EvaluationOut(serializers.ModelSerializer):
 
     def get_model(self, obj: Evaluation) -> str:
         """The evaluated model's id (``project/model:step`` or the base model name)."""
-        return evaluations.model_label(obj.checkpoint, obj.base_model)
+        return selectors.model_label(obj.checkpoint, obj.base_model)
 
     def get_reference(self, obj: Evaluation) -> dict[str, Any] | None:
-        if obj.reference_checkpoint_id or obj.reference_base_model_id:
-            return {
-                "checkpoint": obj.reference_checkpoint_id,
-                "model": evaluations.model_label(obj.reference_checkpoint, obj.reference_base_model),
-            }
-        if obj.reference_endpoint_id or obj.reference_model:
-            return {"endpoint": obj.reference_endpoint_id, "model": obj.reference_model}
-        return None
+        return selectors.evaluation_reference(obj)
 
 
 class EvaluationSampleOut(serializers.ModelSerializer):
@@ -123,32 +111,18 @@ class EvaluationEventOut(serializers.ModelSerializer):
 # --- views ------------------------------------------------------------------------------------
 
 
-def _reference(team: Team, data: dict[str, Any] | None) -> dict[str, Any]:
-    """The reference fields of ``evaluation_create`` from the request's ``reference`` object."""
+def _reference(data: dict[str, Any] | None) -> selectors.ModelChoice | None:
+    """The request's ``reference`` object as a model choice: with an ``endpoint``, ``model`` is the
+    model to call there; without, a model id (``selectors.evaluation_inputs_resolve`` checks it)."""
     if not data:
-        return {}
-    given = [key for key in ("checkpoint", "model", "endpoint") if data.get(key) not in (None, "")]
-    if "endpoint" in given:
-        if "checkpoint" in given:
-            raise ValidationFailed("give an endpoint with a model name, or a checkpoint", field="reference")
-        return {
-            "reference_endpoint": selectors.scoped_reference(
-                JudgeEndpoint, team, data["endpoint"], field="reference.endpoint"
-            ),
-            "reference_model": data.get("model") or "",
-        }
-    if given == ["checkpoint"]:
-        return {
-            "reference_checkpoint": selectors.scoped_reference(
-                Checkpoint, team, data["checkpoint"], field="reference.checkpoint"
-            )
-        }
-    if given == ["model"]:
-        checkpoint, base_model = evaluations.model_id_resolve(
-            team=team, model_id=data["model"], field="reference.model"
+        return None
+    if data.get("endpoint") not in (None, ""):
+        return selectors.ModelChoice(
+            endpoint=data["endpoint"],
+            checkpoint=data.get("checkpoint"),
+            endpoint_model=data.get("model") or "",
         )
-        return {"reference_checkpoint": checkpoint, "reference_base_model": base_model}
-    raise ValidationFailed("give exactly one of checkpoint, model, or endpoint (+ model)", field="reference")
+    return selectors.ModelChoice(checkpoint=data.get("checkpoint"), model_id=data.get("model"))
 
 
 class EvaluationViewSet(TeamViewSet, mixins.RetrieveModelMixin):
@@ -186,38 +160,25 @@ class EvaluationViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     @extend_schema(request=EvaluationIn, responses={201: EvaluationOut})
     def create(self, request: Request) -> Response:
         data = _valid(EvaluationIn, request.data)
-        if ("model" in data) == ("checkpoint" in data):
-            raise ValidationFailed(
-                "give exactly one of model (a model id) or checkpoint (an id)", field="model"
-            )
-        if "checkpoint" in data:
-            checkpoint, base_model = self.ref(Checkpoint, data["checkpoint"], "checkpoint"), None
-        else:
-            checkpoint, base_model = evaluations.model_id_resolve(
-                team=self.team, model_id=data["model"], field="model"
-            )
-        evaluation = evaluations.evaluation_create(
-            task_set=self.ref(TaskSet, data["task_set"], "task_set"),
-            environment=self.ref(Environment, data["environment"], "environment"),
-            reward=self.ref(RewardDefinition, data["reward"], "reward"),
-            checkpoint=checkpoint,
-            base_model=base_model,
-            split=data["split"],
-            pass_threshold=data["pass_threshold"],
-            max_rows=data["max_rows"],
-            samples_per_row=data["samples_per_row"],
-            temperature=data["temperature"],
-            max_new_tokens=data["max_new_tokens"],
-            seed=data["seed"],
+        inputs = selectors.evaluation_inputs_resolve(
+            team=self.team,
+            subject=selectors.ModelChoice(checkpoint=data.get("checkpoint"), model_id=data.get("model")),
+            task_set=data["task_set"],
+            environment=data["environment"],
+            reward=data["reward"],
+            reference=_reference(data["reference"]),
+        )
+        evaluation = services.evaluation_create(
+            **inputs,
+            **{name: data[name] for name in services.EVALUATION_SETTINGS},
             created_by=_user(request),
-            **_reference(self.team, data["reference"]),
         )
         return Response(EvaluationOut(evaluation).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=EvaluationOut)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
-        evaluation = evaluations.evaluation_cancel(evaluation=self.get_object())
+        evaluation = services.evaluation_cancel(evaluation=self.get_object())
         return Response(EvaluationOut(evaluation).data)
 
     @extend_schema(responses=EvaluationSampleOut(many=True), parameters=[OpenApiParameter("side", str)])
@@ -226,7 +187,7 @@ class EvaluationViewSet(TeamViewSet, mixins.RetrieveModelMixin):
         side = request.query_params.get("side")
         if side not in (None, "", "subject", "reference"):
             raise ValidationFailed("must be subject or reference", field="side")
-        samples = evaluations.evaluation_samples(evaluation=self.get_object(), side=side)
+        samples = selectors.evaluation_samples(evaluation=self.get_object(), side=side)
         return self.paginated(samples, EvaluationSampleOut)
 
     @extend_schema(
@@ -238,9 +199,7 @@ class EvaluationViewSet(TeamViewSet, mixins.RetrieveModelMixin):
         """Events after the id ``after`` (poll with the last id you saw), oldest first."""
         after = _int_param(request, "after", None)
         limit = min(max(_int_param(request, "limit", 100) or 100, 1), 1000)
-        events, has_more = evaluations.evaluation_events(
-            evaluation=self.get_object(), after=after, limit=limit
-        )
+        events, has_more = selectors.evaluation_events(evaluation=self.get_object(), after=after, limit=limit)
         return Response(
             {"object": "list", "data": EvaluationEventOut(events, many=True).data, "has_more": has_more}
         )
@@ -255,7 +214,7 @@ class RunEvaluationsView(TeamViewSet):
     @extend_schema(responses=EvaluationOut(many=True))
     def list(self, request: Request, run_id: int) -> Response:
         run = self.get_object()
-        queryset = evaluations.evaluations_list(team=self.team, run_id=run.pk).order_by("step", "id")
+        queryset = selectors.evaluations_list(team=self.team, run_id=run.pk).order_by("step", "id")
         return Response({"object": "list", "data": EvaluationOut(queryset, many=True).data})
 
 
@@ -269,5 +228,5 @@ class CheckpointEvaluationsView(TeamViewSet):
     @extend_schema(responses=EvaluationOut(many=True))
     def list(self, request: Request, checkpoint_id: int) -> Response:
         checkpoint = self.get_object()
-        queryset = evaluations.evaluations_list(team=self.team, checkpoint_id=checkpoint.pk)
+        queryset = selectors.evaluations_list(team=self.team, checkpoint_id=checkpoint.pk)
         return Response({"object": "list", "data": EvaluationOut(queryset, many=True).data})

@@ -10,12 +10,11 @@ from rest_framework import mixins, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from projects import judges
 from projects.api.base import TeamViewSet
 from projects.api.views import _valid
 from projects.errors import ValidationFailed
 from projects.models import JudgeEndpoint
-from projects.services import grader_problems
+from projects.services import grader_problems, judges
 from training.rewards import GraderSetupError, Sample, build_grader, grade_group
 
 

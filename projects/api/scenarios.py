@@ -1,4 +1,4 @@
-"""``POST /api/v1/task-sets/generate``: scenario generation (see projects.scenarios). Synchronous,
+"""``POST /api/v1/task-sets/generate``: scenario generation (see projects.services.scenarios). Synchronous,
 bounded to 100 rows and two minutes; returns the new task set with its generation report."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from projects import scenarios
 from projects.api import serializers as s
 from projects.api.base import TeamViewSet
 from projects.api.views import _valid
 from projects.models import Environment, JudgeEndpoint, Project
+from projects.services import scenarios
 from training.scenarios import MAX_ROWS
 
 

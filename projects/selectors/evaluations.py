@@ -178,7 +178,7 @@ def _model_choice_resolve(
         return model_id_resolve(team=team, model_id=choice.model_id, field=f"{prefix}model")
     base_model = BaseModel.objects.filter(pk=choice.base_model).first()
     if base_model is None:
-        raise ValidationFailed(f"no base model with id {choice.base_model}", field=f"{prefix}model")
+        raise ValidationFailed(f"no base model with id {choice.base_model}", field=f"{prefix}base_model")
     return None, base_model
 
 

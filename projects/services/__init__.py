@@ -29,6 +29,7 @@ from projects.services.environments import (
     environment_update,
 )
 from projects.services.evaluations import (
+    EVALUATION_SETTINGS,
     EVALUATION_SPLITS,
     EVALUATION_TERMINAL_STATUSES,
     EVALUATION_TRANSITIONS,
@@ -148,6 +149,7 @@ __all__ = [
     "TrajectoryRecord",
     "checkpoint_record",
     "step_record",
+    "EVALUATION_SETTINGS",
     "EVALUATION_SPLITS",
     "EVALUATION_TERMINAL_STATUSES",
     "EVALUATION_TRANSITIONS",

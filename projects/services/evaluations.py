@@ -52,6 +52,17 @@ from training.config import TrainConfig
 EVALUATION_SPLITS = ("validation", "train", "all")
 MAX_SAMPLES_PER_ROW = 16
 MAX_SAMPLES = 5000  # rows x samples per row x sides: bounds one job's time and its stored samples
+# The settings a request gives ``evaluation_create`` besides its rows, by the names the API's body and
+# the dashboard's form use too.
+EVALUATION_SETTINGS = (
+    "split",
+    "pass_threshold",
+    "max_rows",
+    "samples_per_row",
+    "temperature",
+    "max_new_tokens",
+    "seed",
+)
 EVALUATION_TERMINAL_STATUSES = (
     EvaluationStatus.SUCCEEDED,
     EvaluationStatus.FAILED,

@@ -234,10 +234,10 @@ def test_the_registry_validates_the_plaintext_headers(alpha_setup, alice_client)
 
 
 def test_the_worker_builds_the_environment_with_the_decrypted_headers(alpha_setup, alice_client):
-    from projects import evaluations
+    from projects import services
 
     environment_id = create_with_headers(alice_client, alpha_setup.project.pk).json()["id"]
-    environment = evaluations.environment_build(environment=Environment.objects.get(pk=environment_id))
+    environment = services.environment_build(environment=Environment.objects.get(pk=environment_id))
     try:
         assert environment.config["headers"] == {"Authorization": SECRET, "X-Team": "alpha"}
         assert "headers_encrypted" not in environment.config

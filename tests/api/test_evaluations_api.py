@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from projects import evaluations, judges, services
+from projects import services
+from projects.services import judges
 from projects.models import Evaluation, EvaluationSample, EvaluationStatus, Run
 from training.evaluation import EvalSample
 
@@ -161,7 +162,7 @@ def test_cancel_a_queued_evaluation_then_conflict(alice_client, setup):
     again = alice_client.post(f"/api/v1/evaluations/{created['id']}/cancel/")
     assert again.status_code == 409
     # A worker that picks up the cancelled job does nothing.
-    assert evaluations.evaluation_claim(evaluation_id=created["id"], worker="w1") is None
+    assert services.evaluation_claim(evaluation_id=created["id"], worker="w1") is None
 
 
 def sample(side: str, row: int, reward: float) -> EvalSample:
@@ -170,13 +171,13 @@ def sample(side: str, row: int, reward: float) -> EvalSample:
 
 def test_claim_is_idempotent_and_finish_needs_the_owner(alice_client, setup):
     created = alice_client.post("/api/v1/evaluations/", body(setup), format="json").json()
-    claimed = evaluations.evaluation_claim(evaluation_id=created["id"], worker="w1")
+    claimed = services.evaluation_claim(evaluation_id=created["id"], worker="w1")
     assert claimed is not None and claimed.status == EvaluationStatus.RUNNING
-    assert evaluations.evaluation_claim(evaluation_id=created["id"], worker="w2") is None, (
+    assert services.evaluation_claim(evaluation_id=created["id"], worker="w2") is None, (
         "duplicate delivery"
     )
-    assert not evaluations.evaluation_finish(evaluation_id=created["id"], worker="w2", results={}, samples=[])
-    assert evaluations.evaluation_finish(
+    assert not services.evaluation_finish(evaluation_id=created["id"], worker="w2", results={}, samples=[])
+    assert services.evaluation_finish(
         evaluation_id=created["id"],
         worker="w1",
         results={"reward_mean": 0.5, "pass_rate": 0.5, "n": 2},
@@ -191,13 +192,13 @@ def test_claim_is_idempotent_and_finish_needs_the_owner(alice_client, setup):
         e["message"] for e in alice_client.get(f"/api/v1/evaluations/{created['id']}/events/").json()["data"]
     ]
     assert any("succeeded: reward 0.500, pass rate 0.500" in m for m in messages), messages
-    assert evaluations.evaluation_fail(evaluation_id=created["id"], error="late") is False
+    assert services.evaluation_fail(evaluation_id=created["id"], error="late") is False
 
 
 def test_failed_evaluation_keeps_a_readable_error(alice_client, setup):
     created = alice_client.post("/api/v1/evaluations/", body(setup), format="json").json()
-    evaluations.evaluation_claim(evaluation_id=created["id"], worker="w1")
-    evaluations.evaluation_fail(evaluation_id=created["id"], error="ModelLoadError: model directory missing")
+    services.evaluation_claim(evaluation_id=created["id"], worker="w1")
+    services.evaluation_fail(evaluation_id=created["id"], error="ModelLoadError: model directory missing")
     detail = alice_client.get(f"/api/v1/evaluations/{created['id']}/").json()
     assert detail["status"] == "failed" and "model directory missing" in detail["error"]
 
@@ -209,10 +210,10 @@ def test_run_evaluations_are_stored_per_checkpoint_once_and_listed_on_the_run(
         model=setup.model, task_set=setup.task_set, environment=setup.environment, reward=setup.reward
     )
     results = {"reward_mean": 0.25, "pass_rate": 0.0, "n": 2, "grader_means": {"exact": 0.25}}
-    first = evaluations.run_evaluation_record(
+    first = services.run_evaluation_record(
         run=run, step=0, results=results, samples=[sample("subject", 1, 0.5), sample("subject", 3, 0.0)]
     )
-    again = evaluations.run_evaluation_record(run=run, step=0, results={}, samples=[])
+    again = services.run_evaluation_record(run=run, step=0, results={}, samples=[])
     assert again.pk == first.pk and EvaluationSample.objects.filter(evaluation=first).count() == 2
     assert first.checkpoint == setup.checkpoint and first.status == EvaluationStatus.SUCCEEDED
     assert first.max_rows == 8 and first.pass_threshold == 1.0
@@ -227,7 +228,7 @@ def test_run_evaluations_are_stored_per_checkpoint_once_and_listed_on_the_run(
     # A later step is compared with the run's first evaluation on the same rows: row 1 improved
     # (1.0 vs 0.5, a win), row 3 did not (0.0 vs 0.0, a tie counting half).
     services.checkpoint_record(model=setup.model, run=run, step=2, path="/nowhere/step-2")
-    later = evaluations.run_evaluation_record(
+    later = services.run_evaluation_record(
         run=run,
         step=2,
         results={"reward_mean": 0.5},

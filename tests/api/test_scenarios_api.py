@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from projects import judges
+from projects.services import judges
 from projects.models import TaskRow, TaskSet
 from tests.openai_stub import openai_stub
 

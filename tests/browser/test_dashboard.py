@@ -12,7 +12,8 @@ from unittest import mock
 
 import pytest
 
-from projects import judges, services
+from projects import services
+from projects.services import judges
 from projects.models import ApiKey, BaseModel, EnvironmentKind, Evaluation, Membership, Run, RunStatus
 from tests.openai_stub import openai_stub
 
@@ -330,7 +331,6 @@ def _record_tool_run(project, tmp_path) -> Run:
     recorded through the services a worker uses (claim, step_record, transition). The tiny random
     model never writes a tool call, so the model's turns are scripted; everything else is real: the
     environment runs the calculator, ``parse_tool_calls`` reads the calls, the grader grades."""
-    from projects import evaluations
     from training.rewards import Sample, grade
     from training.tools import parse_tool_calls
 
@@ -370,7 +370,7 @@ def _record_tool_run(project, tmp_path) -> Run:
         [_calculator("6*7"), _calculator("42+"), "The answer is 48."],
     ]
     records = []
-    core = evaluations.environment_build(environment=environment)
+    core = services.environment_build(environment=environment)
     for sample_index, turns in enumerate(scripts):
         state = core.start({"prompt": TOOL_PROMPT, "item": {}}, seed=sample_index)
         messages = list(state.messages)

@@ -1,6 +1,7 @@
 """Dashboard scenario generation and evaluation pages through Django's test client: they call the
-same services as the REST API (projects.scenarios, projects.evaluations); team scoping (404),
-viewers (403), errors next to the field, the generation report, the queued evaluation's page.
+same services as the REST API (projects.services.scenarios, projects.services.evaluations); team
+scoping (404), viewers (403), errors next to the field, the generation report, the queued
+evaluation's page.
 
 The cast (tests/conftest.py): alice owns alpha, bob is a viewer in alpha, charlie owns beta.
 """
@@ -12,7 +13,8 @@ import json
 import pytest
 from django.test import Client
 
-from projects import judges, services
+from projects import services
+from projects.services import judges
 from projects.models import Evaluation, EvaluationSample, EvaluationStatus, TaskRow, TaskSet
 from tests.openai_stub import openai_stub, tool_call
 

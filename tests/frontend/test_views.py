@@ -365,7 +365,7 @@ def test_run_and_checkpoint_pages_show_evaluations(cast, alpha_setup, alpha_run)
     for url in (f"/runs/{alpha_run.pk}/", f"/checkpoints/{checkpoint.pk}/"):
         html = client.get(url).content.decode()
         assert "0.625" in html and "0.500" in html and "0.750" in html
-    # A run's own later evaluation compares with its step-0 baseline (projects.evaluations).
+    # A run's own later evaluation compares with its step-0 baseline (projects.services.evaluations).
     Evaluation.objects.create(
         project=alpha_setup.project, run=alpha_run, step=2, task_set=alpha_setup.task_set,
         environment=alpha_setup.environment, reward=alpha_setup.reward, status="succeeded",

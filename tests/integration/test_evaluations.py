@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from projects import evaluations, services
+from projects import services
 from projects.models import (
     BaseModel,
     Evaluation,
@@ -165,7 +165,7 @@ def test_an_evaluation_job_that_cannot_load_its_model_fails_readably(
 def test_a_base_model_against_a_team_endpoint_reference_in_the_worker(start_worker, api, inputs, cast):
     from django.conf import settings
 
-    from projects import judges
+    from projects.services import judges
     from tests.openai_stub import openai_stub
 
     # The worker decrypts the endpoint's key with the installation's SECRET_KEY, as in production.
@@ -210,7 +210,7 @@ def test_killed_worker_evaluation_restarts_from_scratch_with_each_sample_once(
 ):
     from django.conf import settings
 
-    from projects import judges
+    from projects.services import judges
     from tests.openai_stub import openai_stub
 
     # The reference endpoint holds every reply until `gate` opens: the first worker is then
@@ -243,7 +243,7 @@ def test_killed_worker_evaluation_restarts_from_scratch_with_each_sample_once(
         time.sleep(6)
         live = Evaluation.objects.get(pk=evaluation_id)
         assert live.worker == claimed.worker and live.heartbeat_at > claimed.heartbeat_at
-        assert evaluations.evaluations_requeue_orphaned(stale_after_s=4) == []
+        assert services.evaluations_requeue_orphaned(stale_after_s=4) == []
 
         first.kill()
         wait_for(
@@ -256,7 +256,7 @@ def test_killed_worker_evaluation_restarts_from_scratch_with_each_sample_once(
         )
         assert Evaluation.objects.get(pk=evaluation_id).status == EvaluationStatus.RUNNING
         # The beat task's work, run here: the orphan goes back on the queue.
-        assert evaluations.evaluations_requeue_orphaned(stale_after_s=4) == [evaluation_id]
+        assert services.evaluations_requeue_orphaned(stale_after_s=4) == [evaluation_id]
         gate.set()  # the endpoint answers from now on
         second = start_worker(SECRET_KEY=settings.SECRET_KEY)
         wait_for(
@@ -299,15 +299,15 @@ def test_claim_takes_over_only_a_stale_evaluation_and_deletes_its_partial_sample
         reward_id=inputs["reward"],
         base_model=BaseModel.objects.get(name="tiny"),
     )
-    assert evaluations.evaluation_claim(evaluation_id=evaluation.pk, worker="w1") is not None
-    assert evaluations.evaluation_claim(evaluation_id=evaluation.pk, worker="w2") is None, "w1 is alive"
-    assert evaluations.evaluation_heartbeat(evaluation_id=evaluation.pk, worker="w1")
-    assert not evaluations.evaluation_heartbeat(evaluation_id=evaluation.pk, worker="w2")
+    assert services.evaluation_claim(evaluation_id=evaluation.pk, worker="w1") is not None
+    assert services.evaluation_claim(evaluation_id=evaluation.pk, worker="w2") is None, "w1 is alive"
+    assert services.evaluation_heartbeat(evaluation_id=evaluation.pk, worker="w1")
+    assert not services.evaluation_heartbeat(evaluation_id=evaluation.pk, worker="w2")
     EvaluationSample.objects.create(evaluation=evaluation, task_row_index=1, messages=[], reward=1.0)
     Evaluation.objects.filter(pk=evaluation.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=60))
 
-    taken = evaluations.evaluation_claim(evaluation_id=evaluation.pk, worker="w2", stale_after_s=30)
+    taken = services.evaluation_claim(evaluation_id=evaluation.pk, worker="w2", stale_after_s=30)
     assert taken is not None and taken.worker == "w2" and taken.status == EvaluationStatus.RUNNING
     assert not EvaluationSample.objects.filter(evaluation=evaluation).exists(), "restarts from scratch"
-    assert not evaluations.evaluation_heartbeat(evaluation_id=evaluation.pk, worker="w1"), "w1 must stop"
-    assert evaluations.evaluation_claim(evaluation_id=evaluation.pk, worker="w3", stale_after_s=30) is None
+    assert not services.evaluation_heartbeat(evaluation_id=evaluation.pk, worker="w1"), "w1 must stop"
+    assert services.evaluation_claim(evaluation_id=evaluation.pk, worker="w3", stale_after_s=30) is None

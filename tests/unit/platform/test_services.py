@@ -10,7 +10,7 @@ from django.utils import timezone
 from projects import services
 from projects.errors import Conflict, InvalidTransition, ValidationFailed
 from projects.models import Checkpoint, Run, RunEvent, RunStatus, StepMetrics, TaskRow
-from projects.tasksets import parse_rows
+from projects.services.task_sets import parse_rows
 
 pytestmark = pytest.mark.django_db
 

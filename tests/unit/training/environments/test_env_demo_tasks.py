@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from projects.tasksets import parse_rows
+from projects.services.task_sets import parse_rows
 from training.environments.mcp_demo.server import open_database
 
 DEMO = Path(__file__).resolve().parents[4] / "artweb" / "demo"
