@@ -22,7 +22,8 @@ from rest_framework.response import Response
 
 from projects import selectors, services
 from projects.api.base import TeamViewSet
-from projects.api.views import _int_param, _user, _valid
+from projects.api.pagination import int_query_param
+from projects.api.views import _user, _valid
 from projects.errors import ValidationFailed
 from projects.models import (
     Checkpoint,
@@ -147,9 +148,9 @@ class EvaluationViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     )
     def list(self, request: Request) -> Response:
         queryset = self.filter_by_project(self.get_queryset())
-        if (run := _int_param(request, "run", None)) is not None:
+        if (run := int_query_param(request, "run", None)) is not None:
             queryset = queryset.filter(run_id=run)
-        if (checkpoint := _int_param(request, "checkpoint", None)) is not None:
+        if (checkpoint := int_query_param(request, "checkpoint", None)) is not None:
             queryset = queryset.filter(checkpoint_id=checkpoint)
         if evaluation_status := request.query_params.get("status"):
             if evaluation_status not in EvaluationStatus.values:
@@ -197,12 +198,7 @@ class EvaluationViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str) -> Response:
         """Events after the id ``after`` (poll with the last id you saw), oldest first."""
-        after = _int_param(request, "after", None)
-        limit = min(max(_int_param(request, "limit", 100) or 100, 1), 1000)
-        events, has_more = selectors.evaluation_events(evaluation=self.get_object(), after=after, limit=limit)
-        return Response(
-            {"object": "list", "data": EvaluationEventOut(events, many=True).data, "has_more": has_more}
-        )
+        return self.paginated(self.get_object().events.order_by("id"), EvaluationEventOut)
 
 
 class RunEvaluationsView(TeamViewSet):
@@ -215,7 +211,7 @@ class RunEvaluationsView(TeamViewSet):
     def list(self, request: Request, run_id: int) -> Response:
         run = self.get_object()
         queryset = selectors.evaluations_list(team=self.team, run_id=run.pk).order_by("step", "id")
-        return Response({"object": "list", "data": EvaluationOut(queryset, many=True).data})
+        return self.paginated(queryset, EvaluationOut)
 
 
 class CheckpointEvaluationsView(TeamViewSet):
@@ -229,4 +225,4 @@ class CheckpointEvaluationsView(TeamViewSet):
     def list(self, request: Request, checkpoint_id: int) -> Response:
         checkpoint = self.get_object()
         queryset = selectors.evaluations_list(team=self.team, checkpoint_id=checkpoint.pk)
-        return Response({"object": "list", "data": EvaluationOut(queryset, many=True).data})
+        return self.paginated(queryset, EvaluationOut)

@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from projects.api.base import TeamViewSet
+from projects.api.pagination import list_body
 from projects.api.views import _valid
 from projects.errors import ValidationFailed
 from projects.models import JudgeEndpoint
@@ -80,7 +81,7 @@ class GraderRunView(TeamViewSet):
         except GraderSetupError as exc:
             raise ValidationFailed(str(exc), field="grader") from exc
         if "group" in data:
-            return Response({"object": "list", "data": [result.to_openai_dict() for result in results]})
+            return Response(list_body([result.to_openai_dict() for result in results]))
         return Response(results[0].to_openai_dict())
 
 

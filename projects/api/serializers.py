@@ -69,7 +69,7 @@ class TaskSetOut(serializers.ModelSerializer):
 class TaskRowOut(serializers.ModelSerializer):
     class Meta:
         model = TaskRow
-        fields = ["index", "split", "data"]
+        fields = ["id", "index", "split", "data"]
 
 
 class EnvironmentOut(serializers.ModelSerializer):
@@ -127,7 +127,7 @@ class RunEventOut(serializers.ModelSerializer):
 class StepMetricsOut(serializers.ModelSerializer):
     class Meta:
         model = StepMetrics
-        fields = ["step", "reward_mean", "reward_std", "loss", "metrics", "created_at"]
+        fields = ["id", "step", "reward_mean", "reward_std", "loss", "metrics", "created_at"]
 
 
 class CheckpointOut(serializers.ModelSerializer):

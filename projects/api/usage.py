@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from projects.api.base import TeamViewSet
+from projects.api.pagination import list_body
 from projects.api.views import _valid
 from projects.models import UsageRecord
 
@@ -78,6 +79,4 @@ class UsageViewSet(TeamViewSet):
             item["total_tokens"] = item["prompt_tokens"] + item["completion_tokens"]
             data.append(item)
         totals = {key: sum(item[key] for item in data) for key in [*sums, "total_tokens"]}
-        return Response(
-            {"object": "list", "group_by": groups, "data": UsageOut(data, many=True).data, "totals": totals}
-        )
+        return Response(list_body(list(UsageOut(data, many=True).data), group_by=groups, totals=totals))

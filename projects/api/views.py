@@ -20,6 +20,7 @@ from projects import catalog, selectors, services
 from projects.access import Permission
 from projects.api import serializers as s
 from projects.api.base import CatalogueViewSet, TeamViewSet
+from projects.api.pagination import int_query_param, list_body
 from projects.errors import ValidationFailed
 from projects.models import (
     ApiKey,
@@ -171,7 +172,7 @@ class RewardDefinitionViewSet(TeamViewSet, mixins.RetrieveModelMixin):
         versions = (
             self.get_queryset().filter(project=definition.project, name=definition.name).order_by("version")
         )
-        return Response(s.RewardDefinitionOut(versions, many=True).data)
+        return self.paginated(versions, s.RewardDefinitionOut)
 
 
 class TaskSetViewSet(TeamViewSet, mixins.RetrieveModelMixin):
@@ -289,31 +290,25 @@ class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str) -> Response:
         """Events after the id ``after`` (poll with the last id you saw), oldest first."""
-        run = self.get_object()
-        after = _int_param(request, "after", None)
-        limit = min(max(_int_param(request, "limit", 100) or 100, 1), 1000)
-        events, has_more = selectors.run_events(run=run, after=after, limit=limit)
-        return Response(
-            {"object": "list", "data": s.RunEventOut(events, many=True).data, "has_more": has_more}
-        )
+        return self.paginated(self.get_object().events.order_by("id"), s.RunEventOut)
 
     @extend_schema(responses=s.StepMetricsOut(many=True))
     @action(detail=True, methods=["get"])
     def metrics(self, request: Request, pk: str) -> Response:
         metrics = selectors.run_step_metrics(run=self.get_object())
-        return Response({"object": "list", "data": s.StepMetricsOut(metrics, many=True).data})
+        return self.paginated(metrics, s.StepMetricsOut)
 
     @extend_schema(responses=s.CheckpointOut(many=True))
     @action(detail=True, methods=["get"])
     def checkpoints(self, request: Request, pk: str) -> Response:
         checkpoints = selectors.run_checkpoints(run=self.get_object()).select_related("model__project")
-        return Response({"object": "list", "data": s.CheckpointOut(checkpoints, many=True).data})
+        return self.paginated(checkpoints, s.CheckpointOut)
 
     @extend_schema(responses=s.TrajectoryOut(many=True), parameters=[OpenApiParameter("step", int)])
     @action(detail=True, methods=["get"])
     def trajectories(self, request: Request, pk: str) -> Response:
         trajectories = selectors.run_trajectories(
-            run=self.get_object(), step=_int_param(request, "step", None)
+            run=self.get_object(), step=int_query_param(request, "step", None)
         )
         return self.paginated(trajectories, s.TrajectoryOut)
 
@@ -321,16 +316,6 @@ class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
 def _user(request: Request) -> User | None:
     """The signed-in person, or None for API-key requests (keys belong to teams)."""
     return request.user if isinstance(request.user, User) else None
-
-
-def _int_param(request: Request, name: str, default: int | None) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValidationFailed("must be an integer", field=name) from None
 
 
 class ApiKeyViewSet(TeamViewSet, mixins.ListModelMixin):
@@ -403,7 +388,7 @@ class EnvironmentKindsView(CatalogueViewSet):
 
     @extend_schema(responses={200: s.EnvironmentKindOut(many=True)})
     def list(self, request: Request) -> Response:
-        return Response(s.EnvironmentKindOut(catalog.environment_kinds(), many=True).data)
+        return Response(list_body(list(s.EnvironmentKindOut(catalog.environment_kinds(), many=True).data)))
 
 
 class HyperparametersView(CatalogueViewSet):

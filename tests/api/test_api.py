@@ -50,7 +50,7 @@ def test_revoked_key_stops_working(cast, alice_client):
     assert created.status_code == 201
     plaintext = created.json()["key"]
     assert plaintext.startswith("aw_")
-    listed = alice_client.get("/api/v1/api-keys/").json()["results"]
+    listed = alice_client.get("/api/v1/api-keys/").json()["data"]
     assert all("key" not in row for row in listed), "the plaintext key must only be shown at creation"
     from rest_framework.test import APIClient
 
@@ -72,9 +72,9 @@ def test_session_user_picks_team_with_header(cast, alice_client):
     gamma = services.team_create(name="gamma", owner=cast.alice)
     services.project_create(team=gamma, name="in-gamma")
     services.project_create(team=cast.alpha, name="in-alpha")
-    names = [p["name"] for p in alice_client.get("/api/v1/projects/", HTTP_X_TEAM="gamma").json()["results"]]
+    names = [p["name"] for p in alice_client.get("/api/v1/projects/", HTTP_X_TEAM="gamma").json()["data"]]
     assert names == ["in-gamma"]
-    names = [p["name"] for p in alice_client.get("/api/v1/projects/").json()["results"]]
+    names = [p["name"] for p in alice_client.get("/api/v1/projects/").json()["data"]]
     assert names == ["in-alpha"]  # first team by name
     assert alice_client.get("/api/v1/projects/", HTTP_X_TEAM="beta").status_code == 403
 
@@ -198,8 +198,8 @@ def test_viewer_cannot_create(alpha_setup, bob_client, read_only_client, url, bo
 def test_lists_show_only_own_team(alpha_setup, charlie_client, key_client):
     _ids(alpha_setup)
     for url in ["projects", "models", "reward-definitions", "task-sets", "environments", "runs"]:
-        assert charlie_client.get(f"/api/v1/{url}/").json()["count"] == 0, url
-        assert key_client.get(f"/api/v1/{url}/").json()["count"] >= 1, url
+        assert charlie_client.get(f"/api/v1/{url}/").json()["data"] == [], url
+        assert len(key_client.get(f"/api/v1/{url}/").json()["data"]) >= 1, url
 
 
 def test_referencing_another_teams_project_is_rejected(alpha_setup, charlie_client):
@@ -233,11 +233,11 @@ def test_model_create_and_validation(alpha_setup, alice_client):
     )
     assert bad_lora.status_code == 400 and error_of(bad_lora)["param"] == "lora.rank"
     listed = alice_client.get(f"/api/v1/models/?project={project}").json()
-    assert {m["name"] for m in listed["results"]} == {"agent", "m2"}
+    assert {m["name"] for m in listed["data"]} == {"agent", "m2"}
 
 
 def test_base_models_are_listed(alpha_setup, key_client):
-    assert [m["name"] for m in key_client.get("/api/v1/base-models/").json()["results"]] == ["tiny"]
+    assert [m["name"] for m in key_client.get("/api/v1/base-models/").json()["data"]] == ["tiny"]
 
 
 # --- reward definitions ---------------------------------------------------------------------
@@ -250,9 +250,9 @@ def test_reward_definition_versions(alpha_setup, alice_client):
     assert updated.status_code == 201
     assert updated.json()["version"] == 2 and updated.json()["spec"]["operation"] == "eq"
     versions = alice_client.get(f"/api/v1/reward-definitions/{reward_id}/versions/").json()
-    assert [v["version"] for v in versions] == [1, 2]
-    assert versions[0]["spec"]["operation"] == "ilike", "version 1 must stay as it was"
-    latest = alice_client.get("/api/v1/reward-definitions/?latest=true").json()["results"]
+    assert [v["version"] for v in versions["data"]] == [1, 2]
+    assert versions["data"][0]["spec"]["operation"] == "ilike", "version 1 must stay as it was"
+    latest = alice_client.get("/api/v1/reward-definitions/?latest=true").json()["data"]
     assert [(r["name"], r["version"]) for r in latest] == [("exact", 2)]
 
 
@@ -298,7 +298,7 @@ def test_task_set_upload_as_json_jsonl_and_file(alpha_setup, alice_client):
     )
     assert as_file.status_code == 201, as_file.json()
     listed = alice_client.get(f"/api/v1/task-sets/{as_file.json()['id']}/rows/?split=validation").json()
-    assert listed["count"] == 1 and listed["results"][0]["data"]["messages"][0]["content"] == "b"
+    assert len(listed["data"]) == 1 and listed["data"][0]["data"]["messages"][0]["content"] == "b"
 
 
 def test_malformed_jsonl_names_line_and_field(alpha_setup, alice_client):
@@ -409,12 +409,16 @@ def test_run_list_filters_and_paginates(alpha_setup, key_client):
     run_id = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()["id"]
     key_client.post(f"/api/v1/runs/{run_id}/cancel/")
     assert key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").status_code == 201
-    assert key_client.get("/api/v1/runs/?status=queued").json()["count"] == 1
-    assert key_client.get("/api/v1/runs/?status=cancelled").json()["count"] == 1
+    assert len(key_client.get("/api/v1/runs/?status=queued").json()["data"]) == 1
+    assert len(key_client.get("/api/v1/runs/?status=cancelled").json()["data"]) == 1
     page = key_client.get("/api/v1/runs/?limit=1").json()
-    assert page["count"] == 2 and len(page["results"]) == 1 and page["next"]
+    assert page["object"] == "list" and len(page["data"]) == 1 and page["has_more"]
+    assert page["first_id"] == page["last_id"] == page["data"][0]["id"]
+    rest = key_client.get(f"/api/v1/runs/?limit=1&after={page['last_id']}").json()
+    assert len(rest["data"]) == 1 and not rest["has_more"] and rest["data"][0]["id"] != page["last_id"]
+    assert {page["data"][0]["id"], rest["data"][0]["id"]} == {run_id, run_id + 1}
     assert key_client.get("/api/v1/runs/?status=bogus").status_code == 400
-    assert key_client.get(f"/api/v1/runs/?project={alpha_setup.project.pk + 999}").json()["count"] == 0
+    assert key_client.get(f"/api/v1/runs/?project={alpha_setup.project.pk + 999}").json()["data"] == []
 
 
 def test_events_after_cursor(alpha_setup, key_client):
@@ -450,8 +454,8 @@ def test_metrics_checkpoints_and_trajectories_after_a_recorded_step(alpha_setup,
     checkpoints = key_client.get(f"/api/v1/runs/{run_id}/checkpoints/").json()["data"]
     assert checkpoints[0]["model_id"] == "math/agent:1"
     trajectories = key_client.get(f"/api/v1/runs/{run_id}/trajectories/?step=1").json()
-    assert trajectories["count"] == 1 and trajectories["results"][0]["sub_rewards"] == {"exact": 1.0}
-    assert key_client.get(f"/api/v1/runs/{run_id}/trajectories/?step=2").json()["count"] == 0
+    assert len(trajectories["data"]) == 1 and trajectories["data"][0]["sub_rewards"] == {"exact": 1.0}
+    assert key_client.get(f"/api/v1/runs/{run_id}/trajectories/?step=2").json()["data"] == []
     assert Trajectory.objects.count() == 1
 
 

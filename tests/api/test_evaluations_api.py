@@ -55,8 +55,8 @@ def test_create_queues_a_job_with_an_event_and_enqueues_after_commit(
     events = alice_client.get(f"/api/v1/evaluations/{created['id']}/events/").json()
     assert events["object"] == "list" and "2 validation rows" in events["data"][0]["message"]
     listed = alice_client.get(f"/api/v1/evaluations/?checkpoint={setup.checkpoint.id}").json()
-    assert [e["id"] for e in listed["results"]] == [created["id"]]
-    assert alice_client.get(f"/api/v1/evaluations/{created['id']}/samples/").json()["results"] == []
+    assert [e["id"] for e in listed["data"]] == [created["id"]]
+    assert alice_client.get(f"/api/v1/evaluations/{created['id']}/samples/").json()["data"] == []
 
 
 def test_a_base_model_with_a_checkpoint_reference_and_an_endpoint_reference(alice_client, setup, cast):
@@ -131,7 +131,7 @@ def test_outsiders_get_404_and_cannot_use_our_objects(alice_client, charlie_clie
         response = charlie_client.get(f"/api/v1/evaluations/{created['id']}/{path}")
         assert response.status_code == 404, path
     assert charlie_client.post(f"/api/v1/evaluations/{created['id']}/cancel/").status_code == 404
-    assert charlie_client.get("/api/v1/evaluations/").json()["results"] == []
+    assert charlie_client.get("/api/v1/evaluations/").json()["data"] == []
     # Our model id and our task set read as unknown to them.
     response = charlie_client.post("/api/v1/evaluations/", body(setup), format="json")
     assert response.status_code == 400 and error_of(response)["param"] in {"model", "task_set"}
@@ -185,7 +185,7 @@ def test_claim_is_idempotent_and_finish_needs_the_owner(alice_client, setup):
     )
     detail = alice_client.get(f"/api/v1/evaluations/{created['id']}/").json()
     assert detail["status"] == "succeeded" and detail["results"]["reward_mean"] == 0.5
-    samples = alice_client.get(f"/api/v1/evaluations/{created['id']}/samples/?side=subject").json()["results"]
+    samples = alice_client.get(f"/api/v1/evaluations/{created['id']}/samples/?side=subject").json()["data"]
     assert [(s["task_row_index"], s["reward"]) for s in samples] == [(1, 1.0), (3, 0.0)]
     assert samples[0]["messages"][0]["content"] == "x\ufffd", "NUL is replaced, not a failed write"
     messages = [
@@ -220,7 +220,7 @@ def test_run_evaluations_are_stored_per_checkpoint_once_and_listed_on_the_run(
     listed = alice_client.get(f"/api/v1/runs/{run.id}/evaluations").json()["data"]
     assert [(e["step"], e["results"]["reward_mean"]) for e in listed] == [(0, 0.25)]
     assert listed[0]["model"] == "math/agent:0"
-    assert alice_client.get(f"/api/v1/evaluations/?run={run.id}").json()["results"][0]["id"] == first.pk
+    assert alice_client.get(f"/api/v1/evaluations/?run={run.id}").json()["data"][0]["id"] == first.pk
     assert charlie_client.get(f"/api/v1/runs/{run.id}/evaluations").status_code == 404
     by_checkpoint = alice_client.get(f"/api/v1/checkpoints/{setup.checkpoint.id}/evaluations").json()["data"]
     assert [e["id"] for e in by_checkpoint] == [first.pk]

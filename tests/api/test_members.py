@@ -81,7 +81,7 @@ def test_removing_someone_not_in_the_team_is_not_found(cast):
 def test_members_are_listed_to_any_member(cast, bob_client, dora):
     response = bob_client.get("/api/v1/members/")
     assert response.status_code == 200
-    rows = response.json()["results"]
+    rows = response.json()["data"]
     assert [(r["username"], r["role"]) for r in rows] == [
         ("alice", "owner"),
         ("bob", "viewer"),

@@ -97,7 +97,7 @@ def test_run_evaluates_validation_rows_at_step_zero_and_at_the_end_then_a_queued
     assert final["baseline_step"] == 0 and final["comparison_to_baseline"]["rows"] == 2
     stored = Evaluation.objects.get(run=run, step=2)
     assert stored.checkpoint is not None and stored.checkpoint.step == 2
-    samples = api.get(f"/api/v1/evaluations/{stored.pk}/samples/").json()["results"]
+    samples = api.get(f"/api/v1/evaluations/{stored.pk}/samples/").json()["data"]
     assert sorted({s["task_row_index"] for s in samples}) == [1, 3], "the first validation rows by index"
     assert all(s["messages"][-1]["role"] == "assistant" for s in samples)
 

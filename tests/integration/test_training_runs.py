@@ -81,7 +81,7 @@ def test_run_succeeds_with_metrics_trajectories_and_checkpoint_files(start_worke
         assert m["reward_mean"] is not None and m["loss"] is not None
         assert m["metrics"]["completion_tokens"] > 0 and "grad_norm" in m["metrics"]
     assert Trajectory.objects.filter(run=run).count() == 3 * 2 * 4
-    trajectory = api.get(f"/api/v1/runs/{run_id}/trajectories/?step=2").json()["results"][0]
+    trajectory = api.get(f"/api/v1/runs/{run_id}/trajectories/?step=2").json()["data"][0]
     assert trajectory["messages"][-1]["role"] == "assistant" and trajectory["completion_tokens"] > 0
     checkpoints = Checkpoint.objects.filter(run=run).order_by("step")
     assert [c.step for c in checkpoints] == [0, 1, 2, 3]

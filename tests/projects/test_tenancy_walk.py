@@ -153,6 +153,13 @@ def _api_methods(entry: URLPattern) -> dict[str, str]:
     return dict(getattr(entry.callback, "actions", {}) or {})
 
 
+def _not_openai_list(body: Any) -> bool:
+    """A bare array, DRF's page shape, or an OpenAI list missing its cursor fields."""
+    if isinstance(body, list) or (isinstance(body, dict) and "results" in body and "count" in body):
+        return True
+    return body.get("object") == "list" and not {"data", "has_more", "first_id", "last_id"} <= body.keys()
+
+
 def _send(client: Any, method: str, url: str) -> Any:
     return getattr(client, method)(url, {}, format="json") if method != "get" else client.get(url)
 
@@ -184,9 +191,11 @@ def test_api_outsiders_get_404_viewers_403_and_the_owner_reads(
             if method in {"head", "options"}:
                 continue
             if method == "get":
-                status = alice_client.get(url).status_code
-                if status >= 400:
-                    problems.append(f"owner GET {url} → {status}")
+                response = alice_client.get(url)
+                if response.status_code >= 400:
+                    problems.append(f"owner GET {url} → {response.status_code}")
+                elif _not_openai_list(response.json()):
+                    problems.append(f"owner GET {url}: a list not in OpenAI's shape")
             elif name not in CATALOGUE:
                 for who, client in (("viewer", bob_client), ("read-only key", read_only_client)):
                     status = _send(client, method, url).status_code

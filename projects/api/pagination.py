@@ -1,0 +1,128 @@
+"""Every list the API returns has OpenAI's shape, with keyset (cursor) pagination.
+
+``{"object": "list", "data": [...], "has_more": bool, "first_id": id | null, "last_id": id | null}``;
+``?limit=`` (1 to ``MAX_LIMIT``, default ``DEFAULT_LIMIT``) and ``?after=<id>``: the page starts
+after that item in the list's own order (by step, by name, newest first …), found by comparing the
+ordering columns rather than an offset, so a page stays right while rows are added behind it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from rest_framework.pagination import BasePagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from projects.errors import ValidationFailed
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+
+
+def int_query_param(request: Request, name: str, default: int | None) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValidationFailed("must be an integer", field=name) from None
+
+
+def list_body(items: list[Any], *, has_more: bool = False, **extra: Any) -> dict[str, Any]:
+    """OpenAI's list object around already-serialised ``items`` (each with an ``id`` if any)."""
+    ids = [item.get("id") for item in items if isinstance(item, dict)]
+    return {
+        "object": "list",
+        "data": items,
+        "has_more": has_more,
+        "first_id": ids[0] if ids else None,
+        "last_id": ids[-1] if ids else None,
+        **extra,
+    }
+
+
+def _ordering(queryset: QuerySet) -> list[str]:
+    fields = [str(field) for field in (queryset.query.order_by or queryset.model._meta.ordering or [])]
+    if not any(field.lstrip("-") in {"id", "pk"} for field in fields):
+        fields.append("-id" if fields and fields[-1].startswith("-") else "id")
+    return fields
+
+
+def rows_after(queryset: QuerySet, after: int, *, field: str = "after") -> QuerySet:
+    """The rows of ``queryset`` that come after the row ``after`` in its ordering (keyset)."""
+    fields = _ordering(queryset)
+    names = [name.lstrip("-") for name in fields]
+    anchor = queryset.filter(pk=after).values(*names).first()
+    if anchor is None:
+        raise ValidationFailed(f"no item with id {after} in this list", field=field)
+    # A null ordering value has no "beyond" here (lists order by non-null columns, ending in id).
+    condition = Q()
+    ties: dict[str, Any] = {}
+    for name in fields:
+        column = name.lstrip("-")
+        if anchor[column] is not None:
+            condition |= Q(**ties, **{f"{column}__{'lt' if name.startswith('-') else 'gt'}": anchor[column]})
+            ties[column] = anchor[column]
+        else:
+            ties[f"{column}__isnull"] = True
+    return queryset.filter(condition).order_by(*fields)
+
+
+def page_of(queryset: QuerySet, request: Request) -> tuple[list[Any], bool]:
+    """One page of ``queryset`` for ``?after=&limit=``, and whether more rows follow."""
+    limit = int_query_param(request, "limit", DEFAULT_LIMIT)
+    if limit is None or not 1 <= limit <= MAX_LIMIT:
+        raise ValidationFailed(f"must be between 1 and {MAX_LIMIT}", field="limit")
+    after = int_query_param(request, "after", None)
+    ordered = queryset.order_by(*_ordering(queryset))
+    if after is not None:
+        if not -(2**63) <= after < 2**63:
+            raise ValidationFailed("no item with this id in this list", field="after")
+        ordered = rows_after(ordered, after)
+    rows = list(ordered[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+class OpenAIListPagination(BasePagination):
+    """DRF's hook for the shape above (the settings' ``DEFAULT_PAGINATION_CLASS``)."""
+
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> list[Any]:
+        page, self.has_more = page_of(queryset, request)
+        return page
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return Response(list_body(list(data), has_more=self.has_more))
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["object", "data", "has_more"],
+            "properties": {
+                "object": {"type": "string", "enum": ["list"]},
+                "data": schema,
+                "has_more": {"type": "boolean"},
+                "first_id": {"type": "integer", "nullable": True},
+                "last_id": {"type": "integer", "nullable": True},
+            },
+        }
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": "after",
+                "required": False,
+                "in": "query",
+                "description": "id of the last item of the previous page",
+                "schema": {"type": "integer"},
+            },
+            {
+                "name": "limit",
+                "required": False,
+                "in": "query",
+                "description": f"items per page, 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})",
+                "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+            },
+        ]
