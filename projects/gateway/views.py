@@ -33,6 +33,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from projects import services as project_services
+from projects.access import TeamAccess, resolve_team_and_role
 from projects.errors import DomainError
 from projects.gateway import lookups, routing
 from projects.gateway.db import in_db_thread
@@ -55,7 +56,8 @@ def _after_response(func: Callable[..., Any], *args: Any) -> None:
     task.add_done_callback(_background.discard)
 
 
-def _authenticate(authorization: str | None) -> ApiKey:
+def _authenticate(authorization: str | None) -> TeamAccess:
+    """The key's team access (projects.access, the resolver every entry point uses); 401 without."""
     raw = _bearer(authorization)
     digest = lookups.key_digest(raw)
     api_key = lookups.api_keys.get(digest)  # see lookups for the revocation lag this costs
@@ -66,7 +68,9 @@ def _authenticate(authorization: str | None) -> ApiKey:
     if api_key is None:
         raise GatewayError(401, "Incorrect API key provided, or the key was revoked.", code="invalid_api_key")
     _count_request(api_key)
-    return api_key
+    access = resolve_team_and_role(api_key=api_key)
+    assert access is not None
+    return access
 
 
 def _bearer(authorization: str | None) -> str:
@@ -96,14 +100,14 @@ def _prepare_chat(
     """Everything before forwarding; raises GatewayError. ``team`` is given (and the key check
     skipped) only by ``chat_completions_for_team``, whose caller has checked the session;
     ``chat`` when ``_prepare_remembered`` has parsed the body already."""
-    api_key = _authenticate(authorization) if team is None else None
-    if api_key is not None:
-        team = api_key.team
+    access = _authenticate(authorization) if team is None else None
+    if access is not None:
+        team = access.team
     assert team is not None
     if chat is None:
         chat = _parse(raw_body)
     target, servers = _route(team, chat.request.model)
-    return Route(api_key, target, servers, chat)
+    return Route(access.api_key if access else None, target, servers, chat)
 
 
 class _NotRemembered(Exception):
@@ -125,7 +129,9 @@ def _prepare_remembered(authorization: str | None, raw_body: bytes, team: Team |
         api_key = lookups.api_keys.get(lookups.key_digest(_bearer(authorization)))
         if api_key is None or not ApiKey.team.is_cached(api_key):  # no lazy query on the loop
             raise _NotRemembered
-        team = api_key.team
+        access = resolve_team_and_role(api_key=api_key)
+        assert access is not None
+        team = access.team
     chat = _parse(raw_body)
     remembered = lookups.routes.get((team.pk, chat.request.model))
     if remembered is None:
@@ -247,19 +253,19 @@ def _upstream(server: InferenceServer) -> Upstream:
 
 
 def _list_models(authorization: str | None) -> dict:
-    api_key = _authenticate(authorization)
-    return {"object": "list", "data": routing.available_models(team=api_key.team)}
+    access = _authenticate(authorization)
+    return {"object": "list", "data": routing.available_models(team=access.team)}
 
 
 def _get_model(authorization: str | None, model_id: str) -> dict:
-    api_key = _authenticate(authorization)
+    access = _authenticate(authorization)
     try:
-        target = routing.resolve_model(team=api_key.team, model_id=model_id)
+        target = routing.resolve_model(team=access.team, model_id=model_id)
     except DomainError as exc:
         raise GatewayError(exc.status_code, exc.message, code=exc.code, param=exc.field) from exc
     checkpoint = target.checkpoint
     created = checkpoint.created_at if checkpoint else target.base_model.created_at
-    owner = api_key.team.name if checkpoint else "artweb"
+    owner = access.team.name if checkpoint else "artweb"
     return {"id": target.model_id, "object": "model", "created": int(created.timestamp()), "owned_by": owner}
 
 

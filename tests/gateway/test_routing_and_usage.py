@@ -132,6 +132,7 @@ def test_usage_api_reports_by_day_and_model_for_the_callers_team_only(
     assert bob_client.get("/api/v1/usage").json()["totals"]["requests"] == 3  # viewers may read
     assert charlie_client.get("/api/v1/usage").json() == {
         "object": "list", "group_by": ["day", "model"], "data": [],
+        "has_more": False, "first_id": None, "last_id": None,
         "totals": {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
     }  # fmt: skip
     bad = key_client.get("/api/v1/usage", {"group_by": "colour"})
