@@ -1,0 +1,59 @@
+"""The domain: teams and their keys, projects, models, rewards, task sets, environments, runs,
+evaluations, and what the gateway keeps. One module per subject; this package re-exports every
+model, so ``from projects.models import Run`` and the migrations see one app, ``projects``.
+
+Every row below a Team is reachable from exactly one team (directly or through its project); the
+API's one base view class scopes by that path (``TEAM_PATH``) so a query can never cross teams.
+Business logic lives in projects.services (writes) and projects.selectors (reads), not here.
+"""
+
+from __future__ import annotations
+
+from projects.models.base import EventLevel, slug_validator
+from projects.models.catalogue import (
+    BaseModel,
+    Environment,
+    EnvironmentKind,
+    Project,
+    RewardDefinition,
+    Split,
+    TaskRow,
+    TaskSet,
+    TrainableModel,
+)
+from projects.models.evaluations import Evaluation, EvaluationEvent, EvaluationSample, EvaluationStatus
+from projects.models.gateway import InferenceServer, UsageRecord
+from projects.models.runs import Checkpoint, EventType, Run, RunEvent, RunStatus, StepMetrics, Trajectory
+from projects.models.teams import ApiKey, JudgeEndpoint, Membership, Role, Team
+
+__all__ = [
+    "ApiKey",
+    "BaseModel",
+    "Checkpoint",
+    "Environment",
+    "EnvironmentKind",
+    "Evaluation",
+    "EvaluationEvent",
+    "EvaluationSample",
+    "EvaluationStatus",
+    "EventLevel",
+    "EventType",
+    "InferenceServer",
+    "JudgeEndpoint",
+    "Membership",
+    "Project",
+    "RewardDefinition",
+    "Role",
+    "Run",
+    "RunEvent",
+    "RunStatus",
+    "Split",
+    "StepMetrics",
+    "TaskRow",
+    "TaskSet",
+    "Team",
+    "TrainableModel",
+    "Trajectory",
+    "UsageRecord",
+    "slug_validator",
+]

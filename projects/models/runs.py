@@ -1,0 +1,122 @@
+"""Runs and what they record: events, step metrics, trajectories and checkpoints."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from projects.models.base import ClaimedWork, Event
+from projects.models.catalogue import Environment, Project, RewardDefinition, TaskSet, TrainableModel
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    PAUSED = "paused"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Run(ClaimedWork):
+    TEAM_PATH = "project__team"
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="runs")
+    model = models.ForeignKey(TrainableModel, on_delete=models.PROTECT, related_name="runs")
+    task_set = models.ForeignKey(TaskSet, on_delete=models.PROTECT, related_name="runs")
+    environment = models.ForeignKey(Environment, on_delete=models.PROTECT, related_name="runs")
+    reward = models.ForeignKey(RewardDefinition, on_delete=models.PROTECT, related_name="runs")
+    config = models.JSONField(help_text="TrainConfig as a dict (all fields, defaults filled in)")
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    cancel_requested = models.BooleanField(default=False)
+    start_step = models.PositiveIntegerField(default=0, help_text="model checkpoint step the run starts from")
+    current_step = models.PositiveIntegerField(default=0, help_text="last step recorded")
+    total_steps = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0, help_text="how many times a worker claimed it")
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta(ClaimedWork.Meta):
+        indexes = [models.Index(fields=["status", "heartbeat_at"])]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.status})"
+
+    @property
+    def steps_done(self) -> int:
+        return max(0, self.current_step - self.start_step) if self.started_at else 0
+
+
+class EventType(models.TextChoices):
+    MESSAGE = "message"
+    METRICS = "metrics"
+
+
+class RunEvent(Event):
+    """Insert-only history of a run (OpenAI fine-tuning events shape)."""
+
+    TEAM_PATH = "run__project__team"
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    type = models.CharField(max_length=16, choices=EventType.choices, default=EventType.MESSAGE)
+
+
+class StepMetrics(models.Model):
+    TEAM_PATH = "run__project__team"
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="step_metrics")
+    step = models.PositiveIntegerField()
+    reward_mean = models.FloatField(null=True)
+    reward_std = models.FloatField(null=True)
+    loss = models.FloatField(null=True)
+    metrics = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="unique_step_metrics")]
+        ordering = ["step"]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step}"
+
+
+class Trajectory(models.Model):
+    TEAM_PATH = "run__project__team"
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trajectories")
+    step = models.PositiveIntegerField()
+    group_index = models.PositiveIntegerField()
+    sample_index = models.PositiveIntegerField()
+    task_row_index = models.PositiveIntegerField(null=True)
+    messages = models.JSONField()
+    reward = models.FloatField()
+    sub_rewards = models.JSONField(default=dict)
+    errors = models.JSONField(default=list)
+    metrics = models.JSONField(default=dict)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    finish_reason = models.CharField(max_length=16, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "step", "group_index", "sample_index"], name="unique_trajectory"
+            )
+        ]
+        ordering = ["step", "group_index", "sample_index"]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step} group {self.group_index} #{self.sample_index}"
+
+
+class Checkpoint(models.Model):
+    """A saved adapter. The row is written only after its files are complete on disk."""
+
+    TEAM_PATH = "model__project__team"
+    model = models.ForeignKey(TrainableModel, on_delete=models.CASCADE, related_name="checkpoints")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="checkpoints")
+    step = models.PositiveIntegerField()
+    path = models.CharField(max_length=1000)
+    metrics = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "step"], name="unique_checkpoint_step")]
+        ordering = ["step"]
+
+    def __str__(self) -> str:
+        return f"{self.model} step {self.step}"

@@ -1,0 +1,83 @@
+"""Teams, their members and API keys, and the OpenAI-compatible endpoints a team configures."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from projects.models.base import slug_name
+
+
+class Team(models.Model):
+    name = slug_name(unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Role(models.TextChoices):
+    OWNER = "owner"
+    MEMBER = "member"
+    VIEWER = "viewer"
+
+
+class Membership(models.Model):
+    TEAM_PATH = "team"
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="unique_membership")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+
+class ApiKey(models.Model):
+    """A team API key. Only a SHA-256 of the key is stored; the plaintext is shown once.
+
+    Keys are 256-bit random strings, so a fast hash is enough (no brute force is feasible); the
+    public ``prefix`` finds the row without scanning and is safe to display.
+    """
+
+    TEAM_PATH = "team"
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    read_only = models.BooleanField(default=False)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class JudgeEndpoint(models.Model):
+    """An OpenAI-compatible endpoint a team's LLM-judge graders call (score_model, label_model,
+    ruler). The API key is encrypted at rest (projects.secrets) and never returned by the API."""
+
+    TEAM_PATH = "team"
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="judge_endpoints")
+    name = slug_name()
+    base_url = models.URLField(max_length=500)
+    api_key_encrypted = models.TextField(blank=True, default="")
+    default_model = models.CharField(max_length=200, blank=True, default="")
+    timeout_s = models.FloatField(default=60.0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="unique_judge_endpoint_name")]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.base_url})"
