@@ -17,7 +17,7 @@ from frontend import forms as f
 from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
 from frontend.presentation import evaluation_results, evaluation_sample_rows
 from projects import selectors, services
-from projects.errors import DomainError, ValidationFailed
+from projects.errors import ValidationFailed
 from projects.models import (
     BaseModel,
     Checkpoint,
@@ -261,9 +261,7 @@ def evaluation_live(request: TeamHttpRequest, evaluation_id: int) -> HttpRespons
 @team_view(write=True)
 def evaluation_cancel(request: TeamHttpRequest, evaluation_id: int) -> HttpResponse:
     evaluation = get_scoped(Evaluation, request, evaluation_id)
-    try:
-        services.evaluation_cancel(evaluation=evaluation)
-        messages.success(request, "Evaluation cancelled.")
-    except DomainError as exc:
-        messages.error(request, exc.message)
+    f.call_service(
+        request, lambda: services.evaluation_cancel(evaluation=evaluation), success="Evaluation cancelled."
+    )
     return redirect("frontend:evaluation", evaluation_id=evaluation.pk)

@@ -1,15 +1,19 @@
 """Dashboard forms. They only shape input; every check that matters is in projects.services,
-whose ValidationFailed errors are put back next to the field they name (``attach_errors``)."""
+whose ValidationFailed errors are put back next to the field they name (``attach_errors``); a
+button's service call reports back as the page's message (``call_service``)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
+from django.contrib import messages
+from django.http import HttpRequest
 
 from projects import catalog
-from projects.errors import ValidationFailed
+from projects.errors import DomainError, ValidationFailed
 from projects.models import EnvironmentKind, Role
 
 
@@ -106,6 +110,17 @@ def attach_errors(form: forms.Form, error: ValidationFailed, *, rename: dict[str
             form.add_error(head, f"{name}: {message}")
         else:
             form.add_error(None, f"{field}: {message}" if field != "non_field_errors" else message)
+
+
+def call_service(request: HttpRequest, action: Callable[[], object], *, success: str) -> None:
+    """Run a button's service call (cancel a run, an evaluation): ``success`` or the domain error's
+    message becomes the message on the page the button returns to."""
+    try:
+        action()
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, success)
 
 
 class EnvironmentForm(forms.Form):

@@ -9,6 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.paginator import Paginator
+from django.http import HttpRequest
+
 from projects import catalog
 from projects.models import EnvironmentKind
 
@@ -286,3 +289,17 @@ def environment_kinds() -> list[dict[str, Any]]:
         }
         for kind in EnvironmentKind
     ]
+
+
+PAGE_SIZE = 20
+
+
+def page_of(request: HttpRequest, items: Any) -> Any:
+    """One dashboard page of ``items`` (``?page=``)."""
+    return Paginator(items, PAGE_SIZE).get_page(request.GET.get("page"))
+
+
+def query_without_page(request: HttpRequest) -> str:
+    query = request.GET.copy()
+    query.pop("page", None)
+    return query.urlencode()

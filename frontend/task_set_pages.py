@@ -13,9 +13,9 @@ from django.shortcuts import redirect, render
 from frontend import forms as f
 from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
 from projects import selectors
-from projects.services import scenarios
 from projects.errors import ValidationFailed
 from projects.models import Environment, JudgeEndpoint, Project, TaskRow, TaskSet
+from projects.services import scenarios
 
 PREVIEW_ROWS = 20
 

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import evaluation_pages, playground, task_set_pages, views
+from frontend import evaluation_pages, playground, reward_pages, run_pages, task_set_pages, views
 
 app_name = "frontend"
 
@@ -16,8 +16,8 @@ urlpatterns = [
     path("team/api-keys/<int:key_id>/revoke", views.api_key_revoke, name="api-key-revoke"),
     path("projects/", views.projects, name="projects"),
     path("projects/<int:project_id>/", views.project, name="project"),
-    path("projects/<int:project_id>/runs/new", views.run_new, name="run-new"),
-    path("projects/<int:project_id>/rewards/", views.rewards, name="rewards"),
+    path("projects/<int:project_id>/runs/new", run_pages.run_new, name="run-new"),
+    path("projects/<int:project_id>/rewards/", reward_pages.rewards, name="rewards"),
     path(
         "projects/<int:project_id>/task-sets/generate",
         task_set_pages.task_set_generate,
@@ -32,14 +32,14 @@ urlpatterns = [
         "evaluations/<int:evaluation_id>/cancel", evaluation_pages.evaluation_cancel, name="evaluation-cancel"
     ),
     path("models/<int:model_id>/", views.model_detail, name="model"),
-    path("runs/", views.runs, name="runs"),
-    path("runs/<int:run_id>/", views.run_detail, name="run"),
-    path("runs/<int:run_id>/live", views.run_live, name="run-live"),
-    path("runs/<int:run_id>/metrics.json", views.run_metrics, name="run-metrics"),
-    path("runs/<int:run_id>/cancel", views.run_cancel, name="run-cancel"),
-    path("runs/<int:run_id>/trajectories", views.trajectories, name="trajectories"),
-    path("rewards/<int:reward_id>/", views.reward, name="reward"),
-    path("rewards/validate", views.grader_validate, name="grader-validate"),
-    path("checkpoints/<int:checkpoint_id>/", views.checkpoint, name="checkpoint"),
+    path("runs/", run_pages.runs, name="runs"),
+    path("runs/<int:run_id>/", run_pages.run_detail, name="run"),
+    path("runs/<int:run_id>/live", run_pages.run_live, name="run-live"),
+    path("runs/<int:run_id>/metrics.json", run_pages.run_metrics, name="run-metrics"),
+    path("runs/<int:run_id>/cancel", run_pages.run_cancel, name="run-cancel"),
+    path("runs/<int:run_id>/trajectories", run_pages.trajectories, name="trajectories"),
+    path("rewards/<int:reward_id>/", reward_pages.reward, name="reward"),
+    path("rewards/validate", reward_pages.grader_validate, name="grader-validate"),
+    path("checkpoints/<int:checkpoint_id>/", run_pages.checkpoint, name="checkpoint"),
     path("playground/chat", playground.playground_chat, name="playground-chat"),
 ]

@@ -1,0 +1,268 @@
+"""Run pages: the list, a new run, a run's live page, metrics and trajectory viewer, and a
+checkpoint's page with its playground. Reads through projects.selectors, writes through services.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from frontend import evaluation_pages
+from frontend import forms as f
+from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
+from frontend.presentation import (
+    chart_data,
+    page_of,
+    query_without_page,
+    transcript_columns,
+)
+from projects import selectors, services
+from projects.errors import DomainError, ValidationFailed
+from projects.gateway import routing
+from projects.models import (
+    Checkpoint,
+    Environment,
+    Project,
+    RewardDefinition,
+    Run,
+    RunStatus,
+    TaskSet,
+    TrainableModel,
+)
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+@team_view()
+def runs(request: TeamHttpRequest) -> HttpResponse:
+    team = request.team
+    project_id = request.GET.get("project", "")
+    status = request.GET.get("status", "")
+    text = request.GET.get("q", "").strip()
+    items = selectors.runs_search(
+        team=team,
+        project_id=int(project_id) if project_id.isdigit() else None,
+        status=status if status in RunStatus.values else None,
+        text=text,
+    )
+    return render(
+        request,
+        "frontend/runs.html",
+        {
+            "page": page_of(request, items),
+            "projects": selectors.scoped(Project, team).order_by("name"),
+            "statuses": RunStatus.values,
+            "filters": {"project": project_id, "status": status, "q": text},
+            "query": query_without_page(request),
+        },
+    )
+
+
+def _run_choices(request: TeamHttpRequest, project: Project) -> dict[str, list[tuple[int, str]]]:
+    team = request.team
+    return {
+        "model": [
+            (m.pk, f"{m.name} ({m.base_model.name})")
+            for m in selectors.scoped(TrainableModel, team)
+            .filter(project=project)
+            .select_related("base_model")
+        ],
+        "task_set": [
+            (t.pk, f"{t.name} ({t.train_count} train / {t.validation_count} validation rows)")
+            for t in selectors.scoped(TaskSet, team).filter(project=project)
+        ],
+        "environment": [
+            (e.pk, f"{e.name} ({e.kind}, {e.max_turns} turn{'s' if e.max_turns != 1 else ''})")
+            for e in selectors.scoped(Environment, team).filter(project=project)
+        ],
+        "reward": [
+            (r.pk, f"{r.name} v{r.version}")
+            for r in selectors.reward_definitions_latest(team=team, project=project)
+        ],
+    }
+
+
+@team_view(write=True)
+def run_new(request: TeamHttpRequest, project_id: int) -> HttpResponse:
+    project = get_scoped(Project, request, project_id)
+    form = f.NewRunForm(request.POST or None, request.FILES or None, choices=_run_choices(request, project))
+    if request.method == "POST" and form.is_valid():
+        run = _create_run(request, project, form)
+        if run is not None:
+            messages.success(request, f"Run {run.pk} queued.")
+            return redirect("frontend:run", run_id=run.pk)
+    return render(request, "frontend/run_new.html", {"project": project, "form": form})
+
+
+def _create_run(request: TeamHttpRequest, project: Project, form: f.NewRunForm) -> Run | None:
+    data = form.cleaned_data
+    try:
+        if data["task_set"]:
+            task_set = get_scoped(TaskSet, request, data["task_set"], project=project)
+        else:
+            upload = data["task_file"]
+            try:
+                text = upload.read().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                form.add_error("task_file", f"not UTF-8 text (byte {exc.start})")
+                return None
+            task_set = services.task_set_create(
+                project=project,
+                name=data["task_set_name"],
+                jsonl=text,
+                validation_fraction=data["validation_fraction"],
+            )
+        return services.run_create(
+            model=get_scoped(TrainableModel, request, data["model"], project=project),
+            task_set=task_set,
+            environment=get_scoped(Environment, request, data["environment"], project=project),
+            reward=get_scoped(RewardDefinition, request, data["reward"], project=project),
+            config=form.config(),
+            created_by=request.user,  # type: ignore[arg-type]
+        )
+    except ValidationFailed as exc:
+        f.attach_errors(form, exc, rename=f.FIELD_FOR_SERVICE_ERROR)
+    except DomainError as exc:
+        form.add_error(None, exc.message)
+    return None
+
+
+def _timing(run: Run) -> dict[str, Any]:
+    """Elapsed time and a simple ETA: the mean time per finished step times the steps left."""
+    if not run.started_at:
+        return {"elapsed": None, "eta": None}
+    end = run.finished_at or timezone.now()
+    elapsed = end - run.started_at
+    done, total = run.steps_done, run.total_steps
+    eta = None
+    if run.status == RunStatus.RUNNING and 0 < done < total:
+        eta = timedelta(seconds=round(elapsed.total_seconds() / done * (total - done)))
+    return {"elapsed": timedelta(seconds=round(elapsed.total_seconds())), "eta": eta}
+
+
+def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
+    done = run.steps_done
+    return {
+        "run": run,
+        "active": run.status in services.ACTIVE_STATUSES,
+        "percent": round(100 * done / run.total_steps) if run.total_steps else 0,
+        "events": selectors.run_recent_events(run=run, limit=50),
+        "checkpoints": selectors.run_checkpoints(run=run),
+        "can_cancel": can_write(request)
+        and run.status in services.ACTIVE_STATUSES
+        and not run.cancel_requested,
+        **_timing(run),
+    }
+
+
+@team_view()
+def run_detail(request: TeamHttpRequest, run_id: int) -> HttpResponse:
+    run = get_scoped(Run, request, run_id)
+    context = _run_context(request, run)
+    context["evaluations"] = selectors.run_evaluations(run=run)
+    context["config"] = sorted(run.config.items())
+    return render(request, "frontend/run.html", context)
+
+
+@require_GET
+@team_view()
+def run_live(request: TeamHttpRequest, run_id: int) -> HttpResponse:
+    """The run page's live part, polled by htmx while the run is active."""
+    return render(request, "frontend/_run_live.html", _run_context(request, get_scoped(Run, request, run_id)))
+
+
+@require_GET
+@team_view()
+def run_metrics(request: TeamHttpRequest, run_id: int) -> JsonResponse:
+    run = get_scoped(Run, request, run_id)
+    return JsonResponse(chart_data(list(selectors.run_step_metrics(run=run))))
+
+
+@require_POST
+@team_view(write=True)
+def run_cancel(request: TeamHttpRequest, run_id: int) -> HttpResponse:
+    run = get_scoped(Run, request, run_id)
+    f.call_service(request, lambda: services.run_cancel(run=run), success="Cancellation requested.")
+    return redirect("frontend:run", run_id=run.pk)
+
+
+@team_view()
+def trajectories(request: TeamHttpRequest, run_id: int) -> HttpResponse:
+    run = get_scoped(Run, request, run_id)
+    steps = selectors.trajectory_steps(run=run)
+    step = _int(request.GET.get("step"), None)
+    if step not in steps:
+        step = steps[-1] if steps else None
+    groups = selectors.trajectory_group_indexes(run=run, step=step) if step is not None else []
+    group = _int(request.GET.get("group"), None)
+    if group not in groups:  # e.g. a group number kept from another step
+        group = groups[0] if groups else None
+    rows = []
+    if step is not None and group is not None:
+        rows = selectors.trajectory_group(run=run, step=step, group_index=group)
+    return render(
+        request,
+        "frontend/trajectories.html",
+        {
+            "run": run,
+            "steps": steps,
+            "step": step,
+            "groups": groups,
+            "group": group,
+            "columns": transcript_columns(rows),
+        },
+    )
+
+
+def _int(raw: str | None, default: int | None) -> int | None:
+    try:
+        return int(raw) if raw not in (None, "") else default  # type: ignore[arg-type]
+    except ValueError:
+        return default
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+@team_view()
+def checkpoint(request: TeamHttpRequest, checkpoint_id: int) -> HttpResponse:
+    checkpoint = get_scoped(Checkpoint, request, checkpoint_id)
+    model = checkpoint.model
+    model_id = f"{model.project.name}/{model.name}:{checkpoint.step}"
+    base = model.base_model
+    servers = routing.live_servers(base_model=base, affinity=checkpoint.path)
+    gateway_url = request.build_absolute_uri("/v1")
+    return render(
+        request,
+        "frontend/checkpoint.html",
+        {
+            "checkpoint": checkpoint,
+            "model": model,
+            "model_id": model_id,
+            "base_model": base,
+            "server_count": len(servers),
+            "metrics": sorted((k, v) for k, v in checkpoint.metrics.items() if isinstance(v, int | float)),
+            "evaluations": selectors.checkpoint_evaluations(checkpoint=checkpoint),
+            "evaluation_form": _checkpoint_evaluation_form(request, checkpoint),
+            "gateway_url": gateway_url,
+            "playground_url": reverse("frontend:playground-chat"),
+        },
+    )
+
+
+def _checkpoint_evaluation_form(request: TeamHttpRequest, checkpoint: Checkpoint) -> Any:
+    """The Evaluate form for members, prefilled with this checkpoint and its run's inputs."""
+    if not can_write(request):
+        return None
+    initial: dict[str, Any] = {"subject": f"checkpoint:{checkpoint.pk}"}
+    if checkpoint.run is not None:
+        run = checkpoint.run
+        initial.update(task_set=run.task_set_id, environment=run.environment_id, reward=run.reward_id)
+    return evaluation_pages.evaluation_form(request, initial=initial)
