@@ -59,7 +59,8 @@ def _evaluate(claimed: Claimed[Evaluation]) -> str:
         del policy
         gc.collect()
         note(
-            f"{subject_label}: {services.evaluation_results_summary(result.results)}", **_flat(result.results)
+            f"{subject_label}: {selectors.evaluation_results_summary(result.results)}",
+            **_flat(result.results),
         )
         if not active():
             return "cancelled"
@@ -70,7 +71,7 @@ def _evaluate(claimed: Claimed[Evaluation]) -> str:
                 reference, rows, environment, evaluation.reward.spec, side=REFERENCE, **common
             )
             note(
-                f"Reference {reference.name}: {services.evaluation_results_summary(reference_result.results)}"
+                f"Reference {reference.name}: {selectors.evaluation_results_summary(reference_result.results)}"
             )
             result = with_reference(result, reference_result)
     finally:

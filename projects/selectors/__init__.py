@@ -19,6 +19,7 @@ from projects.selectors.evaluations import (
     evaluation_recent_events,
     evaluation_reference,
     evaluation_reference_label,
+    evaluation_results_summary,
     evaluation_rows,
     evaluation_sample_row_indexes,
     evaluation_samples,
@@ -103,4 +104,5 @@ __all__ = [
     "evaluation_inputs_resolve",
     "evaluation_reference",
     "evaluation_reference_label",
+    "evaluation_results_summary",
 ]

@@ -149,6 +149,22 @@ def model_label(checkpoint: Checkpoint | None, base_model: BaseModel | None) -> 
     return base_model.name if base_model is not None else ""
 
 
+def evaluation_results_summary(results: dict[str, Any]) -> str:
+    """An evaluation's results in one line, for its events and the run's."""
+
+    def show(value: Any) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
+    text = f"reward {show(results.get('reward_mean'))}, pass rate {show(results.get('pass_rate'))} (n={results.get('n')})"
+    comparison = results.get("comparison")
+    if comparison:
+        text += f"; win rate vs reference {show(comparison.get('win_rate'))}"
+    baseline = results.get("comparison_to_baseline")
+    if baseline:
+        text += f"; win rate vs step {results.get('baseline_step')} {show(baseline.get('win_rate'))}"
+    return text
+
+
 @dataclass(frozen=True)
 class ModelChoice:
     """An evaluation's subject or reference as a request names it: one of a checkpoint id, a model

@@ -44,7 +44,8 @@ from projects.models import (
     TaskSet,
 )
 from projects.queues import Queue
-from projects.selectors.evaluations import model_label, task_set_rows
+from projects.selectors.evaluations import evaluation_results_summary, model_label
+from projects.selectors.task_sets import task_set_rows
 from projects.services._common import error_text, jsonb_safe
 from projects.services.runs import run_event_add
 from training.config import TrainConfig
@@ -320,22 +321,6 @@ def _samples(evaluation: Evaluation, samples: list[Any]) -> None:
         ],
         batch_size=200,
     )
-
-
-def evaluation_results_summary(results: dict[str, Any]) -> str:
-    """An evaluation's results in one line, for its events and the run's."""
-
-    def show(value: Any) -> str:
-        return "n/a" if value is None else f"{value:.3f}"
-
-    text = f"reward {show(results.get('reward_mean'))}, pass rate {show(results.get('pass_rate'))} (n={results.get('n')})"
-    comparison = results.get("comparison")
-    if comparison:
-        text += f"; win rate vs reference {show(comparison.get('win_rate'))}"
-    baseline = results.get("comparison_to_baseline")
-    if baseline:
-        text += f"; win rate vs step {results.get('baseline_step')} {show(baseline.get('win_rate'))}"
-    return text
 
 
 def evaluation_finish(
