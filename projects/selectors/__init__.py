@@ -12,7 +12,6 @@ from projects.selectors._scoping import (
 from projects.selectors.evaluations import (
     ModelChoice,
     checkpoint_evaluations,
-    evaluation_events,
     evaluation_get,
     evaluation_inputs_resolve,
     evaluation_is_active,
@@ -38,7 +37,6 @@ from projects.selectors.rewards import (
     reward_definitions_latest,
 )
 from projects.selectors.runs import (
-    run_events,
     run_get,
     run_recent_events,
     run_stop_reason,
@@ -70,7 +68,6 @@ __all__ = [
     "memberships_of",
     "team_members",
     "run_get",
-    "run_events",
     "run_recent_events",
     "runs_search",
     "run_stop_reason",
@@ -97,7 +94,6 @@ __all__ = [
     "evaluation_samples",
     "evaluation_sample_row_indexes",
     "evaluation_samples_of_rows",
-    "evaluation_events",
     "evaluation_recent_events",
     "model_id_resolve",
     "model_label",

@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 from django.db.models import Model, QuerySet
 
 from projects.errors import ValidationFailed
 from projects.models import Team
-
-Row = TypeVar("Row", bound=Model)
 
 
 def scoped(model: type[Model], team: Team) -> QuerySet:
@@ -28,13 +26,3 @@ def scoped_reference(model: type[Model], team: Team, value: Any, *, field: str) 
     if obj is None:
         raise ValidationFailed(f"no {model._meta.verbose_name} with id {pk} in your team", field=field)
     return obj
-
-
-def page_after(rows: QuerySet[Row], *, after: int | None, limit: int) -> tuple[list[Row], bool]:
-    """Up to ``limit`` rows with an id above ``after``, oldest first, and whether more follow (the
-    event lists' cursor: poll with the last id seen)."""
-    rows = rows.order_by("id")
-    if after is not None:
-        rows = rows.filter(id__gt=after)
-    page = list(rows[: limit + 1])
-    return page[:limit], len(page) > limit

@@ -25,7 +25,7 @@ from projects.models import (
     TaskSet,
     Team,
 )
-from projects.selectors._scoping import page_after, scoped, scoped_reference
+from projects.selectors._scoping import scoped, scoped_reference
 from projects.selectors.task_sets import task_set_rows
 
 
@@ -108,12 +108,6 @@ def evaluation_samples_of_rows(
     return EvaluationSample.objects.filter(evaluation=evaluation, task_row_index__in=row_indexes).order_by(
         "task_row_index", "side", "sample_index"
     )
-
-
-def evaluation_events(
-    *, evaluation: Evaluation, after: int | None = None, limit: int = 100
-) -> tuple[list[EvaluationEvent], bool]:
-    return page_after(EvaluationEvent.objects.filter(evaluation=evaluation), after=after, limit=limit)
 
 
 def evaluation_recent_events(*, evaluation: Evaluation, limit: int = 50) -> list[EvaluationEvent]:

@@ -6,7 +6,7 @@ from django.db.models import Q, QuerySet
 
 from projects.errors import NotFound
 from projects.models import Run, RunEvent, RunStatus, Team
-from projects.selectors._scoping import page_after, scoped
+from projects.selectors._scoping import scoped
 
 
 def run_get(*, team: Team, run_id: int) -> Run:
@@ -14,10 +14,6 @@ def run_get(*, team: Team, run_id: int) -> Run:
     if run is None:
         raise NotFound("run not found")
     return run
-
-
-def run_events(*, run: Run, after: int | None = None, limit: int = 100) -> tuple[list[RunEvent], bool]:
-    return page_after(RunEvent.objects.filter(run=run), after=after, limit=limit)
 
 
 def run_recent_events(*, run: Run, limit: int = 50) -> list[RunEvent]:
