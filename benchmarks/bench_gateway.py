@@ -15,7 +15,7 @@ app under uvicorn, with a team, an API key and the base model registered, then m
     python -m benchmarks.bench_gateway --tiny --json /tmp/gateway-bench.json
     python -m benchmarks.bench_gateway --tiny --echo-upstream   # the gateway's own cost only
 
-`--echo-upstream` puts the vLLM protocol double (tests/gateway/fake_vllm.py, started through
+`--echo-upstream` puts the vLLM protocol double (tests/projects/gateway/fake_vllm.py, started through
 `serve_inference --engine vllm --vllm-command`) behind the gateway instead of a model: it answers
 in well under a millisecond, so the paired difference is the gateway's own work (its vLLM path,
 which also re-serialises the body) without the model's latency noise. Only part 1 runs then.

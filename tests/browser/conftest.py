@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from tests.gateway.conftest import free_port
 from tests.processes import Process, test_database_url
+from tests.projects.gateway.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"

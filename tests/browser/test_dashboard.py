@@ -13,8 +13,8 @@ from unittest import mock
 import pytest
 
 from projects import services
-from projects.services import judges
 from projects.models import ApiKey, BaseModel, EnvironmentKind, Evaluation, Membership, Run, RunStatus
+from projects.services import judges
 from tests.openai_stub import openai_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

@@ -14,8 +14,8 @@ import pytest
 from django.test import Client
 
 from projects import services
-from projects.services import judges
 from projects.models import Evaluation, EvaluationSample, EvaluationStatus, TaskRow, TaskSet
+from projects.services import judges
 from tests.openai_stub import openai_stub, tool_call
 
 pytestmark = pytest.mark.django_db

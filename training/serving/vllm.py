@@ -7,7 +7,7 @@ healthy, and stops it on SIGTERM/SIGINT. The gateway loads and unloads adapters
 
 NOT RUN against a real vLLM on the CPU machines this project is developed on (vLLM's wheel is
 CUDA-only). The launcher and the gateway's calls are tested against a protocol double
-(tests/gateway/fake_vllm.py, started through `executable`), which checks the command line parses
+(tests/projects/gateway/fake_vllm.py, started through `executable`), which checks the command line parses
 and speaks vLLM's endpoints as documented; the real path is the `gpu`-marked test.
 
 vLLM does the batching (continuous), logprobs with real top-k alternatives, `return_token_ids`,

@@ -9,7 +9,7 @@ its health check and registers *its* URL (the gateway talks to vLLM directly and
 through it); this process then only heartbeats while the child lives, and stops it and
 deregisters on SIGTERM/SIGINT. ``--vllm-command`` (or the INFERENCE_VLLM_COMMAND setting) replaces the program
 that is run with the same arguments: for operators with a wrapper, and for the tests, which run
-a protocol double of vLLM's server (tests/gateway/fake_vllm.py).
+a protocol double of vLLM's server (tests/projects/gateway/fake_vllm.py).
 """
 
 from __future__ import annotations

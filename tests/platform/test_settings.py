@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def manage(*args: str, env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess:

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from projects.services import judges
 from projects.models import TaskRow, TaskSet
+from projects.services import judges
 from tests.openai_stub import openai_stub
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 TRAINING = ROOT / "training"
 FORBIDDEN = {"django", "projects", "rest_framework", "celery", "artweb", "frontend"}
 

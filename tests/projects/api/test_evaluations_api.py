@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from projects import services
-from projects.services import judges
 from projects.models import Evaluation, EvaluationSample, EvaluationStatus, Run
+from projects.services import judges
 from training.evaluation import EvalSample
 
 pytestmark = pytest.mark.django_db
@@ -173,9 +173,7 @@ def test_claim_is_idempotent_and_finish_needs_the_owner(alice_client, setup):
     created = alice_client.post("/api/v1/evaluations/", body(setup), format="json").json()
     claimed = services.evaluation_claim(evaluation_id=created["id"], worker="w1")
     assert claimed is not None and claimed.status == EvaluationStatus.RUNNING
-    assert services.evaluation_claim(evaluation_id=created["id"], worker="w2") is None, (
-        "duplicate delivery"
-    )
+    assert services.evaluation_claim(evaluation_id=created["id"], worker="w2") is None, "duplicate delivery"
     assert not services.evaluation_finish(evaluation_id=created["id"], worker="w2", results={}, samples=[])
     assert services.evaluation_finish(
         evaluation_id=created["id"],

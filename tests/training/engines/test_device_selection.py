@@ -43,7 +43,7 @@ def test_transformers_everywhere_else(machine, device, cuda, vllm):
 
 def test_transformers_can_be_forced_by_argument(machine, monkeypatch):
     # The core reads no environment: ARTWEB_ENGINE reaches it through Django's TRAINING_ENGINE
-    # and the run spec (tests/unit/platform/test_settings.py, tests/projects/jobs).
+    # and the run spec (tests/platform/test_settings.py, tests/projects/jobs).
     machine(cuda=True, vllm=True)
     assert select_engine_kind("cuda", "transformers") == "transformers"
     monkeypatch.setenv("ARTWEB_ENGINE", "transformers")

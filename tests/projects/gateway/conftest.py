@@ -23,7 +23,7 @@ import pytest
 
 from tests.processes import Process, test_database_url
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BASE_MODEL = "gateway-tiny"  # not "tiny": other tests' fixtures register a base model by that name
 SERVER_TOKEN = "test-server-token"
 

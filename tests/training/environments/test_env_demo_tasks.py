@@ -6,7 +6,7 @@ from pathlib import Path
 from projects.services.task_sets import parse_rows
 from training.environments.mcp_demo.server import open_database
 
-DEMO = Path(__file__).resolve().parents[4] / "artweb" / "demo"
+DEMO = Path(__file__).resolve().parents[3] / "artweb" / "demo"
 
 
 def test_tool_tasks_need_the_lookup_tool_and_have_both_splits():

@@ -3,7 +3,7 @@ launches the server, waits for its health check, registers it and heartbeats; th
 each checkpoint's adapter through vLLM's runtime LoRA API, least recently used out, and speaks
 vLLM's dialect.
 
-On these CPU machines the server launched is a PROTOCOL DOUBLE (tests/gateway/fake_vllm.py,
+On these CPU machines the server launched is a PROTOCOL DOUBLE (tests/projects/gateway/fake_vllm.py,
 through --vllm-command): what these tests prove is the wiring (command line, health wait,
 registration, signals, the adapter calls and their bookkeeping, error and stream rewriting), not
 that vLLM itself behaves as the double does. `test_real_vllm_serves_checkpoints_through_the_gateway`
@@ -28,12 +28,20 @@ from openai import OpenAI
 
 from projects import services
 from projects.models import BaseModel, InferenceServer, UsageRecord
-from tests.gateway.conftest import ROOT, SERVER_TOKEN, Process, Serving, http, register_base_model, wait_for
+from tests.projects.gateway.conftest import (
+    ROOT,
+    SERVER_TOKEN,
+    Process,
+    Serving,
+    http,
+    register_base_model,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 VLLM_MODEL = "gateway-tiny-vllm"  # served only by the vLLM servers of this module
-FAKE_VLLM = f"{sys.executable} {ROOT / 'tests' / 'gateway' / 'fake_vllm.py'}"
+FAKE_VLLM = f"{sys.executable} {ROOT / 'tests' / 'projects' / 'gateway' / 'fake_vllm.py'}"
 HELLO = [{"role": "user", "content": "Hello there"}]
 
 

@@ -17,7 +17,7 @@ from projects.gateway.vllm import openai_error
 from training.openai_errors import ERROR_KINDS, OTHER_ERROR, error_kind, error_object
 from training.serving.protocol import RequestError
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 ERROR_BUILDERS = {"GatewayError", "RequestError", "error_response", "error_object"}
 
 

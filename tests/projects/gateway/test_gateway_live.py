@@ -17,7 +17,7 @@ from openai import AsyncOpenAI, OpenAI
 
 from projects import services
 from projects.models import BaseModel, InferenceServer
-from tests.gateway.conftest import (
+from tests.projects.gateway.conftest import (
     BASE_MODEL,
     SERVER_TOKEN,
     Process,

@@ -1,4 +1,5 @@
-"""Fixtures for the training core: a tiny random-init model built once per session, no hub."""
+"""Fixtures for the training core: a fresh tiny model per test (built once per session by the
+root conftest's ``tiny_model_dir``), no hub."""
 
 import os
 
@@ -10,12 +11,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from training.base_models import build_tiny_model, load_base_model  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+from training.base_models import load_base_model  # noqa: E402
 
 
 @pytest.fixture
