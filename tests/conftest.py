@@ -36,6 +36,13 @@ def cast(db):
     return type("Cast", (), {"alice": alice, "bob": bob, "charlie": charlie, "alpha": alpha, "beta": beta})
 
 
+def error_of(response) -> dict:
+    """The OpenAI error object of a response (asserting it is one)."""
+    body = response.json()
+    assert "error" in body, body
+    return body["error"]
+
+
 def _client(user=None, key: str | None = None):
     from rest_framework.test import APIClient
 

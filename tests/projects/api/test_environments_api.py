@@ -8,12 +8,7 @@ from django.test import override_settings
 
 from projects import environment_config
 from projects.models import Environment
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert "error" in body, body
-    return body["error"]
+from tests.conftest import error_of
 
 
 def create(client, project: int, **fields):

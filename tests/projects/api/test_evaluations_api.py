@@ -8,15 +8,10 @@ import pytest
 from projects import services
 from projects.models import Evaluation, EvaluationSample, EvaluationStatus, Run
 from projects.services import judges
+from tests.conftest import error_of
 from training.evaluation import EvalSample
 
 pytestmark = pytest.mark.django_db
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert "error" in body, body
-    return body["error"]
 
 
 @pytest.fixture

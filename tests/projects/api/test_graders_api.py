@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from projects.models import JudgeEndpoint
+from tests.conftest import error_of
 
 pytestmark = pytest.mark.django_db
 
@@ -18,10 +19,6 @@ STRING_CHECK = {
     "reference": "{{item.answer}}",
     "operation": "eq",
 }
-
-
-def error_of(response) -> dict:
-    return response.json()["error"]
 
 
 def test_validate_returns_the_normalised_grader(key_client):

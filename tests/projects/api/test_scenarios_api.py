@@ -10,15 +10,10 @@ import pytest
 
 from projects.models import TaskRow, TaskSet
 from projects.services import judges
+from tests.conftest import error_of
 from tests.openai_stub import openai_stub
 
 pytestmark = pytest.mark.django_db
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert "error" in body, body
-    return body["error"]
 
 
 def row(prompt: str, answer: str) -> str:

@@ -1,0 +1,140 @@
+"""Runs over REST: create (enqueued after commit), bad config naming the field, one active run per
+model, cancel, list filters and cursor pages, events, metrics, checkpoints and trajectories."""
+
+from __future__ import annotations
+
+import pytest
+
+from projects import services
+from projects.models import RunStatus, Trajectory
+from tests.conftest import error_of
+
+pytestmark = pytest.mark.django_db
+
+
+# --- runs -----------------------------------------------------------------------------------
+
+
+def _run_body(setup, **config):
+    return {
+        "model": setup.model.pk, "task_set": setup.task_set.pk, "environment": setup.environment.pk,
+        "reward": setup.reward.pk, "config": {"steps": 2, **config},
+    }  # fmt: skip
+
+
+def test_run_create_enqueues_after_commit(alpha_setup, key_client, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["status"] == "queued" and body["total_steps"] == 2 and body["config"]["steps"] == 2
+    assert len(callbacks) == 1, "exactly one enqueue, deferred to commit"
+    events = key_client.get(f"/api/v1/runs/{body['id']}/events/").json()
+    assert events["object"] == "list" and "Run created" in events["data"][0]["message"]
+
+
+def test_run_bad_config_names_the_field(alpha_setup, key_client):
+    response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, learning_rate="fast"), format="json")
+    assert response.status_code == 400 and error_of(response)["param"] == "config.learning_rate"
+    response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, bogus=1), format="json")
+    assert response.status_code == 400 and error_of(response)["param"] == "config.bogus"
+
+
+def test_run_inputs_must_share_the_project(alpha_setup, key_client, cast):
+    other = services.project_create(team=cast.alpha, name="other")
+    env = services.environment_create(project=other, name="e")
+    body = {**_run_body(alpha_setup), "environment": env.pk}
+    response = key_client.post("/api/v1/runs/", body, format="json")
+    assert response.status_code == 400 and error_of(response)["param"] == "environment"
+
+
+def test_second_active_run_on_a_model_is_409(alpha_setup, key_client):
+    assert key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").status_code == 201
+    response = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json")
+    assert response.status_code == 409 and error_of(response)["code"] == "model_busy"
+
+
+def test_cancel_queued_run_then_cancel_again_is_409(alpha_setup, key_client):
+    run_id = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()["id"]
+    cancelled = key_client.post(f"/api/v1/runs/{run_id}/cancel/")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    again = key_client.post(f"/api/v1/runs/{run_id}/cancel/")
+    assert again.status_code == 409
+
+
+def test_run_list_filters_and_paginates(alpha_setup, key_client):
+    run_id = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()["id"]
+    key_client.post(f"/api/v1/runs/{run_id}/cancel/")
+    assert key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").status_code == 201
+    assert len(key_client.get("/api/v1/runs/?status=queued").json()["data"]) == 1
+    assert len(key_client.get("/api/v1/runs/?status=cancelled").json()["data"]) == 1
+    page = key_client.get("/api/v1/runs/?limit=1").json()
+    assert page["object"] == "list" and len(page["data"]) == 1 and page["has_more"]
+    assert page["first_id"] == page["last_id"] == page["data"][0]["id"]
+    rest = key_client.get(f"/api/v1/runs/?limit=1&after={page['last_id']}").json()
+    assert len(rest["data"]) == 1 and not rest["has_more"] and rest["data"][0]["id"] != page["last_id"]
+    assert {page["data"][0]["id"], rest["data"][0]["id"]} == {run_id, run_id + 1}
+    assert key_client.get("/api/v1/runs/?status=bogus").status_code == 400
+    assert key_client.get(f"/api/v1/runs/?project={alpha_setup.project.pk + 999}").json()["data"] == []
+
+
+def test_events_after_cursor(alpha_setup, key_client):
+    run_id = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()["id"]
+    key_client.post(f"/api/v1/runs/{run_id}/cancel/")
+    events = key_client.get(f"/api/v1/runs/{run_id}/events/").json()["data"]
+    assert len(events) == 2
+    after = key_client.get(f"/api/v1/runs/{run_id}/events/?after={events[0]['id']}").json()["data"]
+    assert [e["id"] for e in after] == [events[1]["id"]]
+    assert after[0]["data"] == {"from": "queued", "to": "cancelled"}
+    assert key_client.get(f"/api/v1/runs/{run_id}/events/?after=abc").status_code == 400
+
+
+def test_metrics_checkpoints_and_trajectories_after_a_recorded_step(alpha_setup, key_client):
+    run_id = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()["id"]
+    run = services.run_claim(run_id=run_id, worker="w1")
+    assert run is not None
+    record = services.TrajectoryRecord(
+        group_index=0, sample_index=0, task_row_index=1, messages=[{"role": "assistant", "content": "1"}],
+        reward=1.0, sub_rewards={"exact": 1.0}, errors=[], metrics={}, prompt_tokens=3, completion_tokens=1,
+        finish_reason="stop",
+    )  # fmt: skip
+    assert services.step_record(
+        run=run,
+        worker="w1",
+        step=1,
+        metrics={"reward_mean": 1.0, "loss": 0.5},
+        trajectories=[record],
+        checkpoint_path="/x",
+    )
+    metrics = key_client.get(f"/api/v1/runs/{run_id}/metrics/").json()["data"]
+    assert metrics[0]["step"] == 1 and metrics[0]["reward_mean"] == 1.0
+    checkpoints = key_client.get(f"/api/v1/runs/{run_id}/checkpoints/").json()["data"]
+    assert checkpoints[0]["model_id"] == "math/agent:1"
+    trajectories = key_client.get(f"/api/v1/runs/{run_id}/trajectories/?step=1").json()
+    assert len(trajectories["data"]) == 1 and trajectories["data"][0]["sub_rewards"] == {"exact": 1.0}
+    assert key_client.get(f"/api/v1/runs/{run_id}/trajectories/?step=2").json()["data"] == []
+    assert Trajectory.objects.count() == 1
+
+
+def test_hyperparameters_have_defaults_and_help(key_client):
+    body = key_client.get("/api/v1/hyperparameters").json()
+    assert body["learning_rate"]["help"] and "default" in body["group_size"]
+
+
+def test_schema_and_docs_are_served(anonymous_client):
+    schema = anonymous_client.get("/api/v1/schema/")
+    assert schema.status_code == 200 and b"/api/v1/runs/" in schema.content
+    docs = anonymous_client.get("/api/v1/docs/")
+    assert docs.status_code == 200 and b"swagger" in docs.content.lower()
+    assert b"cdn" not in docs.content.lower()
+
+
+def test_delete_in_use_reward_is_409(alpha_setup, key_client):
+    key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json")
+    response = key_client.delete(f"/api/v1/reward-definitions/{alpha_setup.reward.pk}/")
+    assert response.status_code == 409
+
+
+def test_run_status_field_is_one_of_the_machine_states(alpha_setup, key_client):
+    run = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()
+    assert run["status"] in RunStatus.values
