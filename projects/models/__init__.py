@@ -24,7 +24,7 @@ from projects.models.catalogue import (
 from projects.models.evaluations import Evaluation, EvaluationEvent, EvaluationSample, EvaluationStatus
 from projects.models.gateway import InferenceServer, UsageRecord
 from projects.models.runs import Checkpoint, EventType, Run, RunEvent, RunStatus, StepMetrics, Trajectory
-from projects.models.teams import ApiKey, JudgeEndpoint, Membership, Role, Team
+from projects.models.teams import ApiKey, Invitation, JudgeEndpoint, Membership, Role, Team
 
 __all__ = [
     "ApiKey",
@@ -39,6 +39,7 @@ __all__ = [
     "EventLevel",
     "EventType",
     "InferenceServer",
+    "Invitation",
     "JudgeEndpoint",
     "Membership",
     "Project",

@@ -28,12 +28,47 @@ class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)
+    # When the person last chose this team in the dashboard: their remembered team, across sessions.
+    last_used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["team", "user"], name="unique_membership")]
 
     def __str__(self) -> str:
         return f"{self.user} in {self.team} ({self.role})"
+
+
+class Invitation(models.Model):
+    """An owner's offer of a role in a team; joining needs the invitee to accept it (consent).
+
+    ``invitee`` is the email or username as the owner typed it and is never checked against the
+    user table (an invitation reveals nothing about who has an account). Like an API key, only a
+    SHA-256 of the token is stored (``prefix`` finds the row); the plaintext is shown once. An
+    invitation is pending until it is accepted, revoked or past ``expires_at``; each is used once.
+    """
+
+    TEAM_PATH = "team"
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
+    invitee = models.CharField(max_length=254)
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    prefix = models.CharField(max_length=16, unique=True)
+    token_hash = models.CharField(max_length=64)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.invitee} to {self.team} ({self.role})"
 
 
 class ApiKey(models.Model):
