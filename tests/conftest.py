@@ -22,17 +22,14 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def cast(db):
-    from django.contrib.auth import get_user_model
+    from tests.factories import MembershipFactory, TeamFactory, UserFactory
 
-    from projects import services
-
-    User = get_user_model()
-    alice = User.objects.create_user("alice", password="pw-alice-123")
-    bob = User.objects.create_user("bob", password="pw-bob-123")
-    charlie = User.objects.create_user("charlie", password="pw-charlie-123")
-    alpha = services.team_create(name="alpha", owner=alice)
-    services.membership_set(team=alpha, user=bob, role="viewer")
-    beta = services.team_create(name="beta", owner=charlie)
+    alice = UserFactory(username="alice", password="pw-alice-123")
+    bob = UserFactory(username="bob", password="pw-bob-123")
+    charlie = UserFactory(username="charlie", password="pw-charlie-123")
+    alpha = TeamFactory(name="alpha", owner=alice)
+    MembershipFactory(team=alpha, user=bob, role="viewer")
+    beta = TeamFactory(name="beta", owner=charlie)
     return type("Cast", (), {"alice": alice, "bob": bob, "charlie": charlie, "alpha": alpha, "beta": beta})
 
 
@@ -104,19 +101,14 @@ REWARD_SPEC = {
 @pytest.fixture
 def alpha_setup(cast):
     """A complete set of inputs for a run in team alpha (not started)."""
-    from projects import services
+    from tests import factories
 
-    base = services.base_model_register(name="tiny", source="/nonexistent/tiny")
-    project = services.project_create(team=cast.alpha, name="math")
-    model = services.trainable_model_create(project=project, name="agent", base_model=base)
-    task_set = services.task_set_create(
-        project=project,
-        name="qa",
-        rows=[{"prompt": f"q{i}", "item": {"answer": str(i)}} for i in range(6)],
-        validation_fraction=0.34,
-    )
-    environment = services.environment_create(project=project, name="chat", system_prompt="Be brief.")
-    reward = services.reward_definition_create(project=project, name="exact", spec=REWARD_SPEC)
+    base = factories.BaseModelFactory(name="tiny")
+    project = factories.ProjectFactory(team=cast.alpha, name="math")
+    model = factories.TrainableModelFactory(project=project, name="agent", base_model=base)
+    task_set = factories.TaskSetFactory(project=project, name="qa")
+    environment = factories.EnvironmentFactory(project=project, name="chat")
+    reward = factories.RewardDefinitionFactory(project=project, name="exact")
     return type(
         "Setup",
         (),

@@ -16,9 +16,9 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from frontend.access import TEAM_VIEWS
-from projects import services
 from projects.api.base import CatalogueViewSet, TeamViewSet
 from projects.models import Membership
+from tests.factories import ApiKeyFactory, CheckpointFactory, RunFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -66,15 +66,14 @@ def world(cast, alpha_setup, alice_client):
     never commits)."""
     from projects.services import judges
 
-    run = services.run_create(
+    run = RunFactory(
         model=alpha_setup.model,
         task_set=alpha_setup.task_set,
         environment=alpha_setup.environment,
         reward=alpha_setup.reward,
-        config={"steps": 2},
         created_by=cast.alice,
     )
-    checkpoint = services.checkpoint_record(model=alpha_setup.model, run=run, step=0, path="/nowhere/step-0")
+    checkpoint = CheckpointFactory(model=alpha_setup.model, run=run, step=0)
     created = alice_client.post(
         "/api/v1/evaluations",
         {
@@ -90,7 +89,7 @@ def world(cast, alpha_setup, alice_client):
 
     evaluation = Evaluation.objects.get(pk=created.json()["id"])
     judge = judges.judge_endpoint_create(team=cast.alpha, name="judge", base_url="http://127.0.0.1:9/v1")
-    api_key = services.api_key_create(team=cast.alpha, name="walk").api_key
+    api_key = ApiKeyFactory(team=cast.alpha)
     objects = {
         "project": alpha_setup.project,
         "model": alpha_setup.model,
