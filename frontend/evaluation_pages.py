@@ -27,6 +27,7 @@ from projects.models import (
     Project,
     TaskSet,
 )
+from projects.secrets import url_public
 
 ROWS_PER_PAGE = 10
 ACTIVE = (EvaluationStatus.QUEUED, EvaluationStatus.RUNNING)
@@ -77,7 +78,8 @@ def _choices(team: Any) -> dict[str, list[Any]]:
     the task set, environment and reward definition share one)."""
     checkpoints, base_models = _model_choices(team)
     endpoints = [
-        (f"endpoint:{e.pk}", f"{e.name} ({e.base_url})") for e in selectors.judge_endpoints(team=team)
+        (f"endpoint:{e.pk}", f"{e.name} ({url_public(e.base_url)})")
+        for e in selectors.judge_endpoints(team=team)
     ]
     projects = list(selectors.scoped(Project, team).order_by("name"))
     return {

@@ -15,6 +15,7 @@ from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
 from projects import selectors
 from projects.errors import ValidationFailed
 from projects.models import Environment, JudgeEndpoint, Project, TaskRow, TaskSet
+from projects.secrets import url_public
 from projects.services import scenarios
 
 PREVIEW_ROWS = 20
@@ -51,7 +52,7 @@ def _choices(request: TeamHttpRequest, project: Project) -> dict[str, list[tuple
         "endpoint": [
             (
                 e.pk,
-                f"{e.name} ({e.base_url}{', default model ' + e.default_model if e.default_model else ''})",
+                f"{e.name} ({url_public(e.base_url)}{', default model ' + e.default_model if e.default_model else ''})",
             )
             for e in selectors.judge_endpoints(team=team)
         ],

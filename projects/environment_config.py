@@ -5,7 +5,8 @@ Safety invariant: an MCP environment's `config.headers` values (e.g. `Authorizat
 only as Fernet ciphertext (`config.headers_encrypted`, `projects.secrets`), are never rendered
 (`config_public` shows `MASK`), and are decrypted only to build the environment (`config_for_build`).
 Stored values are sent only to the URL they were entered for: a changed `config.url` needs them
-again, so nobody who can edit but not read an environment can redirect them elsewhere.
+again (`projects.secrets.secret_follows_url`), so nobody who can edit but not read an environment
+can redirect them elsewhere.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from django.conf import settings
 from projects import secrets
 from projects.errors import ValidationFailed
 
-MASK = "********"
+MASK = secrets.MASK
 ENCRYPTED_HEADERS = "headers_encrypted"
 
 
@@ -30,6 +31,8 @@ def mcp_allowed_programs() -> tuple[str, ...]:
 def config_public(config: dict[str, Any]) -> dict[str, Any]:
     """The config as the API and the dashboard show it: header names with `MASK` for their values."""
     shown = {key: value for key, value in config.items() if key not in ("headers", ENCRYPTED_HEADERS)}
+    if isinstance(shown.get("url"), str):
+        shown["url"] = secrets.url_public(shown["url"])  # a credential stored before input refused it
     names = list(config.get(ENCRYPTED_HEADERS) or {}) + list(config.get("headers") or {})
     if names:
         shown["headers"] = {name: MASK for name in names}
@@ -63,12 +66,15 @@ def config_with_kept_headers(config: Any, *, stored: dict[str, Any]) -> Any:
         return config
     same_url = stored_names and config["url"] == stored.get("url")
     if not same_url:
-        if headers is None:
-            raise ValidationFailed(
-                "config.url changed: give the headers again (stored values are sent only to the URL "
-                "they were entered for; {} for none)",
-                field="config.headers",
-            )
+        secrets.secret_follows_url(
+            stored_url=stored.get("url") or "",
+            url=config["url"],
+            has_stored_secret=bool(stored_names),
+            secret_given=headers is not None,
+            url_field="config.url",
+            secret_field="config.headers",
+            empty="{}",
+        )
         raise ValidationFailed(
             "give the value: there is no stored value for this URL to keep",
             field=f"config.headers.{masked[0]}",

@@ -10,6 +10,8 @@ from rest_framework import mixins, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from projects import secrets
+from projects.access import Permission
 from projects.api.base import TeamViewSet
 from projects.api.pagination import list_body
 from projects.api.views import _valid
@@ -86,11 +88,15 @@ class GraderRunView(TeamViewSet):
 
 
 class JudgeEndpointOut(serializers.ModelSerializer):
+    base_url = serializers.SerializerMethodField()
     has_api_key = serializers.SerializerMethodField()
 
     class Meta:
         model = JudgeEndpoint
         fields = ["id", "name", "base_url", "default_model", "timeout_s", "has_api_key", "created_at"]
+
+    def get_base_url(self, obj: JudgeEndpoint) -> str:
+        return secrets.url_public(obj.base_url)  # credentials stored before input refused them
 
     def get_has_api_key(self, obj: JudgeEndpoint) -> bool:
         return bool(obj.api_key_encrypted)
@@ -106,10 +112,12 @@ class JudgeEndpointIn(serializers.Serializer):
 
 class JudgeEndpointViewSet(TeamViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     """OpenAI-compatible endpoints the team's LLM-judge graders call. The one named "default" is
-    used by runs; the API key is stored encrypted and never returned."""
+    used by runs; the API key is stored encrypted and never returned. Owners write (the key is a
+    team secret); changing ``base_url`` needs ``api_key`` again (``""`` for none)."""
 
     model = JudgeEndpoint
     serializer_class = JudgeEndpointOut
+    write_permission = Permission.MANAGE
 
     @extend_schema(request=JudgeEndpointIn, responses={201: JudgeEndpointOut})
     def create(self, request: Request) -> Response:

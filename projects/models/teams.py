@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 
 from projects.models.base import slug_name
+from projects.secrets import url_public
 
 
 class Team(models.Model):
@@ -115,4 +116,4 @@ class JudgeEndpoint(models.Model):
         ordering = ["name"]
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.base_url})"
+        return f"{self.name} ({url_public(self.base_url)})"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from projects import environment_config
+from projects import environment_config, secrets
 from projects.errors import ValidationFailed
 from projects.models import Environment, EnvironmentKind, Project
 from projects.services._common import check_slug, create_unique, delete_unless_used
@@ -33,6 +33,8 @@ def _environment_fields(
 
     if kind not in EnvironmentKind.values:
         raise ValidationFailed(f"must be one of {', '.join(EnvironmentKind.values)}", field="kind")
+    if isinstance(config, dict) and isinstance(config.get("url"), str):
+        secrets.url_credentials_refused(config["url"], field="config.url")
     config = environment_config.config_with_kept_headers(config, stored=stored_config or {})
     try:
         checked = validate_environment(
@@ -101,8 +103,9 @@ def environment_update(*, environment: Environment, **changes: Any) -> Environme
         "max_turns": environment.max_turns,
         "tools": environment.tools,
         "sampling": environment.sampling,
-        # As the API shows it: masked header values, which keep the stored ones.
-        "config": environment_config.config_public(environment.config),
+        # As the API shows it: masked header values, which keep the stored ones (the URL unmasked).
+        "config": environment_config.config_public(environment.config)
+        | ({"url": environment.config["url"]} if "url" in environment.config else {}),
         "tool_timeout_s": environment.tool_timeout_s,
     }
     stored_config = environment.config

@@ -27,6 +27,7 @@ def _validate(name: str, base_url: str, timeout_s: float) -> None:
         raise ValidationFailed(
             "must be an http(s) URL ending before /chat/completions", field="base_url"
         ) from exc
+    secrets.url_credentials_refused(base_url, field="base_url")
     if not 0 < timeout_s <= 600:
         raise ValidationFailed("must be in (0, 600] seconds", field="timeout_s")
 
@@ -58,6 +59,14 @@ def judge_endpoint_update(*, endpoint: JudgeEndpoint, **changes: Any) -> JudgeEn
     base_url = changes.get("base_url", endpoint.base_url)
     timeout_s = changes.get("timeout_s", endpoint.timeout_s)
     _validate(name, base_url, timeout_s)
+    secrets.secret_follows_url(
+        stored_url=endpoint.base_url,
+        url=base_url,
+        has_stored_secret=bool(endpoint.api_key_encrypted),
+        secret_given="api_key" in changes,
+        url_field="base_url",
+        secret_field="api_key",
+    )
     endpoint.name, endpoint.base_url, endpoint.timeout_s = name, base_url, timeout_s
     if "default_model" in changes:
         endpoint.default_model = changes["default_model"]
