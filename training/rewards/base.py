@@ -258,6 +258,8 @@ class Grader(ABC):
     type: ClassVar[str]
     fields: ClassVar[dict[str, Field]] = {}
     grades_groups: ClassVar[bool] = False
+    # The error code of a reward that is not finite or falls outside `reward_range()`.
+    reward_error_code: ClassVar[str] = "grader_internal_error"
 
     def __init__(self, spec: dict[str, Any], runtime: GraderRuntime | None = None) -> None:
         """`spec` must already be normalised by `validate` (use `registry.build_grader`)."""
@@ -318,8 +320,33 @@ class Grader(ABC):
         """Grade one group of samples (all answers to one task); per sample unless overridden."""
         return self.grade_batch(samples, items)
 
+    def reward_range(self) -> tuple[float, float] | None:
+        """The declared [low, high] of this grader's reward (None: any finite number). A reward
+        outside it is an error entry, never a reward: clipping would hide a grader's mistake."""
+        return None
+
+    def reward_problem(self, reward: float) -> str | None:
+        """Why `reward` cannot be this grader's reward, or None when it can."""
+        if not math.isfinite(reward):
+            return f"the reward {reward!r} is not a finite number"
+        bounds = self.reward_range()
+        if bounds is not None and not bounds[0] <= reward <= bounds[1]:
+            return f"the reward {reward:g} is outside the declared range [{bounds[0]:g}, {bounds[1]:g}]"
+        return None
+
     def result(self, outcome: float | Score | GradingError, started: float) -> GradeResult:
         """Turn a score or a sample failure into this grader's GradeResult."""
+        if not isinstance(outcome, GradingError):
+            score = outcome if isinstance(outcome, Score) else Score(float(outcome))
+            problem = self.reward_problem(score.reward)
+            if problem is not None:
+                outcome = GradingError(
+                    self.reward_error_code,
+                    problem,
+                    scores=score.scores,
+                    token_usage=score.token_usage,
+                    sampled_model_name=score.sampled_model_name,
+                )
         if isinstance(outcome, GradingError):
             score = Score(self.error_reward, outcome.scores, outcome.token_usage, outcome.sampled_model_name)
             errors = [{"code": outcome.code, "detail": outcome.detail, "grader": self.name}]
@@ -341,6 +368,14 @@ class Grader(ABC):
     @abstractmethod
     def score(self, sample: Sample, item: dict[str, Any]) -> float | Score:
         """The reward for one sample; raise GradingError for a sample that cannot be graded."""
+
+
+def range_problems(spec: dict[str, Any], path: str) -> list[dict[str, str]]:
+    """The check of a `range` field ([min, max], min < max) shared by the graders that declare one."""
+    bounds = spec.get("range")
+    if bounds is not None and (len(bounds) != 2 or bounds[0] >= bounds[1]):
+        return [{"path": f"{path}.range", "message": "must be [min, max] with min < max"}]
+    return []
 
 
 def attempt(score: Callable[..., float | Score], *args: Any) -> float | Score | GradingError:

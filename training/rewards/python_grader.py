@@ -5,9 +5,17 @@
 `sample` is a dict: `output_text`, `output_json` (the parsed output, or None), `output_tools`,
 `messages`; `item` is the task's item. The code runs in the sandbox (`sandbox.py`), never in this
 process: one sandboxed interpreter per batch, a fresh one after a sample kills it. Validation
-compiles the source (compiling does not run it), checks that it defines `grade` and that it imports
-only the allowed standard-library modules (`sandbox.ALLOWED_MODULES`). `image_tag` (OpenAI's) is
-accepted and ignored: there is one sandbox image, this interpreter's standard library.
+compiles the source (compiling does not run it), checks that it defines `grade` and that its import
+statements name only the standard-library modules on the grader's list (`sandbox.ALLOWED_MODULES`).
+That list is a convenience (an early, readable error), not the security control: code can reach
+other modules at run time through `__builtins__` and friends, and what it then meets is the OS
+boundary described in `sandbox.py` (empty tmpfs root, uid nobody, no fork, no network, rlimits),
+which is THE control. `image_tag` (OpenAI's) is accepted and ignored: there is one sandbox image,
+this interpreter's standard library.
+
+The reward is `grade()`'s number, which must be finite and, when the spec declares
+`"range": [min, max]`, within it; anything else (NaN, inf, 7 on a 0..1 scale) is a
+`python_grader_runtime_error` on the sample with the reason, never a reward.
 """
 
 from __future__ import annotations
@@ -16,8 +24,8 @@ import ast
 import time
 from typing import Any, ClassVar
 
-from training.rewards.base import Field, Grader, GradeResult, Sample, attempt
-from training.rewards.sandbox import ALLOWED_MODULES, MAX_SOURCE_BYTES, PythonSandbox
+from training.rewards.base import Field, Grader, GradeResult, Sample, attempt, range_problems
+from training.rewards.sandbox import ALLOWED_MODULES, MAX_SOURCE_BYTES, RUNTIME_ERROR, PythonSandbox
 
 
 class PythonGrader(Grader):
@@ -25,13 +33,22 @@ class PythonGrader(Grader):
     fields: ClassVar[dict[str, Field]] = {
         "source": Field("string", required=True),
         "image_tag": Field("string"),
+        "range": Field("number_list"),
     }
+    reward_error_code: ClassVar[str] = RUNTIME_ERROR
 
     @classmethod
     def check_spec(cls, spec: dict[str, Any], path: str) -> list[dict[str, str]]:
-        if "source" not in spec:
-            return []
-        return [{"path": f"{path}.source", "message": message} for message in source_problems(spec["source"])]
+        problems = range_problems(spec, path)
+        if "source" in spec:
+            problems += [
+                {"path": f"{path}.source", "message": message} for message in source_problems(spec["source"])
+            ]
+        return problems
+
+    def reward_range(self) -> tuple[float, float] | None:
+        bounds = self.spec.get("range")
+        return (bounds[0], bounds[1]) if bounds else None
 
     def score(self, sample: Sample, item: dict[str, Any]) -> float:
         with PythonSandbox(self.spec["source"], self.runtime.sandbox) as sandbox:
@@ -83,6 +100,7 @@ def source_problems(source: str) -> list[str]:
         for module in modules:
             if module.split(".")[0] not in ALLOWED_MODULES:
                 problems.append(
-                    f"line {node.lineno}: module {module!r} is not available in the sandbox (allowed: {allowed})"
+                    f"line {node.lineno}: module {module!r} is not on the python grader's module list "
+                    f"(allowed: {allowed})"
                 )
     return problems

@@ -22,13 +22,27 @@ beyond its own samples. Protected:
   parent kills the child), RLIMIT_AS (memory), RLIMIT_NPROC=0 (no fork, no threads: a fork bomb
   gets EAGAIN), RLIMIT_FSIZE (file size) plus a tmpfs of `disk_bytes` (total disk), RLIMIT_NOFILE,
   no core dumps, and a source-size cap (checked when the spec is validated);
-- the protocol: the child's stdin/stdout are moved to private descriptors; `print` goes to a
-  bounded buffer whose tail is shown with errors, so output cannot corrupt the replies.
+- the result channel: the child's stdin/stdout pipes are moved to private descriptors and every
+  other inherited descriptor is closed before user code runs; fd 1 and 2 then both lead to a
+  stderr file the parent reads only as an error's tail (`print` goes to a bounded buffer shown
+  with errors), so nothing written there can become a reward. The parent reads only the result
+  pipe and trusts none of it: one reply per request, carrying that request's id (a reply for
+  another request, or a second one, kills the child and fails the sample), every field
+  type-checked, the reward finite (and within the grader's declared `range`, checked by
+  `PythonGrader`). Code that writes on the result pipe itself can only say what `grade()` could
+  have returned.
+
+THE control is this OS boundary, not Python. The module allow-list (`ALLOWED_MODULES`: checked at
+validation, preloaded before the chroot, the only stdlib an `import` statement finds afterwards)
+is a convenience for authors, not a boundary, and we do not pretend otherwise: the child's own
+modules (`os`, `posix`, `resource`, ...) stay reachable at run time through `__builtins__`,
+`().__class__.__base__.__subclasses__()`, frames and function globals. Closing those in-process
+would mean a restricted-Python interpreter, which CPython does not offer and whose history is a
+list of escapes; what such code then meets is the empty root, uid nobody, no fork, no network and
+the limits above.
 Not protected: kernel vulnerabilities (there is no seccomp filter; the syscall surface is the
 whole kernel's), CPU caches and other side channels, and whatever a sample itself contains (the
-code sees its samples and items, by design). The module allow-list (`ALLOWED_MODULES`, checked at
-validation and the only stdlib modules importable once chrooted) is a convenience, not a boundary:
-builtins such as `posix` stay reachable, which is why every boundary above is kernel-enforced.
+code sees its samples and items, by design).
 
 Where `unshare` is missing or not permitted (a container without CAP_SYS_ADMIN and without user
 namespaces) the grader fails closed with `python_grader_server_error`. `allow_unsandboxed=True`
@@ -176,6 +190,7 @@ class PythonSandbox:
         self._buffer = b""
         self._cpu_used = 0.0
         self._load_failure: GradingError | None = None
+        self._request_id = 0  # the last request's id, rising across children; a child's ready reply has id 0
 
     def __enter__(self) -> PythonSandbox:
         return self
@@ -184,7 +199,8 @@ class PythonSandbox:
         self.close()
 
     def grade(self, sample: dict[str, Any], item: dict[str, Any]) -> float:
-        request = json.dumps({"sample": sample, "item": item}).encode() + b"\n"
+        self._request_id += 1
+        request = json.dumps({"id": self._request_id, "sample": sample, "item": item}).encode() + b"\n"
         if (
             self._process is not None
             and self._cpu_used > self.config.process_cpu_seconds - self.config.cpu_seconds
@@ -204,7 +220,7 @@ class PythonSandbox:
                     raise GradingError(
                         SERVER_ERROR, "the sandbox process died before the sample was sent"
                     ) from None
-        reply = self._read_reply(self.config.timeout_seconds, "grade()")
+        reply = self._read_reply(self.config.timeout_seconds, "grade()", self._request_id)
         # The child runs user code, which can reach the protocol descriptor: trust no field's type.
         if _is_number(reply.get("cpu")):
             self._cpu_used = float(reply["cpu"])
@@ -290,7 +306,7 @@ class PythonSandbox:
             pass  # reported below as a child that died at start-up
         timeout = self.config.start_timeout_seconds + self.config.timeout_seconds
         try:
-            reply = self._read_reply(timeout, "loading the source")
+            reply = self._read_reply(timeout, "loading the source", 0)
         except GradingError as error:
             # Death or overrun while loading is the source's doing (or the host's), the same for
             # every sample of the batch: recorded once, not retried per sample.
@@ -308,8 +324,9 @@ class PythonSandbox:
             self._load_failure = GradingError(code, str(reply.get("detail", ""))[:2000])
             raise self._load_failure
 
-    def _read_reply(self, timeout: float, doing: str) -> dict[str, Any]:
-        """The child's next JSON line; kills the child and raises GradingError on a timeout or death."""
+    def _read_reply(self, timeout: float, doing: str, request_id: int) -> dict[str, Any]:
+        """The child's reply to request `request_id`; kills the child and raises GradingError on a
+        timeout, a death, or a reply that is not exactly one line answering that request."""
         assert self._process is not None and self._process.stdout is not None
         descriptor = self._process.stdout.fileno()
         deadline = time.monotonic() + timeout
@@ -336,6 +353,13 @@ class PythonSandbox:
         if not isinstance(reply, dict):
             self._stop()
             raise GradingError(RUNTIME_ERROR, "the sandbox sent a malformed reply")
+        if reply.get("id") != request_id or self._buffer:
+            self._stop()
+            raise GradingError(
+                RUNTIME_ERROR,
+                f"the sandbox's result channel carried something other than the one reply to "
+                f"{doing} (did the code write on it?); this sample is not graded",
+            )
         return reply
 
     def _death(self, doing: str) -> GradingError:

@@ -2,10 +2,13 @@
 `python -I -S -B -c` in the child; the parent never imports it.
 
 It runs as root (or namespace root) until it drops privileges; nothing from the user runs before
-the chroot, the uid drop and the limits. Protocol: the first line on stdin is the parent's JSON
-config (limits, source, ...); the reply to it is `{"ready"}`, `{"load_error"}` or `{"fatal"}`; then
-one `{"sample", "item"}` request per line, each answered with `{"reward", "cpu"}` or `{"error",
-"detail", "cpu"}`. Only the standard library, and only what is loaded before the chroot.
+the chroot, the uid drop, the closing of every other descriptor and the limits. Protocol: the first
+line on stdin is the parent's JSON config (limits, source, ...); the reply to it (id 0) is
+`{"ready"}`, `{"load_error"}` or `{"fatal"}`; then one `{"id", "sample", "item"}` request per line,
+each answered with `{"id", "reward", "cpu"}` or `{"id", "error", "detail", "cpu"}`. Replies travel
+only on the result channel (the stdout pipe, moved to a private descriptor); what the code writes on
+fd 1 or 2 lands in the stderr file, which the parent reads only as an error's tail. Only the
+standard library, and only what is loaded before the chroot.
 """
 
 import ast  # noqa: F401  # unused here; kept so the modules loaded before the chroot stay as they were
@@ -50,6 +53,14 @@ def cpu_used():
     return usage.ru_utime + usage.ru_stime
 
 
+def close_all_but(*keep):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ceiling = max(limit for limit in (soft, hard, 1 << 16) if limit != resource.RLIM_INFINITY)
+    kept = sorted(set(keep))
+    for low, high in zip(kept, [*kept[1:], ceiling], strict=True):
+        os.closerange(low + 1, high)
+
+
 def main():
     # Private descriptors for the protocol, open for the child's whole life.
     requests = open(os.dup(0), "rb")  # noqa: SIM115
@@ -61,6 +72,11 @@ def main():
 
     def reply(message):
         replies.write(json.dumps(message).encode() + b"\n")
+
+    # The result channel is the only descriptor the parent reads: close anything else inherited
+    # (the launcher's or the host's), keeping stdin/stdout/stderr (now /dev/null and the stderr
+    # file) and the two protocol pipes.
+    close_all_but(0, 1, 2, requests.fileno(), replies.fileno())
 
     config = json.loads(requests.readline())
     # Codecs load lazily, which fails once chrooted: load the common ones now.
@@ -81,7 +97,7 @@ def main():
         options = "size={},mode=0700,uid={},gid={}".format(limits["disk_bytes"], owner, owner)
         flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
         if libc.mount(b"tmpfs", config["directory"].encode(), b"tmpfs", flags, options.encode()) != 0:
-            reply({"fatal": "mounting the tmpfs failed: " + os.strerror(ctypes.get_errno())})
+            reply({"id": 0, "fatal": "mounting the tmpfs failed: " + os.strerror(ctypes.get_errno())})
             return 70
         os.chroot(config["directory"])
         os.chdir("/")
@@ -127,22 +143,24 @@ def main():
     except MemoryError as error:
         reply(
             {
+                "id": 0,
                 "load_error": "memory_limit",
                 "detail": "the source reached the memory limit: " + describe(error, tail),
             }
         )
         return 0
     except BaseException as error:
-        reply({"load_error": "python_grader_runtime_error", "detail": describe(error, tail)})
+        reply({"id": 0, "load_error": "python_grader_runtime_error", "detail": describe(error, tail)})
         return 0
     signal.setitimer(signal.ITIMER_REAL, 0)
-    reply({"ready": True, "cpu": cpu_used()})
+    reply({"id": 0, "ready": True, "cpu": cpu_used()})
 
     while True:
         line = requests.readline()
         if not line:
             return 0
         request = json.loads(line)
+        number = request["id"]
         resource.setrlimit(resource.RLIMIT_CPU, (min(cpu_cap, math.ceil(cpu_used() + cpu)), cpu_cap))
         tail.text = ""
         signal.setitimer(signal.ITIMER_REAL, backstop)
@@ -155,14 +173,21 @@ def main():
             value = float(value)
             if not math.isfinite(value):
                 raise ValueError(f"grade() returned {value!r}")
-            reply({"reward": value, "cpu": cpu_used()})
+            reply({"id": number, "reward": value, "cpu": cpu_used()})
         except MemoryError as error:
             del error
-            reply({"error": "memory_limit", "detail": "memory limit reached", "cpu": cpu_used()})
+            reply(
+                {"id": number, "error": "memory_limit", "detail": "memory limit reached", "cpu": cpu_used()}
+            )
             return 0  # start afresh rather than trust a heap that ran out
         except BaseException as error:
             reply(
-                {"error": "python_grader_runtime_error", "detail": describe(error, tail), "cpu": cpu_used()}
+                {
+                    "id": number,
+                    "error": "python_grader_runtime_error",
+                    "detail": describe(error, tail),
+                    "cpu": cpu_used(),
+                }
             )
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)

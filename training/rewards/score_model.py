@@ -10,7 +10,9 @@ possibly inside a ```json fence or surrounding text), a bare number, or a "score
 other reply is a `model_grader_parse_error`; so is a refusal (detail starting "refusal").
 
 A score outside `range` is an error, not clipped: a judge that answers 7 on a 0..1 scale has
-misread the scale, and clipping would silently turn that into a perfect reward.
+misread the scale, and clipping would silently turn that into a perfect reward. `range` bounds the
+judge's score, checked here (with `pass_threshold` the reward is then 1 or 0, whatever the range);
+`Grader.result` refuses a non-finite reward as for every grader.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import math
 import re
 from typing import Any, ClassVar
 
-from training.rewards.base import Field, GraderRuntime, Sample, Score
+from training.rewards.base import Field, GraderRuntime, Sample, Score, range_problems
 from training.rewards.errors import GradingError
 from training.rewards.judge import JudgeReply
 from training.rewards.model_grader import MODEL_FIELDS, ModelGrader, json_candidates, looks_like_refusal
@@ -43,12 +45,7 @@ class ScoreModelGrader(ModelGrader):
 
     @classmethod
     def check_spec(cls, spec: dict[str, Any], path: str) -> list[dict[str, str]]:
-        problems = super().check_spec(spec, path)
-        if "range" in spec:
-            bounds = spec["range"]
-            if len(bounds) != 2 or bounds[0] >= bounds[1]:
-                problems.append({"path": f"{path}.range", "message": "must be [min, max] with min < max"})
-        return problems
+        return super().check_spec(spec, path) + range_problems(spec, path)
 
     def __init__(self, spec: dict[str, Any], runtime: GraderRuntime | None = None) -> None:
         super().__init__(spec, runtime)

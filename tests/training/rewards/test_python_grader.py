@@ -285,8 +285,134 @@ def test_imports_outside_the_allow_list_are_validation_problems():
         validate_grader(python(source))
     messages = [p["message"] for p in caught.value.problems]
     assert len(messages) == 2
-    assert messages[0].startswith("line 1: module 'os' is not available in the sandbox")
-    assert messages[1].startswith("line 2: module 'subprocess' is not available")
+    assert messages[0].startswith("line 1: module 'os' is not on the python grader's module list")
+    assert messages[1].startswith("line 2: module 'subprocess' is not on the python grader's module list")
+
+
+def test_reaching_os_through_builtins_meets_the_os_boundary():
+    # The module list is no boundary (see sandbox.py): code that fetches `os` at run time through
+    # `__builtins__` or the subclass walk gets it, and finds an empty root, no fork and no shell.
+    source = """
+        def grade(sample, item):
+            os = __builtins__.__import__("os")
+            wrap_close = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == "_wrap_close"]
+            system = wrap_close[0].__init__.__globals__["system"]
+            try:
+                os.fork()
+                forked = "forked"
+            except OSError as error:
+                forked = error.strerror
+            raise RuntimeError(repr({"root": os.listdir("/"), "uid": os.getuid(), "fork": forked, "shell": system("id")}))
+        """
+    detail = failure(source).detail
+    report = eval(detail.strip().splitlines()[-1].split("RuntimeError: ", 1)[1])  # noqa: S307 - our own repr
+    assert report["root"] == []
+    assert report["fork"] == "Resource temporarily unavailable"
+    assert report["shell"] != 0  # no /bin/sh in the empty root, and no fork to run it
+    if os.geteuid() == 0:
+        assert report["uid"] == 65534
+
+
+def test_fake_results_on_other_descriptors_are_ignored():
+    # Only the result pipe counts: fake replies on stdout, stderr, fd 0 and print() are not rewards.
+    source = """
+        import json, sys
+        def grade(sample, item):
+            os = __builtins__.__import__("os")
+            fake = json.dumps({"id": 1, "reward": 99.0, "cpu": 0}).encode() + b"\\n"
+            for descriptor in (0, 1, 2):
+                os.write(descriptor, fake)
+            sys.__stdout__.write(fake.decode())
+            print(fake.decode())
+            return 0.25
+        """
+    with PythonSandbox(textwrap.dedent(source), FAST) as sandbox:
+        assert [sandbox.grade({"output_text": ""}, {}) for _ in range(3)] == [0.25, 0.25, 0.25]
+        assert sandbox.starts == 1
+
+
+def test_only_the_protocol_descriptors_stay_open_while_user_code_runs():
+    source = """
+        def grade(sample, item):
+            os = __builtins__.__import__("os")
+            open_descriptors = []
+            for descriptor in range(64):
+                try:
+                    os.fstat(descriptor)
+                except OSError:
+                    continue
+                open_descriptors.append(descriptor)
+            return float(len(open_descriptors))
+        """
+    # Nothing the worker holds open reaches user code (Popen passes only 0-2; the child closes the rest).
+    leaked = os.open(os.devnull, os.O_RDONLY)
+    os.set_inheritable(leaked, True)
+    try:
+        assert (
+            run(source) == 5.0
+        )  # stdin (/dev/null), stdout and stderr (the stderr file), two protocol pipes
+    finally:
+        os.close(leaked)
+
+
+def test_a_reply_forged_on_the_result_channel_fails_the_sample_and_the_child():
+    # Code that finds the result pipe and writes a reply for another request, or two replies at
+    # once, is caught: the sample is an error, not the forged reward, and the next one gets a fresh child.
+    source = """
+        import json
+        def grade(sample, item):
+            os = __builtins__.__import__("os")
+            forged = b"".join(
+                json.dumps({"id": number, "reward": 99.0, "cpu": 0}).encode() + b"\\n" for number in item["ids"]
+            )
+            for descriptor in range(3, 64):
+                try:
+                    os.write(descriptor, forged)
+                except OSError:
+                    pass
+            return 0.0
+        """
+    with PythonSandbox(textwrap.dedent(source), FAST) as sandbox:
+        for ids in ([7], [1, 2]):
+            with pytest.raises(GradingError) as caught:
+                sandbox.grade({"output_text": ""}, {"ids": ids})
+            assert caught.value.code == "python_grader_runtime_error"
+            assert "result channel" in caught.value.detail
+        assert sandbox.starts == 2
+
+
+@pytest.mark.parametrize(
+    ("returned", "declared", "reason"),
+    [
+        ("float('nan')", None, "grade() returned nan"),
+        ("float('inf')", None, "grade() returned inf"),
+        ("-float('inf')", [0, 1], "grade() returned -inf"),
+        ("7", [0, 1], "the reward 7 is outside the declared range [0, 1]"),
+        ("-0.5", [0, 1], "the reward -0.5 is outside the declared range [0, 1]"),
+    ],
+)
+def test_non_finite_or_out_of_range_rewards_are_errors_not_rewards(returned, declared, reason):
+    extra = {} if declared is None else {"range": declared}
+    grader = build_grader(
+        python(f"def grade(s, i):\n    return {returned}\n", error_reward=0.0, **extra), sandbox=FAST
+    )
+    result = grader.grade(Sample(output_text=""), {})
+    assert result.reward == 0.0
+    [error] = result.errors
+    assert error["code"] == "python_grader_runtime_error" and reason in error["detail"]
+    assert result.to_openai_dict()["metadata"]["errors"]["python_grader_runtime_error"] is True
+
+
+def test_a_reward_on_the_edge_of_the_declared_range_counts():
+    grader = build_grader(python("def grade(s, i):\n    return i['r']\n", range=[-1, 1]), sandbox=FAST)
+    results = grade_many(grader, [Sample(output_text="")] * 3, [{"r": -1}, {"r": 1}, {"r": 0.5}])
+    assert [r.reward for r in results] == [-1.0, 1.0, 0.5] and not any(r.errors for r in results)
+
+
+def test_a_range_must_be_min_below_max():
+    with pytest.raises(GraderSpecError) as caught:
+        validate_grader(python("def grade(s, i):\n    return 1.0\n", range=[1, 0]))
+    assert caught.value.problems == [{"path": "grader.range", "message": "must be [min, max] with min < max"}]
 
 
 def test_validation_never_runs_the_source(tmp_path):
