@@ -122,6 +122,8 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not 
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# Error reports (the DEBUG page included) hide URL/DSN settings and mask `user:password@` in any URL.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "artweb.error_reports.CredentialMaskingReporterFilter"
 
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
