@@ -52,6 +52,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "frontend.content_security_policy.ContentSecurityPolicyMiddleware",
 ]
 
 ROOT_URLCONF = "artweb.urls"

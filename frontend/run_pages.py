@@ -148,11 +148,9 @@ def _timing(run: Run) -> dict[str, Any]:
 
 
 def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
-    done = run.steps_done
     return {
         "run": run,
         "active": run.status in services.ACTIVE_STATUSES,
-        "percent": round(100 * done / run.total_steps) if run.total_steps else 0,
         "events": selectors.run_recent_events(run=run, limit=50),
         "checkpoints": selectors.run_checkpoints(run=run),
         "can_cancel": can_write(request)
