@@ -288,3 +288,21 @@ GRADER_SANDBOX_ALLOW_UNSANDBOXED = env_bool("GRADER_SANDBOX_ALLOW_UNSANDBOXED", 
 # only these programs (exact match of config.command[0], comma-separated) may run. Listing an
 # interpreter lets teams run any script with it.
 MCP_STDIO_PROGRAMS: tuple[str, ...] = tuple(env_list("MCP_STDIO_PROGRAMS", []))
+
+# --- outbound calls -------------------------------------------------------------------------
+# Judge endpoints, remote policies, scenario generation and MCP server URLs reach public addresses
+# only (training.outbound, built by projects.outbound). These hosts, addresses or CIDRs, each
+# optionally with :port, are allowed even when internal (comma-separated); a bad entry fails here.
+OUTBOUND_ALLOW: tuple[str, ...] = tuple(env_list("OUTBOUND_ALLOW", []))
+
+
+def _outbound_allow_checked() -> None:
+    from training.outbound import OutboundPolicy  # standard library only
+
+    try:
+        OutboundPolicy(allow=OUTBOUND_ALLOW)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"OUTBOUND_ALLOW: {exc}") from exc
+
+
+_outbound_allow_checked()

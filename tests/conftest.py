@@ -130,6 +130,14 @@ def _fast_password_hashing(settings):
 
 
 @pytest.fixture(autouse=True)
+def _loopback_test_servers_allowed(settings):
+    # Judge, OpenAI and MCP test servers listen on 127.0.0.1; the SSRF tests empty this again.
+    from tests.openai_stub import LOOPBACK_ALLOWED
+
+    settings.OUTBOUND_ALLOW = LOOPBACK_ALLOWED
+
+
+@pytest.fixture(autouse=True)
 def _plain_http_test_client(settings):
     # Production defaults redirect HTTP to HTTPS; the test client speaks plain HTTP.
     settings.SECURE_SSL_REDIRECT = False

@@ -11,6 +11,13 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from training.outbound import OutboundPolicy
+
+# The test servers listen on loopback, which the outbound policy refuses unless allow-listed; tests
+# that build endpoints themselves pass this policy (tests/conftest.py sets the same for projects/).
+LOOPBACK_ALLOWED = ("127.0.0.1", "::1", "localhost")
+LOOPBACK = OutboundPolicy(allow=LOOPBACK_ALLOWED)
+
 # A scripted reply: assistant text, a full message dict ({"content", "tool_calls"}), an HTTP status
 # (an error), or a function of the request body returning one of those.
 Reply = str | dict[str, Any] | int | Callable[[dict[str, Any]], Any]

@@ -3,9 +3,12 @@ judge graders (``training.rewards.judge.JudgeClient``) and remote policies
 (``training.remote.ChatEndpoint``), both ``ChatCompletionsEndpoint`` subclasses. Standard library
 only (urllib); no Django.
 
-Safety: the API key goes only to ``base_url``; redirects are refused (urllib would forward the
+Safety: every request goes through the endpoint's ``training.outbound.OutboundPolicy`` (public
+addresses only unless the operator allow-lists a host; the connection goes to the checked address);
+the API key goes only to ``base_url``; redirects are refused (urllib would forward the
 Authorization header to wherever Location points and turn the POST into a GET). Error messages
-never include the key, the headers or the URL. A response is read up to 4 MiB and no further.
+never include the key, the headers or the URL, and an upstream error body is summarised (status and
+the error object's message, redacted and cut short), never echoed. A response is read up to 4 MiB.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, ClassVar
+
+from training.outbound import PUBLIC_ONLY, OutboundPolicy, OutboundRefused, upstream_reason
 
 # Statuses worth a retry: rate limits and server-side trouble; a 4xx is our request's fault.
 RETRY_STATUSES = (408, 409, 429, 500, 502, 503, 504)
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
-DETAIL_CHARS = 300
+ERROR_BODY_BYTES = 8192  # enough of an error body to find its message
 # Some providers' front ends reject urllib's default "Python-urllib/3.x" agent.
 USER_AGENT = "artweb"
 
@@ -41,6 +47,7 @@ class ChatCompletionsEndpoint:
     timeout: float = 60.0  # seconds per HTTP request
     retries: int = 1  # extra attempts after a timeout, a connection error, or a RETRY_STATUSES answer
     retry_backoff: float = 0.5  # seconds before the first retry, doubled each time
+    outbound: OutboundPolicy = field(default=PUBLIC_ONLY, repr=False)  # which hosts it may reach
     label: ClassVar[str] = "endpoint"  # how error messages name it
 
     def post(self, body: dict[str, Any]) -> Any:
@@ -53,6 +60,7 @@ class ChatCompletionsEndpoint:
             retries=self.retries,
             retry_backoff=self.retry_backoff,
             label=self.label,
+            outbound=self.outbound,
         )
 
 
@@ -79,12 +87,14 @@ def post_chat_completion(
     retries: int = 1,
     retry_backoff: float = 0.5,
     label: str = "endpoint",
+    outbound: OutboundPolicy = PUBLIC_ONLY,
 ) -> Any:
     """POST ``body`` to ``{base_url}/chat/completions`` and return the decoded JSON payload.
 
     A timeout, a connection error or a status in RETRY_STATUSES is retried ``retries`` more times,
-    after ``retry_backoff`` seconds, doubled each time. Any other failure is final. Every failure
-    raises ChatCompletionError whose message starts with ``label`` ("judge endpoint", "endpoint")."""
+    after ``retry_backoff`` seconds, doubled each time. Any other failure is final, a host the
+    ``outbound`` policy refuses included. Every failure raises ChatCompletionError whose message
+    starts with ``label`` ("judge endpoint", "endpoint")."""
     data = json.dumps(body).encode()
     headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": USER_AGENT}
     if api_key:
@@ -93,7 +103,9 @@ def post_chat_completion(
     attempt = 0
     while True:
         try:
-            return _post_once(url, data, headers, timeout=timeout, label=label)
+            return _post_once(
+                url, data, headers, timeout=timeout, label=label, outbound=outbound, key=api_key
+            )
         except _Retryable as error:
             if attempt >= retries:
                 raise ChatCompletionError(str(error)) from None
@@ -101,20 +113,26 @@ def post_chat_completion(
             attempt += 1
 
 
-def snippet(text: str) -> str:
-    """``text`` on one line, cut to DETAIL_CHARS: enough of a server's answer to act on."""
-    text = " ".join(text.split())
-    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 1] + "…"
-
-
-def _post_once(url: str, data: bytes, headers: dict[str, str], *, timeout: float, label: str) -> Any:
+def _post_once(
+    url: str,
+    data: bytes,
+    headers: dict[str, str],
+    *,
+    timeout: float,
+    label: str,
+    outbound: OutboundPolicy,
+    key: str,
+) -> Any:
     request = urllib.request.Request(url, data=data, headers=headers, method="POST")
     try:
-        with _OPENER.open(request, timeout=timeout) as response:
+        outbound.check_url(url, resolve=False)  # the scheme and the name; addresses at connect
+        with outbound.opener().open(request, timeout=timeout) as response:
             raw = response.read(MAX_RESPONSE_BYTES + 1)
+    except OutboundRefused as error:
+        raise ChatCompletionError(f"{label} refused by the outbound policy: {error}") from None
     except urllib.error.HTTPError as error:  # any status outside 2xx, a refused redirect included
-        text = snippet(error.read(DETAIL_CHARS).decode("utf-8", "replace"))
-        message = f"{label} answered HTTP {error.code}: {text}"
+        said = upstream_reason(error.read(ERROR_BODY_BYTES), secrets=(key,))
+        message = f"{label} answered HTTP {error.code}: {said or _phrase(error.code)}"
         if error.code in RETRY_STATUSES:
             raise _Retryable(message) from None
         raise ChatCompletionError(message) from None
@@ -129,21 +147,16 @@ def _post_once(url: str, data: bytes, headers: dict[str, str], *, timeout: float
         raise ChatCompletionError(f"{label} response larger than 4 MiB")
     try:
         return json.loads(raw)
+    except ValueError:  # the body is not shown: an unknown server's answer is never echoed
+        raise ChatCompletionError(f"{label} response is not JSON ({len(raw)} bytes)") from None
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
     except ValueError:
-        raise ChatCompletionError(
-            f"{label} response is not JSON: {snippet(raw.decode('utf-8', 'replace'))}"
-        ) from None
+        return "no reason given"
 
 
 class _Retryable(Exception):
     pass
-
-
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """Returning None makes urllib raise the 3xx as an HTTPError instead of following it."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
-        return None
-
-
-_OPENER = urllib.request.build_opener(_RefuseRedirects())

@@ -8,8 +8,8 @@ without a tool parser, like ours) to ``environment.respond``, append its reply, 
 ``max_turns`` model turns. Every failure of a sample (HTTP error, timeout, malformed reply) is
 recorded on that sample as ``metrics["policy_error"]``; nothing here raises for one bad sample.
 
-The HTTP call (retries, a 4 MiB cap, refused redirects so the API key goes only to ``base_url``,
-no key in error messages) is ``training.openai_http.ChatCompletionsEndpoint.post``, shared with the
+The HTTP call (the outbound-URL policy, retries, a 4 MiB cap, refused redirects so the API key
+goes only to ``base_url``, no key and no upstream body in error messages) is ``training.openai_http.ChatCompletionsEndpoint.post``, shared with the
 judge.
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from training.environments import Environment
-from training.openai_http import ChatCompletionError, ChatCompletionsEndpoint, first_choice, snippet
+from training.openai_http import ChatCompletionError, ChatCompletionsEndpoint, first_choice
 from training.tools import ToolCall, parse_tool_calls
 from training.trajectory import Trajectory
 
@@ -76,9 +76,8 @@ def parse_reply(payload: Any) -> ChatReply:
         calls = message.get("tool_calls") or []
         if not isinstance(calls, list):
             raise ValueError("tool_calls is not a list")
-    except ValueError as exc:
-        shown = snippet(json.dumps(payload, ensure_ascii=False))
-        raise EndpointError(f"not a chat completion ({exc}): {shown}") from None
+    except ValueError as exc:  # what it answered is not shown: an upstream body is never echoed
+        raise EndpointError(f"not a chat completion ({exc})") from None
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
     return ChatReply(
         content=content,

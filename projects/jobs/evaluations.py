@@ -14,6 +14,7 @@ from django.conf import settings
 from projects import secrets, selectors, services
 from projects.jobs.claimed import Claimed, Job, readable
 from projects.models import BaseModel, Checkpoint, Evaluation
+from projects.outbound import outbound_policy
 from training.engines.base import SamplingParams
 from training.evaluation import REFERENCE, LocalPolicy, load_local_policy, with_reference
 from training.evaluation import evaluate as evaluate_policy
@@ -125,6 +126,7 @@ def _reference_policy(evaluation: Evaluation, sampling: SamplingParams) -> Local
             base_url=endpoint.base_url,
             api_key=secrets.decrypt(endpoint.api_key_encrypted),
             timeout=endpoint.timeout_s,
+            outbound=outbound_policy(),
         ),
         model=evaluation.reference_model,
         temperature=sampling.temperature,

@@ -9,6 +9,7 @@ from typing import Any
 from projects import environment_config, secrets
 from projects.errors import ValidationFailed
 from projects.models import Environment, EnvironmentKind, Project
+from projects.outbound import outbound_policy, outbound_url_checked
 from projects.services._common import check_slug, create_unique, delete_unless_used
 from training.config import ConfigError, TrainConfig
 
@@ -35,6 +36,7 @@ def _environment_fields(
         raise ValidationFailed(f"must be one of {', '.join(EnvironmentKind.values)}", field="kind")
     if isinstance(config, dict) and isinstance(config.get("url"), str):
         secrets.url_credentials_refused(config["url"], field="config.url")
+        outbound_url_checked(config["url"], field="config.url")
     config = environment_config.config_with_kept_headers(config, stored=stored_config or {})
     try:
         checked = validate_environment(
@@ -138,4 +140,5 @@ def environment_build(*, environment: Environment) -> Any:
         max_turns=environment.max_turns,
         tool_timeout_s=environment.tool_timeout_s,
         allowed_programs=environment_config.mcp_allowed_programs(),
+        outbound=outbound_policy(),
     )

@@ -10,6 +10,7 @@ from django.conf import settings
 from projects import secrets
 from projects.errors import ValidationFailed
 from projects.models import JudgeEndpoint, Team
+from projects.outbound import outbound_policy, outbound_url_checked
 from projects.services._common import check_slug
 from training.rewards import JudgeClient, SandboxConfig
 
@@ -21,6 +22,7 @@ def _validate(name: str, base_url: str, timeout_s: float) -> None:
     from django.core.validators import URLValidator
 
     check_slug(name, "name")
+    outbound_url_checked(base_url, field="base_url")  # internal addresses, with the reason
     try:
         URLValidator(schemes=["http", "https"])(base_url)
     except ValidationError as exc:
@@ -89,6 +91,7 @@ def judge_client(*, team: Team, name: str | None = None) -> JudgeClient | None:
         api_key=secrets.decrypt(endpoint.api_key_encrypted),
         model=endpoint.default_model or None,
         timeout=endpoint.timeout_s,
+        outbound=outbound_policy(),
     )
 
 

@@ -17,6 +17,7 @@ from django.db import transaction
 from projects import secrets
 from projects.errors import ValidationFailed
 from projects.models import Environment, JudgeEndpoint, Project, TaskSet
+from projects.outbound import outbound_policy
 from projects.services._common import check_slug
 from projects.services.environments import environment_build
 from projects.services.task_sets import parse_rows, task_set_create
@@ -94,6 +95,7 @@ def task_set_generate(
             base_url=endpoint.base_url,
             api_key=secrets.decrypt(endpoint.api_key_encrypted),
             timeout=min(endpoint.timeout_s, REQUEST_TIMEOUT_S),
+            outbound=outbound_policy(),
         ),
         model,
         tools=environment_tool_schemas(environment=environment),

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from tests.openai_stub import LOOPBACK_ALLOWED
 from tests.processes import Process, test_database_url
 from tests.projects.gateway.conftest import free_port
 
@@ -82,6 +83,7 @@ def stack(transactional_db, tiny_model_dir, tmp_path) -> Iterator[Stack]:
         "DEBUG": "1",
         "TORCH_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
+        "OUTBOUND_ALLOW": ",".join(LOOPBACK_ALLOWED),  # the test's judge/OpenAI/MCP servers
         "INFERENCE_SERVER_TOKEN": "browser-test-token",
         "INFERENCE_HEARTBEAT_INTERVAL_S": "0.5",
         "INFERENCE_HEARTBEAT_TIMEOUT_S": "5",

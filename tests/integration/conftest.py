@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from tests.openai_stub import LOOPBACK_ALLOWED
 from tests.processes import Process, test_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +47,7 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., Worker]]:
             "RUN_REAPER_INTERVAL_S": "1",
             "TORCH_THREADS": "1",
             "HF_HUB_OFFLINE": "1",
+            "OUTBOUND_ALLOW": ",".join(LOOPBACK_ALLOWED),  # the test's judge/OpenAI/MCP servers
             **extra_env,
         }
         log = tmp_path / f"worker-{len(workers)}.log"

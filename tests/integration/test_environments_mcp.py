@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from tests.openai_stub import LOOPBACK
 from training.agent import rollout_groups
 from training.engines.base import Choice, Engine, SamplingParams
 from training.environments import build_environment
@@ -105,7 +106,7 @@ def run_product_episode(tokenizer, config: dict):
         "The Aurora Desk Lamp costs 34.5 and 12 are in stock.",
     ]
     engine = ScriptEngine(tokenizer, script)
-    with build_environment("mcp", config=config, max_turns=4, tool_timeout_s=10) as env:
+    with build_environment("mcp", config=config, max_turns=4, tool_timeout_s=10, outbound=LOOPBACK) as env:
         assert [tool.name for tool in env.tools] == ["search_products", "get_product", "list_categories"]
         assert env.tools[1].parameters["required"] == ["product_id"]
         row = {"prompt": "How much is the cheapest lamp, and how many are in stock?", "item": {"id": "P-101"}}
@@ -162,7 +163,9 @@ def test_only_the_named_tools_are_exposed_and_unknown_names_fail_at_start():
 
 def test_an_unreachable_server_is_a_clear_error():
     env = build_environment(
-        "mcp", config={"url": f"http://127.0.0.1:{free_port()}/mcp", "connect_timeout_s": 5}
+        "mcp",
+        config={"url": f"http://127.0.0.1:{free_port()}/mcp", "connect_timeout_s": 5},
+        outbound=LOOPBACK,
     )
     with pytest.raises(RuntimeError, match="MCP server"):
         env.open()
@@ -289,6 +292,6 @@ def test_stored_headers_reach_the_http_server_decrypted(tmp_path):
     assert "t0ken" not in json.dumps(stored)
     with (
         serving([sys.executable, str(server), str(port)], port, tmp_path),
-        build_environment("mcp", config=config_for_build(stored)) as env,
+        build_environment("mcp", config=config_for_build(stored), outbound=LOOPBACK) as env,
     ):
         assert env.tools[0].function() == "Bearer t0ken"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.openai_stub import openai_stub, tool_call
+from tests.openai_stub import LOOPBACK, openai_stub, tool_call
 from training.environments import EnvironmentSpec
 from training.evaluation import evaluate
 from training.remote import ChatEndpoint, RemotePolicy
@@ -53,7 +53,9 @@ ADD = Tool(
 def test_single_turn_chat_is_graded_like_training():
     answers = by_prompt({"two plus two": "4", "three plus four": "8"})
     with openai_stub([answers, answers]) as stub:
-        policy = RemotePolicy(ChatEndpoint(stub.url, api_key="sk-test"), model="ref-model", max_tokens=16)
+        policy = RemotePolicy(
+            ChatEndpoint(stub.url, outbound=LOOPBACK, api_key="sk-test"), model="ref-model", max_tokens=16
+        )
         result = evaluate(policy, ROWS, EnvironmentSpec(system_prompt="Be brief."), EXACT, side="reference")
     assert [(s.task_row_index, s.reward, s.side) for s in result.samples] == [
         (0, 1.0, "reference"),
@@ -81,7 +83,7 @@ def test_tool_calls_run_over_several_turns_and_errors_are_counted():
 
     env = EnvironmentSpec(max_turns=3, tools=[ADD])
     with openai_stub([script] * 4) as stub:
-        policy = RemotePolicy(ChatEndpoint(stub.url), model="m", max_concurrency=1)
+        policy = RemotePolicy(ChatEndpoint(stub.url, outbound=LOOPBACK), model="m", max_concurrency=1)
         result = evaluate(policy, ROWS, env, EXACT)
     first, second = result.samples
     assert [m["role"] for m in first.messages] == ["user", "assistant", "tool", "assistant"]
@@ -100,7 +102,9 @@ def test_endpoint_failures_are_recorded_per_sample_not_raised():
     answers = by_prompt({"two plus two": "4", "three plus four": "7"})
     # Row 0: 500 then 500 again (one retry): failed. Row 1: answered.
     with openai_stub([500, 500, answers]) as stub:
-        endpoint = ChatEndpoint(stub.url, api_key="sk-secret", retries=1, retry_backoff=0.01)
+        endpoint = ChatEndpoint(
+            stub.url, outbound=LOOPBACK, api_key="sk-secret", retries=1, retry_backoff=0.01
+        )
         result = evaluate(
             RemotePolicy(endpoint, model="m", max_concurrency=1), ROWS, EnvironmentSpec(), EXACT
         )
@@ -115,11 +119,13 @@ def test_endpoint_failures_are_recorded_per_sample_not_raised():
 def test_a_client_error_is_not_retried_and_an_unreachable_endpoint_is_an_error():
     with openai_stub([400, "7"]) as stub:
         policy = RemotePolicy(
-            ChatEndpoint(stub.url, retries=3, retry_backoff=0.01), model="m", max_concurrency=1
+            ChatEndpoint(stub.url, outbound=LOOPBACK, retries=3, retry_backoff=0.01),
+            model="m",
+            max_concurrency=1,
         )
         trajectory = policy.episode(ROWS[0]["data"], EnvironmentSpec())
     assert "HTTP 400" in trajectory.metrics["policy_error"] and len(stub.requests) == 1
-    closed = RemotePolicy(ChatEndpoint(stub.url, timeout=2, retries=0), model="m")
+    closed = RemotePolicy(ChatEndpoint(stub.url, outbound=LOOPBACK, timeout=2, retries=0), model="m")
     assert "unreachable" in closed.episode(ROWS[0]["data"], EnvironmentSpec()).metrics["policy_error"]
 
 
@@ -138,7 +144,7 @@ def test_a_game_is_played_through_the_environment_protocol_and_graded_from_its_o
     ]
     env = build_environment("tic_tac_toe", max_turns=5)
     with openai_stub([player] * 12) as stub:
-        policy = RemotePolicy(ChatEndpoint(stub.url), model="m", max_concurrency=1)
+        policy = RemotePolicy(ChatEndpoint(stub.url, outbound=LOOPBACK), model="m", max_concurrency=1)
         result = evaluate(policy, rows, env, {"type": "environment", "field": "reward"})
     forfeited, played = result.samples
     assert forfeited.metrics["turns"] == 1 and forfeited.metrics["outcome"]["result"] == "forfeit"

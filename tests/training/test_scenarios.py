@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.openai_stub import openai_stub
+from tests.openai_stub import LOOPBACK, openai_stub
 from training.remote import ChatEndpoint
 from training.scenarios import generate_rows, parse_candidates
 
@@ -23,7 +23,7 @@ def rows_json(*prompts: str) -> str:
 def test_valid_rows_are_kept_and_the_prompt_shows_tools_and_instruction():
     with openai_stub([rows_json("What is 2+2?", "What is 3+4?", "What is 5+6?")]) as stub:
         report = generate_rows(
-            ChatEndpoint(stub.url),
+            ChatEndpoint(stub.url, outbound=LOOPBACK),
             "writer",
             tools=TOOLS,
             instruction="sums of two numbers",
@@ -60,7 +60,12 @@ def test_malformed_missing_and_duplicate_rows_are_reported_per_row():
 
     with openai_stub([first, second]) as stub:
         report = generate_rows(
-            ChatEndpoint(stub.url), "m", tools=[], instruction="additions", n=2, validate=validate
+            ChatEndpoint(stub.url, outbound=LOOPBACK),
+            "m",
+            tools=[],
+            instruction="additions",
+            n=2,
+            validate=validate,
         )
     assert [row["prompt"] for row in report.rows] == ["Add 1 and 2", "Add 5 and 5"]
     errors = [(e.request, e.row, e.field, e.error.split(":")[0]) for e in report.errors]
@@ -79,7 +84,9 @@ def test_malformed_missing_and_duplicate_rows_are_reported_per_row():
 
 def test_endpoint_failures_and_empty_replies_stop_after_the_request_budget():
     with openai_stub([500, "", "not json at all"]) as stub:
-        report = generate_rows(ChatEndpoint(stub.url, retries=0), "m", tools=[], instruction="x", n=5)
+        report = generate_rows(
+            ChatEndpoint(stub.url, outbound=LOOPBACK, retries=0), "m", tools=[], instruction="x", n=5
+        )
     assert report.accepted == 0 and report.requests == 3  # one batch + two retries
     assert report.stopped == "stopped after 3 requests"
     assert "HTTP 500" in report.errors[0].error and report.errors[0].row is None
@@ -92,7 +99,7 @@ def test_fenced_arrays_rows_objects_and_extra_rows():
     assert parse_candidates('```json\n[{"prompt": "a"}]\n```') == ([{"prompt": "a"}], [])
     assert parse_candidates('{"rows": [{"prompt": "b"}]}') == ([{"prompt": "b"}], [])
     with openai_stub([rows_json("one", "two", "three")]) as stub:
-        report = generate_rows(ChatEndpoint(stub.url), "m", tools=[], instruction="x", n=2)
+        report = generate_rows(ChatEndpoint(stub.url, outbound=LOOPBACK), "m", tools=[], instruction="x", n=2)
     assert report.accepted == 2 and report.errors[0].error == "more rows than the 2 requested"
 
 

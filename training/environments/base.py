@@ -125,15 +125,17 @@ class Environment:
         system_prompt: str,
         max_turns: int,
         tool_timeout_s: float,
+        **options: Any,
     ) -> Environment:
         """The environment from settings `validate` normalised; the kind's `tools` setting reaches
-        its constructor through `tool_arguments`."""
+        its constructor through `tool_arguments`, a kind's own `options` (mcp: `outbound`) as given."""
         return cls(
             system_prompt=system_prompt,
             max_turns=max_turns,
             tool_timeout_s=tool_timeout_s,
             config=config,
             **cls.tool_arguments(tools, config),
+            **options,
         )
 
     @classmethod

@@ -17,8 +17,9 @@ timeout, so a hung server can delay a turn by at most the tool timeout, never bl
 
 Safety: a stdio command runs a program on the worker, so only the shipped demo server
 (`python -m training.environments.mcp_demo.server`, "python" meaning the worker's interpreter) and
-programs in `allowed_programs` (the operator's list) are accepted. A URL is whatever the team
-configures; the platform itself reaches nothing else.
+programs in `allowed_programs` (the operator's list) are accepted. A URL is reached through the
+`outbound` policy (``training.outbound``: public addresses only unless the operator allow-lists the
+host; the connection goes to the checked address; redirects are not followed).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from training.environments.base import (
     known_keys,
     number,
 )
+from training.outbound import PUBLIC_ONLY, OutboundPolicy
 from training.tools import Tool
 
 DEMO_MODULE = "training.environments.mcp_demo.server"
@@ -76,6 +78,7 @@ class MCPEnvironment(Environment):
         self._session: _Session | None = None
         self._lock = threading.Lock()
         self.tool_names: list[str] = settings.pop("tool_names", [])
+        self.outbound: OutboundPolicy = settings.pop("outbound", PUBLIC_ONLY)
         super().__init__(**settings)
 
     @property  # type: ignore[override]
@@ -139,7 +142,7 @@ class MCPEnvironment(Environment):
         with self._lock:
             if self._session is not None:
                 return
-            session = _Session(self.config)
+            session = _Session(self.config, self.outbound)
             try:
                 listed = session.tools
                 by_name = {tool.name: tool for tool in listed}
@@ -180,8 +183,9 @@ def stdio_allowed(command: list[str], allowed_programs: tuple[str, ...]) -> bool
 class _Session:
     """One MCP client session, owned by a task on a private event loop in a daemon thread."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], outbound: OutboundPolicy = PUBLIC_ONLY) -> None:
         self.config = config
+        self.outbound = outbound
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="mcp-client")
         self.thread.start()
@@ -244,10 +248,16 @@ class _Session:
         import httpx
         from mcp.client.streamable_http import streamable_http_client
 
-        # The transport's own default client, with the team's headers (it leaves a client it is
-        # given open: the exit stack closes it after the session).
+        # The transport's own default client, with the team's headers, connecting only where the
+        # outbound policy allows and following no redirect (it leaves a client it is given open:
+        # the exit stack closes it after the session).
         client = await stack.enter_async_context(
-            httpx.AsyncClient(headers=self.config.get("headers") or None, timeout=httpx.Timeout(30, read=300))
+            httpx.AsyncClient(
+                transport=self.outbound.httpx_transport(),
+                headers=self.config.get("headers") or None,
+                timeout=httpx.Timeout(30, read=300),
+                follow_redirects=False,
+            )
         )
         return streamable_http_client(self.config["url"], http_client=client)
 

@@ -16,6 +16,7 @@ from training.environments.game_2048 import Game2048Environment
 from training.environments.mcp import MCPEnvironment
 from training.environments.python_tools import PythonToolsEnvironment
 from training.environments.tic_tac_toe import TicTacToeEnvironment
+from training.outbound import PUBLIC_ONLY, OutboundPolicy
 
 ENVIRONMENT_KINDS: dict[str, type[Environment]] = {
     ChatEnvironment.kind: ChatEnvironment,
@@ -65,8 +66,10 @@ def build_environment(
     max_turns: int | None = None,
     tool_timeout_s: float = 10.0,
     allowed_programs: tuple[str, ...] = (),
+    outbound: OutboundPolicy = PUBLIC_ONLY,
 ) -> Environment:
-    """A ready environment of `kind` (validated first). Close it when done (`with` works)."""
+    """A ready environment of `kind` (validated first). Close it when done (`with` works).
+    `outbound`: which hosts an MCP server URL may reach (``training.outbound``)."""
     settings = validate_environment(
         kind,
         config=config,
@@ -81,6 +84,7 @@ def build_environment(
         system_prompt=system_prompt,
         max_turns=settings["max_turns"],
         tool_timeout_s=float(tool_timeout_s),
+        **({"outbound": outbound} if kind == MCPEnvironment.kind else {}),
     )
 
 

@@ -3,6 +3,7 @@ demo run."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -19,6 +20,17 @@ from training.base_models import BUNDLED_MODEL
 
 def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def own_gateway_allowed(host: str, port: int) -> str:
+    """OUTBOUND_ALLOW for the web and worker processes: the operator's entries plus this platform's
+    own gateway (a team may point a judge or a reference at ``http://127.0.0.1:<port>/v1``; the
+    gateway wants a team API key like any caller). Nothing else on this machine becomes reachable."""
+    own = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    if host in ("0.0.0.0", "::", "127.0.0.1", "localhost"):
+        own = [f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"]
+    entries = [entry for entry in os.environ.get("OUTBOUND_ALLOW", "").split(",") if entry.strip()]
+    return ",".join(entries + [entry for entry in own if entry not in entries])
 
 
 class Command(BaseCommand):
@@ -42,6 +54,7 @@ class Command(BaseCommand):
         # non-interactive shell) may have started us with it ignored.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        os.environ["OUTBOUND_ALLOW"] = own_gateway_allowed(host, port)  # the children's environment
         try:
             stack.start("worker", worker_command())
             stack.start("web", web_command(host=host, port=port))

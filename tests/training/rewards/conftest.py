@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.openai_stub import LOOPBACK
 from training.rewards import JudgeClient
 
 
@@ -53,7 +54,14 @@ class JudgeServer:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def client(self, **overrides: Any) -> JudgeClient:
-        settings = {"base_url": self.url, "api_key": "sk-test-key", "timeout": 5.0, "retries": 0, **overrides}
+        settings = {
+            "base_url": self.url,
+            "api_key": "sk-test-key",
+            "timeout": 5.0,
+            "retries": 0,
+            "outbound": LOOPBACK,
+            **overrides,
+        }
         return JudgeClient(**settings)
 
     @staticmethod
