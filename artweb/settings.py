@@ -154,6 +154,10 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
 }
 
+# --- teams ----------------------------------------------------------------------------------
+# How long an invitation to join a team can be accepted (projects.services.invitations).
+INVITATION_TTL_HOURS = env_int("INVITATION_TTL_HOURS", 72, minimum=1)
+
 # --- Celery ---------------------------------------------------------------------------------
 BROKER_DIR = DATA_DIR / "broker"
 # "localhost" only keeps kombu from warning about a missing host; the folders below are the broker.

@@ -1,8 +1,9 @@
 """Who is asking, for which team: every dashboard view is wrapped in ``team_view``.
 
 The team and role come from ``projects.access.resolve_team_and_role`` (the same resolver the API
-and the gateway use): the session's ``team_id`` while the user is still a member of it, else their
-first team. Views fetch rows only through ``get_scoped`` or ``projects.selectors`` with
+and the gateway use): the session's ``team_id`` while the user is still a member of it, else the
+team they last chose in the team switcher (``Membership.last_used_at``, kept across sessions), else
+the one they joined last. Views fetch rows only through ``get_scoped`` or ``projects.selectors`` with
 ``request.team``, so another team's id reads as 404, never as data.
 """
 
@@ -41,7 +42,9 @@ class TeamHttpRequest(HttpRequest):
 
 def session_access(request: HttpRequest) -> TeamAccess | None:
     """The signed-in person's team for this session (see the module docstring)."""
-    return resolve_team_and_role(user=request.user, preferred_team_id=request.session.get(SESSION_TEAM_KEY))
+    return resolve_team_and_role(
+        user=request.user, preferred_team_id=request.session.get(SESSION_TEAM_KEY), remembered=True
+    )
 
 
 def team_view(*, write: bool = False, owner: bool = False, viewer_may_post: bool = False) -> Callable:

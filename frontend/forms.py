@@ -184,8 +184,16 @@ class ApiKeyForm(forms.Form):
     read_only = forms.BooleanField(required=False, help_text="can read but not create or change anything")
 
 
-class MemberForm(forms.Form):
-    username = forms.CharField(max_length=150)
+class InvitationForm(forms.Form):
+    """An owner's invitation (``services.invitation_create``): nobody joins without accepting."""
+
+    invitee = forms.CharField(
+        max_length=254, label="Email or username", help_text="kept as a note for your list"
+    )
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+
+
+class MemberRoleForm(forms.Form):
     role = forms.ChoiceField(choices=Role.choices)
 
 

@@ -5,10 +5,13 @@ back to the form field. Runs and checkpoints: ``run_pages``; reward definitions:
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib import messages
-from django.contrib.auth import get_user_model
+from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from frontend import forms as f
@@ -24,8 +27,10 @@ from projects.models import (
     ApiKey,
     BaseModel,
     Environment,
+    Invitation,
     Membership,
     Project,
+    Role,
     TaskSet,
     TrainableModel,
 )
@@ -40,6 +45,7 @@ def team_switch(request: TeamHttpRequest) -> HttpResponse:
     for membership in request.memberships:
         if str(membership.team_id) == wanted:
             request.session[SESSION_TEAM_KEY] = membership.team_id
+            services.team_choose(user=request.user, team=membership.team)  # type: ignore[arg-type]
             messages.success(request, f"Switched to team {membership.team.name}.")
             break
     else:
@@ -49,27 +55,101 @@ def team_switch(request: TeamHttpRequest) -> HttpResponse:
 
 @team_view(owner=True)
 def members(request: TeamHttpRequest) -> HttpResponse:
-    form = f.MemberForm(request.POST or None)
+    """The team's members, and the owners' invite form: joining needs the invitee to accept."""
+    form = f.InvitationForm(request.POST or None)
+    created = None
     if request.method == "POST" and form.is_valid():
-        user = get_user_model().objects.filter(username=form.cleaned_data["username"]).first()
-        if user is None:
-            form.add_error("username", "no user with this name")
-        else:
-            try:
-                services.membership_set(
-                    team=request.team,
-                    user=user,
-                    role=form.cleaned_data["role"],
-                    by=request.user,  # type: ignore[arg-type]
-                )
-                messages.success(request, f"{user.username} is now {form.cleaned_data['role']}.")
-                return redirect("frontend:members")
-            except DomainError as exc:  # e.g. the last owner demoting themselves
-                form.add_error("role", exc.message)
+        try:
+            created = services.invitation_create(
+                team=request.team,
+                invitee=form.cleaned_data["invitee"],
+                role=form.cleaned_data["role"],
+                by=request.user,  # type: ignore[arg-type]
+            )
+            form = f.InvitationForm()
+        except ValidationFailed as exc:
+            f.attach_errors(form, exc)
+    accept_link = None
+    if created is not None:
+        query = urlencode({"token": created.token})
+        accept_link = request.build_absolute_uri(f"{reverse('frontend:invitation-accept')}?{query}")
     return render(
         request,
         "frontend/members.html",
-        {"members": selectors.team_members(team=request.team), "form": form},
+        {
+            "members": selectors.team_members(team=request.team),
+            "invitations": selectors.pending_invitations(team=request.team),
+            "roles": Role.choices,
+            "form": form,
+            "created": created,
+            "accept_link": accept_link,
+        },
+    )
+
+
+@require_POST
+@team_view(owner=True)
+def member_role(request: TeamHttpRequest, membership_id: int) -> HttpResponse:
+    membership = get_scoped(Membership, request, membership_id)
+    form = f.MemberRoleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose one of the roles.")
+        return redirect("frontend:members")
+    try:
+        services.membership_set(
+            team=request.team,
+            user=membership.user,
+            role=form.cleaned_data["role"],
+            by=request.user,  # type: ignore[arg-type]
+        )
+    except DomainError as exc:  # e.g. the last owner demoting themselves
+        messages.error(request, exc.message)
+        return redirect("frontend:members")
+    messages.success(request, f"{membership.user.username} is now {form.cleaned_data['role']}.")
+    return redirect("frontend:members")
+
+
+@require_POST
+@team_view(owner=True)
+def invitation_revoke(request: TeamHttpRequest, invitation_id: int) -> HttpResponse:
+    invitation = get_scoped(Invitation, request, invitation_id)
+    try:
+        services.invitation_revoke(invitation=invitation, by=request.user)  # type: ignore[arg-type]
+    except DomainError as exc:  # already accepted
+        messages.error(request, exc.message)
+        return redirect("frontend:members")
+    messages.success(request, f"The invitation for {invitation.invitee} was revoked.")
+    return redirect("frontend:members")
+
+
+@login_required
+def invitation_accept(request: HttpRequest) -> HttpResponse:
+    """Where an invitation link leads: sign in, see the team and the role, accept. Not a
+    ``team_view``: the person is not a member of the team yet (and may be in no team at all); the
+    token decides, through the same checks as ``POST /api/v1/invitations/accept``."""
+    token = (request.POST.get("token") if request.method == "POST" else request.GET.get("token")) or ""
+    invitation = selectors.invitation_for_token(token=token) if token else None
+    error = None
+    if request.method == "POST":
+        try:
+            membership = services.invitation_accept(token=token, user=request.user)  # type: ignore[arg-type]
+        except DomainError as exc:
+            error = exc
+        else:
+            request.session[SESSION_TEAM_KEY] = membership.team_id
+            messages.success(request, f"You joined {membership.team.name} as {membership.role}.")
+            return redirect("frontend:projects")
+    else:
+        try:
+            services.invitation_check(invitation)
+        except DomainError as exc:
+            error = exc
+    status = 200 if error is None else getattr(error, "status_code", 400)
+    return render(
+        request,
+        "frontend/invitation_accept.html",
+        {"invitation": invitation if error is None else None, "token": token, "error": error},
+        status=status,
     )
 
 

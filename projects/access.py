@@ -14,6 +14,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from projects.errors import ValidationFailed
 from projects.models import ApiKey, Membership, Role, Team
 
 
@@ -55,30 +56,53 @@ def key_role(api_key: ApiKey) -> str:
     return Role.VIEWER if api_key.read_only else Role.MEMBER
 
 
+class TeamNotChosen(ValidationFailed):
+    """A signed-in person with several teams called the API without saying which one."""
+
+    code = "team_required"
+
+
+def _most_recent(memberships: list[Membership]) -> Membership:
+    """The team the person last chose (``last_used_at``), else the one they joined last."""
+    return max(memberships, key=lambda m: (m.last_used_at or m.created_at, m.pk))
+
+
 def resolve_team_and_role(
     *,
     api_key: ApiKey | None = None,
     user: Any = None,
     team_name: str | None = None,
     preferred_team_id: Any = None,
+    remembered: bool = False,
 ) -> TeamAccess | None:
     """The caller's ``TeamAccess``, or None when it acts for no team.
 
     A key gives its own team. A signed-in ``user`` gives the team named by ``team_name`` (strict:
     not a member of it → None), else the team ``preferred_team_id`` (the dashboard session's
-    choice) while still a member, else their first team by name.
+    choice) while still a member, else their only team. With several teams and none of those,
+    ``remembered`` (the dashboard) takes the team they last chose, or joined last; otherwise (the
+    REST API) it is a ``TeamNotChosen`` 400 naming ``X-Team``. Never a team picked by its name's
+    order: which team a write lands in is the caller's choice.
     """
     if api_key is not None:
         return TeamAccess(team=api_key.team, role=key_role(api_key), api_key=api_key)
     if user is None or not getattr(user, "is_authenticated", False):
         return None
     memberships = list(Membership.objects.select_related("team").filter(user=user).order_by("team__name"))
+    chosen: Membership | None
     if team_name:
         chosen = next((m for m in memberships if m.team.name == team_name), None)
+    elif preferred_team_id is not None and any(m.team_id == preferred_team_id for m in memberships):
+        chosen = next(m for m in memberships if m.team_id == preferred_team_id)
+    elif len(memberships) <= 1:
+        chosen = memberships[0] if memberships else None
+    elif remembered:
+        chosen = _most_recent(memberships)
     else:
-        chosen = next(
-            (m for m in memberships if m.team_id == preferred_team_id),
-            memberships[0] if memberships else None,
+        names = ", ".join(m.team.name for m in memberships)
+        raise TeamNotChosen(
+            f"you belong to several teams: say which one with the X-Team header (one of: {names})",
+            field="X-Team",
         )
     if chosen is None:
         return None

@@ -3,18 +3,22 @@
 Tenancy is enforced here once. ``TeamViewSet`` filters ``get_queryset`` (and so ``get_object``) to
 the caller's team through the model's ``TEAM_PATH`` and derives the permission each request needs
 from ``projects.access.ROLE_PERMISSIONS``; subclasses cannot override any of that (``__init_subclass__``
-refuses), only narrow it (``write_permission = Permission.MANAGE``). ``CatalogueViewSet`` is the one
-read-only exception for operator-maintained rows every team shares (the base-model catalogue).
+refuses), only narrow it (``write_permission = Permission.MANAGE``, ``read_permission`` likewise).
+Two deliberate exceptions: ``CatalogueViewSet``, read-only, for operator-maintained rows every team
+shares (the base-model catalogue), and ``SignedInViewSet`` for what a signed-in person does before
+any team is theirs (accepting an invitation): no team, no queryset, session sign-in only.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import QuerySet
 from rest_framework import viewsets
-from rest_framework.permissions import SAFE_METHODS
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
 from projects import selectors
@@ -27,6 +31,7 @@ from projects.models import Team
 class CallerViewSet(viewsets.GenericViewSet):
     """Authentication and the role table; the parts no subclass may replace."""
 
+    read_permission: ClassVar[Permission] = Permission.READ
     write_permission: ClassVar[Permission] = Permission.WRITE
     permission_classes = [TeamPermission]
     _final: ClassVar[tuple[str, ...]] = (
@@ -53,7 +58,7 @@ class CallerViewSet(viewsets.GenericViewSet):
             raise TypeError(f"{cls.__name__}: write_permission may not be weakened to read")
 
     def required_permission(self, request: Request) -> Permission:
-        return Permission.READ if request.method in SAFE_METHODS else self.write_permission
+        return self.read_permission if request.method in SAFE_METHODS else self.write_permission
 
     @property
     def access(self) -> TeamAccess:
@@ -120,3 +125,42 @@ class CatalogueViewSet(CallerViewSet):
 
     def get_queryset(self) -> QuerySet:
         return self.model._default_manager.all()
+
+
+class SignedIn(BasePermission):
+    """A person signed in with a session; an API key is no one (keys belong to teams)."""
+
+    message = "Sign in to do this (an API key acts for a team, not for a person)."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.user, User) and request.user.is_authenticated
+
+
+class SignedInViewSet(viewsets.GenericViewSet):
+    """The deliberate exception to team scoping: actions of a signed-in person that no team grants
+    yet (accepting an invitation, which is how one joins a team). Session authentication only, no
+    ``model`` and no queryset, so it can read or change no team's rows by itself; the service it
+    calls decides from what the request carries (an invitation's token). Subclasses cannot replace
+    the authentication, the check, or add a queryset."""
+
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [SignedIn]
+    _final: ClassVar[tuple[str, ...]] = (
+        "authentication_classes",
+        "permission_classes",
+        "get_permissions",
+        "get_authenticators",
+        "check_permissions",
+        "get_queryset",
+        "queryset",
+        "model",
+    )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in cls._final:
+            if name in cls.__dict__:
+                raise TypeError(f"{cls.__name__} must not override {name}: see projects.api.base")
+
+    def get_queryset(self) -> QuerySet:
+        raise ImproperlyConfigured(f"{type(self).__name__} is not team-scoped and has no queryset")

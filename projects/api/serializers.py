@@ -267,11 +267,6 @@ class RunIn(serializers.Serializer):
     config = serializers.DictField(required=False, default=dict, help_text="see /api/v1/hyperparameters")
 
 
-class MemberIn(serializers.Serializer):
-    username = serializers.CharField(max_length=150)
-    role = serializers.ChoiceField(choices=Role.choices)
-
-
 class MemberRoleIn(serializers.Serializer):
     role = serializers.ChoiceField(choices=Role.choices)
 

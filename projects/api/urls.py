@@ -2,7 +2,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from projects.api import evaluations, graders, scenarios, schema, views  # noqa: F401  (schema registers the auth extension)
+from projects.api import evaluations, graders, invitations, scenarios, schema, views  # noqa: F401  (schema registers the auth extension)
 from projects.api.usage import UsageViewSet
 
 router = DefaultRouter()
@@ -16,6 +16,7 @@ router.register("environments", views.EnvironmentViewSet, basename="environment"
 router.register("runs", views.RunViewSet, basename="run")
 router.register("api-keys", views.ApiKeyViewSet, basename="api-key")
 router.register("members", views.MemberViewSet, basename="member")
+router.register("invitations", invitations.InvitationViewSet, basename="invitation")
 router.register("judge-endpoints", graders.JudgeEndpointViewSet, basename="judge-endpoint")
 router.register("evaluations", evaluations.EvaluationViewSet, basename="evaluation")
 
@@ -48,6 +49,13 @@ urlpatterns = [
         "checkpoints/<int:checkpoint_id>/evaluations",
         evaluations.CheckpointEvaluationsView.as_view({"get": "list"}, schema=None),
     ),
+    # Not team-scoped: the signed-in person accepting is not a member yet (projects.api.base).
+    path(
+        "invitations/accept",
+        invitations.InvitationAcceptView.as_view({"post": "create"}),
+        name="invitation-accept",
+    ),
+    path("invitations/accept/", invitations.InvitationAcceptView.as_view({"post": "create"}, schema=None)),
     # Before the router: "generate" is not a task-set id.
     path(
         "task-sets/generate",

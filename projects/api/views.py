@@ -346,9 +346,10 @@ class ApiKeyViewSet(TeamViewSet, mixins.ListModelMixin):
 
 
 class MemberViewSet(TeamViewSet, mixins.ListModelMixin):
-    """The team's members and their roles. Any member reads; owners add members, change roles and
-    remove members (session sign-in: API keys belong to teams, not people, so none is an owner).
-    A team keeps at least one owner: demoting or removing the last one is a 400 ``last_owner``."""
+    """The team's members and their roles. Any member reads; owners change roles and remove members
+    (session sign-in: API keys belong to teams, not people, so none is an owner). Nobody is added
+    here: people join by accepting an invitation (``/api/v1/invitations/``). A team keeps at least
+    one owner: demoting or removing the last one is a 400 ``last_owner``."""
 
     model = Membership
     serializer_class = s.MemberOut
@@ -356,15 +357,6 @@ class MemberViewSet(TeamViewSet, mixins.ListModelMixin):
 
     def base_queryset(self) -> QuerySet:
         return Membership.objects.select_related("user").order_by("user__username")
-
-    @extend_schema(request=s.MemberIn, responses={201: s.MemberOut})
-    def create(self, request: Request) -> Response:
-        data = _valid(s.MemberIn, request.data)
-        user = User.objects.filter(username=data["username"]).first()
-        if user is None:
-            raise ValidationFailed("no user with this name", field="username")
-        membership = services.membership_set(team=self.team, user=user, role=data["role"], by=_user(request))
-        return Response(s.MemberOut(membership).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.MemberRoleIn, responses=s.MemberOut)
     def partial_update(self, request: Request, pk: str) -> Response:

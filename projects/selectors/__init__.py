@@ -57,7 +57,9 @@ from projects.selectors.task_sets import (
 )
 from projects.selectors.teams import (
     api_keys,
+    invitation_for_token,
     memberships_of,
+    pending_invitations,
     team_members,
 )
 
@@ -67,6 +69,8 @@ __all__ = [
     "api_keys",
     "memberships_of",
     "team_members",
+    "pending_invitations",
+    "invitation_for_token",
     "run_get",
     "run_recent_events",
     "runs_search",

@@ -1,7 +1,8 @@
 """Writes. Every change to the domain goes through a function here (keyword-only, typed), one
 module per subject; this package re-exports them all, so callers write ``services.run_create(...)``.
 
-- ``teams``: teams, memberships (a team keeps an owner), API keys
+- ``teams``: teams, memberships (a team keeps an owner), the remembered team, API keys
+- ``invitations``: joining a team only by accepting an owner's invitation (consent)
 - ``projects``: projects, the base model catalogue, trainable models
 - ``rewards``: reward definitions (versioned grader specs)
 - ``task_sets``: task set upload (the row rules) and deletion
@@ -43,6 +44,13 @@ from projects.services.evaluations import (
     evaluation_transition,
     evaluations_requeue_orphaned,
     run_evaluation_record,
+)
+from projects.services.invitations import (
+    CreatedInvitation,
+    invitation_accept,
+    invitation_check,
+    invitation_create,
+    invitation_revoke,
 )
 from projects.services.judges import (
     DEFAULT_JUDGE,
@@ -101,6 +109,7 @@ from projects.services.teams import (
     api_key_revoke,
     membership_remove,
     membership_set,
+    team_choose,
     team_create,
 )
 
@@ -112,6 +121,12 @@ __all__ = [
     "team_create",
     "membership_set",
     "membership_remove",
+    "team_choose",
+    "CreatedInvitation",
+    "invitation_create",
+    "invitation_check",
+    "invitation_accept",
+    "invitation_revoke",
     "api_key_create",
     "api_key_authenticate",
     "api_key_revoke",

@@ -37,7 +37,7 @@ def team_create(*, name: str, owner: User | None = None) -> Team:
 LAST_OWNER = "last_owner"
 
 
-def _require_owner(*, team: Team, by: User | None) -> None:
+def require_owner(*, team: Team, by: User | None) -> None:
     """``by`` is the person acting; None means the platform itself (set-up commands, tests)."""
     if by is not None and not Membership.objects.filter(team=team, user=by, role=Role.OWNER).exists():
         raise Forbidden("only team owners manage members")
@@ -59,12 +59,18 @@ def _refuse_last_owner(*, team: Team, user: User, action: str) -> None:
 
 
 def membership_set(*, team: Team, user: User, role: str, by: User | None = None) -> Membership:
-    """Add ``user`` to ``team`` with ``role``, or change their role (owners only, when ``by`` is
-    given). The last owner cannot be demoted."""
+    """Change ``user``'s role in ``team`` (owners only, when ``by`` is given). A person acting
+    (``by``) never adds anyone: people join by accepting an invitation (services.invitations);
+    only the platform itself (``by=None``: set-up commands, tests) may add a member directly.
+    The last owner cannot be demoted."""
     if role not in Role.values:
         raise ValidationFailed(f"must be one of {', '.join(Role.values)}", field="role")
     with transaction.atomic():
-        _require_owner(team=team, by=by)
+        require_owner(team=team, by=by)
+        if by is not None and not Membership.objects.filter(team=team, user=user).exists():
+            raise NotFound(
+                f"{user.username} is not a member of {team.name}: invite them instead", field="user"
+            )
         if role != Role.OWNER:
             _refuse_last_owner(team=team, user=user, action="demoted")
         membership, _ = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})
@@ -75,13 +81,24 @@ def membership_remove(*, team: Team, user: User, by: User | None) -> None:
     """Take ``user`` out of ``team`` (owners only, when ``by`` is given; an owner may remove
     themselves while another owner remains). The last owner cannot be removed."""
     with transaction.atomic():
-        _require_owner(team=team, by=by)
+        require_owner(team=team, by=by)
         membership = Membership.objects.select_for_update().filter(team=team, user=user).first()
         if membership is None:
             raise NotFound(f"{user.username} is not a member of {team.name}", field="user")
         if membership.role == Role.OWNER:
             _refuse_last_owner(team=team, user=user, action="removed")
         membership.delete()
+
+
+def team_choose(*, user: User, team: Team) -> Membership:
+    """Remember ``team`` as the one ``user`` works in (the dashboard's team switcher, accepting an
+    invitation): the fallback when a session has not chosen (``projects.access``)."""
+    membership = Membership.objects.filter(team=team, user=user).first()
+    if membership is None:
+        raise NotFound(f"you are not a member of {team.name}", field="team")
+    membership.last_used_at = timezone.now()
+    membership.save(update_fields=["last_used_at"])
+    return membership
 
 
 API_KEY_PREFIX = "aw"

@@ -50,7 +50,9 @@ def workspace(transactional_db, settings):
     alice = get_user_model().objects.create_user("alice", password="pw-alice-123")
     team = services.team_create(name="alpha", owner=alice)
     dora = get_user_model().objects.create_user("dora", password="pw-dora-123")
-    services.membership_set(team=team, user=dora, role="member", by=alice)
+    # Joining needs consent: alice invites, dora accepts.
+    invitation = services.invitation_create(team=team, invitee="dora", role="member", by=alice)
+    services.invitation_accept(token=invitation.token, user=dora)
     project = services.project_create(team=team, name="demo", description="The dashboard's browser test")
     services.trainable_model_create(
         project=project, name="agent", base_model=BaseModel.objects.get(name="tiny")
@@ -250,6 +252,13 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
     page.goto(f"{url}/team/members")
     assert page.locator("tr[data-member=dora]").count() == 1
     browser.screenshot("12-members")
+    page.fill("#id_invitee", "erin@example.com")
+    page.click("button:has-text('Invite')")
+    page.wait_for_selector("#accept-link")
+    assert "/invitations/accept?token=inv_" in page.locator("#accept-link").inner_text()
+    browser.screenshot("12-members-invited")
+    page.click("tr[data-invitation='erin@example.com'] >> text=Revoke")  # the dialog is accepted
+    page.wait_for_selector("text=The invitation for erin@example.com was revoked.")
     page.click("tr[data-member=dora] >> text=Remove")  # the confirmation dialog is accepted
     page.wait_for_selector("text=dora was removed from the team.")
     assert page.locator("tr[data-member=dora]").count() == 0

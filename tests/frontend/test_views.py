@@ -123,7 +123,7 @@ def test_viewer_cannot_cancel_or_create(cast, alpha_setup, alpha_run):
     assert bob.post(f"/projects/{alpha_setup.project.pk}/runs/new", {}).status_code == 403
     assert bob.post("/projects/", {"name": "nope"}).status_code == 403
     assert bob.post("/team/api-keys", {"name": "nope"}).status_code == 403
-    assert bob.post("/team/members", {"username": "bob", "role": "owner"}).status_code == 403
+    assert bob.post("/team/members", {"invitee": "bob", "role": "owner"}).status_code == 403
     assert Run.objects.get(pk=alpha_run.pk).status == RunStatus.QUEUED
 
 
@@ -228,15 +228,89 @@ def test_api_key_is_shown_once_and_revoked(cast):
     assert client.post(f"/team/api-keys/{other.pk}/revoke").status_code == 404
 
 
-def test_owner_adds_a_member(cast):
+def test_owner_invites_from_the_members_page_and_the_invitee_accepts(cast):
     from django.contrib.auth import get_user_model
 
-    get_user_model().objects.create_user("dora", password="pw-dora-123")
+    from projects.models import Invitation, Membership
+
+    dora = get_user_model().objects.create_user("dora", password="pw-dora-123")
     client = client_for(cast.alice)
-    client.post("/team/members", {"username": "dora", "role": "member"})
-    assert "dora" in client.get("/team/members").content.decode()
-    response = client.post("/team/members", {"username": "nobody", "role": "member"})
-    assert "no user with this name" in response.content.decode()
+    html = client.post("/team/members", {"invitee": "dora", "role": "member"}).content.decode()
+    invitation = Invitation.objects.get()
+    assert "shown only this once" in html and 'data-copy="accept-link"' in html
+    link = html.split('<code id="accept-link">')[1].split("</code>")[0].replace("&amp;", "&")
+    assert link.startswith("http://testserver/invitations/accept?token=inv_")
+    assert not Membership.objects.filter(team=cast.alpha, user=dora).exists()
+    listed = client.get("/team/members").content.decode()
+    assert 'data-invitation="dora"' in listed and "shown only this once" not in listed
+    # Inviting a name nobody has reads exactly the same.
+    unknown = client.post("/team/members", {"invitee": "nobody", "role": "member"}).content.decode()
+    assert "shown only this once" in unknown and "no user" not in unknown
+
+    invitee = client_for(dora)
+    page = invitee.get(link.removeprefix("http://testserver"))
+    assert page.status_code == 200
+    assert "Join alpha" in page.content.decode() and "member" in page.content.decode()
+    token = link.split("token=")[1]
+    joined = invitee.post("/invitations/accept", {"token": token})
+    assert joined.status_code == 302 and joined["Location"] == "/projects/"
+    assert Membership.objects.get(team=cast.alpha, user=dora).role == "member"
+    invitation.refresh_from_db()
+    assert invitation.accepted_by == dora
+    used = invitee.get(f"/invitations/accept?token={token}")
+    assert used.status_code == 400 and "already used" in used.content.decode()
+
+
+def test_the_accept_page_needs_sign_in_and_refuses_bad_tokens(cast):
+    created = services.invitation_create(team=cast.alpha, invitee="dora", role="viewer", by=cast.alice)
+    anonymous = Client().get(f"/invitations/accept?token={created.token}")
+    assert anonymous.status_code == 302 and anonymous["Location"].startswith("/login/?next=")
+    charlie = client_for(cast.charlie)
+    assert charlie.get("/invitations/accept?token=inv_nope_nope").status_code == 404
+    services.invitation_revoke(invitation=created.invitation, by=cast.alice)
+    revoked = charlie.post("/invitations/accept", {"token": created.token})
+    assert revoked.status_code == 400 and "revoked" in revoked.content.decode()
+
+
+def test_owner_revokes_a_pending_invitation(cast):
+    from projects.models import Invitation
+
+    created = services.invitation_create(team=cast.alpha, invitee="dora", role="member", by=cast.alice)
+    client = client_for(cast.alice)
+    html = client.get("/team/members").content.decode()
+    assert f'action="/team/invitations/{created.invitation.pk}/revoke"' in html
+    response = client.post(f"/team/invitations/{created.invitation.pk}/revoke", follow=True)
+    assert "The invitation for dora was revoked." in response.content.decode()
+    assert Invitation.objects.get().revoked_at is not None
+    assert 'data-invitation="dora"' not in client.get("/team/members").content.decode()
+    theirs = services.invitation_create(team=cast.beta, invitee="x", role="member", by=cast.charlie)
+    assert client.post(f"/team/invitations/{theirs.invitation.pk}/revoke").status_code == 404
+    assert client_for(cast.bob).post(f"/team/invitations/{created.invitation.pk}/revoke").status_code == 403
+
+
+def test_owner_changes_a_role_from_the_members_page(cast):
+    from projects.models import Membership
+
+    bob = Membership.objects.get(team=cast.alpha, user=cast.bob)
+    response = client_for(cast.alice).post(f"/team/members/{bob.pk}/role", {"role": "member"}, follow=True)
+    assert "bob is now member." in response.content.decode()
+    assert Membership.objects.get(pk=bob.pk).role == "member"
+    assert client_for(cast.bob).post(f"/team/members/{bob.pk}/role", {"role": "owner"}).status_code == 403
+
+
+def test_the_dashboard_remembers_the_team_last_chosen_across_sessions(cast):
+    from django.contrib.auth import get_user_model
+
+    erin = get_user_model().objects.create_user("erin", password="pw-erin-123")
+    services.membership_set(team=cast.alpha, user=erin, role="member")
+    services.membership_set(team=cast.beta, user=erin, role="member")
+    services.project_create(team=cast.alpha, name="alpha-project")
+    services.project_create(team=cast.beta, name="beta-project")
+    # None chosen yet: the team joined last (beta), not the alphabetically first.
+    assert "beta-project" in client_for(erin).get("/projects/").content.decode()
+    client_for(erin).post("/team/switch", {"team": cast.alpha.pk})
+    html = client_for(erin).get("/projects/").content.decode()  # a new session
+    assert "alpha-project" in html and "beta-project" not in html
 
 
 def test_owner_removes_a_member_from_the_members_page(cast):
@@ -258,7 +332,7 @@ def test_members_page_refuses_to_remove_or_demote_the_last_owner(cast):
     client = client_for(cast.alice)
     html = client.post(f"/team/members/{alice.pk}/remove", follow=True).content.decode()
     assert "last owner" in html
-    html = client.post("/team/members", {"username": "alice", "role": "viewer"}).content.decode()
+    html = client.post(f"/team/members/{alice.pk}/role", {"role": "viewer"}, follow=True).content.decode()
     assert "last owner" in html
     assert Membership.objects.get(pk=alice.pk).role == "owner"
 

@@ -16,7 +16,8 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from frontend.access import TEAM_VIEWS
-from projects.api.base import CatalogueViewSet, TeamViewSet
+from projects import services
+from projects.api.base import CatalogueViewSet, SignedInViewSet, TeamViewSet
 from projects.models import Membership
 from tests.factories import ApiKeyFactory, CheckpointFactory, RunFactory
 
@@ -28,6 +29,10 @@ PUBLIC = {"schema", "docs", "frontend:login", "frontend:logout"}
 CATALOGUE = {"base-model-list", "base-model-detail", "hyperparameters", "environment-kinds"}
 # The one dashboard post a viewer may make: choosing which of their teams to work in.
 VIEWER_MAY_POST = {"frontend:team-switch"}
+# For a signed-in person before any team is theirs: accepting an invitation (the API's
+# ``SignedInViewSet`` and the dashboard page it links to); tested in tests/projects/api/test_invitations.py
+# and tests/frontend/test_views.py.
+SIGNED_IN = {"invitation-accept", "frontend:invitation-accept"}
 # Not a team_view: ``/`` redirects; the playground checks the session with the same resolver
 # (``session_access``) and is tested below on its own.
 DASHBOARD_OTHERS = {"frontend:root", "frontend:playground-chat"}
@@ -90,6 +95,7 @@ def world(cast, alpha_setup, alice_client):
     evaluation = Evaluation.objects.get(pk=created.json()["id"])
     judge = judges.judge_endpoint_create(team=cast.alpha, name="judge", base_url="http://127.0.0.1:9/v1")
     api_key = ApiKeyFactory(team=cast.alpha)
+    invitation = services.invitation_create(team=cast.alpha, invitee="dora", role="member", by=cast.alice)
     objects = {
         "project": alpha_setup.project,
         "model": alpha_setup.model,
@@ -101,6 +107,7 @@ def world(cast, alpha_setup, alice_client):
         "evaluation": evaluation,
         "judge": judge,
         "api_key": api_key,
+        "invitation": invitation.invitation,
         "membership": Membership.objects.get(team=cast.alpha, user=cast.bob),
         "base_model": alpha_setup.base,
     }
@@ -118,6 +125,7 @@ KWARGS = {
     "reward_id": "reward",
     "membership_id": "membership",
     "key_id": "api_key",
+    "invitation_id": "invitation",
 }
 # A router's ``pk`` → the world's object, by the view's model.
 PK_OF_MODEL = {
@@ -131,6 +139,7 @@ PK_OF_MODEL = {
     "Evaluation": "evaluation",
     "JudgeEndpoint": "judge",
     "ApiKey": "api_key",
+    "Invitation": "invitation",
     "Membership": "membership",
     "BaseModel": "base_model",
 }
@@ -169,7 +178,9 @@ def test_every_api_view_derives_from_the_tenancy_base():
         if name in PUBLIC:
             continue
         view_class = getattr(entry.callback, "cls", None)
-        expected = CatalogueViewSet if name in CATALOGUE else TeamViewSet
+        expected = (
+            CatalogueViewSet if name in CATALOGUE else SignedInViewSet if name in SIGNED_IN else TeamViewSet
+        )
         if view_class is None or not issubclass(view_class, expected):
             unscoped.append(f"{route} ({name}): {view_class}")
     assert not unscoped, "API views outside projects.api.base:\n" + "\n".join(unscoped)
@@ -181,7 +192,7 @@ def test_api_outsiders_get_404_viewers_403_and_the_owner_reads(
     problems: list[str] = []
     checked_objects = 0
     for _route, entry, name in api_patterns():
-        if name in PUBLIC:
+        if name in PUBLIC | SIGNED_IN:
             continue
         view_class = entry.callback.cls
         url = _url(world, entry, name, view_class)
@@ -221,7 +232,7 @@ def test_every_dashboard_view_is_a_team_view():
     unscoped = [
         f"{route} ({name})"
         for route, entry, name in dashboard_patterns()
-        if name not in PUBLIC | DASHBOARD_OTHERS and not _is_team_view(entry.callback)
+        if name not in PUBLIC | DASHBOARD_OTHERS | SIGNED_IN and not _is_team_view(entry.callback)
     ]
     assert not unscoped, "dashboard views without team_view:\n" + "\n".join(unscoped)
 
@@ -236,7 +247,7 @@ def test_dashboard_outsiders_get_404_viewers_403_and_the_owner_reads(world, cast
     alice, bob, charlie = (_page_client(user) for user in (cast.alice, cast.bob, cast.charlie))
     problems: list[str] = []
     for _route, entry, name in dashboard_patterns():
-        if name in PUBLIC | DASHBOARD_OTHERS:
+        if name in PUBLIC | DASHBOARD_OTHERS | SIGNED_IN:
             continue
         url = _url(world, entry, name, None)
         owner_get = alice.get(url).status_code

@@ -1,5 +1,5 @@
-"""Team members: the service rules (owners manage; a team keeps at least one owner) and the REST
-endpoint /api/v1/members/ that exposes them.
+"""Team members: the service rules (owners manage; a team keeps at least one owner; nobody is added
+without an accepted invitation) and the REST endpoint /api/v1/members/ that exposes them.
 
 The cast (tests/conftest.py): alice owns alpha, bob is a viewer in alpha, charlie owns beta.
 """
@@ -89,18 +89,26 @@ def test_members_are_listed_to_any_member(cast, bob_client, dora):
     ]
 
 
-def test_owner_adds_changes_and_removes_a_member_over_the_api(cast, alice_client):
-    get_user_model().objects.create_user("erin", password="pw-erin-123")
-    created = alice_client.post("/api/v1/members/", {"username": "erin", "role": "viewer"}, format="json")
-    assert created.status_code == 201, created.json()
-    membership_id = created.json()["id"]
-    changed = alice_client.patch(f"/api/v1/members/{membership_id}/", {"role": "member"}, format="json")
-    assert changed.status_code == 200 and changed.json()["role"] == "member"
+def test_owner_changes_and_removes_a_member_over_the_api(cast, alice_client, dora):
+    membership_id = _member(cast.alpha, dora).pk
+    changed = alice_client.patch(f"/api/v1/members/{membership_id}/", {"role": "viewer"}, format="json")
+    assert changed.status_code == 200 and changed.json()["role"] == "viewer"
     response = alice_client.delete(f"/api/v1/members/{membership_id}/")
     assert response.status_code == 204
     assert not Membership.objects.filter(pk=membership_id).exists()
-    unknown = alice_client.post("/api/v1/members/", {"username": "nobody", "role": "member"}, format="json")
-    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "username"
+
+
+def test_nobody_is_added_directly(cast, alice_client):
+    """Joining needs consent (an accepted invitation): the API has no direct add, and the service
+    refuses to add anyone on a person's behalf."""
+    get_user_model().objects.create_user("erin", password="pw-erin-123")
+    for username in ("erin", "nobody"):
+        added = alice_client.post("/api/v1/members/", {"username": username, "role": "viewer"}, format="json")
+        assert added.status_code == 405, added.content
+    erin = get_user_model().objects.get(username="erin")
+    with pytest.raises(NotFound):
+        services.membership_set(team=cast.alpha, user=erin, role="member", by=cast.alice)
+    assert _member(cast.alpha, erin) is None
 
 
 def test_last_owner_removal_is_400_with_a_reason(cast, alice_client):
