@@ -192,6 +192,10 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # is considered orphaned and is re-enqueued: a run resumes from its last checkpoint, an evaluation
 # restarts from scratch.
 RUN_HEARTBEAT_TIMEOUT_S = env_float("RUN_HEARTBEAT_TIMEOUT_S", 300.0)
+# How many workers may claim one run (or evaluation): one that lost its worker this many times
+# fails with "worker lost N times; last seen on <worker> at <time>" instead of being taken over.
+RUN_MAX_ATTEMPTS = env_int("RUN_MAX_ATTEMPTS", 3, minimum=1)
+EVALUATION_MAX_ATTEMPTS = env_int("EVALUATION_MAX_ATTEMPTS", 3, minimum=1)
 RUN_TIME_LIMIT_S = env_int("RUN_TIME_LIMIT_S", 7 * 24 * 3600, minimum=60)
 # The longest a queued evaluation (POST /api/v1/evaluations) may take: past it the evaluation fails
 # (Celery's soft time limit). Liveness is the heartbeat above, not this limit: an evaluation whose

@@ -326,7 +326,7 @@ REASON_CHARS = 200
 REDACTED = "[redacted]"
 _SECRET_PATTERNS = [
     re.compile(r"(?i)\bbearer\s+[^\s\"',;]+"),
-    re.compile(r"\b(?:sk|pk|rk|aw)[-_][A-Za-z0-9_\-*.]{6,}"),  # OpenAI-style keys, masked ones too
+    re.compile(r"\b(?:sk|pk|rk|aw)[-_][A-Za-z0-9_\-*]{6,}"),  # OpenAI-style keys, masked ones too
     re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
     re.compile(
         r"(?i)\b(api[_-]?key|token|secret|password|passwd|authorization)(\"?\s*[:=]\s*\"?)[^\s\"',;&]+"

@@ -66,10 +66,11 @@ class Event(models.Model):
 
 class ClaimedWork(models.Model):
     """Work a worker claims and heartbeats (a run, a queued evaluation), newest first: who asked,
-    which worker has it, when it started and ended, and why it failed."""
+    which worker has it, how many workers claimed it, when it started and ended, and why it failed."""
 
     error = models.TextField(blank=True, default="")
     worker = models.CharField(max_length=200, blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0, help_text="how many times a worker claimed it")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

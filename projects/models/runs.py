@@ -30,7 +30,6 @@ class Run(ClaimedWork):
     start_step = models.PositiveIntegerField(default=0, help_text="model checkpoint step the run starts from")
     current_step = models.PositiveIntegerField(default=0, help_text="last step recorded")
     total_steps = models.PositiveIntegerField(default=0)
-    attempts = models.PositiveIntegerField(default=0, help_text="how many times a worker claimed it")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta(ClaimedWork.Meta):

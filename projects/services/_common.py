@@ -1,9 +1,10 @@
 """Helpers every service module uses: names users put in URLs, unique-name races, deletes that
-runs protect, and text that PostgreSQL can store."""
+runs protect, text that PostgreSQL can store, and the reason claimed work gives up on workers."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
@@ -57,3 +58,9 @@ def jsonb_safe(value: Any) -> Any:
 def error_text(error: str, *, limit: int = 2000) -> str:
     """A failure's message as stored on the row and in its event: cut at ``limit`` characters."""
     return error if len(error) <= limit else error[:limit] + "…"
+
+
+def worker_lost_reason(*, attempts: int, worker: str, last_seen: datetime | None) -> str:
+    """Why claimed work that keeps losing its worker is failed instead of taken over again."""
+    seen = last_seen.isoformat(timespec="seconds") if last_seen is not None else "an unknown time"
+    return f"worker lost {attempts} times; last seen on {worker or '?'} at {seen}"

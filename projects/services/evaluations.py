@@ -46,7 +46,7 @@ from projects.models import (
 from projects.queues import Queue
 from projects.selectors.evaluations import evaluation_results_summary, model_label
 from projects.selectors.task_sets import task_set_rows
-from projects.services._common import error_text, jsonb_safe
+from projects.services._common import error_text, jsonb_safe, worker_lost_reason
 from projects.services.runs import run_event_add
 from training.config import TrainConfig
 
@@ -244,16 +244,19 @@ def _stale_after(stale_after_s: float | None) -> timedelta:
 
 
 def evaluation_claim(
-    *, evaluation_id: int, worker: str, stale_after_s: float | None = None
+    *, evaluation_id: int, worker: str, stale_after_s: float | None = None, max_attempts: int | None = None
 ) -> Evaluation | None:
     """The idempotent first act of the evaluation task: queued → running for this worker.
 
     A running evaluation whose worker has not beaten its heartbeat for ``stale_after_s`` (default
     ``RUN_HEARTBEAT_TIMEOUT_S``) is taken over and **restarted from scratch**: an evaluation keeps
     no checkpoint of its progress, so the samples it may have stored are deleted in this same
-    transaction and every sample ends up recorded exactly once. Anything else (a duplicate
-    delivery, a live owner, a finished or cancelled evaluation) returns None and changes nothing.
+    transaction and every sample ends up recorded exactly once. One already claimed
+    ``max_attempts`` times (default ``EVALUATION_MAX_ATTEMPTS``) is failed instead, with the
+    reason, and None is returned. Anything else (a duplicate delivery, a live owner, a finished or
+    cancelled evaluation) returns None and changes nothing.
     """
+    cap = max_attempts if max_attempts is not None else settings.EVALUATION_MAX_ATTEMPTS
     with transaction.atomic():
         evaluation = Evaluation.objects.select_for_update().filter(pk=evaluation_id).first()
         if evaluation is None:
@@ -264,6 +267,9 @@ def evaluation_claim(
         elif evaluation.status == EvaluationStatus.RUNNING and (
             evaluation.heartbeat_at is None or now - evaluation.heartbeat_at > _stale_after(stale_after_s)
         ):
+            if evaluation.attempts >= cap:
+                _evaluation_fail_worker_lost(evaluation, cap)
+                return None
             deleted, _ = EvaluationSample.objects.filter(evaluation=evaluation).delete()
             message = (
                 f"Worker {evaluation.worker or '?'} stopped sending heartbeats; restarting from scratch on {worker}"
@@ -275,8 +281,28 @@ def evaluation_claim(
             evaluation_id=evaluation.pk,
             to=EvaluationStatus.RUNNING,
             message=message,
-            updates={"worker": worker, "started_at": now, "heartbeat_at": now, "results": {}},
+            updates={
+                "worker": worker,
+                "started_at": now,
+                "heartbeat_at": now,
+                "results": {},
+                "attempts": evaluation.attempts + 1,
+            },
         )
+
+
+def _evaluation_fail_worker_lost(evaluation: Evaluation, cap: int) -> None:
+    reason = worker_lost_reason(
+        attempts=evaluation.attempts, worker=evaluation.worker, last_seen=evaluation.heartbeat_at
+    )
+    evaluation_transition(
+        evaluation_id=evaluation.pk,
+        to=EvaluationStatus.FAILED,
+        message=f"Evaluation failed: {reason} (EVALUATION_MAX_ATTEMPTS is {cap})",
+        level=EventLevel.ERROR,
+        data={"attempts": evaluation.attempts, "max_attempts": cap, "worker": evaluation.worker},
+        updates={"error": reason},
+    )
 
 
 def evaluation_heartbeat(*, evaluation_id: int, worker: str) -> bool:

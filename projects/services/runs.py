@@ -30,7 +30,7 @@ from projects.models import (
     TaskSet,
     TrainableModel,
 )
-from projects.services._common import error_text
+from projects.services._common import error_text, worker_lost_reason
 from training.config import ConfigError, TrainConfig
 
 ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PAUSED)
@@ -160,16 +160,22 @@ def run_cancel(*, run: Run) -> Run:
     return run_transition(run_id=run.pk, to=RunStatus.CANCELLED, message="Run cancelled before it started")
 
 
-def run_claim(*, run_id: int, worker: str, stale_after_s: float | None = None) -> Run | None:
+def run_claim(
+    *, run_id: int, worker: str, stale_after_s: float | None = None, max_attempts: int | None = None
+) -> Run | None:
     """The idempotent first act of the training task.
 
     Returns the run if this worker now owns it: it was queued, or it is running but its worker has
-    not sent a heartbeat for ``stale_after_s`` (died). Otherwise (a duplicate delivery, a finished or
-    cancelled run, a live owner) returns None and changes nothing.
+    not sent a heartbeat for ``stale_after_s`` (died). A run that has already been claimed
+    ``max_attempts`` times (default ``RUN_MAX_ATTEMPTS``) and lost its worker again is failed
+    instead, with the reason, and None is returned: a run that kills its workers must not loop.
+    Otherwise (a duplicate delivery, a finished or cancelled run, a live owner) returns None and
+    changes nothing.
     """
     stale_after = timedelta(
         seconds=stale_after_s if stale_after_s is not None else settings.RUN_HEARTBEAT_TIMEOUT_S
     )
+    cap = max_attempts if max_attempts is not None else settings.RUN_MAX_ATTEMPTS
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id).first()
         if run is None:
@@ -182,6 +188,9 @@ def run_claim(*, run_id: int, worker: str, stale_after_s: float | None = None) -
         elif run.status == RunStatus.RUNNING and (
             run.heartbeat_at is None or now - run.heartbeat_at > stale_after
         ):
+            if run.attempts >= cap:
+                _run_fail_worker_lost(run, cap)
+                return None
             message = f"Worker {run.worker or '?'} stopped sending heartbeats; resuming on {worker} from step {run.current_step}"
         else:
             return None
@@ -189,6 +198,18 @@ def run_claim(*, run_id: int, worker: str, stale_after_s: float | None = None) -
         if run.started_at is None:
             updates["started_at"] = now
         return run_transition(run_id=run.pk, to=RunStatus.RUNNING, message=message, updates=updates)
+
+
+def _run_fail_worker_lost(run: Run, cap: int) -> None:
+    reason = worker_lost_reason(attempts=run.attempts, worker=run.worker, last_seen=run.heartbeat_at)
+    run_transition(
+        run_id=run.pk,
+        to=RunStatus.FAILED,
+        message=f"Run failed: {reason} (RUN_MAX_ATTEMPTS is {cap})",
+        level=EventLevel.ERROR,
+        data={"attempts": run.attempts, "max_attempts": cap, "worker": run.worker},
+        updates={"error": reason},
+    )
 
 
 def run_heartbeat(*, run_id: int, worker: str) -> bool:
