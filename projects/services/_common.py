@@ -4,7 +4,6 @@ runs protect, text that PostgreSQL can store, and the reason claimed work gives 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
@@ -12,7 +11,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
 
 from projects.errors import Conflict, ValidationFailed
-from projects.models import slug_validator
+from projects.models import Evaluation, Run, slug_validator
 
 T = TypeVar("T")
 
@@ -60,7 +59,7 @@ def error_text(error: str, *, limit: int = 2000) -> str:
     return error if len(error) <= limit else error[:limit] + "…"
 
 
-def worker_lost_reason(*, attempts: int, worker: str, last_seen: datetime | None) -> str:
-    """Why claimed work that keeps losing its worker is failed instead of taken over again."""
-    seen = last_seen.isoformat(timespec="seconds") if last_seen is not None else "an unknown time"
-    return f"worker lost {attempts} times; last seen on {worker or '?'} at {seen}"
+def worker_lost_reason(work: Run | Evaluation) -> str:
+    """Why claimed work whose worker keeps dying is failed instead of taken over once more."""
+    seen = work.heartbeat_at.isoformat(timespec="seconds") if work.heartbeat_at else "an unknown time"
+    return f"worker lost {work.attempts} times; last seen on {work.worker or '?'} at {seen}"

@@ -251,10 +251,9 @@ def evaluation_claim(
     A running evaluation whose worker has not beaten its heartbeat for ``stale_after_s`` (default
     ``RUN_HEARTBEAT_TIMEOUT_S``) is taken over and **restarted from scratch**: an evaluation keeps
     no checkpoint of its progress, so the samples it may have stored are deleted in this same
-    transaction and every sample ends up recorded exactly once. One already claimed
-    ``max_attempts`` times (default ``EVALUATION_MAX_ATTEMPTS``) is failed instead, with the
-    reason, and None is returned. Anything else (a duplicate delivery, a live owner, a finished or
-    cancelled evaluation) returns None and changes nothing.
+    transaction and every sample ends up recorded exactly once, unless it was claimed ``max_attempts``
+    times (``EVALUATION_MAX_ATTEMPTS``): then it fails with the reason. Anything else (a duplicate
+    delivery, a live owner, a finished or cancelled evaluation) returns None and changes nothing.
     """
     cap = max_attempts if max_attempts is not None else settings.EVALUATION_MAX_ATTEMPTS
     with transaction.atomic():
@@ -267,8 +266,8 @@ def evaluation_claim(
         elif evaluation.status == EvaluationStatus.RUNNING and (
             evaluation.heartbeat_at is None or now - evaluation.heartbeat_at > _stale_after(stale_after_s)
         ):
-            if evaluation.attempts >= cap:
-                _evaluation_fail_worker_lost(evaluation, cap)
+            if evaluation.attempts >= cap:  # EVALUATION_MAX_ATTEMPTS
+                evaluation_fail(evaluation_id=evaluation.pk, error=worker_lost_reason(evaluation))
                 return None
             deleted, _ = EvaluationSample.objects.filter(evaluation=evaluation).delete()
             message = (
@@ -289,20 +288,6 @@ def evaluation_claim(
                 "attempts": evaluation.attempts + 1,
             },
         )
-
-
-def _evaluation_fail_worker_lost(evaluation: Evaluation, cap: int) -> None:
-    reason = worker_lost_reason(
-        attempts=evaluation.attempts, worker=evaluation.worker, last_seen=evaluation.heartbeat_at
-    )
-    evaluation_transition(
-        evaluation_id=evaluation.pk,
-        to=EvaluationStatus.FAILED,
-        message=f"Evaluation failed: {reason} (EVALUATION_MAX_ATTEMPTS is {cap})",
-        level=EventLevel.ERROR,
-        data={"attempts": evaluation.attempts, "max_attempts": cap, "worker": evaluation.worker},
-        updates={"error": reason},
-    )
 
 
 def evaluation_heartbeat(*, evaluation_id: int, worker: str) -> bool:

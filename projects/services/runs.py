@@ -188,8 +188,8 @@ def run_claim(
         elif run.status == RunStatus.RUNNING and (
             run.heartbeat_at is None or now - run.heartbeat_at > stale_after
         ):
-            if run.attempts >= cap:
-                _run_fail_worker_lost(run, cap)
+            if run.attempts >= cap:  # RUN_MAX_ATTEMPTS
+                run_fail(run_id=run.pk, error=worker_lost_reason(run))
                 return None
             message = f"Worker {run.worker or '?'} stopped sending heartbeats; resuming on {worker} from step {run.current_step}"
         else:
@@ -198,18 +198,6 @@ def run_claim(
         if run.started_at is None:
             updates["started_at"] = now
         return run_transition(run_id=run.pk, to=RunStatus.RUNNING, message=message, updates=updates)
-
-
-def _run_fail_worker_lost(run: Run, cap: int) -> None:
-    reason = worker_lost_reason(attempts=run.attempts, worker=run.worker, last_seen=run.heartbeat_at)
-    run_transition(
-        run_id=run.pk,
-        to=RunStatus.FAILED,
-        message=f"Run failed: {reason} (RUN_MAX_ATTEMPTS is {cap})",
-        level=EventLevel.ERROR,
-        data={"attempts": run.attempts, "max_attempts": cap, "worker": run.worker},
-        updates={"error": reason},
-    )
 
 
 def run_heartbeat(*, run_id: int, worker: str) -> bool:
