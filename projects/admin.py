@@ -24,6 +24,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
     readonly_fields = ["prefix", "key_hash", "created_at", "last_used_at"]
 
 
+@admin.register(models.Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    list_display = ["invitee", "team", "role", "created_at", "expires_at", "accepted_at", "revoked_at"]
+    readonly_fields = ["prefix", "token_hash", "created_at", "accepted_at", "accepted_by"]
+
+
 @admin.register(models.BaseModel)
 class BaseModelAdmin(admin.ModelAdmin):
     list_display = ["name", "source"]

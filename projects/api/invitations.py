@@ -24,7 +24,9 @@ from projects.models import Invitation, Role
 
 
 class InvitationOut(serializers.ModelSerializer):
-    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+    created_by = serializers.CharField(
+        source="created_by.username", default=None, allow_null=True, read_only=True
+    )
 
     class Meta:
         model = Invitation
