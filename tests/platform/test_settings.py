@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -102,3 +104,27 @@ def test_mcp_stdio_programs_come_from_a_comma_separated_list(tmp_path):
     listed = manage("shell", "-v", "0", "-c", code, env=env, tmp_path=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.strip() == "('/opt/mcp/bin/warehouse', 'node')"
+
+
+def test_outbound_allow_comes_from_a_comma_separated_list_and_bad_entries_fail(tmp_path):
+    code = "from django.conf import settings; print(repr(settings.OUTBOUND_ALLOW))"
+    env = {"DEBUG": "1", "OUTBOUND_ALLOW": "judge.corp.example, 10.20.0.0/16,[::1]:8000,"}
+    listed = manage("shell", "-v", "0", "-c", code, env=env, tmp_path=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.strip() == "('judge.corp.example', '10.20.0.0/16', '[::1]:8000')"
+    bad = manage("check", env={"DEBUG": "1", "OUTBOUND_ALLOW": "10.0.0.0/33"}, tmp_path=tmp_path)
+    assert bad.returncode != 0 and "OUTBOUND_ALLOW" in bad.stderr and "10.0.0.0/33" in bad.stderr
+
+
+def test_up_allows_only_its_own_gateway_besides_the_operators_entries(monkeypatch):
+    from artweb.management.commands.up import own_gateway_allowed
+    from training.outbound import OutboundPolicy, OutboundRefused
+
+    monkeypatch.delenv("OUTBOUND_ALLOW", raising=False)
+    policy = OutboundPolicy(allow=tuple(own_gateway_allowed("127.0.0.1", 8000).split(",")))
+    assert policy.check_url("http://127.0.0.1:8000/v1") and policy.check_url("http://localhost:8000/v1")
+    for elsewhere in ("http://127.0.0.1:6379/", "http://localhost:5432/", "http://169.254.169.254/"):
+        with pytest.raises(OutboundRefused):
+            policy.check_url(elsewhere)
+    monkeypatch.setenv("OUTBOUND_ALLOW", "judge.corp.example")
+    assert own_gateway_allowed("0.0.0.0", 9000).split(",")[:2] == ["judge.corp.example", "127.0.0.1:9000"]
