@@ -264,12 +264,15 @@ class _Session:
     def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> Any:
         if self.session is None:
             raise RuntimeError("the MCP session is closed")
+        # The tool runner (training.tools) reports the timeout at timeout_s; the session's own limits
+        # are a second past it, so they never race it (under load they used to answer first with
+        # the library's "Timed out while waiting for response" instead of the tool timeout).
         future = asyncio.run_coroutine_threadsafe(
-            self.session.call_tool(name, arguments, read_timeout_seconds=timedelta(seconds=timeout_s)),
+            self.session.call_tool(name, arguments, read_timeout_seconds=timedelta(seconds=timeout_s + 1.0)),
             self.loop,
         )
         try:
-            result = future.result(timeout_s + 1.0)
+            result = future.result(timeout_s + 2.0)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise TimeoutError(f"the MCP server did not answer within {timeout_s:g} s") from None
