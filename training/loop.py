@@ -94,18 +94,24 @@ def rows_for_step(rows: list[dict[str, Any]], *, seed: int, step: int, count: in
 
 
 def _load_policy_model(spec: RunSpec) -> tuple[Any, Any, Any]:
-    """The base model for training: unsloth's loader on CUDA when installed, else transformers."""
+    return load_policy_model(
+        spec.base_model_source, spec.model_cache_dir, device=spec.device, unsloth=spec.unsloth
+    )
+
+
+def load_policy_model(source: str, cache_dir: Path, *, device: str, unsloth: str) -> tuple[Any, Any, Any]:
+    """The base model for training, its tokenizer and dtype: unsloth's loader on CUDA when
+    installed (``unsloth``: auto | on | off), else transformers."""
     from training.base_models import base_model_dir, load_base_model, resolve_dtype
     from training.unsloth_loader import load_with_unsloth, use_unsloth
 
-    dtype = resolve_dtype("auto", spec.device)
-    if use_unsloth(spec.device, spec.unsloth):
-        directory = base_model_dir(spec.base_model_source, spec.model_cache_dir)
-        model, tokenizer = load_with_unsloth(directory, max_seq_length=4096, dtype=dtype)
-    else:
-        model, tokenizer = load_base_model(
-            spec.base_model_source, spec.model_cache_dir, dtype=dtype, device=spec.device
+    dtype = resolve_dtype("auto", device)
+    if use_unsloth(device, unsloth):
+        model, tokenizer = load_with_unsloth(
+            base_model_dir(source, cache_dir), max_seq_length=4096, dtype=dtype
         )
+    else:
+        model, tokenizer = load_base_model(source, cache_dir, dtype=dtype, device=device)
     return model, tokenizer, dtype
 
 

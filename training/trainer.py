@@ -129,6 +129,27 @@ class Trainer:
         for group, group_rewards, group_advantages in zip(groups, rewards, advantages, strict=True):
             if not is_zero_variance(group_rewards):
                 samples.extend(zip(group.samples, group_advantages, strict=True))
+        return self._update(samples, metrics, start)
+
+    def train_samples(self, samples: list[tuple[TrainSample, float]]) -> dict[str, float]:
+        """One update from samples whose advantages the caller computed (a client's trajectory
+        groups, training.client_step); the same objective and metrics as ``train_step``, without
+        the reward and zero-variance metrics, which belong to the caller's groups."""
+        metrics: dict[str, float] = {
+            "loss": 0.0,
+            "grad_norm": 0.0,
+            "entropy": 0.0,
+            "clip_fraction": 0.0,
+            "kl": 0.0,
+            "ratio_mean": 1.0,
+            "trainable_tokens": 0.0,
+        }
+        return self._update(samples, metrics, time.perf_counter())
+
+    def _update(
+        self, samples: list[tuple[TrainSample, float]], metrics: dict[str, float], start: float
+    ) -> dict[str, float]:
+        config = self.config
         for sample, _ in samples:
             _check_sample(sample)
         self.step += 1
