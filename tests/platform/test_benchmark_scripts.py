@@ -27,3 +27,19 @@ def test_grpo_benchmark_runs_on_a_tiny_model_and_reports_ratios(tiny_model_dir, 
     assert report["throughput_ratio"] > 0
     assert json.loads(report_path.read_text())["ours"]["eval_reward"] is not None
     assert "== ratios" in capsys.readouterr().out
+
+
+def test_outbound_benchmark_runs_and_reports_the_added_latency(tmp_path, capsys):
+    from benchmarks import bench_outbound
+
+    report = bench_outbound.main(["--requests", "5", "--json", str(tmp_path / "outbound.json")])
+    assert (
+        report["added"]["median_us"]
+        == json.loads((tmp_path / "outbound.json").read_text())["added"]["median_us"]
+    )
+    assert set(report["checks"]) == {
+        "check_url, no lookup",
+        "check_url with lookup",
+        "refused: http://2130706433/",
+    }
+    assert "request pairs" in capsys.readouterr().out
