@@ -2,7 +2,7 @@
 
     {"kind": "mcp", "tools": ["search_products"], "max_turns": 4,
      "config": {"command": ["python", "-m", "training.environments.mcp_demo.server"]}}
-    {"kind": "mcp", "config": {"url": "http://mcp.internal:8000/mcp", "headers": {"Authorization": "..."}}}
+    {"kind": "mcp", "config": {"url": "https://mcp.example.com/mcp", "headers": {"Authorization": "..."}}}
 
 The session opens on first use (the first episode, or `environment.tools`): the server's tools
 are listed then and shown to the model in the chat template's tool format; `tools` (optional)
@@ -51,7 +51,7 @@ DEMO_MODULE = "training.environments.mcp_demo.server"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_HELP = {
     "command": f'stdio server: the command as a list, e.g. ["python", "-m", "{DEMO_MODULE}"]',
-    "url": "streamable HTTP server: its URL, e.g. http://127.0.0.1:8000/mcp",
+    "url": "streamable HTTP server: its URL, e.g. https://mcp.example.com/mcp (a public address, or a host the operator allows)",
     "env": "stdio server: extra environment variables (object of strings)",
     "headers": "HTTP server: extra request headers (object of strings)",
     "connect_timeout_s": "seconds to connect and list the tools (default 30)",
