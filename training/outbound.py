@@ -116,7 +116,10 @@ class OutboundPolicy:
         socket.gaierror when it does not resolve."""
         host = normalise_host(host)
         self._check_name(host, port)
-        answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        try:
+            answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (UnicodeError, ValueError):  # a NUL byte, a label over 63 characters
+            raise OutboundRefused("the host is not a valid name") from None
         checked: list[tuple[int, Any]] = []
         for family, _, _, _, sockaddr in answers:
             if family not in (socket.AF_INET, socket.AF_INET6):
@@ -255,7 +258,10 @@ def parse_allow_entry(entry: str) -> _Rule:
         return _Rule(network=ipaddress.ip_network(text, strict=False), port=port)
     except ValueError:
         pass
-    host = normalise_host(text)
+    try:
+        host = normalise_host(text)
+    except OutboundRefused:
+        host = ""
     if not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*", host):
         raise ValueError(
             f"outbound allow-list entry {entry!r} is not a host name, an address or a CIDR (with an optional :port)"
@@ -267,6 +273,8 @@ def normalise_host(host: str) -> str:
     """A host as compared and resolved: lower case, IDNA, without brackets or a trailing dot (which
     would otherwise slip ``metadata.google.internal.`` past a name check)."""
     host = host.strip().strip("[]").rstrip(".").lower()
+    if any(ord(char) < 0x21 or char in "\x7f\\" for char in host):  # C would cut at a NUL
+        raise OutboundRefused("the host is not a valid name")
     if host and not host.isascii():
         try:
             host = host.encode("idna").decode("ascii")

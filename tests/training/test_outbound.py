@@ -85,6 +85,8 @@ def test_public_addresses_and_unresolved_names_pass(url):
         ("http://8.8.8.8:0/", "port"),
         ("http:///v1", "no host"),
         ("not a url", "http:// or https://"),
+        ("http://127.0.0.1\x00.evil.example/", "not a valid name"),
+        ("http://" + "a" * 64 + ".example/", "not a valid name"),
     ],
 )
 def test_only_http_urls_with_a_host_and_port(url, reason):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from training import strict_json
 from training.agent import template_supports_tools
 from training.engines.base import Choice, Engine, OnToken, SamplingParams, TokenDelta
 from training.serving.adapters import AdapterCache, check_adapter_path
@@ -167,9 +168,9 @@ class InferenceApp:
     # ------------------------------------------------------------------ chat completions
     async def _chat(self, headers: dict[str, str], raw: bytes, send: Any, receive: Any = None) -> None:
         try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise RequestError(f"the body is not valid JSON: {exc}", code="invalid_json") from exc
+            body = strict_json.loads(raw)
+        except strict_json.JSONError as exc:
+            raise RequestError(f"the body is not valid JSON: {exc}", code="invalid_json") from None
         request = parse_chat_request(body, self.config.limits)
         adapter: Path | None = None
         if headers.get(ADAPTER_HEADER):
