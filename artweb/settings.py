@@ -44,6 +44,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a request id on every response, and JSON error objects on /api and /v1 for whatever
+    # escapes a view (a body over DATA_UPLOAD_MAX_MEMORY_SIZE: 413; an unhandled exception: 500).
+    "projects.middleware.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -137,8 +140,9 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "projects.api.errors.exception_handler",
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
-        "rest_framework.parsers.FormParser",
+        # training.strict_json: depth limit, no NaN / out-of-range numbers / lone surrogates / NUL.
+        "projects.api.parsers.StrictJSONParser",
+        "projects.api.parsers.LimitedFormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
 }
@@ -152,6 +156,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "projects.api.schema.document_errors",  # every error response: OpenAI's error object
+    ],
 }
 
 # --- teams ----------------------------------------------------------------------------------
@@ -210,6 +218,9 @@ TORCH_THREADS = env_int("TORCH_THREADS", 0, minimum=0)
 CHECKPOINT_DIR = DATA_DIR / "checkpoints"
 MODEL_CACHE_DIR = DATA_DIR / "models"
 MAX_TASKSET_BYTES = env_int("MAX_TASKSET_BYTES", 50 * 1024 * 1024, minimum=1024)
+# The largest request body read into memory: JSON bodies (API and gateway) and form fields; more is
+# a 413. Multipart files are not counted (a task-set `file` is bounded by MAX_TASKSET_BYTES).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 10 * 1024 * 1024, minimum=1024)
 
 LOGGING = {
     "version": 1,

@@ -16,3 +16,9 @@ urlpatterns = [
     # The dashboard (server-rendered pages) owns every other path.
     path("", include("frontend.urls")),
 ]
+
+# Errors raised outside any view: JSON error objects on /api and /v1, Django's pages elsewhere.
+handler400 = "projects.middleware.bad_request"
+handler403 = "projects.middleware.permission_denied"
+handler404 = "projects.middleware.page_not_found"
+handler500 = "projects.middleware.server_error"

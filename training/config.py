@@ -11,6 +11,7 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -23,16 +24,45 @@ DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "
 
 
 class ConfigError(ValueError):
-    """A bad hyperparameter. `field` names it so the API can point at the offending key."""
+    """Bad hyperparameters. `field` and `message` name the first so the API can point at the
+    offending key; `problems` lists every `(field, message)` found, so a form shows them all at once."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, *, problems: list[tuple[str, str]] | None = None) -> None:
         self.field = field
         self.message = message
-        super().__init__(f"{field}: {message}")
+        self.problems = problems or [(field, message)]
+        super().__init__("; ".join(f"{name}: {text}" for name, text in self.problems))
+
+    @classmethod
+    def of(cls, problems: list[tuple[str, str]]) -> ConfigError:
+        (field, message), *_ = problems
+        return cls(field, message, problems=problems)
 
 
 def _help(text: str, **extra: Any) -> dict[str, Any]:
     return {"help": text, **extra}
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The range a number must lie in; `why` is the reason for the maximum, shown in the error."""
+
+    minimum: float
+    maximum: float
+    above_minimum: bool = False  # True: the minimum itself is refused (must be greater than it)
+    why: str = ""
+
+    def problem(self, value: float) -> str | None:
+        low_ok = value > self.minimum if self.above_minimum else value >= self.minimum
+        if low_ok and value <= self.maximum:
+            return None
+        low = f"greater than {self.minimum:g}" if self.above_minimum else f"at least {self.minimum:g}"
+        reason = f" ({self.why})" if self.why and value > self.maximum else ""
+        return f"must be {low} and at most {self.maximum:g}{reason}"
+
+
+SEED_MAX = 2**32 - 1  # numpy, torch and Python's random all take a 32-bit seed
+MAX_COMPLETIONS_PER_STEP = 8192  # groups_per_step × group_size
 
 
 class _Settings:
@@ -40,13 +70,18 @@ class _Settings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
+        """The config `data` describes; ConfigError listing every unknown key and bad value."""
         if not isinstance(data, dict):
             raise ConfigError("__all__", f"expected an object, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        for key in data:
-            if key not in names:
-                raise ConfigError(str(key), "unknown hyperparameter")
-        return cls(**data)
+        unknown = [(str(key), "unknown hyperparameter") for key in data if key not in names]
+        try:
+            config = cls(**{key: value for key, value in data.items() if key in names})
+        except ConfigError as exc:
+            raise ConfigError.of(unknown + exc.problems) from None
+        if unknown:
+            raise ConfigError.of(unknown)
+        return config
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
@@ -61,17 +96,35 @@ class _Settings:
             entry = {"default": default, "help": f.metadata["help"], "type": _type_name(hints[f.name])}
             if "choices" in f.metadata:
                 entry["choices"] = list(f.metadata["choices"])
+            if "bounds" in f.metadata:
+                entry["minimum"] = f.metadata["bounds"].minimum
+                entry["maximum"] = f.metadata["bounds"].maximum
             out[f.name] = entry
         return out
 
-    def _check_types(self) -> None:
-        """Coerce ints given for float fields; reject everything else of the wrong type."""
+    def _check(self, *rules: tuple[str, Callable[[], bool], str]) -> None:
+        """Coerce ints given for float fields, then check types, choices, every field's `bounds`
+        and the cross-field `rules` (field, holds, message) of fields whose own checks passed;
+        raise one ConfigError listing every problem."""
         hints = typing.get_type_hints(type(self))
+        problems: list[tuple[str, str]] = []
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            setattr(self, f.name, _coerce(f.name, getattr(self, f.name), hints[f.name]))
+            try:
+                value = _coerce(f.name, getattr(self, f.name), hints[f.name])
+            except ConfigError as exc:
+                problems.append((exc.field, exc.message))
+                continue
+            setattr(self, f.name, value)
             choices = f.metadata.get("choices")
-            if choices is not None and getattr(self, f.name) not in choices:
-                raise ConfigError(f.name, f"must be one of {', '.join(choices)}")
+            bounds = f.metadata.get("bounds")
+            if choices is not None and value not in choices:
+                problems.append((f.name, f"must be one of {', '.join(choices)}"))
+            elif bounds is not None and value is not None and (problem := bounds.problem(value)):
+                problems.append((f.name, problem))
+        if not problems:  # cross-field rules read several fields: only once each is valid
+            problems += [(name, message) for name, holds, message in rules if not holds()]
+        if problems:
+            raise ConfigError.of(problems)
 
 
 def _type_name(tp: Any) -> str:
@@ -103,9 +156,13 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(name, f"expected a number, got {type(value).__name__}")
-        if not math.isfinite(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an int past a float's range, e.g. 10**400
+            raise ConfigError(name, "must be a finite number") from None
+        if not math.isfinite(number):
             raise ConfigError(name, "must be a finite number")
-        return float(value)
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(name, f"expected a string, got {type(value).__name__}")
@@ -118,25 +175,60 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
     raise TypeError(f"{name}: unsupported field type {tp!r}")  # a bug in this module, not user input
 
 
-def _require(condition: bool, name: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(name, message)
-
-
 @dataclass
 class TrainConfig(_Settings):
-    """Hyperparameters of one GRPO run. Defaults suit the bundled 135M model on CPU."""
+    """Hyperparameters of one GRPO run. Defaults suit the bundled 135M model on CPU. Every number has
+    a range (`bounds`, shown by `field_help`); the maxima say why, and catch typos like 10**6 steps."""
 
-    steps: int = field(default=10, metadata=_help("Number of GRPO updates (one optimizer step each)."))
-    groups_per_step: int = field(default=2, metadata=_help("Task rows sampled per step; each forms a group."))
-    group_size: int = field(
-        default=4, metadata=_help("Completions sampled per row; advantages compare them.")
+    steps: int = field(
+        default=10,
+        metadata=_help(
+            "Number of GRPO updates (one optimizer step each).",
+            bounds=Bounds(1, 100_000, why="for more, start another run from the last checkpoint"),
+        ),
     )
-    learning_rate: float = field(default=5e-5, metadata=_help("AdamW learning rate for the LoRA weights."))
-    max_new_tokens: int = field(default=32, metadata=_help("Most tokens the model may generate per turn."))
-    temperature: float = field(default=1.0, metadata=_help("Sampling temperature during rollouts (> 0)."))
+    groups_per_step: int = field(
+        default=2,
+        metadata=_help(
+            "Task rows sampled per step; each forms a group.",
+            bounds=Bounds(1, 1024, why="one policy update per step must fit in a worker's memory"),
+        ),
+    )
+    group_size: int = field(
+        default=4,
+        metadata=_help(
+            "Completions sampled per row; advantages compare them.",
+            # A group of one has zero variance by construction and would never train.
+            bounds=Bounds(2, 256, why="advantages of more completions per row barely change"),
+        ),
+    )
+    learning_rate: float = field(
+        default=5e-5,
+        metadata=_help(
+            "AdamW learning rate for the LoRA weights.",
+            bounds=Bounds(0, 1, above_minimum=True, why="LoRA training diverges long before 1"),
+        ),
+    )
+    max_new_tokens: int = field(
+        default=32,
+        metadata=_help(
+            "Most tokens the model may generate per turn.",
+            bounds=Bounds(1, 32_768, why="longer than the context of the models artweb serves"),
+        ),
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata=_help(
+            "Sampling temperature during rollouts (> 0).",
+            bounds=Bounds(0, 5, above_minimum=True, why="past 5 sampling is close to uniform noise"),
+        ),
+    )
     top_p: float = field(
-        default=1.0, metadata=_help("Nucleus sampling: keep the smallest token set with this mass.")
+        default=1.0,
+        metadata=_help(
+            "Nucleus sampling: keep the smallest token set with this mass.",
+            bounds=Bounds(0, 1, above_minimum=True, why="a probability mass"),
+        ),
     )
     loss_type: str = field(
         default="ppo",
@@ -145,10 +237,18 @@ class TrainConfig(_Settings):
         ),
     )
     epsilon: float = field(
-        default=0.2, metadata=_help("Lower clip range: ratios below 1 - epsilon are clipped.")
+        default=0.2,
+        metadata=_help(
+            "Lower clip range: ratios below 1 - epsilon are clipped.",
+            bounds=Bounds(0, 10, above_minimum=True, why="a wider clip range clips nothing"),
+        ),
     )
     epsilon_high: float | None = field(
-        default=None, metadata=_help("Upper clip range (1 + epsilon_high); empty means same as epsilon.")
+        default=None,
+        metadata=_help(
+            "Upper clip range (1 + epsilon_high); empty means same as epsilon.",
+            bounds=Bounds(0, 10, above_minimum=True, why="a wider clip range clips nothing"),
+        ),
     )
     normalization: str = field(
         default="sequence",
@@ -166,50 +266,84 @@ class TrainConfig(_Settings):
     )
     scale_rewards: bool = field(default=True, metadata=_help("Divide advantages by the group's reward std."))
     kl_coef: float = field(
-        default=0.0, metadata=_help("Weight of the KL penalty to the base model (0 = off).")
+        default=0.0,
+        metadata=_help(
+            "Weight of the KL penalty to the base model (0 = off).",
+            bounds=Bounds(0, 100, why="a larger penalty only pins the policy to the base model"),
+        ),
     )
-    max_grad_norm: float = field(default=1.0, metadata=_help("Clip the gradient to this global norm."))
-    weight_decay: float = field(default=0.0, metadata=_help("AdamW decoupled weight decay."))
+    max_grad_norm: float = field(
+        default=1.0,
+        metadata=_help(
+            "Clip the gradient to this global norm.",
+            bounds=Bounds(0, 1e6, above_minimum=True, why="a larger norm never clips"),
+        ),
+    )
+    weight_decay: float = field(
+        default=0.0,
+        metadata=_help("AdamW decoupled weight decay.", bounds=Bounds(0, 1, why="a fraction per step")),
+    )
     micro_batch_tokens: int = field(
-        default=4096, metadata=_help("Padded tokens per forward pass; gradients accumulate across them.")
+        default=4096,
+        metadata=_help(
+            "Padded tokens per forward pass; gradients accumulate across them.",
+            bounds=Bounds(1, 1_048_576, why="no worker holds activations for more tokens at once"),
+        ),
     )
-    seed: int = field(default=0, metadata=_help("Seed for LoRA init and sampling; same seed, same run."))
+    seed: int = field(
+        default=0,
+        metadata=_help(
+            "Seed for LoRA init and sampling; same seed, same run.",
+            bounds=Bounds(0, SEED_MAX, why="random number generators take a 32-bit seed"),
+        ),
+    )
     # Evaluation on the task set's validation rows (stored per checkpoint). Small defaults: it runs
     # inside the training worker, and 8 greedy answers cost a few seconds on the CPU model.
     eval_interval: int = field(
         default=0,
-        metadata=_help("Evaluate on the validation rows every N steps (0 = only at step 0 and at the end)."),
+        metadata=_help(
+            "Evaluate on the validation rows every N steps (0 = only at step 0 and at the end).",
+            bounds=Bounds(0, 100_000, why="the most steps a run has"),
+        ),
     )
     eval_max_rows: int = field(
-        default=8, metadata=_help("Validation rows evaluated (the first N by index; same rows every time).")
+        default=8,
+        metadata=_help(
+            "Validation rows evaluated (the first N by index; same rows every time).",
+            bounds=Bounds(1, 100_000, why="evaluation runs inside the training worker"),
+        ),
     )
-    eval_samples_per_row: int = field(default=1, metadata=_help("Answers sampled per validation row."))
+    eval_samples_per_row: int = field(
+        default=1,
+        metadata=_help(
+            "Answers sampled per validation row.",
+            bounds=Bounds(1, 64, why="evaluation runs inside the training worker"),
+        ),
+    )
     eval_temperature: float = field(
-        default=0.0, metadata=_help("Sampling temperature for evaluation (0 = greedy, reproducible).")
+        default=0.0,
+        metadata=_help(
+            "Sampling temperature for evaluation (0 = greedy, reproducible).",
+            bounds=Bounds(0, 5, why="past 5 sampling is close to uniform noise"),
+        ),
     )
     eval_pass_threshold: float = field(
-        default=1.0, metadata=_help("A validation answer passes when its reward is at least this.")
+        default=1.0,
+        metadata=_help(
+            "A validation answer passes when its reward is at least this.",
+            bounds=Bounds(-1e6, 1e6, why="rewards are moderate numbers"),
+        ),
     )
 
     def __post_init__(self) -> None:
-        self._check_types()
-        for name in ("steps", "groups_per_step", "max_new_tokens", "micro_batch_tokens"):
-            _require(getattr(self, name) >= 1, name, "must be a positive integer")
-        # A group of one has zero variance by construction and would never train.
-        _require(self.group_size >= 2, "group_size", "must be at least 2 (advantages compare completions)")
-        _require(self.learning_rate > 0, "learning_rate", "must be greater than 0")
-        _require(self.temperature > 0, "temperature", "must be greater than 0")
-        _require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-        _require(self.epsilon > 0, "epsilon", "must be greater than 0")
-        _require(self.epsilon_high is None or self.epsilon_high > 0, "epsilon_high", "must be greater than 0")
-        _require(self.kl_coef >= 0, "kl_coef", "must be 0 or more")
-        _require(self.max_grad_norm > 0, "max_grad_norm", "must be greater than 0")
-        _require(self.weight_decay >= 0, "weight_decay", "must be 0 or more")
-        _require(self.seed >= 0, "seed", "must be 0 or more")
-        _require(self.eval_interval >= 0, "eval_interval", "must be 0 or more")
-        _require(self.eval_max_rows >= 1, "eval_max_rows", "must be a positive integer")
-        _require(self.eval_samples_per_row >= 1, "eval_samples_per_row", "must be a positive integer")
-        _require(self.eval_temperature >= 0, "eval_temperature", "must be 0 or more")
+        self._check(
+            (
+                "group_size",
+                lambda: self.groups_per_step * self.group_size <= MAX_COMPLETIONS_PER_STEP,
+                f"groups_per_step × group_size must be at most {MAX_COMPLETIONS_PER_STEP} completions "
+                "per step (one policy update must fit in a worker's memory)",
+            ),
+        )
 
     @property
     def clip_high(self) -> float:
@@ -221,18 +355,34 @@ class TrainConfig(_Settings):
 class LoraSpec(_Settings):
     """Shape of the LoRA adapter trained on top of the frozen base model."""
 
-    rank: int = field(default=8, metadata=_help("LoRA rank r: width of the low-rank update."))
-    alpha: int = field(default=16, metadata=_help("LoRA alpha; the update is scaled by alpha / rank."))
-    dropout: float = field(default=0.0, metadata=_help("Dropout on the LoRA input during training."))
+    rank: int = field(
+        default=8,
+        metadata=_help(
+            "LoRA rank r: width of the low-rank update.",
+            bounds=Bounds(1, 1024, why="wider than the layers of the models artweb trains"),
+        ),
+    )
+    alpha: int = field(
+        default=16,
+        metadata=_help(
+            "LoRA alpha; the update is scaled by alpha / rank.",
+            bounds=Bounds(1, 65_536, why="a larger scale only destabilises training"),
+        ),
+    )
+    dropout: float = field(
+        default=0.0,
+        metadata=_help(
+            "Dropout on the LoRA input during training.", bounds=Bounds(0, 0.99, why="a probability below 1")
+        ),
+    )
     target_modules: list[str] = field(
         default_factory=lambda: list(DEFAULT_TARGET_MODULES),
         metadata=_help("Names of the linear layers that get an adapter."),
     )
 
     def __post_init__(self) -> None:
-        self._check_types()
-        _require(self.rank >= 1, "rank", "must be a positive integer")
-        _require(self.alpha >= 1, "alpha", "must be a positive integer")
-        _require(0 <= self.dropout < 1, "dropout", "must be in [0, 1)")
-        _require(len(self.target_modules) > 0, "target_modules", "must name at least one module")
-        _require(all(self.target_modules), "target_modules", "module names must not be empty")
+        self._check(
+            ("target_modules", lambda: len(self.target_modules) > 0, "must name at least one module"),
+            ("target_modules", lambda: all(self.target_modules), "module names must not be empty"),
+            ("target_modules", lambda: len(self.target_modules) <= 64, "at most 64 module names"),
+        )

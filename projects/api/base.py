@@ -23,8 +23,8 @@ from rest_framework.request import Request
 
 from projects import selectors
 from projects.access import Permission, TeamAccess
+from projects.api.pagination import int_query_param
 from projects.api.permissions import TeamPermission, request_access
-from projects.errors import ValidationFailed
 from projects.models import Team
 
 
@@ -109,12 +109,8 @@ class TeamViewSet(CallerViewSet):
         return selectors.scoped_reference(model, self.team, value, field=field)
 
     def filter_by_project(self, queryset: QuerySet) -> QuerySet:
-        project = self.request.query_params.get("project")
-        if project is not None:
-            if not project.isdigit():
-                raise ValidationFailed("must be an integer id", field="project")
-            queryset = queryset.filter(project_id=int(project))
-        return queryset
+        project = int_query_param(self.request, "project", None)
+        return queryset if project is None else queryset.filter(project_id=project)
 
 
 class CatalogueViewSet(CallerViewSet):

@@ -54,6 +54,8 @@ def _sample(value: Any, field: str) -> Sample:
 
 
 class GraderValidateView(TeamViewSet):
+    serializer_class = GraderValidateIn  # what OPTIONS describes
+
     @extend_schema(request=GraderValidateIn, responses={200: dict})
     def create(self, request: Request) -> Response:
         data = _valid(GraderValidateIn, request.data)
@@ -63,6 +65,8 @@ class GraderValidateView(TeamViewSet):
 class GraderRunView(TeamViewSet):
     """Grade one sample (or one group, for ruler) without starting a run: the reward editor's
     "try it" panel and CI checks of a grader."""
+
+    serializer_class = GraderRunIn  # what OPTIONS describes
 
     @extend_schema(request=GraderRunIn, responses={200: dict})
     def create(self, request: Request) -> Response:

@@ -19,16 +19,22 @@ from projects.errors import ValidationFailed
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # PostgreSQL's bigint: every id and count fits
 
 
 def int_query_param(request: Request, name: str, default: int | None) -> int | None:
+    """``?name=`` as an integer (ids, ``limit``, ``step`` …): a 400 naming it unless it is plain
+    ASCII digits within 64-bit signed, so no query reaches the database with a value it refuses."""
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValidationFailed("must be an integer", field=name) from None
+    digits = raw[1:] if raw[:1] in "+-" else raw
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > len(str(INT_MAX)):
+        raise ValidationFailed("must be an integer", field=name)
+    value = int(raw)
+    if not INT_MIN <= value <= INT_MAX:
+        raise ValidationFailed("must be a 64-bit integer", field=name)
+    return value
 
 
 def list_body(items: list[Any], *, has_more: bool = False, **extra: Any) -> dict[str, Any]:
@@ -79,8 +85,6 @@ def page_of(queryset: QuerySet, request: Request) -> tuple[list[Any], bool]:
     after = int_query_param(request, "after", None)
     ordered = queryset.order_by(*_ordering(queryset))
     if after is not None:
-        if not -(2**63) <= after < 2**63:
-            raise ValidationFailed("no item with this id in this list", field="after")
         ordered = rows_after(ordered, after)
     rows = list(ordered[: limit + 1])
     return rows[:limit], len(rows) > limit

@@ -36,6 +36,8 @@ class GeneratedTaskSetOut(s.TaskSetOut):
 
 
 class TaskSetGenerateView(TeamViewSet):
+    serializer_class = GenerateIn  # what OPTIONS describes
+
     @extend_schema(request=GenerateIn, responses={201: GeneratedTaskSetOut})
     def create(self, request: Request) -> Response:
         data = _valid(GenerateIn, request.data)

@@ -8,6 +8,8 @@ gateway's added latency on a loaded 2-core machine (benchmarks/README.md). None 
 anything for ``/v1/``: its views authenticate API keys themselves, are CSRF-exempt, use no
 session, serve no static files and return JSON. What ``/v1/`` gives up is SecurityMiddleware's
 headers and HTTPS redirect: terminate TLS (and set HSTS) in the proxy in front, as usual for an API.
+It keeps one middleware, the async request-id one (projects.middleware), so a body over the upload
+limit or an unhandled exception is still a JSON error object with an ``X-Request-Id``.
 """
 
 from __future__ import annotations
@@ -18,19 +20,22 @@ from django.core.asgi import get_asgi_application
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 
+from projects.middleware import RequestIdMiddleware
+
 GATEWAY_PREFIX = "/v1/"
 
 
 class BareASGIHandler(ASGIHandler):
-    """Django's ASGI handler (URL routing, request objects, signals) with no middleware."""
+    """Django's ASGI handler (URL routing, request objects, signals) with only RequestIdMiddleware."""
 
     def load_middleware(self, is_async: bool = False) -> None:
-        # What BaseHandler.load_middleware builds for an empty MIDDLEWARE setting.
+        # What BaseHandler.load_middleware builds for MIDDLEWARE = [RequestIdMiddleware].
         self._view_middleware: list[Any] = []
         self._template_response_middleware: list[Any] = []
-        self._exception_middleware: list[Any] = []
         get_response = self._get_response_async if is_async else self._get_response  # type: ignore[attr-defined]
-        self._middleware_chain = convert_exception_to_response(get_response)
+        request_ids = RequestIdMiddleware(convert_exception_to_response(get_response))
+        self._exception_middleware: list[Any] = [request_ids.process_exception]
+        self._middleware_chain = convert_exception_to_response(request_ids)
 
 
 django_application = get_asgi_application()  # sets Django up before the bare handler is built

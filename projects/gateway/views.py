@@ -23,7 +23,6 @@ model 404, over the rate limit 429 and no live server 503, both with ``Retry-Aft
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +44,7 @@ from projects.gateway.services import usage_record
 from projects.gateway.upstream import InferenceServerUpstream, Upstream, Usage
 from projects.gateway.vllm import VLLMUpstream
 from projects.models import ApiKey, InferenceServer, Team
+from training import strict_json
 from training.serving.protocol import Limits, RequestError, parse_chat_request
 
 _background: set[asyncio.Task] = set()  # strong references until the usage writes finish
@@ -145,9 +145,9 @@ def _prepare_remembered(authorization: str | None, raw_body: bytes, team: Team |
 def _parse(raw_body: bytes) -> ParsedChat:
     """The one place the body is decoded and validated."""
     try:
-        body = json.loads(raw_body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GatewayError(400, f"The body is not valid JSON: {exc}", code="invalid_json") from exc
+        body = strict_json.loads(raw_body)  # depth, numbers and strings checked (training.strict_json)
+    except strict_json.JSONError as exc:
+        raise GatewayError(400, f"The body is not valid JSON: {exc}", code="invalid_json") from None
     try:
         request = parse_chat_request(body, Limits.shape_only())
     except RequestError as exc:

@@ -12,6 +12,7 @@ from django.db.models import ProtectedError
 
 from projects.errors import Conflict, ValidationFailed
 from projects.models import Evaluation, Run, slug_validator
+from training.config import ConfigError
 
 T = TypeVar("T")
 
@@ -23,6 +24,16 @@ def check_slug(value: str, field: str) -> None:
         slug_validator(value)
     except ValidationError as exc:
         raise ValidationFailed(exc.messages[0], field=field) from exc
+
+
+def config_invalid(exc: ConfigError, prefix: str = "") -> ValidationFailed:
+    """A 400 listing every problem of a training.config ConfigError, each field under ``prefix``
+    (``config.``, ``sampling.``, ``lora.``), so a form shows them all at once."""
+    problems = [(f"{prefix}{field}", message) for field, message in exc.problems]
+    summary = "; ".join(f"{field}: {message}" for field, message in problems)
+    return ValidationFailed(
+        summary if len(problems) > 1 else exc.message, field=problems[0][0], problems=problems
+    )
 
 
 def create_unique(create: Callable[[], T], *, field: str, message: str) -> T:

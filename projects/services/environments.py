@@ -10,7 +10,7 @@ from projects import environment_config, secrets
 from projects.errors import ValidationFailed
 from projects.models import Environment, EnvironmentKind, Project
 from projects.outbound import outbound_policy, outbound_url_checked
-from projects.services._common import check_slug, create_unique, delete_unless_used
+from projects.services._common import check_slug, config_invalid, create_unique, delete_unless_used
 from training.config import ConfigError, TrainConfig
 
 _SAMPLING_KEYS = {"temperature", "top_p", "max_new_tokens", "stop"}
@@ -63,7 +63,7 @@ def _environment_fields(
     try:
         TrainConfig.from_dict(overrides)
     except ConfigError as exc:
-        raise ValidationFailed(exc.message, field=f"sampling.{exc.field}") from exc
+        raise config_invalid(exc, "sampling.") from exc
     return {
         "kind": kind,
         "system_prompt": system_prompt,

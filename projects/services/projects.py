@@ -8,7 +8,7 @@ from django.db import transaction
 
 from projects.errors import Conflict, ValidationFailed
 from projects.models import BaseModel, Project, Run, Team, TrainableModel
-from projects.services._common import check_slug, create_unique, delete_unless_used
+from projects.services._common import check_slug, config_invalid, create_unique, delete_unless_used
 from projects.services.runs import ACTIVE_STATUSES
 from training.config import ConfigError, LoraSpec
 
@@ -56,7 +56,7 @@ def _lora(lora: dict[str, Any] | None) -> dict[str, Any]:
     try:
         return LoraSpec.from_dict(lora or {}).to_dict()
     except ConfigError as exc:
-        raise ValidationFailed(exc.message, field=f"lora.{exc.field}") from exc
+        raise config_invalid(exc, "lora.") from exc
 
 
 def trainable_model_create(

@@ -30,7 +30,7 @@ from projects.models import (
     TaskSet,
     TrainableModel,
 )
-from projects.services._common import error_text, worker_lost_reason
+from projects.services._common import config_invalid, error_text, worker_lost_reason
 from training.config import ConfigError, TrainConfig
 
 ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PAUSED)
@@ -122,7 +122,7 @@ def run_create(
     try:
         train_config = TrainConfig.from_dict(merged)
     except ConfigError as exc:
-        raise ValidationFailed(exc.message, field=f"config.{exc.field}") from exc
+        raise config_invalid(exc, "config.") from exc
     with transaction.atomic():
         # Lock the model row so two concurrent creates cannot both see "no active run".
         TrainableModel.objects.select_for_update().get(pk=model.pk)

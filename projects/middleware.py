@@ -1,0 +1,147 @@
+"""Request ids, and JSON for every error on ``/api/`` and ``/v1/``.
+
+Every request gets an id (``req_<hex>``), returned as ``X-Request-Id`` and written in the log line
+of a failure. On the REST API and the gateway every error is OpenAI's error object (the one table,
+training.openai_errors), even one nothing else handled: a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``
+is a 413, another refused request (too many fields, a bad Host) a 400, and any other exception a
+500 naming the request id (the traceback goes to the log, never to the client). Dashboard pages
+keep Django's HTML error pages.
+
+Two places catch what escapes a view, because Django reaches them by different routes:
+``RequestIdMiddleware.process_exception`` (a view raised; in DEBUG too) and the URLconf's
+``handler400/403/404/500`` (raised outside a view, e.g. by another middleware or the URL resolver).
+The middleware is async-capable, so the gateway's bare ASGI handler (projects.gateway.asgi) runs it
+without a thread hop.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+from django.core import signals
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
+
+from training.openai_errors import error_object
+
+logger = logging.getLogger("artweb.errors")
+
+JSON_PREFIXES = ("/api/", "/v1/")
+HEADER = "X-Request-Id"
+
+
+def new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
+def request_id_of(request: HttpRequest) -> str:
+    request_id = getattr(request, "request_id", None)
+    if request_id is None:  # a request that never passed the middleware (a handler's own)
+        request_id = request.request_id = new_request_id()  # type: ignore[attr-defined]
+    return request_id
+
+
+def wants_json(request: HttpRequest) -> bool:
+    return request.path.startswith(JSON_PREFIXES)
+
+
+def json_error(request: HttpRequest, status: int, message: str, *, code: str | None = None) -> JsonResponse:
+    response = JsonResponse(error_object(status, message, code=code), status=status)
+    response[HEADER] = request_id_of(request)
+    return response
+
+
+def exception_response(request: HttpRequest, exc: BaseException) -> JsonResponse:
+    """The error object for an exception nothing else turned into a response."""
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return json_error(request, 413, f"The request body is larger than the limit of {limit} bytes.")
+    if isinstance(exc, SuspiciousOperation):
+        return json_error(request, 400, f"The request was refused ({type(exc).__name__}).")
+    if isinstance(exc, Http404):
+        return json_error(request, 404, "Not found.")
+    if isinstance(exc, PermissionDenied):
+        return json_error(request, 403, "You do not have permission to perform this action.")
+    request_id = request_id_of(request)
+    return json_error(
+        request,
+        500,
+        "The server had an error while processing your request. "
+        f"Quote request id {request_id} if you report it.",
+    )
+
+
+class RequestIdMiddleware:
+    """First in MIDDLEWARE (and the gateway's one middleware): the id, and JSON for what a view raised."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        request.request_id = new_request_id()  # type: ignore[attr-defined]
+        response = self.get_response(request)
+        response[HEADER] = request.request_id  # type: ignore[attr-defined]
+        return response
+
+    async def __acall__(self, request: HttpRequest) -> Any:
+        request.request_id = new_request_id()  # type: ignore[attr-defined]
+        response = await self.get_response(request)
+        response[HEADER] = request.request_id  # type: ignore[attr-defined]
+        return response
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not wants_json(request):
+            return None  # the dashboard: Django's own handling and HTML pages
+        expected = isinstance(exception, SuspiciousOperation | Http404 | PermissionDenied)
+        if not expected:
+            logger.error(
+                "Unhandled exception on %s %s (request id %s)",
+                request.method,
+                request.path,
+                request_id_of(request),
+                exc_info=exception,
+            )
+            # What Django sends for an unhandled exception: error reporters, and the test
+            # client (which re-raises it in tests unless told not to).
+            signals.got_request_exception.send(sender=None, request=request)
+        return exception_response(request, exception)
+
+
+# --- the URLconf's handlers (artweb.urls): errors raised outside any view ---------------------------
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if wants_json(request):
+        return exception_response(request, exception)
+    return defaults.bad_request(request, exception)
+
+
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if wants_json(request):
+        return json_error(request, 403, "You do not have permission to perform this action.")
+    return defaults.permission_denied(request, exception)
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if wants_json(request):
+        return json_error(request, 404, f"No endpoint at {request.path}.")
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if wants_json(request):  # Django has logged the exception already
+        return exception_response(request, Exception())
+    return defaults.server_error(request)

@@ -1,0 +1,203 @@
+"""The one JSON reader for everything artweb accepts from outside: REST API bodies, JSONL task-set
+uploads, the gateway's and the inference server's chat completion bodies, the dashboard's JSON
+text areas. Standard library only (the inference server must not import Django).
+
+It refuses, with the position, what would otherwise crash a later step or could not be stored:
+- nesting deeper than ``max_depth`` (checked by a flat scan before parsing, so ``json``'s
+  recursive decoder never runs out of stack on ``[[[[…`` a hundred thousand deep);
+- ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON; PostgreSQL's jsonb refuses them) and numbers
+  that overflow a float (``1e400``);
+- integers outside 64-bit signed (PostgreSQL's bigint; also keeps ``int()`` away from Python's
+  4,300-digit limit, and every integer convertible to a float);
+- lone UTF-16 surrogates (``"\\ud800"``): no UTF-8 encoding exists, so neither the database nor
+  the JSON renderer can write them;
+- with ``allow_nul=False``, NUL characters, which PostgreSQL text and jsonb cannot hold.
+
+``check`` applies the same rules to a value that did not come from text (rows a generator
+produced, a form's parsed field), naming the path instead of a position.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+MAX_DEPTH = 64
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+_INT_DIGITS = len(str(INT_MIN))  # longer strings are out of range without converting them
+
+_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'  # a JSON string, escapes included
+_STRINGS = re.compile(_STRING)
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+_STRUCTURE = re.compile(_STRING + r"|[\[\]{}]")  # a string or one bracket, for the exact scan
+# What can be refused: strings and the number-like tokens (used only to locate a refusal).
+_TOKENS = re.compile(_STRING + r"|-?Infinity|NaN|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# Cheap pre-checks on the raw text: without a match, no decoded string can hold a refused character.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_NUL_ESCAPE = "\\u0000"
+
+
+class JSONError(ValueError):
+    """Refused JSON. ``position`` is the character offset in the text (``loads``; a byte offset for
+    bytes that are not UTF-8), ``path`` the place in the value (``check``)."""
+
+    def __init__(self, message: str, position: int | None = None, *, text: str = "", path: str = "") -> None:
+        self.message = message
+        self.position = position
+        self.path = path
+        self.line = self.column = None
+        where = ""
+        if position is not None:
+            self.line = text.count("\n", 0, position) + 1
+            self.column = position - (text.rfind("\n", 0, position) + 1) + 1
+            where = f" at line {self.line} column {self.column} (char {position})"
+        elif path:
+            where = f" at {path}"
+        super().__init__(message + where)
+
+
+class _Refused(Exception):
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _number_problem(token: str) -> str | None:
+    if token in ("NaN", "Infinity", "-Infinity"):
+        return f"{token} is not a JSON number"
+    if "." in token or "e" in token or "E" in token:
+        return None if math.isfinite(float(token)) else "number too large for a float"
+    if len(token) > _INT_DIGITS or not INT_MIN <= int(token) <= INT_MAX:
+        return "integer out of range (64-bit signed)"
+    return None
+
+
+def _string_problem(value: str, allow_nul: bool) -> str | None:
+    if _SURROGATE.search(value):
+        return "lone UTF-16 surrogate in a string (no UTF-8 encoding exists)"
+    if not allow_nul and "\x00" in value:
+        return "NUL character in a string (cannot be stored)"
+    return None
+
+
+def _parse_int(token: str) -> int:
+    problem = _number_problem(token)
+    if problem:
+        raise _Refused(problem)
+    return int(token)
+
+
+def _parse_float(token: str) -> float:
+    problem = _number_problem(token)
+    if problem:
+        raise _Refused(problem)
+    return float(token)
+
+
+def _parse_constant(token: str) -> Any:
+    raise _Refused(f"{token} is not a JSON number")
+
+
+def _check_depth(text: str, max_depth: int) -> None:
+    if text.count("[") + text.count("{") <= max_depth:
+        return
+    # Fast path, all in C: keep only the brackets outside strings, then strip innermost pairs; each
+    # pass lowers the depth by at least one, so max_depth passes empty any document within the limit.
+    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", text))
+    for _ in range(max_depth):
+        shorter = brackets.replace("[]", "").replace("{}", "")
+        if not shorter:
+            return
+        if shorter == brackets:
+            break  # mismatched brackets: the exact scan below, then json, say where
+        brackets = shorter
+    depth = 0
+    for match in _STRUCTURE.finditer(text):
+        token = match.group()
+        if token == "[" or token == "{":
+            depth += 1
+            if depth > max_depth:
+                raise JSONError(f"nested deeper than {max_depth} levels", match.start(), text=text)
+        elif token == "]" or token == "}":
+            depth -= 1
+
+
+def _locate(text: str, message: str, allow_nul: bool) -> int | None:
+    """Where the first refused token is (only on the error path: a second scan is fine there)."""
+    for match in _TOKENS.finditer(text):
+        token = match.group()
+        if token.startswith('"'):
+            try:
+                decoded = json.loads(token)
+            except ValueError:
+                continue
+            if _string_problem(decoded, allow_nul):
+                return match.start()
+        elif _number_problem(token) == message:
+            return match.start()
+    return None
+
+
+def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH, allow_nul: bool = True) -> Any:
+    """``json.loads`` with the rules above; raises JSONError naming the position."""
+    if isinstance(text, bytes | bytearray):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JSONError("not UTF-8 text", exc.start) from None
+    _check_depth(text, max_depth)
+    try:
+        value = json.loads(
+            text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant
+        )
+    except json.JSONDecodeError as exc:
+        raise JSONError(exc.msg, exc.pos, text=text) from None
+    except _Refused as refused:
+        raise JSONError(refused.message, _locate(text, refused.message, allow_nul), text=text) from None
+    suspicious = _SURROGATE_ESCAPE.search(text) or _SURROGATE.search(text)
+    if suspicious or (not allow_nul and (_NUL_ESCAPE in text or "\x00" in text)):
+        problem = _first_problem(value, max_depth, allow_nul)
+        if problem is not None:
+            message, _ = problem
+            raise JSONError(message, _locate(text, message, allow_nul), text=text)
+    return value
+
+
+def check(value: Any, *, max_depth: int = MAX_DEPTH, allow_nul: bool = False, path: str = "") -> None:
+    """The same rules for an already-decoded value; raises JSONError naming the path."""
+    problem = _first_problem(value, max_depth, allow_nul, path)
+    if problem is not None:
+        message, where = problem
+        raise JSONError(message, path=where)
+
+
+def _first_problem(value: Any, max_depth: int, allow_nul: bool, path: str = "") -> tuple[str, str] | None:
+    """The first refused thing in ``value`` and its path, walking with an explicit stack (no
+    recursion, so a deep value cannot exhaust Python's)."""
+    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth >= max_depth:
+                return f"nested deeper than {max_depth} levels", where
+            if isinstance(item, dict):
+                for key, child in reversed(list(item.items())):
+                    if isinstance(key, str) and (problem := _string_problem(key, allow_nul)):
+                        return problem, where
+                    stack.append((child, f"{where}.{key}" if where else str(key), depth + 1))
+            else:
+                for index in reversed(range(len(item))):
+                    stack.append((item[index], f"{where}[{index}]", depth + 1))
+        elif isinstance(item, str):
+            if problem := _string_problem(item, allow_nul):
+                return problem, where
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int):
+            if not INT_MIN <= item <= INT_MAX:
+                return "integer out of range (64-bit signed)", where
+        elif isinstance(item, float) and not math.isfinite(item):
+            return "NaN and infinite numbers are not JSON", where
+    return None
