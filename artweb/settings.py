@@ -218,6 +218,11 @@ TORCH_THREADS = env_int("TORCH_THREADS", 0, minimum=0)
 CHECKPOINT_DIR = DATA_DIR / "checkpoints"
 MODEL_CACHE_DIR = DATA_DIR / "models"
 MAX_TASKSET_BYTES = env_int("MAX_TASKSET_BYTES", 50 * 1024 * 1024, minimum=1024)
+# Client-driven training (/v1/preview/, OpenPipe ART's protocol): the largest request body those
+# paths accept (trajectory groups with logprobs are large; over it: 413), and the longest one
+# training job (one step) may take.
+PREVIEW_MAX_BODY_BYTES = env_int("PREVIEW_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024)
+TRAINING_JOB_TIME_LIMIT_S = env_int("TRAINING_JOB_TIME_LIMIT_S", 6 * 3600, minimum=60)
 # The largest request body read into memory: JSON bodies (API and gateway) and form fields; more is
 # a 413. Multipart files are not counted (a task-set `file` is bounded by MAX_TASKSET_BYTES).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 10 * 1024 * 1024, minimum=1024)
@@ -237,11 +242,18 @@ CELERY_TASK_ROUTES = {
     "training.train_run": {"queue": Queue.TRAIN.value},
     "training.requeue_orphaned_runs": {"queue": Queue.DEFAULT.value},
     "training.requeue_orphaned_evaluations": {"queue": Queue.DEFAULT.value},
+    # A client's training job (/v1/preview/training-jobs) trains like a run: on the train queue.
+    "training.train_job": {"queue": Queue.TRAIN.value},
+    "training.requeue_orphaned_training_jobs": {"queue": Queue.DEFAULT.value},
 }
 CELERY_BEAT_SCHEDULE = {
     "requeue-orphaned-runs": {"task": "training.requeue_orphaned_runs", "schedule": RUN_REAPER_INTERVAL_S},
     "requeue-orphaned-evaluations": {
         "task": "training.requeue_orphaned_evaluations",
+        "schedule": RUN_REAPER_INTERVAL_S,
+    },
+    "requeue-orphaned-training-jobs": {
+        "task": "training.requeue_orphaned_training_jobs",
         "schedule": RUN_REAPER_INTERVAL_S,
     },
 }

@@ -32,6 +32,7 @@ from projects.models import (
     Project,
     RewardDefinition,
     Run,
+    RunKind,
     RunStatus,
     TaskSet,
     TrainableModel,
@@ -48,7 +49,7 @@ def runs(request: TeamHttpRequest) -> HttpResponse:
     text = request.GET.get("q", "").strip()
     items = selectors.runs_search(
         team=team,
-        project_id=int(project_id) if project_id.isdigit() else None,
+        project_id=int(project_id) if project_id.isdecimal() else None,
         status=status if status in RunStatus.values else None,
         text=text,
     )
@@ -154,6 +155,7 @@ def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
         "events": selectors.run_recent_events(run=run, limit=50),
         "checkpoints": selectors.run_checkpoints(run=run),
         "can_cancel": can_write(request)
+        and run.kind != RunKind.CLIENT  # its steps are its client's training jobs
         and run.status in services.ACTIVE_STATUSES
         and not run.cancel_requested,
         **_timing(run),

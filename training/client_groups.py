@@ -144,11 +144,14 @@ class ClientGroup:
 # ------------------------------------------------------------------------------------ parsing
 
 
-def parse_groups(value: Any, *, path: str = "trajectory_groups") -> list[ClientGroup]:
-    """The upload's groups, checked (see the module doc); raises GroupError on the first problem."""
+def parse_groups(
+    value: Any, *, path: str = "trajectory_groups", for_training: bool = True
+) -> list[ClientGroup]:
+    """The upload's groups, checked (see the module doc); raises GroupError on the first problem.
+    ``for_training=False`` (logged groups) does not ask for a choice with logprobs."""
     if not isinstance(value, list) or not value:
         raise GroupError(path, "must be a non-empty list of trajectory groups")
-    groups = [_group(raw, f"{path}[{index}]") for index, raw in enumerate(value)]
+    groups = [_group(raw, f"{path}[{index}]", for_training) for index, raw in enumerate(value)]
     if not any(trajectory for group in groups for trajectory in group.trajectories):
         raise GroupError(path, "holds no trajectories")
     return groups
@@ -169,7 +172,7 @@ def _optional(raw: dict[str, Any], key: str, kind: type, path: str, default: Any
     return value
 
 
-def _group(raw: Any, path: str) -> ClientGroup:
+def _group(raw: Any, path: str, for_training: bool) -> ClientGroup:
     raw = _object(raw, path)
     trajectories = raw.get("trajectories")
     if not isinstance(trajectories, list):
@@ -177,7 +180,8 @@ def _group(raw: Any, path: str) -> ClientGroup:
     return ClientGroup(
         path=path,
         trajectories=[
-            _trajectory(item, f"{path}.trajectories[{index}]") for index, item in enumerate(trajectories)
+            _trajectory(item, f"{path}.trajectories[{index}]", for_training)
+            for index, item in enumerate(trajectories)
         ],
         exceptions=len(_optional(raw, "exceptions", list, path, [])),
         metadata=_optional(raw, "metadata", dict, path, {}),
@@ -185,7 +189,7 @@ def _group(raw: Any, path: str) -> ClientGroup:
     )
 
 
-def _trajectory(raw: Any, path: str) -> ClientTrajectory:
+def _trajectory(raw: Any, path: str, for_training: bool) -> ClientTrajectory:
     raw = _object(raw, path)
     reward = raw.get("reward", 0.0)
     if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
@@ -195,7 +199,7 @@ def _trajectory(raw: Any, path: str) -> ClientTrajectory:
     for index, history in enumerate(extra):
         histories.append(_history(_object(history, f"{path}.additional_histories[{index}]"),
                                   f"{path}.additional_histories[{index}]", "messages_and_choices"))  # fmt: skip
-    if not any(history.trainable for history in histories):
+    if for_training and not any(history.trainable for history in histories):
         raise GroupError(
             path,
             "has no choice with logprobs, so nothing to train on: sample with logprobs=True and put "

@@ -3,7 +3,12 @@ live inference servers can serve it.
 
 Model ids: ``<project>/<model>:<step>``, ``<project>/<model>:latest`` (also plain
 ``<project>/<model>``), or a base model's catalogue name. Another team's checkpoint is looked up
-through the team-scoped queryset, so it reads exactly like a missing one (404).
+through the team-scoped queryset, so it reads exactly like a missing one (404). OpenPipe ART's
+client names checkpoints ``wandb-artifact:///<team>/<project>/<model>`` (latest) and
+``…:step<N>``: aliases of ``<project>/<model>:latest|<N>``, for the caller's own team only.
+
+A checkpoint without files (a client model's step 0, see projects.models.Checkpoint) is the
+untrained adapter, i.e. the base model: its target has no adapter path and the base model answers.
 
 Server choice is rendezvous hashing on the checkpoint: every gateway process sends a given
 checkpoint to the same live server, so its adapter stays loaded there instead of thrashing every
@@ -25,13 +30,31 @@ from django.conf import settings
 from django.utils import timezone
 
 from projects.errors import NotFound
-from projects.models import ApiKey, BaseModel, Checkpoint, InferenceServer, Team
+from projects.models import ApiKey, BaseModel, Checkpoint, InferenceServer, Run, RunKind, Team
 from projects.selectors import scoped
 from training.serving.protocol import ChatRequest
 
 CHECKPOINT_ID = re.compile(
     r"^(?P<project>[a-z0-9][a-z0-9._-]{0,62})/(?P<model>[a-z0-9][a-z0-9._-]{0,62})(?::(?P<tag>latest|\d+))?$"
 )
+ART_ALIAS = re.compile(
+    r"^wandb-artifact:///(?P<team>[^/]+)/(?P<project>[a-z0-9][a-z0-9._-]{0,62})/"
+    r"(?P<model>[a-z0-9][a-z0-9._-]{0,62})(?::(?:step(?P<step>\d+)|latest))?$"
+)
+
+
+def art_alias(team: Team, project: str, model: str, step: int | None = None) -> str:
+    """The name OpenPipe ART's ServerlessBackend gives a checkpoint (latest when ``step`` is None)."""
+    name = f"wandb-artifact:///{team.name}/{project}/{model}"
+    return name if step is None else f"{name}:step{step}"
+
+
+def names_latest(model_id: str) -> bool:
+    """Whether ``model_id`` names a model's latest checkpoint through ART's alias: such routes are
+    never remembered (projects.gateway.lookups), so the step a training job has just recorded is
+    what the client samples next, as ART expects right after ``training_ended``."""
+    match = ART_ALIAS.match(model_id)
+    return match is not None and match["step"] is None
 
 
 class ModelNotFound(NotFound):
@@ -52,7 +75,7 @@ class Target:
 
     @property
     def adapter_path(self) -> str | None:
-        return self.checkpoint.path if self.checkpoint else None
+        return (self.checkpoint.path or None) if self.checkpoint else None
 
 
 @dataclass(frozen=True)
@@ -62,6 +85,10 @@ class ParsedChat:
     raw: bytes  # as the client sent it: our own servers get it unchanged
     decoded: dict[str, Any]  # the JSON object: vLLM's body is rewritten from it
     request: ChatRequest  # validated with Limits.shape_only() (every server applies its own limits)
+    # Logprobs asked, not streamed: raw and decoded ask return_token_ids and the reply's choices
+    # get their ids (projects.gateway.token_ids); the top-level ids stay if the client asked.
+    annotate: bool = False
+    keep_prompt_token_ids: bool = False
 
 
 @dataclass
@@ -79,6 +106,15 @@ class Route:
 
 
 def resolve_model(*, team: Team, model_id: str) -> Target:
+    alias = ART_ALIAS.match(model_id)
+    if alias is not None:
+        if alias["team"] != team.name:
+            raise ModelNotFound(model_id)
+        tag = alias["step"] or "latest"
+        try:
+            return resolve_model(team=team, model_id=f"{alias['project']}/{alias['model']}:{tag}")
+        except ModelNotFound:
+            raise ModelNotFound(model_id) from None
     match = CHECKPOINT_ID.match(model_id)
     if match:
         checkpoints = (
@@ -128,6 +164,8 @@ def available_models(*, team: Team) -> list[dict]:
         for base in BaseModel.objects.order_by("name")
     ]
     latest: dict[int, dict] = {}
+    aliases: list[dict] = []
+    client_models = set(scoped(Run, team).filter(kind=RunKind.CLIENT).values_list("model_id", flat=True))
     for checkpoint in scoped(Checkpoint, team).select_related("model__project").order_by("model_id", "step"):
         model = checkpoint.model
         item = {
@@ -138,4 +176,7 @@ def available_models(*, team: Team) -> list[dict]:
         }
         data.append(item)
         latest[model.pk] = {**item, "id": f"{model.project.name}/{model.name}:latest"}
-    return data + list(latest.values())
+        if model.pk in client_models:  # trained through /v1/preview/: ART's names too
+            aliases.append({**item, "id": art_alias(team, model.project.name, model.name, checkpoint.step)})
+            latest[-model.pk] = {**item, "id": art_alias(team, model.project.name, model.name)}
+    return data + aliases + list(latest.values())

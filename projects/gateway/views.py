@@ -14,7 +14,8 @@ record can therefore trail its response by a moment (and is lost if the process 
 
 Forwarding reads straight through: the route (key, model, live servers, the body parsed once),
 then for each server best first its upstream (projects.gateway.upstream: our inference server
-or vLLM, one interface) sends the completion, and relays the stream or answers the reply.
+or vLLM, one interface) sends the completion, and relays the stream or answers the reply. A
+non-streamed reply with logprobs carries each choice's exact token ids (projects.gateway.token_ids).
 
 Errors are OpenAI's error object: bad key 401, bad parameters 400, unknown (or another team's)
 model 404, over the rate limit 429 and no live server 503, both with ``Retry-After``.
@@ -34,7 +35,7 @@ from django.views.decorators.csrf import csrf_exempt
 from projects import services as project_services
 from projects.access import TeamAccess, resolve_team_and_role
 from projects.errors import DomainError
-from projects.gateway import lookups, routing
+from projects.gateway import lookups, routing, token_ids
 from projects.gateway.db import in_db_thread
 from projects.gateway.errors import GatewayError
 from projects.gateway.http import UpstreamBroken, UpstreamUnavailable
@@ -152,7 +153,7 @@ def _parse(raw_body: bytes) -> ParsedChat:
         request = parse_chat_request(body, Limits.shape_only())
     except RequestError as exc:
         raise GatewayError(exc.status, exc.message, code=exc.code, param=exc.param) from exc
-    return ParsedChat(raw_body, body, request)
+    return token_ids.ask_for_token_ids(ParsedChat(raw_body, body, request))
 
 
 def _route(team: Team, model_id: str) -> tuple[routing.Target, list[InferenceServer]]:
@@ -170,7 +171,8 @@ def _route(team: Team, model_id: str) -> tuple[routing.Target, list[InferenceSer
     )
     if not servers:
         raise _no_server(target.base_model.name)
-    lookups.routes.put((team.pk, model_id), (target, servers), lookups.cache_seconds())
+    if not routing.names_latest(model_id):  # ART's latest alias: the step just trained, at once
+        lookups.routes.put((team.pk, model_id), (target, servers), lookups.cache_seconds())
     return target, servers
 
 
@@ -241,6 +243,7 @@ async def _complete(raw_body: bytes, authorization: str | None, team: Team | Non
             answer, usage = await upstream.answer(reply, route)
         except GatewayError as exc:
             return exc.response()
+        answer = token_ids.annotated(answer, route)
         if usage is not None:
             on_usage(usage)
         return answer

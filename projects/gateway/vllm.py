@@ -49,7 +49,10 @@ class VLLMUpstream(Upstream):
     async def send(self, route: Route) -> UpstreamResponse:
         """Raises GatewayError, or UpstreamUnavailable when the server cannot be reached."""
         target, server = route.target, self.server
-        adapter = adapter_name(target.checkpoint) if target.checkpoint is not None else None
+        # A checkpoint without files (a client model's step 0) is the base model (routing).
+        adapter = (
+            adapter_name(target.checkpoint) if target.checkpoint is not None and target.adapter_path else None
+        )
         body = request_body(route.chat.decoded, model=adapter or target.base_model.name)
         if adapter is None or target.checkpoint is None:
             return await _post(server, "/v1/chat/completions", body)

@@ -101,7 +101,7 @@ def _local_policy(
     return load_local_policy(
         base_model_source=source,
         model_cache_dir=settings.MODEL_CACHE_DIR,
-        adapter_path=checkpoint.path if checkpoint is not None else None,
+        adapter_path=(checkpoint.path or None) if checkpoint is not None else None,  # "": base
         sampling=sampling,
         name=name,
         device=settings.TRAINING_DEVICE,

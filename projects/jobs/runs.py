@@ -103,7 +103,7 @@ def build_run_spec(run: Run) -> RunSpec:
         latest = selectors.checkpoint_latest(model=model)
         services.run_set_start_step(run=run, start_step=latest.step if latest else 0)
     resume = selectors.checkpoint_exists(model=model, step=run.current_step)
-    environment = run.environment
+    task_set, environment, reward = services.run_platform_inputs(run=run)
     return RunSpec(
         base_model_source=model.base_model.source,
         model_cache_dir=settings.MODEL_CACHE_DIR,
@@ -111,8 +111,8 @@ def build_run_spec(run: Run) -> RunSpec:
         config=TrainConfig.from_dict(run.config),
         lora=LoraSpec.from_dict(model.lora),
         environment=services.environment_build(environment=environment),
-        grader_spec=run.reward.spec,
-        train_rows=selectors.task_set_rows(task_set=run.task_set, split=Split.TRAIN),
+        grader_spec=reward.spec,
+        train_rows=selectors.task_set_rows(task_set=task_set, split=Split.TRAIN),
         start_step=run.start_step,
         resume_step=run.current_step if resume else None,
         stop=list(environment.sampling.get("stop", [])),
@@ -120,10 +120,10 @@ def build_run_spec(run: Run) -> RunSpec:
         device=settings.TRAINING_DEVICE,
         engine=settings.TRAINING_ENGINE,
         unsloth=settings.TRAINING_UNSLOTH,
-        reward_name=f"{run.reward.name!r} v{run.reward.version}",
+        reward_name=f"{reward.name!r} v{reward.version}",
         judge=services.judge_client(team=run.project.team),
         sandbox=services.sandbox_config(),
-        validation_rows=selectors.task_set_rows(task_set=run.task_set, split=Split.VALIDATION),
+        validation_rows=selectors.task_set_rows(task_set=task_set, split=Split.VALIDATION),
     )
 
 

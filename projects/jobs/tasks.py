@@ -11,7 +11,7 @@ from celery import shared_task
 from django.conf import settings
 
 from projects import services
-from projects.jobs import claimed, runs
+from projects.jobs import claimed, runs, training_jobs
 from projects.jobs import evaluations as evaluation_jobs
 
 
@@ -33,6 +33,12 @@ def evaluate(evaluation_id: int) -> str:
     return claimed.work_on(evaluation_jobs.EVALUATION, evaluation_id)
 
 
+@shared_task(name="training.train_job", acks_late=True, time_limit=settings.TRAINING_JOB_TIME_LIMIT_S)
+def train_job(job_id: int) -> str:
+    """One step of a client's training job (/v1/preview/training-jobs): checkpoint N to N+1."""
+    return claimed.work_on(training_jobs.TRAINING_JOB, job_id)
+
+
 @shared_task(name="training.requeue_orphaned_runs", time_limit=60)
 def requeue_orphaned_runs() -> list[int]:
     """Running runs whose worker stopped heartbeating go back on the queue; they resume."""
@@ -43,3 +49,9 @@ def requeue_orphaned_runs() -> list[int]:
 def requeue_orphaned_evaluations() -> list[int]:
     """Evaluation jobs whose worker stopped heartbeating go back on the queue; they restart from scratch."""
     return services.evaluations_requeue_orphaned()
+
+
+@shared_task(name="training.requeue_orphaned_training_jobs", time_limit=60)
+def requeue_orphaned_training_jobs() -> list[int]:
+    """Training jobs whose worker stopped heartbeating (or whose message was lost) go back on the queue."""
+    return services.training_jobs_requeue_orphaned()

@@ -1,6 +1,7 @@
 """The domain: teams and their keys, projects, models, rewards, task sets, environments, runs,
-evaluations, and what the gateway keeps. One module per subject; this package re-exports every
-model, so ``from projects.models import Run`` and the migrations see one app, ``projects``.
+evaluations, client-driven training jobs, and what the gateway keeps. One module per subject; this
+package re-exports every model, so ``from projects.models import Run`` and the migrations see one
+app, ``projects``.
 
 Every row below a Team is reachable from exactly one team (directly or through its project); the
 API's one base view class scopes by that path (``TEAM_PATH``) so a query can never cross teams.
@@ -23,13 +24,30 @@ from projects.models.catalogue import (
 )
 from projects.models.evaluations import Evaluation, EvaluationEvent, EvaluationSample, EvaluationStatus
 from projects.models.gateway import InferenceServer, UsageRecord
-from projects.models.runs import Checkpoint, EventType, Run, RunEvent, RunStatus, StepMetrics, Trajectory
+from projects.models.runs import (
+    Checkpoint,
+    EventType,
+    Run,
+    RunEvent,
+    RunKind,
+    RunStatus,
+    StepMetrics,
+    Trajectory,
+)
 from projects.models.teams import ApiKey, Invitation, JudgeEndpoint, Membership, Role, Team
+from projects.models.training_jobs import (
+    ClientLog,
+    TrainingJob,
+    TrainingJobEvent,
+    TrainingJobEventType,
+    TrainingJobStatus,
+)
 
 __all__ = [
     "ApiKey",
     "BaseModel",
     "Checkpoint",
+    "ClientLog",
     "Environment",
     "EnvironmentKind",
     "Evaluation",
@@ -47,6 +65,7 @@ __all__ = [
     "Role",
     "Run",
     "RunEvent",
+    "RunKind",
     "RunStatus",
     "Split",
     "StepMetrics",
@@ -54,6 +73,10 @@ __all__ = [
     "TaskSet",
     "Team",
     "TrainableModel",
+    "TrainingJob",
+    "TrainingJobEvent",
+    "TrainingJobEventType",
+    "TrainingJobStatus",
     "Trajectory",
     "UsageRecord",
     "slug_validator",

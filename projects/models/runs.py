@@ -17,13 +17,29 @@ class RunStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class RunKind(models.TextChoices):
+    PLATFORM = "platform"  # artweb runs the agent: rollouts, rewards and updates in one job
+    CLIENT = "client"  # the client runs its own agent; each step is a training job (OpenPipe ART)
+
+
 class Run(ClaimedWork):
+    """A platform run trains on a task set in an environment with a reward; a client run (one per
+    model trained through ``/v1/preview/``) has none of these: its steps are the training jobs the
+    client submits (projects.models.training_jobs), recorded exactly like a platform run's."""
+
     TEAM_PATH = "project__team"
+    kind = models.CharField(max_length=16, choices=RunKind.choices, default=RunKind.PLATFORM)
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="runs")
     model = models.ForeignKey(TrainableModel, on_delete=models.PROTECT, related_name="runs")
-    task_set = models.ForeignKey(TaskSet, on_delete=models.PROTECT, related_name="runs")
-    environment = models.ForeignKey(Environment, on_delete=models.PROTECT, related_name="runs")
-    reward = models.ForeignKey(RewardDefinition, on_delete=models.PROTECT, related_name="runs")
+    task_set = models.ForeignKey(
+        TaskSet, null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+    )
+    environment = models.ForeignKey(
+        Environment, null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+    )
+    reward = models.ForeignKey(
+        RewardDefinition, null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+    )
     config = models.JSONField(help_text="TrainConfig as a dict (all fields, defaults filled in)")
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
     cancel_requested = models.BooleanField(default=False)
@@ -103,7 +119,11 @@ class Trajectory(models.Model):
 
 
 class Checkpoint(models.Model):
-    """A saved adapter. The row is written only after its files are complete on disk."""
+    """A saved adapter. The row is written only after its files are complete on disk.
+
+    An empty ``path`` is step 0 of a model registered through ``/v1/preview/`` before any training:
+    the untrained adapter, whose LoRA B matrices are zero, is exactly the base model, so the
+    gateway serves the base model for it and the first training job starts a fresh adapter."""
 
     TEAM_PATH = "model__project__team"
     model = models.ForeignKey(TrainableModel, on_delete=models.CASCADE, related_name="checkpoints")

@@ -62,6 +62,11 @@ from projects.selectors.teams import (
     pending_invitations,
     team_members,
 )
+from projects.selectors.training_jobs import (
+    client_run,
+    model_checkpoints,
+    training_job_events,
+)
 
 __all__ = [
     "scoped",
@@ -105,4 +110,7 @@ __all__ = [
     "evaluation_reference",
     "evaluation_reference_label",
     "evaluation_results_summary",
+    "client_run",
+    "model_checkpoints",
+    "training_job_events",
 ]

@@ -49,4 +49,6 @@ def checkpoint_latest(*, model: TrainableModel) -> Checkpoint | None:
 
 
 def checkpoint_exists(*, model: TrainableModel, step: int) -> bool:
-    return Checkpoint.objects.filter(model=model, step=step).exists()
+    """Whether checkpoint ``step`` has files to resume from (a client model's step 0 has none:
+    it is the untrained adapter, see Checkpoint)."""
+    return Checkpoint.objects.filter(model=model, step=step).exclude(path="").exists()

@@ -12,6 +12,7 @@ module per subject; this package re-exports them all, so callers write ``service
 - ``evaluations``: the evaluation state machine and a run's own evaluations
 - ``judges``: team judge endpoints and the python graders' sandbox limits
 - ``scenarios``: task sets written by an LLM for an environment
+- ``training_jobs``: client-driven training (``/v1/preview/``): models, jobs, checkpoint deletion
 - ``_common``: helpers the modules share (slugs, unique names, NUL-free JSON)
 
 Each module with a concurrency invariant states it at its top.
@@ -84,6 +85,7 @@ from projects.services.runs import (
     run_event_add,
     run_fail,
     run_heartbeat,
+    run_platform_inputs,
     run_set_start_step,
     run_transition,
     runs_requeue_orphaned,
@@ -111,6 +113,23 @@ from projects.services.teams import (
     membership_set,
     team_choose,
     team_create,
+)
+from projects.services.training_jobs import (
+    TRAINING_JOB_TRANSITIONS,
+    checkpoints_delete,
+    client_log_record,
+    client_model_delete,
+    client_model_register,
+    platform_run_active,
+    training_job_active,
+    training_job_claim,
+    training_job_create,
+    training_job_fail,
+    training_job_finish,
+    training_job_heartbeat,
+    training_job_started,
+    training_job_transition,
+    training_jobs_requeue_orphaned,
 )
 
 __all__ = [
@@ -157,6 +176,7 @@ __all__ = [
     "run_cancel",
     "run_claim",
     "run_heartbeat",
+    "run_platform_inputs",
     "run_set_start_step",
     "run_fail",
     "runs_requeue_orphaned",
@@ -183,4 +203,19 @@ __all__ = [
     "judge_client",
     "sandbox_config",
     "task_set_generate",
+    "TRAINING_JOB_TRANSITIONS",
+    "client_model_register",
+    "client_model_delete",
+    "platform_run_active",
+    "training_job_active",
+    "checkpoints_delete",
+    "training_job_create",
+    "training_job_transition",
+    "training_job_claim",
+    "training_job_heartbeat",
+    "training_job_started",
+    "training_job_finish",
+    "training_job_fail",
+    "training_jobs_requeue_orphaned",
+    "client_log_record",
 ]

@@ -47,7 +47,7 @@ from projects.queues import Queue
 from projects.selectors.evaluations import evaluation_results_summary, model_label
 from projects.selectors.task_sets import task_set_rows
 from projects.services._common import error_text, jsonb_safe, worker_lost_reason
-from projects.services.runs import run_event_add
+from projects.services.runs import run_event_add, run_platform_inputs
 from training.config import TrainConfig
 
 EVALUATION_SPLITS = ("validation", "train", "all")
@@ -405,6 +405,7 @@ def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], sampl
     """Record a run's validation evaluation of its checkpoint ``step`` (idempotent per step: a
     resumed run that evaluates a step again keeps the first record)."""
     config = TrainConfig.from_dict(run.config)
+    task_set, environment, reward = run_platform_inputs(run=run)
     with transaction.atomic():
         existing = Evaluation.objects.filter(run=run, step=step).first()
         if existing is not None:
@@ -416,10 +417,10 @@ def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], sampl
             run=run,
             step=step,
             checkpoint=Checkpoint.objects.filter(model=run.model, step=step).first(),
-            task_set=run.task_set,
+            task_set=task_set,
             split=Split.VALIDATION,
-            environment=run.environment,
-            reward=run.reward,
+            environment=environment,
+            reward=reward,
             pass_threshold=config.eval_pass_threshold,
             max_rows=config.eval_max_rows,
             samples_per_row=config.eval_samples_per_row,

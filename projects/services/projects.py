@@ -7,7 +7,7 @@ from typing import Any
 from django.db import transaction
 
 from projects.errors import Conflict, ValidationFailed
-from projects.models import BaseModel, Project, Run, Team, TrainableModel
+from projects.models import BaseModel, Project, Run, RunKind, Team, TrainableModel, TrainingJob
 from projects.services._common import check_slug, config_invalid, create_unique, delete_unless_used
 from projects.services.runs import ACTIVE_STATUSES
 from training.config import ConfigError, LoraSpec
@@ -33,8 +33,12 @@ def project_update(*, project: Project, name: str | None = None, description: st
 
 
 def project_delete(*, project: Project) -> None:
-    if project.runs.filter(status__in=ACTIVE_STATUSES).exists():
+    if project.runs.filter(status__in=ACTIVE_STATUSES).exclude(kind=RunKind.CLIENT).exists():
         raise Conflict("the project has active runs; cancel them first", code="in_use")
+    if TrainingJob.objects.filter(model__project=project, status__in=("queued", "running")).exists():
+        raise Conflict(
+            "a client is training a model of this project; wait for its training job", code="in_use"
+        )
     with transaction.atomic():
         # Runs protect their inputs; deleting a project deletes its runs first, then the rest.
         Run.objects.filter(project=project).delete()

@@ -26,9 +26,11 @@ from projects.models import (
     RewardDefinition,
     Run,
     RunEvent,
+    RunKind,
     RunStatus,
     TaskSet,
     TrainableModel,
+    TrainingJob,
 )
 from projects.services._common import config_invalid, error_text, worker_lost_reason
 from training.config import ConfigError, TrainConfig
@@ -51,6 +53,14 @@ ALLOWED_TRANSITIONS: dict[str, set[str]] = {
     RunStatus.FAILED: set(),
     RunStatus.CANCELLED: set(),
 }
+
+
+def run_platform_inputs(*, run: Run) -> tuple[TaskSet, Environment, RewardDefinition]:
+    """A platform run's task set, environment and reward (a client run has none: its steps are
+    the training jobs its client submits)."""
+    if run.task_set is None or run.environment is None or run.reward is None:
+        raise ValueError(f"run {run.pk} is a client run: it has no task set, environment or reward")
+    return run.task_set, run.environment, run.reward
 
 
 def run_event_add(
@@ -124,10 +134,18 @@ def run_create(
     except ConfigError as exc:
         raise config_invalid(exc, "config.") from exc
     with transaction.atomic():
-        # Lock the model row so two concurrent creates cannot both see "no active run".
+        # Lock the model row so two concurrent creates cannot both see "no active run" (a client's
+        # training job takes the same lock: services.training_jobs).
         TrainableModel.objects.select_for_update().get(pk=model.pk)
-        if Run.objects.filter(model=model, status__in=ACTIVE_STATUSES).exists():
+        if Run.objects.filter(model=model, status__in=ACTIVE_STATUSES).exclude(kind=RunKind.CLIENT).exists():
             raise Conflict("this model already has an active run; cancel it or wait", code="model_busy")
+        job = TrainingJob.objects.filter(model=model, status__in=("queued", "running")).order_by("id").first()
+        if job is not None:
+            raise Conflict(
+                f"a client is training this model (training job {job.pk} is {job.status}, "
+                "/v1/preview/training-jobs); one writer at a time: wait for it",
+                code="model_busy",
+            )
         run = Run.objects.create(
             project=project,
             model=model,
@@ -145,6 +163,11 @@ def run_create(
 
 def run_cancel(*, run: Run) -> Run:
     """Queued runs are cancelled at once; a running run stops before its next step."""
+    if run.kind == RunKind.CLIENT:
+        raise Conflict(
+            "a client run's steps are the training jobs its client submits; it has nothing to cancel",
+            code="client_run",
+        )
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status in TERMINAL_STATUSES:
@@ -178,7 +201,7 @@ def run_claim(
     cap = max_attempts if max_attempts is not None else settings.RUN_MAX_ATTEMPTS
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id).first()
-        if run is None:
+        if run is None or run.kind == RunKind.CLIENT:  # a client run's work is its training jobs
             return None
         now = timezone.now()
         if run.status == RunStatus.QUEUED:
@@ -233,7 +256,9 @@ def runs_requeue_orphaned(*, stale_after_s: float | None = None) -> list[int]:
     stale_after = stale_after_s if stale_after_s is not None else settings.RUN_HEARTBEAT_TIMEOUT_S
     cutoff = timezone.now() - timedelta(seconds=stale_after)
     run_ids = list(
-        Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__lt=cutoff).values_list("id", flat=True)
+        Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__lt=cutoff)
+        .exclude(kind=RunKind.CLIENT)
+        .values_list("id", flat=True)
     )
     for run_id in run_ids:
         _enqueue_run(run_id)

@@ -178,6 +178,8 @@ class InferenceApp:
             model = headers.get(MODEL_HEADER) or request.model
         elif request.model == self.config.model_name:
             model = request.model
+        elif headers.get(MODEL_HEADER):  # a checkpoint without an adapter (a client model's step 0)
+            model = headers[MODEL_HEADER]  # is the base model: the gateway names it, we answer
         else:
             raise RequestError(f"The model `{request.model}` does not exist on this server",
                                param="model", code="model_not_found", status=404)  # fmt: skip

@@ -1,0 +1,136 @@
+"""A client's training job (``/v1/preview/training-jobs``) as claimed work: the step spec built from
+its rows, one call of training.client_step, the step recorded through services.
+
+A job whose worker dies is claimed again and redone from the model's latest recorded checkpoint:
+the step it was making was never recorded (``services.training_job_finish`` records it together
+with the job's end), so it is made once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from django.conf import settings
+
+from projects import selectors, services
+from projects.jobs.claimed import Claimed, Job, readable
+from projects.models import TrainableModel, TrainingJob
+from training.client_groups import GroupError, parse_groups
+from training.client_step import ClientStepSpec, ScoredTrajectory, train_client_step
+from training.config import ConfigError, LoraSpec, TrainConfig
+
+
+def accepts_model(model: TrainableModel) -> Callable[[str], bool]:
+    """Which ``artweb_model`` a choice may carry to train ``model``: any of its checkpoints (ART
+    trains off-policy on earlier steps' samples too) or its base model."""
+    own = re.compile(re.escape(f"{model.project.name}/{model.name}:") + r"\d+")
+    base = model.base_model.name
+    return lambda name: name == base or own.fullmatch(name) is not None
+
+
+def build_step_spec(job: TrainingJob) -> ClientStepSpec:
+    model = job.model
+    latest = selectors.checkpoint_latest(model=model)
+    return ClientStepSpec(
+        base_model_source=model.base_model.source,
+        model_cache_dir=settings.MODEL_CACHE_DIR,
+        checkpoint_root=settings.CHECKPOINT_DIR / f"model-{model.pk}",
+        config=TrainConfig.from_dict(job.config),
+        lora=LoraSpec.from_dict(model.lora),
+        groups=parse_groups(job.groups),
+        from_step=latest.step if latest else 0,
+        resume_from=Path(latest.path) if latest is not None and latest.path else None,
+        accepts_model=accepts_model(model),
+        device=settings.TRAINING_DEVICE,
+        unsloth=settings.TRAINING_UNSLOTH,
+    )
+
+
+def trajectory_records(scored: list[ScoredTrajectory]) -> list[services.TrajectoryRecord]:
+    """What the trajectory viewer shows of each: the main conversation, the reward, and how its
+    tokens were found (``token_source``: see training.client_groups) with its advantage."""
+    counters: dict[int, int] = {}
+    records = []
+    for item in scored:
+        sample_index = counters.get(item.group_index, 0)
+        counters[item.group_index] = sample_index + 1
+        trajectory, tokenized = item.trajectory, item.tokenized
+        choices = [c for h in trajectory.histories for c in h.items if not isinstance(c, dict)]
+        records.append(
+            services.TrajectoryRecord(
+                group_index=item.group_index,
+                sample_index=sample_index,
+                task_row_index=None,
+                messages=trajectory.messages(),
+                reward=trajectory.reward,
+                sub_rewards={},
+                errors=[],
+                metrics={
+                    **trajectory.metrics,
+                    "advantage": item.advantage,
+                    "token_source": tokenized.token_source,
+                    "exact_tokens": tokenized.token_source == "gateway",
+                    "prompt_mismatches": tokenized.prompt_mismatches,
+                    "splits": tokenized.splits,
+                    **({"metadata": trajectory.metadata} if trajectory.metadata else {}),
+                    **({"logs": trajectory.logs} if trajectory.logs else {}),
+                },
+                prompt_tokens=tokenized.prompt_tokens,
+                completion_tokens=tokenized.trainable_tokens,
+                finish_reason=(choices[-1].finish_reason if choices else "")[:16],
+            )
+        )
+    return records
+
+
+class _Hooks:
+    def __init__(self, job: TrainingJob) -> None:
+        self.job = job
+
+    def started(self, *, num_sequences: int) -> None:
+        services.training_job_started(job=self.job, num_sequences=num_sequences)
+
+
+def _claim(job_id: int, worker: str) -> TrainingJob | None:
+    return services.training_job_claim(job_id=job_id, worker=worker)
+
+
+def _beat(job_id: int, worker: str) -> bool:
+    return services.training_job_heartbeat(job_id=job_id, worker=worker)
+
+
+def _train(claimed: Claimed[TrainingJob]) -> str:
+    job = claimed.row
+    result = train_client_step(build_step_spec(job), _Hooks(job))
+    assert job.started_at is not None
+    metrics = {**result.metrics, "queue_seconds": (job.started_at - job.created_at).total_seconds()}
+    if claimed.heartbeat.lost:
+        return "lost"
+    recorded = services.training_job_finish(
+        job=job,
+        worker=claimed.worker,
+        step=result.step,
+        checkpoint_path=str(result.path),
+        metrics=metrics,
+        art_metrics={**result.art_metrics, "time/step_queue_wait_s": metrics["queue_seconds"]},
+        trajectories=trajectory_records(result.trajectories),
+    )
+    return "succeeded" if recorded else "lost"
+
+
+def _fail(job_id: int, worker: str, exc: BaseException) -> None:
+    # The client's own mistakes (a malformed group, a choice of another model) are its sentence.
+    expected = isinstance(exc, GroupError | ConfigError)
+    services.training_job_fail(job_id=job_id, worker=worker, error=str(exc) if expected else readable(exc))
+
+
+TRAINING_JOB: Job[TrainingJob] = Job(
+    kind="training-job",
+    claim=_claim,
+    beat=_beat,
+    work=_train,
+    fail=_fail,
+    expected_errors=(GroupError, ConfigError),
+)

@@ -1,0 +1,523 @@
+"""Client-driven training (OpenPipe ART's ServerlessBackend protocol, ``/v1/preview/``): models a
+client registers, their client run, training jobs and their events, checkpoint deletion, logs.
+
+Concurrency invariants:
+- One writer per model: a training job is created, and a platform run (services.runs.run_create),
+  only under ``select_for_update`` of the model row, each refusing while the other is active.
+- Jobs of one model run in submit order: ``training_job_claim`` refuses a job while an earlier one
+  of its model is unfinished, and every job that ends enqueues the next (after commit).
+- A job's step (checkpoint, metrics, trajectories, the client run's progress, ``gradient_step``
+  and ``training_ended``) is recorded in ONE transaction, conditional on this worker owning the
+  job, after the checkpoint files are complete: the client never hears ``training_ended`` before
+  the gateway can serve the new checkpoint, and a step is never counted twice.
+- A job changes status only in ``training_job_transition`` under ``select_for_update``, following
+  ``TRAINING_JOB_TRANSITIONS``; work is enqueued with ``transaction.on_commit``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import statistics
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from projects.errors import Conflict, InvalidTransition, NotFound, ValidationFailed
+from projects.models import (
+    BaseModel,
+    Checkpoint,
+    ClientLog,
+    Evaluation,
+    EventLevel,
+    EventType,
+    Project,
+    Run,
+    RunKind,
+    RunStatus,
+    StepMetrics,
+    Team,
+    TrainableModel,
+    TrainingJob,
+    TrainingJobEvent,
+    TrainingJobEventType,
+    TrainingJobStatus,
+    Trajectory,
+)
+from projects.services._common import check_slug, error_text, jsonb_safe
+from projects.services.projects import trainable_model_create
+from projects.services.runs import ACTIVE_STATUSES, run_event_add
+from projects.services.steps import TrajectoryRecord, checkpoint_record
+from training.client_groups import GroupError, parse_groups
+from training.client_step import art_train_config
+from training.config import ConfigError
+
+logger = logging.getLogger(__name__)
+
+UNFINISHED = (TrainingJobStatus.QUEUED, TrainingJobStatus.RUNNING)
+TRAINING_JOB_TRANSITIONS: dict[str, set[str]] = {
+    TrainingJobStatus.QUEUED: {TrainingJobStatus.RUNNING, TrainingJobStatus.FAILED},
+    # running → running: a worker taking over a job whose worker stopped heartbeating.
+    TrainingJobStatus.RUNNING: {
+        TrainingJobStatus.RUNNING,
+        TrainingJobStatus.SUCCEEDED,
+        TrainingJobStatus.FAILED,
+    },
+    TrainingJobStatus.SUCCEEDED: set(),
+    TrainingJobStatus.FAILED: set(),
+}
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def client_model_register(
+    *,
+    team: Team,
+    entity: str | None,
+    project: str,
+    name: str,
+    base_model: str,
+    return_existing: bool = True,
+) -> tuple[TrainableModel, Run]:
+    """The model ``project/name`` of ``team`` on ``base_model`` and its client run, created if
+    missing (its project too), with checkpoint 0 answering at once (see Checkpoint).
+
+    ``entity`` is the team's name or None (the caller's team); another name is a 404, whether or
+    not such a team exists. An existing model is returned when ``return_existing``, a 409 when it
+    is on another base model.
+    """
+    if entity is not None and entity != team.name:
+        raise NotFound(
+            f"no team named {entity!r} is yours: entity is your team's name ({team.name!r}) or null",
+            field="entity",
+        )
+    for value, field in ((project, "project"), (name, "name"), (base_model, "base_model")):
+        if not isinstance(value, str) or not value:
+            raise ValidationFailed("must be a non-empty string", field=field)
+    check_slug(project, "project")
+    check_slug(name, "name")
+    base = BaseModel.objects.filter(name=base_model).first()
+    if base is None:
+        registered = ", ".join(BaseModel.objects.order_by("name").values_list("name", flat=True)) or "none"
+        raise ValidationFailed(
+            f"no base model named {base_model!r} is registered; registered base models: {registered}",
+            field="base_model",
+        )
+    with transaction.atomic():
+        owner, _ = Project.objects.get_or_create(team=team, name=project)
+        model = TrainableModel.objects.select_for_update().filter(project=owner, name=name).first()
+        if model is not None:
+            if not return_existing:
+                raise Conflict(f"a model named {project}/{name} already exists", code="model_exists")
+            if model.base_model_id != base.pk:
+                raise Conflict(
+                    f"the model {project}/{name} exists on base model {model.base_model.name!r}, "
+                    f"not {base.name!r}",
+                    field="base_model",
+                    code="base_model_mismatch",
+                )
+        else:
+            model = trainable_model_create(project=owner, name=name, base_model=base)
+            TrainableModel.objects.select_for_update().get(pk=model.pk)
+        return model, _client_run(model)
+
+
+def _client_run(model: TrainableModel) -> Run:
+    """The model's client run (the caller holds the model row's lock), created with the model's
+    step 0 if it has no checkpoint yet."""
+    run = Run.objects.filter(model=model, kind=RunKind.CLIENT).order_by("-id").first()
+    if run is not None:
+        return run
+    latest = Checkpoint.objects.filter(model=model).order_by("-step").first()
+    step = latest.step if latest else 0
+    now = timezone.now()
+    run = Run.objects.create(
+        kind=RunKind.CLIENT,
+        project=model.project,
+        model=model,
+        config=art_train_config(None).to_dict(),
+        status=RunStatus.RUNNING,
+        start_step=step,
+        current_step=step,
+        total_steps=0,
+        started_at=now,
+        heartbeat_at=now,
+    )
+    run_event_add(
+        run=run,
+        message=f"Client run started at step {step}: each step is a training job a client submits "
+        "(POST /v1/preview/training-jobs, e.g. OpenPipe ART's ServerlessBackend)",
+    )
+    if latest is None:
+        checkpoint_record(model=model, run=run, step=0, path="", metrics={})
+    return run
+
+
+def client_model_delete(*, model: TrainableModel) -> None:
+    """Delete a model, its runs and checkpoints (rows, then files); 409 while it is training."""
+    with transaction.atomic():
+        TrainableModel.objects.select_for_update().get(pk=model.pk)
+        _refuse_while_training(model, what="delete the model")
+        Run.objects.filter(model=model).delete()
+        root = _checkpoint_root(model)
+        model.delete()
+        transaction.on_commit(lambda: shutil.rmtree(root, ignore_errors=True))
+
+
+def _refuse_while_training(model: TrainableModel, *, what: str) -> None:
+    job = TrainingJob.objects.filter(model=model, status__in=UNFINISHED).order_by("id").first()
+    if job is not None:
+        raise Conflict(
+            f"cannot {what}: training job {job.pk} is {job.status} on this model", code="model_busy"
+        )
+    run = platform_run_active(model=model)
+    if run is not None:
+        raise Conflict(f"cannot {what}: run #{run.pk} is {run.status} on this model", code="model_busy")
+
+
+def platform_run_active(*, model: TrainableModel) -> Run | None:
+    return (
+        Run.objects.filter(model=model, status__in=ACTIVE_STATUSES)
+        .exclude(kind=RunKind.CLIENT)
+        .order_by("id")
+        .first()
+    )
+
+
+def training_job_active(*, model: TrainableModel) -> TrainingJob | None:
+    """The model's first unfinished training job (services.runs refuses a run while there is one)."""
+    return TrainingJob.objects.filter(model=model, status__in=UNFINISHED).order_by("id").first()
+
+
+def _checkpoint_root(model: TrainableModel) -> Path:
+    return settings.CHECKPOINT_DIR / f"model-{model.pk}"
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def checkpoints_delete(*, model: TrainableModel, steps: Any) -> tuple[int, list[int]]:
+    """Delete the model's checkpoints ``steps`` (rows, then their files): (deleted count, steps not
+    found). Never the latest one, nor one a queued or running evaluation reads (409)."""
+    if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
+        raise ValidationFailed("must be a list of integer steps", field="steps")
+    with transaction.atomic():
+        TrainableModel.objects.select_for_update().get(pk=model.pk)
+        checkpoints = list(Checkpoint.objects.filter(model=model, step__in=steps))
+        latest = (
+            Checkpoint.objects.filter(model=model).order_by("-step").values_list("step", flat=True).first()
+        )
+        if latest is not None and latest in steps:
+            raise Conflict(
+                f"step {latest} is the model's latest checkpoint: training continues from it and "
+                "the gateway serves it as the latest; it cannot be deleted",
+                field="steps",
+                code="checkpoint_in_use",
+            )
+        busy = (
+            Evaluation.objects.filter(status__in=("queued", "running"))
+            .filter(checkpoint__in=checkpoints)
+            .values_list("checkpoint__step", flat=True)
+            .first()
+        )
+        if busy is not None:
+            raise Conflict(
+                f"step {busy} is being evaluated; delete it once the evaluation ends",
+                field="steps",
+                code="checkpoint_in_use",
+            )
+        paths = [Path(c.path) for c in checkpoints if c.path]
+        Checkpoint.objects.filter(pk__in=[c.pk for c in checkpoints]).delete()
+        transaction.on_commit(lambda: _remove_checkpoint_files(paths))
+    found = {c.step for c in checkpoints}
+    return len(checkpoints), sorted({s for s in steps if s not in found})
+
+
+def _remove_checkpoint_files(paths: list[Path]) -> None:
+    """Only directories under CHECKPOINT_DIR: a row's path is never trusted to point elsewhere."""
+    root = Path(settings.CHECKPOINT_DIR).resolve()
+    for path in paths:
+        resolved = path.resolve()
+        if resolved.is_relative_to(root) and resolved != root:
+            shutil.rmtree(resolved, ignore_errors=True)
+        else:
+            logger.warning("not deleting checkpoint files outside %s: %s", root, path)
+
+
+# ----------------------------------------------------------------------------- training jobs
+
+
+def training_job_create(
+    *,
+    model: TrainableModel,
+    trajectory_groups: Any,
+    experimental_config: Any = None,
+    created_by: User | None = None,
+) -> TrainingJob:
+    """Queue one step on ``trajectory_groups`` (checked here: a bad upload is a 400 naming its
+    place); 409 while a platform run trains the model."""
+    try:
+        config = art_train_config(experimental_config)
+    except ConfigError as exc:
+        field = (
+            "experimental_config"
+            if exc.field == "experimental_config"
+            else f"experimental_config.{exc.field}"
+        )
+        raise ValidationFailed(exc.message, field=field) from exc
+    try:
+        groups = parse_groups(trajectory_groups)
+    except GroupError as exc:
+        raise ValidationFailed(exc.message, field=exc.path) from exc
+    with transaction.atomic():
+        TrainableModel.objects.select_for_update().get(pk=model.pk)
+        run = platform_run_active(model=model)
+        if run is not None:
+            raise Conflict(
+                f"run #{run.pk} is {run.status} on this model: one writer at a time; cancel it or wait",
+                code="model_busy",
+            )
+        client_run = _client_run(model)
+        job = TrainingJob.objects.create(
+            model=model,
+            run=client_run,
+            groups=jsonb_safe(trajectory_groups),
+            config=config.to_dict(),
+            created_by=created_by,
+        )
+        trajectories = sum(len(group.trajectories) for group in groups)
+        run_event_add(
+            run=client_run,
+            message=f"Training job {job.pk} queued: {len(groups)} groups, {trajectories} trajectories",
+            data={"training_job": job.pk},
+        )
+        _enqueue(job.pk)
+    return job
+
+
+def _enqueue(job_id: int) -> None:
+    from projects.jobs.tasks import train_job
+
+    transaction.on_commit(lambda: train_job.delay(job_id))
+
+
+def _enqueue_next(model_id: int) -> None:
+    following = (
+        TrainingJob.objects.filter(model_id=model_id, status=TrainingJobStatus.QUEUED)
+        .order_by("id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    if following is not None:
+        _enqueue(following)
+
+
+def training_job_event_add(*, job: TrainingJob, type: str, message: str, data: dict | None = None,
+                           level: str = EventLevel.INFO) -> TrainingJobEvent:  # fmt: skip
+    return TrainingJobEvent.objects.create(job=job, type=type, message=message, data=data or {}, level=level)
+
+
+def training_job_transition(*, job_id: int, to: str, updates: dict[str, Any] | None = None) -> TrainingJob:
+    """Move a job to ``to`` if TRAINING_JOB_TRANSITIONS allows it (InvalidTransition otherwise)."""
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job_id)
+        if to not in TRAINING_JOB_TRANSITIONS[job.status]:
+            raise InvalidTransition(f"a {job.status} training job cannot become {to}", field="status")
+        job.status = to
+        if to in (TrainingJobStatus.SUCCEEDED, TrainingJobStatus.FAILED):
+            job.finished_at = timezone.now()
+        for key, value in (updates or {}).items():
+            setattr(job, key, value)
+        job.save()
+    return job
+
+
+def training_job_claim(*, job_id: int, worker: str, stale_after_s: float | None = None) -> TrainingJob | None:
+    """The idempotent first act of the job's task: the job if this worker now owns it (queued, or
+    running with a stale heartbeat), else None. A job whose model has an earlier unfinished job
+    waits: that one enqueues it when it ends."""
+    stale_after = timedelta(
+        seconds=settings.RUN_HEARTBEAT_TIMEOUT_S if stale_after_s is None else stale_after_s
+    )
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
+        if job is None:
+            return None
+        now = timezone.now()
+        taken_over = job.status == TrainingJobStatus.RUNNING and (
+            job.heartbeat_at is None or now - job.heartbeat_at > stale_after
+        )
+        if job.status != TrainingJobStatus.QUEUED and not taken_over:
+            return None
+        if TrainingJob.objects.filter(model_id=job.model_id, status__in=UNFINISHED, pk__lt=job.pk).exists():
+            return None
+        updates = {"worker": worker, "heartbeat_at": now, "attempts": job.attempts + 1}
+        if job.started_at is None:
+            updates["started_at"] = now
+        previous = job.worker
+        job = training_job_transition(job_id=job.pk, to=TrainingJobStatus.RUNNING, updates=updates)
+        message = (
+            f"Training job {job.pk}: worker {previous or '?'} stopped sending heartbeats; redoing it on {worker}"
+            if taken_over
+            else f"Training job {job.pk} started on worker {worker}"
+        )
+        run_event_add(run=job.run, message=message, data={"training_job": job.pk})
+    return job
+
+
+def training_job_heartbeat(*, job_id: int, worker: str) -> bool:
+    """Refresh the heartbeat; False once this worker no longer owns the job."""
+    return (
+        TrainingJob.objects.filter(pk=job_id, worker=worker, status=TrainingJobStatus.RUNNING).update(
+            heartbeat_at=timezone.now()
+        )
+        == 1
+    )
+
+
+def training_job_started(*, job: TrainingJob, num_sequences: int) -> None:
+    """The ``training_started`` event, once per job (a job redone after a lost worker keeps it)."""
+    if not TrainingJobEvent.objects.filter(job=job, type=TrainingJobEventType.TRAINING_STARTED).exists():
+        training_job_event_add(
+            job=job,
+            type=TrainingJobEventType.TRAINING_STARTED,
+            message=f"Training started: {num_sequences} gradient step(s)",
+            data={"num_sequences": num_sequences},
+        )
+
+
+def training_job_finish(
+    *,
+    job: TrainingJob,
+    worker: str,
+    step: int,
+    checkpoint_path: str,
+    metrics: dict[str, Any],
+    art_metrics: dict[str, float],
+    trajectories: list[TrajectoryRecord],
+) -> bool:
+    """Record the job's step and end it, in one transaction (see the module's invariants).
+    False (nothing written) if this worker no longer owns the job."""
+    with transaction.atomic():
+        locked = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        if locked.status != TrainingJobStatus.RUNNING or locked.worker != worker:
+            return False
+        run = Run.objects.select_for_update().get(pk=locked.run_id)
+        if StepMetrics.objects.filter(run=run, step=step).exists():
+            return False
+        metrics = jsonb_safe(metrics)
+        StepMetrics.objects.create(
+            run=run,
+            step=step,
+            reward_mean=metrics.get("reward_mean"),
+            reward_std=metrics.get("reward_std"),
+            loss=metrics.get("loss"),
+            metrics=metrics,
+        )
+        Trajectory.objects.bulk_create(
+            [Trajectory(run=run, step=step, **jsonb_safe(record.__dict__)) for record in trajectories],
+            batch_size=200,
+        )
+        checkpoint_record(model=run.model, run=run, step=step, path=checkpoint_path, metrics=metrics)
+        run.current_step = step
+        run.total_steps = step - run.start_step
+        run.heartbeat_at = timezone.now()
+        run.config = locked.config
+        run.save(update_fields=["current_step", "total_steps", "heartbeat_at", "config"])
+        run_event_add(
+            run=run,
+            message=f"Step {step} (training job {locked.pk}): reward {metrics.get('reward_mean', 0):.3f}, "
+            f"loss {metrics.get('loss', 0):.4f}, {int(metrics.get('num_groups_trainable', 0))} of "
+            f"{int(metrics.get('num_groups_submitted', 0))} groups trainable",
+            type=EventType.METRICS,
+            data={"step": step, "training_job": locked.pk, **metrics},
+        )
+        training_job_transition(
+            job_id=locked.pk,
+            to=TrainingJobStatus.SUCCEEDED,
+            updates={"step": step, "metrics": metrics, "groups": []},  # the trajectories are stored now
+        )
+        training_job_event_add(
+            job=locked, type=TrainingJobEventType.GRADIENT_STEP, message=f"Step {step}", data=art_metrics
+        )
+        training_job_event_add(
+            job=locked,
+            type=TrainingJobEventType.TRAINING_ENDED,
+            message=f"Training ended: checkpoint step {step} is served",
+            data={"step": step},
+        )
+        _enqueue_next(locked.model_id)
+    return True
+
+
+def training_job_fail(*, job_id: int, error: str, worker: str | None = None) -> TrainingJob | None:
+    """End the job with ``training_failed`` (the client raises it); None if it already ended or
+    another worker took it over."""
+    message = error_text(error)
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
+        if job is None or job.status not in UNFINISHED or (worker is not None and job.worker != worker):
+            return None
+        job = training_job_transition(job_id=job.pk, to=TrainingJobStatus.FAILED, updates={"error": message})
+        training_job_event_add(
+            job=job,
+            type=TrainingJobEventType.TRAINING_FAILED,
+            message=f"Training failed: {message}",
+            level=EventLevel.ERROR,
+            data={"error_message": message},
+        )
+        run_event_add(run=job.run, message=f"Training job {job.pk} failed: {message}", level=EventLevel.ERROR)
+        _enqueue_next(job.model_id)
+    return job
+
+
+def training_jobs_requeue_orphaned(*, stale_after_s: float | None = None) -> list[int]:
+    """Re-enqueue running jobs whose worker stopped heartbeating, and each model's first queued
+    job if it has waited that long (a lost message); the claim decides who runs them."""
+    stale_after = settings.RUN_HEARTBEAT_TIMEOUT_S if stale_after_s is None else stale_after_s
+    cutoff = timezone.now() - timedelta(seconds=stale_after)
+    orphaned = set(
+        TrainingJob.objects.filter(status=TrainingJobStatus.RUNNING, heartbeat_at__lt=cutoff).values_list(
+            "id", flat=True
+        )
+    )
+    waiting = TrainingJob.objects.filter(status=TrainingJobStatus.QUEUED, created_at__lt=cutoff).order_by(
+        "id"
+    )
+    heads: dict[int, int] = {}
+    for job_id, model_id in waiting.values_list("id", "model_id"):
+        heads.setdefault(model_id, job_id)
+    job_ids = sorted(orphaned | set(heads.values()))
+    for job_id in job_ids:
+        _enqueue(job_id)
+    return job_ids
+
+
+# ----------------------------------------------------------------------------- logs
+
+
+def client_log_record(*, model: TrainableModel, split: Any, trajectory_groups: Any) -> ClientLog:
+    """Keep groups a client logged (a validation split, say), checked like a training upload but
+    without asking for logprobs."""
+    if not isinstance(split, str) or not split or len(split) > 32:
+        raise ValidationFailed("must be a split name (1-32 characters), e.g. val or train", field="split")
+    try:
+        groups = parse_groups(trajectory_groups, for_training=False)
+    except GroupError as exc:
+        raise ValidationFailed(exc.message, field=exc.path) from exc
+    rewards = [t.reward for group in groups for t in group.trajectories]
+    latest = Checkpoint.objects.filter(model=model).order_by("-step").values_list("step", flat=True).first()
+    return ClientLog.objects.create(
+        model=model,
+        split=split,
+        step=latest or 0,
+        groups=jsonb_safe(trajectory_groups),
+        trajectory_count=len(rewards),
+        reward_mean=statistics.fmean(rewards) if rewards else None,
+    )
