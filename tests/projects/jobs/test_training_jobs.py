@@ -1,0 +1,150 @@
+"""A client's training job as claimed work, in-process on the tiny model: claimed in submit order,
+one step from checkpoint N to N+1 recorded like a run's (step metrics, trajectories, checkpoint,
+events ending in training_ended), a job whose groups have no variance still advances the step, a
+bad group or a choice of another model fails readably, and a lost worker's job is redone."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+from transformers import AutoTokenizer
+
+from projects import services
+from projects.jobs import claimed
+from projects.jobs.training_jobs import TRAINING_JOB, accepts_model
+from projects.models import (
+    Checkpoint,
+    Run,
+    RunEvent,
+    StepMetrics,
+    TrainingJob,
+    TrainingJobEvent,
+    TrainingJobStatus,
+    Trajectory,
+)
+from tests.training.test_client_groups import Sampler, group, trajectory
+
+# Committed rows: the job's heartbeat thread reads them on its own connection.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def enqueued(monkeypatch) -> list[int]:
+    """Jobs the services enqueue after commit, kept here instead of sent to a broker."""
+    sent: list[int] = []
+    monkeypatch.setattr("projects.services.training_jobs._enqueue", sent.append)
+    return sent
+
+
+@pytest.fixture
+def world(cast, tiny_model_dir: Path, settings, tmp_path: Path, enqueued):
+    settings.CHECKPOINT_DIR = tmp_path / "checkpoints"
+    settings.MODEL_CACHE_DIR = tmp_path / "models"
+    settings.RUN_HEARTBEAT_TIMEOUT_S = 30
+    services.base_model_register(name="tiny", source=str(tiny_model_dir))
+    model, run = services.client_model_register(
+        team=cast.alpha, entity=None, project="math", name="agent", base_model="tiny"
+    )
+    sampler = Sampler(AutoTokenizer.from_pretrained(str(tiny_model_dir)))
+    return type("World", (), {"model": model, "run": run, "sampler": sampler})
+
+
+def upload(world, *rewards: float, model_id: str = "math/agent:0") -> list[dict]:
+    prompt = [{"role": "user", "content": "Say hi"}]
+    trajectories = []
+    for index, reward in enumerate(rewards):
+        choice = world.sampler.choice(prompt, f"hi {index}")
+        choice["artweb_model"] = model_id
+        trajectories.append(trajectory([*prompt, choice], reward))
+    return [group(*trajectories)]
+
+
+def submit(world, *rewards: float, **extra) -> TrainingJob:
+    return services.training_job_create(
+        model=world.model,
+        trajectory_groups=upload(world, *rewards, **extra),
+        experimental_config={"learning_rate": 1e-3},
+    )
+
+
+def events(job: TrainingJob) -> list[str]:
+    return list(TrainingJobEvent.objects.filter(job=job).order_by("id").values_list("type", flat=True))
+
+
+def test_registration_gives_step_0_without_files_and_a_client_run(world):
+    (checkpoint,) = Checkpoint.objects.filter(model=world.model)
+    assert (checkpoint.step, checkpoint.path, checkpoint.run_id) == (0, "", world.run.pk)
+    assert world.run.status == "running" and world.run.kind == "client"
+
+
+def test_jobs_train_one_step_each_in_submit_order_recorded_like_a_runs_steps(world, enqueued):
+    first, second = submit(world, 1.0, 0.0), submit(world, 0.0, 1.0, model_id="math/agent:1")
+    assert services.training_job_claim(job_id=second.pk, worker="w") is None  # first one first
+    assert enqueued == [first.pk, second.pk]
+    assert claimed.work_on(TRAINING_JOB, first.pk) == "succeeded"
+    assert enqueued[-1] == second.pk  # the first one's end enqueues the next
+    first.refresh_from_db()
+    assert first.status == TrainingJobStatus.SUCCEEDED and first.step == 1 and first.groups == []
+    assert events(first) == ["training_started", "gradient_step", "training_ended"]
+    gradient = TrainingJobEvent.objects.get(job=first, type="gradient_step").data
+    assert {"reward", "reward_std_dev", "loss", "entropy", "kl_div", "grad_norm", "learning_rate",
+            "num_groups_submitted", "num_groups_trainable", "num_trajectories", "num_trainable_tokens",
+            "time/step_queue_wait_s", "time/step_load_s", "time/step_update_s", "time/step_save_s"} <= gradient.keys()  # fmt: skip
+    assert gradient["num_groups_trainable"] == 1.0 and gradient["reward"] == 0.5
+    checkpoint = Checkpoint.objects.get(model=world.model, step=1)
+    assert Path(checkpoint.path, "adapter_model.safetensors").exists() and checkpoint.run_id == world.run.pk
+    assert StepMetrics.objects.get(run=world.run, step=1).reward_mean == 0.5
+    stored = list(Trajectory.objects.filter(run=world.run, step=1))
+    assert [t.reward for t in stored] == [1.0, 0.0]
+    assert stored[0].metrics["token_source"] == "gateway" and stored[0].metrics["advantage"] > 0
+    assert stored[0].messages[-1]["role"] == "assistant" and stored[0].completion_tokens > 0
+    assert claimed.work_on(TRAINING_JOB, second.pk) == "succeeded"
+    second.refresh_from_db()
+    assert second.step == 2
+    run = Run.objects.get(pk=world.run.pk)
+    assert (run.current_step, run.total_steps, run.status) == (2, 2, "running")
+    assert RunEvent.objects.filter(run=run, type="metrics").count() == 2
+    assert claimed.work_on(TRAINING_JOB, second.pk) == "skipped"  # a duplicate delivery
+
+
+def test_groups_without_variance_still_advance_the_step(world):
+    job = submit(world, 0.5, 0.5)
+    assert claimed.work_on(TRAINING_JOB, job.pk) == "succeeded"
+    gradient = TrainingJobEvent.objects.get(job=job, type="gradient_step").data
+    assert gradient["num_groups_trainable"] == 0.0 and gradient["num_trainable_tokens"] == 0.0
+    assert Checkpoint.objects.filter(model=world.model, step=1).exists()
+
+
+def test_a_choice_of_another_model_fails_the_job_readably(world):
+    job = submit(world, 1.0, 0.0, model_id="other/model:3")
+    assert claimed.work_on(TRAINING_JOB, job.pk) == "failed"
+    job.refresh_from_db()
+    assert job.status == "failed" and "was sampled from `other/model:3`" in job.error
+    failed = TrainingJobEvent.objects.get(job=job, type="training_failed")
+    assert failed.data["error_message"] == job.error
+    assert not Checkpoint.objects.filter(model=world.model, step=1).exists()
+    follow = submit(world, 1.0, 0.0)  # the model trains on: the failure held nothing
+    assert claimed.work_on(TRAINING_JOB, follow.pk) == "succeeded"
+
+
+def test_a_job_whose_worker_died_is_redone_once(world):
+    job = submit(world, 1.0, 0.0)
+    assert services.training_job_claim(job_id=job.pk, worker="dead") is not None
+    assert claimed.work_on(TRAINING_JOB, job.pk) == "skipped"  # the owner still counts as alive
+    TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(minutes=5))
+    assert services.training_jobs_requeue_orphaned() == [job.pk]
+    assert claimed.work_on(TRAINING_JOB, job.pk) == "succeeded"
+    job.refresh_from_db()
+    assert job.attempts == 2 and job.step == 1
+    assert events(job) == ["training_started", "gradient_step", "training_ended"]
+
+
+def test_a_choice_may_come_from_any_step_of_the_model_or_its_base():
+    model = type("M", (), {"project": type("P", (), {"name": "math"}), "name": "agent",
+                           "base_model": type("B", (), {"name": "tiny"})})  # fmt: skip
+    accepts = accepts_model(model)  # type: ignore[arg-type]
+    assert accepts("math/agent:0") and accepts("math/agent:12") and accepts("tiny")
+    assert not accepts("math/agent2:1") and not accepts("math/agent:latest") and not accepts("other/agent:1")
