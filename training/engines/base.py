@@ -6,12 +6,18 @@ untempered policy when temperature == 1 and under the tempered distribution othe
 truncation is *not* reflected (the logprob is under the full tempered distribution), because the
 trainer cannot recompute the truncation cheaply. temperature == 0 means greedy decoding, with
 logprobs under the untempered policy.
+
+Constrained decoding (a per-row grammar, training.engines.grammar) is the one exception: the tokens
+the grammar forbids get -inf logits before the softmax, so a constrained token's logprob (and its
+top_logprobs alternatives) are those of the masked distribution it was actually sampled from, as
+vLLM reports them; the trainer, which does not recompute the mask, would see ratios that do not
+start at 1 on such samples.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Set
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -141,14 +147,22 @@ class Engine(ABC):
         adapter: str | None = None,
         *,
         on_token: OnToken | None = None,
+        grammars: Sequence[str | None] | None = None,
     ) -> list[Choice]:
         """One Choice per prompt, given as token ids, in order; nothing is re-tokenised.
 
         The agent loop continues a conversation from the exact tokens sampled so far with this.
         `on_token`, when given, is called on the calling thread with every sampled token
         (TokenDelta) as soon as the engine has it; an engine that cannot report tokens one by one
-        reports them all when the batch ends (`report_after`).
+        reports them all when the batch ends (`report_after`). `grammars`, one per prompt (None:
+        unconstrained), constrain each row's tokens to its grammar (training.engines.grammar,
+        checked first with `check_grammar`); a row whose grammar is complete ends with "stop".
         """
+
+    def check_grammar(self, grammar: str) -> None:
+        """Raise ValueError (GrammarError) saying why `grammar` cannot constrain this engine, or
+        NotImplementedError when the engine cannot constrain decoding at all."""
+        raise NotImplementedError(f"{type(self).__name__} cannot constrain decoding")
 
     def render(self, messages: list[dict]) -> list[int]:
         """Prompt token ids of a chat request, ending with the assistant header."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from training.engines.base import (
     TextDeltas,
     TokenDelta,
 )
+from training.engines.grammar import BatchMatchers, GrammarCompiler
 
 
 def sample_next_token(
@@ -85,6 +86,20 @@ class TransformersEngine(Engine):
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad)
+        self._grammars: GrammarCompiler | None = None
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Built at the first constrained request (building the tokenizer's view takes ~0.5 s)."""
+        if self._grammars is None:
+            width = getattr(getattr(self.model, "config", None), "vocab_size", None) or 0
+            self._grammars = GrammarCompiler(
+                self.tokenizer, max(int(width), len(self.tokenizer)), self.stop_token_ids
+            )
+        return self._grammars
+
+    def check_grammar(self, grammar: str) -> None:
+        self.grammars.check(grammar)
 
     def _stop_token_ids(self) -> set[int]:
         ids = set()
@@ -104,24 +119,36 @@ class TransformersEngine(Engine):
         adapter: str | None = None,
         *,
         on_token: OnToken | None = None,
+        grammars: Sequence[str | None] | None = None,
     ) -> list[Choice]:
         """See Engine.generate_from_tokens. `on_token`, when given, is called (on this thread)
         with each sequence's every new token as soon as it is sampled, while the rest of the batch
-        goes on; the returned Choices are the same with or without it."""
+        goes on; the returned Choices are the same with or without it. `grammars` constrain rows
+        (training.engines.grammar): each step's logits are masked per row before sampling."""
         if not prompt_token_ids:
             return []
         if not all(prompt_token_ids):
             raise ValueError("every prompt needs at least one token")
+        if grammars is not None and len(grammars) != len(prompt_token_ids):
+            raise ValueError(f"got {len(prompt_token_ids)} prompts but {len(grammars)} grammars")
+        matchers = None
+        if grammars is not None and any(grammar is not None for grammar in grammars):
+            matchers = self.grammars.matchers(grammars)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad(), self._adapter_scope(adapter):
-                return self._sample([list(prompt) for prompt in prompt_token_ids], sampling, on_token)
+                prompts = [list(prompt) for prompt in prompt_token_ids]
+                return self._sample(prompts, sampling, on_token, matchers)
         finally:
             self.model.train(was_training)
 
     def _sample(
-        self, prompts: list[list[int]], sampling: SamplingParams, on_token: OnToken | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        on_token: OnToken | None = None,
+        matchers: BatchMatchers | None = None,
     ) -> list[Choice]:
         batch = len(prompts)
         width = max(len(p) for p in prompts)
@@ -161,6 +188,8 @@ class TransformersEngine(Engine):
         deltas = [TextDeltas(sampling.stop) for _ in range(batch)] if on_token else []
         last_step = sampling.max_new_tokens - 1
         for step in range(sampling.max_new_tokens):
+            if matchers is not None:  # forbidden tokens at -inf: sampled from, and logprobs of, the rest
+                logits = matchers.mask_logits(logits, [reason is not None for reason in finish])
             tokens, distribution = _sample_with_distribution(
                 logits, sampling.temperature, sampling.top_p, generator
             )
@@ -169,7 +198,8 @@ class TransformersEngine(Engine):
             if top_k:
                 values, ids = distribution.topk(top_k, dim=-1)
                 step_tops = [
-                    list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)
+                    [(i, v) for i, v in zip(row_ids, row_values, strict=True) if v != float("-inf")]
+                    for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True)
                 ]
             for row in range(batch):
                 if finish[row] is not None:
@@ -182,11 +212,16 @@ class TransformersEngine(Engine):
                 text = None
                 if token in self.stop_token_ids:
                     finish[row] = "stop"
-                elif sampling.stop or on_token:
-                    text = self.tokenizer.decode(token_ids[row], skip_special_tokens=True)
-                    cut = _first_stop(text, sampling.stop)
-                    if cut is not None:
-                        finish[row], texts[row] = "stop", text[:cut]
+                else:
+                    # A complete grammar ends the row: nothing but a stop token could follow.
+                    complete = matchers is not None and matchers.advance(row, token)
+                    if sampling.stop or on_token:
+                        text = self.tokenizer.decode(token_ids[row], skip_special_tokens=True)
+                        cut = _first_stop(text, sampling.stop)
+                        if cut is not None:
+                            finish[row], texts[row] = "stop", text[:cut]
+                    if complete:
+                        finish[row] = "stop"
                 if finish[row] is None and step == last_step:
                     finish[row] = "length"
                 if on_token:

@@ -251,9 +251,14 @@ class VLLMEngine(Engine):
         adapter: str | None = None,
         *,
         on_token: OnToken | None = None,
+        grammars: Sequence[str | None] | None = None,
     ) -> list[Choice]:
         """One Choice per prompt given as token ids; vLLM does not re-tokenise them (or add a bos).
-        The offline `LLM.generate` does not stream: `on_token` hears every token at the end."""
+        The offline `LLM.generate` does not stream: `on_token` hears every token at the end.
+        Constrained decoding is vLLM's own server's (`response_format` passes through the gateway
+        to it); this in-process engine refuses grammars (`check_grammar`)."""
+        if grammars is not None and any(grammar is not None for grammar in grammars):
+            raise ValueError("VLLMEngine does not constrain decoding; serve through vLLM's server")
         if not prompt_token_ids:
             return []
         if not all(prompt_token_ids):

@@ -23,6 +23,7 @@ from typing import Any
 from training import strict_json
 from training.agent import template_supports_tools
 from training.engines.base import Choice, Engine, OnToken, SamplingParams, TokenDelta
+from training.engines.grammar import json_grammar
 from training.serving.adapters import AdapterCache, check_adapter_path
 from training.serving.chunks import (
     ChunkContext,
@@ -41,6 +42,7 @@ from training.serving.protocol import (
     ChatRequest,
     Limits,
     RequestError,
+    ResponseFormat,
     parse_chat_request,
     usage_comment,
 )
@@ -84,6 +86,7 @@ class InferenceApp:
         sampling: SamplingParams,
         adapter: Path | None,
         on_token: OnToken | None = None,
+        grammars: list[str | None] | None = None,
     ) -> list[Choice]:
         name = None
         if adapter is not None:
@@ -95,7 +98,8 @@ class InferenceApp:
                 log.exception("cannot load adapter %s", adapter)
                 raise RequestError(f"cannot load the checkpoint: {exc}", code="adapter_load_failed",
                                    status=500) from exc  # fmt: skip
-        return self.engine.generate_from_tokens(prompts, sampling, adapter=name, on_token=on_token)
+        extra = {"grammars": grammars} if grammars is not None else {}
+        return self.engine.generate_from_tokens(prompts, sampling, adapter=name, on_token=on_token, **extra)
 
     # ------------------------------------------------------------------ ASGI
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -185,6 +189,9 @@ class InferenceApp:
                                param="model", code="model_not_found", status=404)  # fmt: skip
         loop = asyncio.get_running_loop()
         prompt = await loop.run_in_executor(None, self._render, request)
+        grammar = None
+        if request.response_format is not None:  # compiling may take a while: off the event loop
+            grammar = await loop.run_in_executor(None, self._grammar, request.response_format)
         limit = self.config.context_length
         if limit is not None and len(prompt) + request.max_tokens > limit:
             raise RequestError(
@@ -201,9 +208,9 @@ class InferenceApp:
             top_logprobs=request.top_logprobs if request.logprobs else 0,
         )
         if request.stream:
-            await self._stream(request, model, prompt, sampling, adapter, send, receive)
+            await self._stream(request, model, prompt, sampling, adapter, send, receive, grammar)
             return
-        choices = await self._sample(request, prompt, sampling, adapter)
+        choices = await self._sample(request, prompt, sampling, adapter, grammar=grammar)
         response = completion_body(
             request, choices, completion_id=new_completion_id(), created=int(time.time()), model=model,
             prompt_token_ids=prompt, token_text=self._token_text,
@@ -216,6 +223,19 @@ class InferenceApp:
     def _render(self, request: ChatRequest) -> list[int]:
         return render_prompt(self.tokenizer, request, native_tools=self.native_tools)
 
+    def _grammar(self, response_format: ResponseFormat) -> str:
+        """The grammar that constrains a reply to `response_format`, checked against the engine."""
+        try:
+            grammar = json_grammar(response_format.schema)
+            self.engine.check_grammar(grammar)
+        except NotImplementedError as exc:
+            raise RequestError(f"response_format {response_format.type} is not supported by this "
+                               f"server's engine", param="response_format", code="unsupported_value") from exc  # fmt: skip
+        except ValueError as exc:
+            raise RequestError(f"response_format: the schema cannot be used for constrained decoding: {exc}",
+                               param="response_format") from exc  # fmt: skip
+        return grammar
+
     async def _sample(
         self,
         request: ChatRequest,
@@ -223,9 +243,10 @@ class InferenceApp:
         sampling: SamplingParams,
         adapter: Path | None,
         on_token: OnToken | None = None,
+        grammar: str | None = None,
     ) -> list[Choice]:
         try:
-            return await self.scheduler.submit([prompt] * request.n, sampling, adapter, on_token)
+            return await self.scheduler.submit([prompt] * request.n, sampling, adapter, on_token, grammar)
         except RequestError:
             raise
         except Exception as exc:
@@ -241,6 +262,7 @@ class InferenceApp:
         adapter: Path | None,
         send: Any,
         receive: Any = None,
+        grammar: str | None = None,
     ) -> None:
         context = ChunkContext(request, new_completion_id(), int(time.time()), model)
         await send({"type": "http.response.start", "status": 200, "headers": [
@@ -256,7 +278,7 @@ class InferenceApp:
         live = not request.uses_tools
         tokens: asyncio.Queue[TokenDelta | None] = asyncio.Queue()
         sampled = asyncio.ensure_future(
-            self._sample(request, prompt, sampling, adapter, tokens.put_nowait if live else None)
+            self._sample(request, prompt, sampling, adapter, tokens.put_nowait if live else None, grammar)
         )
         sampled.add_done_callback(lambda _: tokens.put_nowait(None))
         # A client that goes away (the gateway closes the connection when its own client does)

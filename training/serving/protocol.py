@@ -11,8 +11,14 @@ Differences from OpenAI, on purpose:
   (engines/base.py); an engine that cannot report alternatives lists only the sampled token.
 - Extension (vLLM's name for it): `"return_token_ids": true` adds `prompt_token_ids` to the
   response and `token_ids` (the sampled completion tokens) to each choice / stream delta.
-- `response_format: {"type": "json_object"}` is refused (400) by engines that cannot constrain
-  decoding (the CPU engine); `{"type": "text"}` is accepted.
+- `response_format` `{"type": "json_object"}` (any JSON object) and `{"type": "json_schema",
+  "json_schema": {"name", "schema", "strict"}}` are honoured by constrained decoding
+  (training.engines.grammar): every token is sampled under a mask of what the grammar allows, and a
+  completion whose JSON is complete ends with finish_reason "stop" (one cut short by max_tokens is
+  "length", as at OpenAI). The schema is enforced whatever `strict` says, as vLLM does; a schema
+  the grammar engine cannot compile is a 400 naming `response_format` with its reason. Logprobs of
+  constrained tokens are those of the masked distribution (engines/base.py). It cannot be combined
+  with tools (a constrained reply could not call them). `{"type": "text"}` is accepted.
 - `tool_choice: "required"` or a named function is honoured by prefilling the start of a Hermes
   `<tool_call>` block; the model writes the rest.
 - Streaming sends each token's text as it is sampled (a token that ends inside a character, or
@@ -28,6 +34,7 @@ The protocol is three modules: this one (the wire between gateway and server, re
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,11 +85,21 @@ class Limits:
     max_n: int = 16
     max_tokens: int = 4096  # the largest max_tokens a request may ask for
     default_max_tokens: int = 256  # when the request gives none
-    json_mode: bool = False  # whether response_format json_object can be honoured
+    json_mode: bool = True  # whether response_format json_object / json_schema may be asked for
 
     @classmethod
     def shape_only(cls) -> Limits:
         return cls(max_n=128, max_tokens=10**9, json_mode=True)
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """A validated `response_format` that asks for JSON (OpenAI's shape, see the module doc)."""
+
+    type: str  # "json_object" | "json_schema"
+    schema: dict[str, Any] | None = None  # json_schema's schema; None: any JSON object
+    name: str = ""  # json_schema's name
+    strict: bool = False
 
 
 @dataclass
@@ -103,6 +120,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
+    response_format: ResponseFormat | None = None  # None: free text
 
     @property
     def uses_tools(self) -> bool:
@@ -174,9 +192,12 @@ def parse_chat_request(body: Any, limits: Limits) -> ChatRequest:
     if body.get("logit_bias") not in (None, {}):
         raise RequestError("logit_bias is not supported by this server", param="logit_bias",
                            code="unsupported_parameter")  # fmt: skip
-    _response_format(body.get("response_format"), limits)
+    response_format = _response_format(body.get("response_format"), limits)
     tools = _tools(body.get("tools"))
     tool_choice, tool_choice_name = _tool_choice(body.get("tool_choice"), tools)
+    if response_format is not None and tools and tool_choice != "none":
+        raise RequestError(f"response_format {response_format.type} cannot be combined with tools",
+                           param="response_format", code="unsupported_value")  # fmt: skip
     return ChatRequest(
         model=model,
         messages=messages,
@@ -194,6 +215,7 @@ def parse_chat_request(body: Any, limits: Limits) -> ChatRequest:
         stream=stream,
         include_usage=include_usage,
         return_token_ids=_bool(body, "return_token_ids"),
+        response_format=response_format,
     )
 
 
@@ -346,15 +368,36 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> tuple[str, str | No
     return "function", name
 
 
-def _response_format(value: Any, limits: Limits) -> None:
+_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _response_format(value: Any, limits: Limits) -> ResponseFormat | None:
     if value is None:
-        return
+        return None
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "text":
-        return
-    if kind in ("json_object", "json_schema"):
-        if kind == "json_object" and limits.json_mode:
-            return
+        return None
+    if kind not in ("json_object", "json_schema"):
+        raise RequestError("response_format.type must be text, json_object or json_schema",
+                           param="response_format")  # fmt: skip
+    if not limits.json_mode:
         raise RequestError(f"response_format {kind} is not supported by this server's engine",
                            param="response_format", code="unsupported_value")  # fmt: skip
-    raise RequestError("response_format.type must be text or json_object", param="response_format")
+    if kind == "json_object":
+        return ResponseFormat("json_object")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise RequestError('response_format json_schema needs "json_schema": {"name": ..., "schema": {...}}',
+                           param="response_format.json_schema")  # fmt: skip
+    name = spec.get("name")
+    if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):
+        raise RequestError("json_schema.name must be 1 to 64 letters, digits, underscores or dashes",
+                           param="response_format.json_schema.name")  # fmt: skip
+    schema = spec.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise RequestError("json_schema.schema must be a JSON schema object",
+                           param="response_format.json_schema.schema")  # fmt: skip
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise RequestError("json_schema.strict must be a boolean", param="response_format.json_schema.strict")
+    return ResponseFormat("json_schema", schema=schema, name=name, strict=bool(strict))

@@ -14,6 +14,9 @@ another, so its output does not depend on what else was running. Requests that d
 Streaming: a request submitted with `on_token` gets each of its sequences' tokens as they are
 sampled (TokenDelta, `index` counted within the request), delivered on the event loop while the
 batch goes on; its result still comes back whole when the batch ends.
+
+A request's `grammar` (constrained decoding, training.engines.grammar) is not part of its batch
+key: the engine masks each row with its own grammar, so constrained and free requests share a batch.
 """
 
 from __future__ import annotations
@@ -30,9 +33,12 @@ from typing import Any
 
 from training.engines.base import Choice, OnToken, SamplingParams, TokenDelta
 
-# generate(prompts, sampling, adapter path or None, on_token or None) -> one Choice per prompt;
-# runs in the worker thread and calls on_token there, for every sequence, if it is given.
-GenerateFn = Callable[[list[list[int]], SamplingParams, Path | None, OnToken | None], list[Choice]]
+# generate(prompts, sampling, adapter path or None, on_token or None, grammars or None) -> one
+# Choice per prompt; runs in the worker thread and calls on_token there, for every sequence, if it
+# is given. `grammars` holds one grammar or None per prompt, or is None when no row is constrained.
+GenerateFn = Callable[
+    [list[list[int]], SamplingParams, Path | None, OnToken | None, list[str | None] | None], list[Choice]
+]
 
 
 @dataclass
@@ -43,6 +49,7 @@ class _Job:
     key: Hashable
     future: asyncio.Future[list[Choice]]
     on_token: OnToken | None = None  # called on the event loop
+    grammar: str | None = None  # constrains every sequence of the request
 
 
 @dataclass
@@ -102,6 +109,7 @@ class BatchScheduler:
         sampling: SamplingParams,
         adapter: Path | None,
         on_token: OnToken | None = None,
+        grammar: str | None = None,
     ) -> list[Choice]:
         """One Choice per prompt, in order, once the batch holding them has run; `on_token` sees
         each token before that (see the module doc)."""
@@ -110,7 +118,8 @@ class BatchScheduler:
         loop = asyncio.get_running_loop()
         if self._wakeup is None:
             self._wakeup = asyncio.Event()
-        job = _Job(prompts, sampling, adapter, self._key(sampling, adapter), loop.create_future(), on_token)
+        key = self._key(sampling, adapter)
+        job = _Job(prompts, sampling, adapter, key, loop.create_future(), on_token, grammar)
         self._pending.append(job)
         self._wakeup.set()
         return await job.future
@@ -168,11 +177,14 @@ class BatchScheduler:
         loop = asyncio.get_running_loop()
         sampling = replace(batch[0].sampling, top_logprobs=max(job.sampling.top_logprobs for job in batch))
         on_token = self._token_router(batch, loop) if any(job.on_token for job in batch) else None
+        grammars: list[str | None] | None = [job.grammar for job in batch for _ in job.prompts]
+        if not any(grammar is not None for grammar in grammars or []):
+            grammars = None
         started = time.perf_counter()
         self.running = len(batch)
         try:
             choices = await loop.run_in_executor(
-                self._executor, self._generate, prompts, sampling, batch[0].adapter, on_token
+                self._executor, self._generate, prompts, sampling, batch[0].adapter, on_token, grammars
             )
         except Exception as exc:
             for job in batch:

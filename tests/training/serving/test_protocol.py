@@ -12,6 +12,7 @@ from training.serving.protocol import (
     ChatRequest,
     Limits,
     RequestError,
+    ResponseFormat,
     parse_chat_request,
     parse_usage,
     usage_comment,
@@ -53,7 +54,17 @@ def parse(**body) -> ChatRequest:
             {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "other"}}},
             "tool_choice",
         ),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "a name", "schema": {}}}},
+            "response_format.json_schema.name",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "{}"}}},
+            "response_format.json_schema.schema",
+        ),
+        ({"response_format": {"type": "json_object"}, "tools": [WEATHER]}, "response_format"),
         ({"temprature": 1}, "temprature"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
@@ -99,8 +110,28 @@ def test_a_request_is_normalised():
 
 def test_json_mode_is_accepted_only_where_the_engine_honours_it():
     body = {"model": "m", "messages": USER, "response_format": {"type": "json_object"}}
-    assert parse_chat_request(body, Limits.shape_only())
-    assert parse(response_format={"type": "text"})
+    assert parse_chat_request(body, Limits.shape_only()).response_format == ResponseFormat("json_object")
+    with pytest.raises(RequestError) as error:
+        parse_chat_request(body, Limits(json_mode=False))
+    assert (error.value.param, error.value.code) == ("response_format", "unsupported_value")
+    assert parse(response_format={"type": "text"}).response_format is None
+
+
+def test_a_json_schema_response_format_is_read_in_openais_shape():
+    schema = {"type": "object", "properties": {"score": {"type": "number"}}, "required": ["score"]}
+    request = parse(
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "Score_1", "schema": schema, "strict": True},
+        }
+    )
+    assert request.response_format == ResponseFormat(
+        "json_schema", schema=schema, name="Score_1", strict=True
+    )
+    loose = parse(response_format={"type": "json_schema", "json_schema": {"name": "any"}})
+    assert loose.response_format == ResponseFormat("json_schema", schema=None, name="any", strict=False)
+    # tool_choice "none" keeps the tools out of the reply, so a format may go with them.
+    assert parse(response_format={"type": "json_object"}, tools=[WEATHER], tool_choice="none").response_format
 
 
 def choice(text: str, token_ids=(1, 2), finish="stop") -> Choice:

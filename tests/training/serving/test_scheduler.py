@@ -20,11 +20,13 @@ class RecordingGenerate:
 
     def __init__(self, seconds: float = 0.02) -> None:
         self.calls: list[tuple[int, SamplingParams, Path | None]] = []
+        self.grammars: list[list[str | None] | None] = []
         self.threads: set[str] = set()
         self.seconds = seconds
 
-    def __call__(self, prompts, sampling, adapter, on_token=None):
+    def __call__(self, prompts, sampling, adapter, on_token=None, grammars=None):
         self.calls.append((len(prompts), sampling, adapter))
+        self.grammars.append(grammars)
         self.threads.add(threading.current_thread().name)
         time.sleep(self.seconds)
         return [Choice(text="", prompt_token_ids=p, token_ids=list(p), logprobs=[0.0], finish_reason="stop")
@@ -67,6 +69,21 @@ def test_incompatible_requests_and_seeded_requests_are_not_merged(tmp_path):
     assert sizes == [1, 1, 1, 1, 2]  # only the two plain `hot` requests were merged
 
 
+def test_constrained_and_free_requests_share_a_batch_each_row_with_its_own_grammar():
+    generate = RecordingGenerate()
+    scheduler = BatchScheduler(generate, window_s=0.02)
+    sampling = SamplingParams()
+    asyncio.run(
+        run_with(
+            scheduler, ([[1]] * 2, sampling, None, None, "json"), ([[2]], sampling, None), ([[3]], sampling, None, None, "other"),
+        )
+    )  # fmt: skip
+    assert [size for size, _, _ in generate.calls] == [4]
+    assert generate.grammars == [["json", "json", None, "other"]]
+    asyncio.run(run_with(BatchScheduler(generate, window_s=0.02), ([[4]], sampling, None)))
+    assert generate.grammars[-1] is None  # no grammar in the batch: none passed
+
+
 def test_max_batch_size_splits_a_burst():
     generate = RecordingGenerate()
     scheduler = BatchScheduler(generate, window_s=0.02, max_batch_size=4)
@@ -91,7 +108,7 @@ def test_requests_arriving_during_a_batch_form_the_next_one():
 
 
 def test_an_engine_error_fails_only_its_batch():
-    def generate(prompts, sampling, adapter, on_token=None):
+    def generate(prompts, sampling, adapter, on_token=None, grammars=None):
         if sampling.temperature == 0.5:
             raise RuntimeError("boom")
         return RecordingGenerate(0)(prompts, sampling, adapter)
@@ -147,7 +164,7 @@ def test_only_adapter_paths_inside_the_checkpoint_root_are_accepted(tmp_path):
 
 
 def test_streamed_tokens_reach_their_own_request_with_its_own_indices_before_the_result():
-    def generate(prompts, sampling, adapter, on_token=None):
+    def generate(prompts, sampling, adapter, on_token=None, grammars=None):
         assert sampling.top_logprobs == 4  # the largest k in the batch
         for row, prompt in enumerate(prompts):
             if on_token:
