@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from projects.gateway.vllm import StreamRewriter, openai_error, rewrite_completion
+from projects.gateway.vllm import StreamRewriter, openai_error, request_body, rewrite_completion
+from training.serving.protocol import Limits, parse_chat_request
 
 
 def events(*chunks: dict) -> bytes:
@@ -53,3 +54,16 @@ def test_completions_get_the_public_id_and_errors_become_openai_error_objects():
         "code": "model_not_found",
     }
     assert openai_error(502, b"<html>Bad Gateway</html>")["error"]["message"] == "<html>Bad Gateway</html>"
+
+
+def test_response_format_passes_the_gateway_and_reaches_vllm_unchanged():
+    schema = {"type": "object", "properties": {"score": {"type": "number"}}, "required": ["score"]}
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "Score", "schema": schema, "strict": True},
+    }
+    decoded = {"model": "math/agent:1", "messages": [{"role": "user", "content": "Rate it"}],
+               "response_format": response_format, "stream": True}  # fmt: skip
+    assert parse_chat_request(decoded, Limits.shape_only()).response_format is not None  # not refused
+    sent = json.loads(request_body(decoded, model="model-3-step-1"))
+    assert sent["response_format"] == response_format and sent["model"] == "model-3-step-1"
