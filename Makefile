@@ -31,7 +31,18 @@ $(VENDOR_STAMP): frontend/package.json frontend/package-lock.json frontend/scrip
 	cd frontend && npm ci --no-audit --no-fund --loglevel=error && node scripts/copy_vendor.mjs
 	rm -f frontend/static/vendor/.installed-* && touch $@
 
-install: $(STAMP) $(VENDOR_STAMP)
+# OpenPipe ART's own client, which tests/integration/test_art_client.py drives artweb with: in a
+# virtualenv of its own (its pins are not the project's; it needs no torch). openai<3: ART 0.5.18's
+# openai_client() hands openai an httpx.Timeout, which openai 3's httpx2-based client rejects.
+ART_VENV := .venv-art
+ART_STAMP := $(ART_VENV)/.installed-openpipe-art-0.5.18
+
+$(ART_STAMP):
+	test -x $(ART_VENV)/bin/python || $(PYTHON) -m venv $(ART_VENV)
+	$(ART_VENV)/bin/pip install -q openpipe-art==0.5.18 wandb 'openai<3'
+	rm -f $(ART_VENV)/.installed-* && touch $@
+
+install: $(STAMP) $(VENDOR_STAMP) $(ART_STAMP)
 
 up: install
 	DEBUG=$${DEBUG:-1} $(PY) manage.py up

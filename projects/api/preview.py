@@ -65,7 +65,9 @@ class PreviewJSONParser(BaseParser):
             )
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:
-            return strict_json.loads(raw.decode(encoding), allow_nul=False)
+            # NUL is allowed: a model can sample it (a byte-level token), and a trajectory must
+            # arrive as sampled; services store it through jsonb_safe (U+FFFD in text columns).
+            return strict_json.loads(raw.decode(encoding), allow_nul=True)
         except UnicodeDecodeError as exc:
             raise ParseError(
                 f"The body is not valid {encoding} text (byte {exc.start}).", code="invalid_json"
