@@ -6,11 +6,18 @@ The caller builds one from the team's judge settings (base URL, API key, optiona
 and hands it to `build_grader(..., judge=client)`; graders never read settings or secrets themselves.
 Failures become `model_grader_server_error` (a `GradingError`), so a judge outage is error data on
 the samples it hits, never a crash. Error details never include the key, the headers or the URL.
+
+A grader may ask for a `response_format` (a JSON schema for the reply). Not every endpoint honours
+one, nor says so in words we could match (vLLM names its grammar backend, not the field): a request
+with a response_format that gets a 400 or 422 is sent again without it, and when that one succeeds
+the client remembers the model as plain-text-only. So the graders work with any endpoint and get
+constrained replies where the endpoint can give them (artweb's own gateway can: constrained
+decoding on the CPU server, vLLM's on GPU).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from training.openai_http import ChatCompletionError, ChatCompletionsEndpoint, first_choice
@@ -35,21 +42,44 @@ class JudgeClient(ChatCompletionsEndpoint):
 
     model: str | None = None  # when set, replaces every spec's `model` (an endpoint with one model)
     max_concurrency: int = 4  # judge calls in flight at once when grading a batch
+    # Models this endpoint refused a response_format for (see the module doc); grows, never shrinks.
+    plain_text_models: set[str] = field(default_factory=set, repr=False, compare=False)
     label: ClassVar[str] = "judge endpoint"
 
     def resolve_model(self, spec_model: str) -> str:
         return self.model or spec_model
 
     def complete(
-        self, *, model: str, messages: list[dict[str, Any]], sampling_params: dict[str, Any] | None = None
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        sampling_params: dict[str, Any] | None = None,
+        response_format: dict[str, Any] | None = None,
     ) -> JudgeReply:
-        """One chat completion; raises GradingError(model_grader_server_error) on any failure."""
+        """One chat completion; raises GradingError(model_grader_server_error) on any failure.
+        `response_format` is sent where the endpoint takes it (see the module doc)."""
         body = {"model": self.resolve_model(model), "messages": messages, **request_params(sampling_params)}
+        refused = False
+        if response_format is not None and body["model"] not in self.plain_text_models:
+            try:
+                return parse_reply(self.post({**body, "response_format": response_format}), body["model"])
+            except ChatCompletionError as error:
+                if not _bad_request(str(error)):
+                    raise GradingError(SERVER_ERROR, str(error)) from None
+                refused = True
         try:
             payload = self.post(body)
         except ChatCompletionError as error:
             raise GradingError(SERVER_ERROR, str(error)) from None
+        if refused:  # the plain request went through: it was the response_format
+            self.plain_text_models.add(body["model"])
         return parse_reply(payload, body["model"])
+
+
+def _bad_request(message: str) -> bool:
+    """Whether a ChatCompletionError's message (openai_http's wording) is a 400 or 422 answer."""
+    return any(f"answered HTTP {status}:" in message for status in (400, 422))
 
 
 # OpenAI's grader `sampling_params` names → chat completions request fields. OpenAI spells the

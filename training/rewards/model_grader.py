@@ -106,7 +106,14 @@ class ModelGrader(Grader):
         messages = [
             {"role": role, "content": template.render(sample, item)} for role, template in self.messages
         ]
-        return self.judge.complete(model=self.model, messages=messages, sampling_params=self.sampling_params)
+        return self.judge.complete(
+            model=self.model, messages=messages, sampling_params=self.sampling_params,
+            response_format=self.response_format(),
+        )  # fmt: skip
+
+    def response_format(self) -> dict[str, Any] | None:
+        """The `response_format` to ask the judge for (None: free text; see training.rewards.judge)."""
+        return None
 
     def grade_batch(self, samples: list[Sample], items: list[dict[str, Any]]) -> list[GradeResult]:
         # Judge calls wait on the network: keep several in flight.

@@ -9,7 +9,9 @@ the messages every trajectory shares (the prompt, usually) are sent once as cont
 trajectory's own remaining messages under an id, and the judge answers JSON
 `{"scores": [{"trajectory_id": "1", "explanation": "...", "score": 0.8}, ...]}` with each score in
 [0, 1] against the rubric (`rubric` is a template that may use `{{item...}}`, rendered with the
-group's first item). The reward is that score.
+group's first item). The reward is that score. That shape is also sent as the request's
+`response_format` (a strict JSON schema), so an endpoint with constrained decoding cannot answer
+anything else; one that refuses the field is asked again without it.
 
 Errors, per trajectory: a reply that is not that JSON (or a refusal) flags every trajectory of the
 group with `model_grader_parse_error`; a missing id, a non-numeric score or one outside [0, 1]
@@ -168,7 +170,10 @@ class RulerGrader(Grader):
             {"role": "system", "content": SYSTEM_PROMPT.format(rubric=rubric)},
             {"role": "user", "content": "\n\n".join(parts)},
         ]
-        reply = self.judge.complete(model=self.model, messages=messages, sampling_params=self.sampling_params)
+        reply = self.judge.complete(
+            model=self.model, messages=messages, sampling_params=self.sampling_params,
+            response_format=scores_response_format(len(samples)),
+        )  # fmt: skip
         spent: dict[str, Any] = {
             "token_usage": reply.token_usage,
             "sampled_model_name": reply.sampled_model_name,
@@ -209,6 +214,29 @@ class RulerGrader(Grader):
                 details = {"explanation": explanation[:500]} if explanation else {}
                 outcomes.append(Score(float(value), details, **spent))
         return outcomes
+
+
+def scores_response_format(count: int) -> dict[str, Any]:
+    """The reply's JSON schema, sent as `response_format` as ART's RULER does (an endpoint that
+    cannot honour it is asked without it, training.rewards.judge): one entry per trajectory, ids
+    "1".."count", scores in [0, 1]."""
+    entry = {
+        "type": "object",
+        "properties": {
+            "trajectory_id": {"type": "string", "enum": [str(number) for number in range(1, count + 1)]},
+            "explanation": {"type": "string"},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+        },
+        "required": ["trajectory_id", "explanation", "score"],
+        "additionalProperties": False,
+    }
+    schema = {
+        "type": "object",
+        "properties": {"scores": {"type": "array", "items": entry, "minItems": count, "maxItems": count}},
+        "required": ["scores"],
+        "additionalProperties": False,
+    }
+    return {"type": "json_schema", "json_schema": {"name": "ruler_scores", "schema": schema, "strict": True}}
 
 
 def _trajectory(sample: Sample) -> list[dict[str, Any]]:

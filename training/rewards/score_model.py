@@ -9,6 +9,11 @@ read as, in order: JSON (a number, or an object with a numeric `score`/`result`/
 possibly inside a ```json fence or surrounding text), a bare number, or a "score: 7" phrase. Any
 other reply is a `model_grader_parse_error`; so is a refusal (detail starting "refusal").
 
+`"response_format": "json_schema"` (ours; the default "text" sends none) asks the judge for
+`{"score": <number in range>}` through the request's `response_format`, so a judge with constrained
+decoding (artweb's own gateway, vLLM) can only answer a readable score; an endpoint that refuses
+the field is asked again without it (training.rewards.judge).
+
 A score outside `range` is an error, not clipped: a judge that answers 7 on a 0..1 scale has
 misread the scale, and clipping would silently turn that into a perfect reward. `range` bounds the
 judge's score, checked here (with `pass_threshold` the reward is then 1 or 0, whatever the range);
@@ -41,6 +46,7 @@ class ScoreModelGrader(ModelGrader):
         **MODEL_FIELDS,
         "range": Field("number_list", default=[0.0, 1.0]),
         "pass_threshold": Field("number"),
+        "response_format": Field("string", default="text", choices=("text", "json_schema")),
     }
 
     @classmethod
@@ -51,6 +57,19 @@ class ScoreModelGrader(ModelGrader):
         super().__init__(spec, runtime)
         self.low, self.high = spec["range"]
         self.pass_threshold: float | None = spec.get("pass_threshold")
+        self.json_reply = spec.get("response_format", "text") == "json_schema"
+
+    def response_format(self) -> dict[str, Any] | None:
+        if not self.json_reply:
+            return None
+        score = {"type": "number", "minimum": self.low, "maximum": self.high}
+        schema = {
+            "type": "object",
+            "properties": {"score": score},
+            "required": ["score"],
+            "additionalProperties": False,
+        }
+        return {"type": "json_schema", "json_schema": {"name": "score", "schema": schema, "strict": True}}
 
     def score(self, sample: Sample, item: dict[str, Any]) -> Score:
         reply = self.ask(sample, item)
