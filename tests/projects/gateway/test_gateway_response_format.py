@@ -75,3 +75,23 @@ def test_a_schema_the_server_cannot_compile_is_a_bad_request_naming_response_for
         )  # fmt: skip
     assert error.value.body["param"] == "response_format"
     assert "colour" in error.value.body["message"]
+
+
+def test_the_gateway_serves_as_judge_for_the_ruler_and_score_model_graders(live, alpha_key):
+    from tests.openai_stub import LOOPBACK
+    from training.rewards import JudgeClient, Sample, build_grader, grade_group
+
+    judge = JudgeClient(base_url=f"{live.url}/v1", api_key=alpha_key, outbound=LOOPBACK, timeout=120)
+    score = build_grader(
+        {"type": "score_model", "model": BASE_MODEL, "response_format": "json_schema", "range": [0, 1],
+         "input": [{"role": "user", "content": "Score this answer from 0 to 1: {{sample.output_text}}"}],
+         "sampling_params": {"seed": 1, "max_completions_tokens": 64}},
+        judge=judge,
+    )  # fmt: skip
+    results = [score.grade(Sample(output_text=text), {}) for text in ("Paris", "Lyon", "Rome")]
+    assert all(result.errors == [] and 0 <= result.reward <= 1 for result in results)
+    ruler = build_grader({"type": "ruler", "model": BASE_MODEL, "sampling_params": {"max_completions_tokens": 48}},
+                         judge=judge)  # fmt: skip
+    samples = [Sample(output_text=text, messages=[{"role": "assistant", "content": text}]) for text in "ab"]
+    grade_group(ruler, samples, {})  # a random model's explanation may outrun 48 tokens: not asserted
+    assert judge.plain_text_models == set()  # the gateway took both graders' response_format
