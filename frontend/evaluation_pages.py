@@ -40,7 +40,7 @@ def evaluation_list(request: TeamHttpRequest) -> HttpResponse:
     status = request.GET.get("status", "")
     items = selectors.evaluations_list(
         team=team,
-        project_id=int(project_id) if project_id.isdigit() else None,
+        project_id=int(project_id) if project_id.isdecimal() else None,
         status=status if status in EvaluationStatus.values else None,
     ).select_related(
         "task_set", "reference_checkpoint__model__project", "reference_base_model", "reference_endpoint"
@@ -124,11 +124,11 @@ def _initial(request: TeamHttpRequest) -> dict[str, Any]:
     evaluation's settings (the team's own rows only: anything else is ignored)."""
     initial: dict[str, Any] = {}
     checkpoint_id = request.GET.get("checkpoint", "")
-    if checkpoint_id.isdigit():
+    if checkpoint_id.isdecimal():
         checkpoint = get_scoped(Checkpoint, request, int(checkpoint_id))
         initial["subject"] = f"checkpoint:{checkpoint.pk}"
     source_id = request.GET.get("from", "")
-    if source_id.isdigit():
+    if source_id.isdecimal():
         source = get_scoped(Evaluation, request, int(source_id))
         initial.update(
             {

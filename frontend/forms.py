@@ -4,7 +4,6 @@ button's service call reports back as the page's message (``call_service``)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +11,7 @@ from django import forms
 from django.contrib import messages
 from django.http import HttpRequest
 
-from projects import catalog
+from projects import catalog, services
 from projects.errors import DomainError, ValidationFailed
 from projects.models import EnvironmentKind, Role
 
@@ -156,12 +155,10 @@ class EnvironmentForm(forms.Form):
 def _json_or_none(raw: str) -> Any:
     if not raw.strip():
         return None
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise forms.ValidationError(
-            f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-        ) from exc
+    try:  # the API's strict reader: depth, NaN, number range, lone surrogates, NUL
+        return services.json_text_read(raw)
+    except ValidationFailed as exc:
+        raise forms.ValidationError(exc.message) from exc
 
 
 class ProjectForm(forms.Form):

@@ -55,10 +55,10 @@ def rewards(request: TeamHttpRequest, project_id: int) -> HttpResponse:
 
 
 def _json_field(form: Any, name: str) -> Any:
-    try:
-        return json.loads(form.cleaned_data[name])
-    except json.JSONDecodeError as exc:
-        form.add_error(name, f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})")
+    try:  # the API's strict reader: depth, NaN, number range, lone surrogates, NUL
+        return services.json_text_read(form.cleaned_data[name])
+    except ValidationFailed as exc:
+        form.add_error(name, exc.message)
         return None
 
 
@@ -97,8 +97,8 @@ def grader_validate(request: TeamHttpRequest) -> JsonResponse:
     /api/v1/graders/validate`` (``services.grader_problems``), but a spec with problems is an
     answer (200), not a failed request, so typing does not fill the browser console with 400s."""
     try:
-        spec = json.loads(request.body).get("grader")
-    except (ValueError, AttributeError):
+        spec = services.json_text_read(request.body).get("grader")
+    except (ValidationFailed, AttributeError):
         return JsonResponse({"valid": False, "problems": ["the body must be a JSON object with a grader"]})
     try:
         normalised = services.grader_problems(spec, field="grader")

@@ -25,6 +25,7 @@ from projects import selectors
 from projects.access import Permission, TeamAccess
 from projects.api.pagination import int_query_param
 from projects.api.permissions import TeamPermission, request_access
+from projects.errors import ValidationFailed
 from projects.models import Team
 
 
@@ -56,6 +57,13 @@ class CallerViewSet(viewsets.GenericViewSet):
                 )
         if cls.write_permission == Permission.READ:
             raise TypeError(f"{cls.__name__}: write_permission may not be weakened to read")
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        # Query values reach filters as text, and PostgreSQL text cannot hold NUL.
+        for name, values in request.query_params.lists():
+            if any("\x00" in value for value in values):
+                raise ValidationFailed("must not contain NUL characters", field=name)
+        super().initial(request, *args, **kwargs)
 
     def required_permission(self, request: Request) -> Permission:
         return self.read_permission if request.method in SAFE_METHODS else self.write_permission

@@ -21,6 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from projects import selectors, services
+from projects.api import serializers as s
 from projects.api.base import TeamViewSet
 from projects.api.pagination import int_query_param
 from projects.api.views import _user, _valid
@@ -33,36 +34,47 @@ from projects.models import (
     EvaluationStatus,
     Run,
 )
+from projects.services.evaluations import MAX_SAMPLES, MAX_SAMPLES_PER_ROW
 
 # --- serializers ------------------------------------------------------------------------------
 
 
 class ReferenceIn(serializers.Serializer):
-    checkpoint = serializers.IntegerField(required=False, help_text="a checkpoint id")
+    checkpoint = s.id_field(required=False, help_text="a checkpoint id")
     model = serializers.CharField(
+        max_length=200,
         required=False,
         help_text="a model id (project/model:step, a base model name), or the model on `endpoint`",
     )
-    endpoint = serializers.IntegerField(
-        required=False, help_text="a team judge endpoint id (OpenAI-compatible)"
-    )
+    endpoint = s.id_field(required=False, help_text="a team judge endpoint id (OpenAI-compatible)")
 
 
 class EvaluationIn(serializers.Serializer):
     model = serializers.CharField(
-        required=False, help_text="project/model:step, project/model:latest or a base model name"
+        max_length=300,
+        required=False,
+        help_text="project/model:step, project/model:latest or a base model name",
     )
-    checkpoint = serializers.IntegerField(required=False, help_text="a checkpoint id (instead of model)")
-    task_set = serializers.IntegerField()
-    split = serializers.CharField(required=False, default="validation", help_text="validation, train or all")
-    environment = serializers.IntegerField()
-    reward = serializers.IntegerField(help_text="a reward definition (version) id")
-    pass_threshold = serializers.FloatField(required=False, default=1.0)
-    max_rows = serializers.IntegerField(required=False, allow_null=True, default=None)
-    samples_per_row = serializers.IntegerField(required=False, default=1)
-    temperature = serializers.FloatField(required=False, default=0.0)
-    max_new_tokens = serializers.IntegerField(required=False, allow_null=True, default=None)
-    seed = serializers.IntegerField(required=False, default=0)
+    checkpoint = s.id_field(required=False, help_text="a checkpoint id (instead of model)")
+    task_set = s.id_field()
+    split = serializers.CharField(
+        max_length=16, required=False, default="validation", help_text="validation, train or all"
+    )
+    environment = s.id_field()
+    reward = s.id_field(help_text="a reward definition (version) id")
+    # The ranges services.evaluation_create checks (it names the field too).
+    pass_threshold = serializers.FloatField(min_value=-1e9, max_value=1e9, required=False, default=1.0)
+    max_rows = serializers.IntegerField(
+        min_value=1, max_value=MAX_SAMPLES, required=False, allow_null=True, default=None
+    )
+    samples_per_row = serializers.IntegerField(
+        min_value=1, max_value=MAX_SAMPLES_PER_ROW, required=False, default=1
+    )
+    temperature = serializers.FloatField(min_value=0.0, max_value=2.0, required=False, default=0.0)
+    max_new_tokens = serializers.IntegerField(
+        min_value=1, max_value=4096, required=False, allow_null=True, default=None
+    )
+    seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, default=0)
     reference = ReferenceIn(required=False, allow_null=True, default=None)
 
 

@@ -40,7 +40,9 @@ class GraderRunIn(serializers.Serializer):
         child=serializers.JSONField(), required=False, help_text="samples of one group (ruler)"
     )
     item = serializers.DictField(required=False, default=dict)
-    judge_endpoint = serializers.CharField(required=False, help_text="name of a team judge endpoint")
+    judge_endpoint = serializers.CharField(
+        max_length=63, required=False, help_text="name of a team judge endpoint"
+    )
 
 
 def _sample(value: Any, field: str) -> Sample:
@@ -110,8 +112,10 @@ class JudgeEndpointIn(serializers.Serializer):
     name = serializers.CharField(max_length=63)
     base_url = serializers.CharField(max_length=500)
     api_key = serializers.CharField(required=False, allow_blank=True, default="", write_only=True)
-    default_model = serializers.CharField(required=False, allow_blank=True, default="")
-    timeout_s = serializers.FloatField(required=False, default=60.0)
+    default_model = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    timeout_s = serializers.FloatField(
+        min_value=0.0, max_value=600.0, required=False, default=60.0, help_text="seconds, more than 0"
+    )
 
 
 class JudgeEndpointViewSet(TeamViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):

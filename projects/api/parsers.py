@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from rest_framework.exceptions import ParseError
-from rest_framework.parsers import FormParser, JSONParser, get_encoding
+from rest_framework.parsers import FormParser, JSONParser, get_encoding  # type: ignore[attr-defined]
 
 from training import strict_json
 

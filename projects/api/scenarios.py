@@ -17,17 +17,19 @@ from training.scenarios import MAX_ROWS
 
 
 class GenerateIn(serializers.Serializer):
-    project = serializers.IntegerField()
-    environment = serializers.IntegerField(help_text="the environment whose tools the tasks use")
-    endpoint = serializers.IntegerField(help_text="a team judge endpoint id (any OpenAI-compatible endpoint)")
+    project = s.id_field()
+    environment = s.id_field(help_text="the environment whose tools the tasks use")
+    endpoint = s.id_field(help_text="a team judge endpoint id (any OpenAI-compatible endpoint)")
     model = serializers.CharField(
-        required=False, allow_blank=True, default="", help_text="default: the endpoint's"
+        max_length=200, required=False, allow_blank=True, default="", help_text="default: the endpoint's"
     )
-    n = serializers.IntegerField(help_text=f"rows to generate, 1 to {MAX_ROWS}")
+    n = serializers.IntegerField(
+        min_value=1, max_value=MAX_ROWS, help_text=f"rows to generate, 1 to {MAX_ROWS}"
+    )
     instruction = serializers.CharField(help_text="what the tasks should be about")
     name = serializers.CharField(max_length=63, help_text="name of the new task set")
-    validation_fraction = serializers.FloatField(required=False, default=0.0)
-    seed = serializers.IntegerField(required=False, default=0)
+    validation_fraction = s.fraction_field(required=False, default=0.0)
+    seed = s.seed_field(required=False, default=0)
 
 
 class GeneratedTaskSetOut(s.TaskSetOut):

@@ -166,6 +166,25 @@ class ApiKeyOut(serializers.ModelSerializer):
 
 
 # --- input ----------------------------------------------------------------------------------
+# Every number has a range and every string the length of its column: a value PostgreSQL would
+# refuse (an id past bigint, a name longer than varchar(63)) is a 400 here, not a database error.
+
+ID_MAX = 2**63 - 1  # PostgreSQL's bigint
+SEED_MAX = 2**32 - 1  # what random number generators take (training.config.SEED_MAX)
+
+
+def id_field(**kwargs: Any) -> serializers.IntegerField:
+    """The id of a row named in a body: 1 to 2**63 - 1."""
+    return serializers.IntegerField(min_value=1, max_value=ID_MAX, **kwargs)
+
+
+def seed_field(**kwargs: Any) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=0, max_value=SEED_MAX, **kwargs)
+
+
+def fraction_field(**kwargs: Any) -> serializers.FloatField:
+    """A validation fraction: at least 0, below 1 (the service refuses 1 itself)."""
+    return serializers.FloatField(min_value=0.0, max_value=1.0, **kwargs)
 
 
 class ProjectIn(serializers.Serializer):
@@ -179,9 +198,11 @@ class ProjectUpdateIn(serializers.Serializer):
 
 
 class TrainableModelIn(serializers.Serializer):
-    project = serializers.IntegerField()
+    project = id_field()
     name = serializers.CharField(max_length=63)
-    base_model = serializers.CharField(help_text="name of a base model from /api/v1/base-models")
+    base_model = serializers.CharField(
+        max_length=100, help_text="name of a base model from /api/v1/base-models"
+    )
     lora = serializers.DictField(required=False, default=dict)
 
 
@@ -190,7 +211,7 @@ class TrainableModelUpdateIn(serializers.Serializer):
 
 
 class RewardDefinitionIn(serializers.Serializer):
-    project = serializers.IntegerField()
+    project = id_field()
     name = serializers.CharField(max_length=63)
     spec = serializers.JSONField(help_text="grader spec, e.g. {'type': 'string_check', ...}")
 
@@ -200,13 +221,13 @@ class RewardDefinitionUpdateIn(serializers.Serializer):
 
 
 class TaskSetIn(serializers.Serializer):
-    project = serializers.IntegerField()
+    project = id_field()
     name = serializers.CharField(max_length=63)
     rows = serializers.ListField(child=serializers.JSONField(), required=False, help_text="task rows")
     jsonl = serializers.CharField(required=False, trim_whitespace=False, help_text="JSONL text")
     file = serializers.FileField(required=False, help_text="JSONL file (multipart upload)")
-    validation_fraction = serializers.FloatField(required=False, default=0.0)
-    seed = serializers.IntegerField(required=False, default=0)
+    validation_fraction = fraction_field(required=False, default=0.0)
+    seed = seed_field(required=False, default=0)
 
 
 CONFIG_HELP = (
@@ -224,26 +245,31 @@ class EnvironmentIn(serializers.Serializer):
     """Kind, config, tools and max_turns are checked by the environment registry's per-kind rules
     (see GET /api/v1/environment-kinds); a bad value is a 400 naming the field."""
 
-    project = serializers.IntegerField()
+    project = id_field()
     name = serializers.CharField(max_length=63)
-    kind = serializers.CharField(required=False, default="chat")
+    kind = serializers.CharField(max_length=32, required=False, default="chat")
     system_prompt = serializers.CharField(required=False, allow_blank=True, default="", trim_whitespace=False)
     max_turns = serializers.IntegerField(
-        required=False, allow_null=True, default=None, help_text="default: the kind's"
+        min_value=1,
+        max_value=1000,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="default: the kind's",
     )
     tools = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
     config = serializers.DictField(required=False, default=dict, help_text=CONFIG_HELP)
-    tool_timeout_s = serializers.FloatField(required=False, default=10.0)
+    tool_timeout_s = serializers.FloatField(min_value=0.0, max_value=600.0, required=False, default=10.0)
     sampling = serializers.DictField(required=False, default=dict)
 
 
 class EnvironmentUpdateIn(serializers.Serializer):
-    kind = serializers.CharField(required=False)
+    kind = serializers.CharField(max_length=32, required=False)
     system_prompt = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
-    max_turns = serializers.IntegerField(required=False, allow_null=True)
+    max_turns = serializers.IntegerField(min_value=1, max_value=1000, required=False, allow_null=True)
     tools = serializers.ListField(child=serializers.JSONField(), required=False)
     config = serializers.DictField(required=False, help_text=CONFIG_UPDATE_HELP)
-    tool_timeout_s = serializers.FloatField(required=False)
+    tool_timeout_s = serializers.FloatField(min_value=0.0, max_value=600.0, required=False)
     sampling = serializers.DictField(required=False)
 
 
@@ -260,10 +286,10 @@ class EnvironmentKindOut(serializers.Serializer):
 
 
 class RunIn(serializers.Serializer):
-    model = serializers.IntegerField()
-    task_set = serializers.IntegerField()
-    environment = serializers.IntegerField()
-    reward = serializers.IntegerField(help_text="id of a reward definition version")
+    model = id_field()
+    task_set = id_field()
+    environment = id_field()
+    reward = id_field(help_text="id of a reward definition version")
     config = serializers.DictField(required=False, default=dict, help_text="see /api/v1/hyperparameters")
 
 

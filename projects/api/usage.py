@@ -23,8 +23,12 @@ GROUPS = {"day": "day", "model": "model", "api_key": "api_key__prefix"}
 class UsageQuery(serializers.Serializer):
     start = serializers.DateField(required=False, help_text="first day (UTC), inclusive")
     end = serializers.DateField(required=False, help_text="last day (UTC), inclusive")
-    model = serializers.CharField(required=False, help_text="only this model id, e.g. project/model:3")
-    group_by = serializers.CharField(required=False, default="day,model", help_text="day, model, api_key")
+    model = serializers.CharField(
+        max_length=300, required=False, help_text="only this model id, e.g. project/model:3"
+    )
+    group_by = serializers.CharField(
+        max_length=100, required=False, default="day,model", help_text="day, model, api_key"
+    )
 
     def validate_group_by(self, value: str) -> list[str]:
         fields = [part.strip() for part in value.split(",") if part.strip()]

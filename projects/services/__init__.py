@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from projects.services._common import (
     check_slug,
+    json_text_read,
     jsonb_safe,
 )
 from projects.services.environments import (
@@ -134,6 +135,7 @@ from projects.services.training_jobs import (
 
 __all__ = [
     "check_slug",
+    "json_text_read",
     "jsonb_safe",
     "LAST_OWNER",
     "CreatedApiKey",

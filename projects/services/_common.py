@@ -12,6 +12,7 @@ from django.db.models import ProtectedError
 
 from projects.errors import Conflict, ValidationFailed
 from projects.models import Evaluation, Run, slug_validator
+from training import strict_json
 from training.config import ConfigError
 
 T = TypeVar("T")
@@ -24,6 +25,27 @@ def check_slug(value: str, field: str) -> None:
         slug_validator(value)
     except ValidationError as exc:
         raise ValidationFailed(exc.messages[0], field=field) from exc
+
+
+def check_storable(value: Any, *, field: str) -> None:
+    """ValidationFailed naming the path under ``field`` unless ``value`` is JSON that PostgreSQL can
+    store and every reader can render again: training.strict_json's rules (no NaN or infinite
+    numbers, integers within 64 bits, no lone surrogates, no NUL, nesting at most 64 deep). For
+    values that did not come through the strict parser (the dashboard, generated rows, code)."""
+    try:
+        strict_json.check(value, allow_nul=False, path=field)
+    except strict_json.JSONError as exc:
+        raise ValidationFailed(exc.message, field=exc.path or field) from None
+
+
+def json_text_read(text: str | bytes, *, field: str = "") -> Any:
+    """JSON a person typed (the dashboard's text areas) read by the API's strict reader
+    (training.strict_json); ValidationFailed "not valid JSON: … (line, column)" on ``field``."""
+    try:
+        return strict_json.loads(text, allow_nul=False)
+    except strict_json.JSONError as exc:
+        where = f" (line {exc.line}, column {exc.column})" if exc.line is not None else ""
+        raise ValidationFailed(f"not valid JSON: {exc.message}{where}", field=field or None) from None
 
 
 def config_invalid(exc: ConfigError, prefix: str = "") -> ValidationFailed:

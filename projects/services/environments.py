@@ -10,7 +10,13 @@ from projects import environment_config, secrets
 from projects.errors import ValidationFailed
 from projects.models import Environment, EnvironmentKind, Project
 from projects.outbound import outbound_policy, outbound_url_checked
-from projects.services._common import check_slug, config_invalid, create_unique, delete_unless_used
+from projects.services._common import (
+    check_slug,
+    check_storable,
+    config_invalid,
+    create_unique,
+    delete_unless_used,
+)
 from training.config import ConfigError, TrainConfig
 
 _SAMPLING_KEYS = {"temperature", "top_p", "max_new_tokens", "stop"}
@@ -34,6 +40,9 @@ def _environment_fields(
 
     if kind not in EnvironmentKind.values:
         raise ValidationFailed(f"must be one of {', '.join(EnvironmentKind.values)}", field="kind")
+    for name, value in (("system_prompt", system_prompt), ("tools", tools), ("sampling", sampling),
+                        ("config", config)):  # fmt: skip
+        check_storable(value, field=name)
     if isinstance(config, dict) and isinstance(config.get("url"), str):
         secrets.url_credentials_refused(config["url"], field="config.url")
         outbound_url_checked(config["url"], field="config.url")

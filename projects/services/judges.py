@@ -11,7 +11,7 @@ from projects import secrets
 from projects.errors import ValidationFailed
 from projects.models import JudgeEndpoint, Team
 from projects.outbound import outbound_policy, outbound_url_checked
-from projects.services._common import check_slug
+from projects.services._common import check_slug, create_unique
 from training.rewards import JudgeClient, SandboxConfig
 
 DEFAULT_JUDGE = "default"
@@ -44,15 +44,17 @@ def judge_endpoint_create(
     timeout_s: float = 60.0,
 ) -> JudgeEndpoint:
     _validate(name, base_url, timeout_s)
-    if JudgeEndpoint.objects.filter(team=team, name=name).exists():
-        raise ValidationFailed(f"a judge endpoint named {name!r} already exists", field="name")
-    return JudgeEndpoint.objects.create(
-        team=team,
-        name=name,
-        base_url=base_url,
-        api_key_encrypted=secrets.encrypt(api_key),
-        default_model=default_model,
-        timeout_s=timeout_s,
+    return create_unique(
+        lambda: JudgeEndpoint.objects.create(
+            team=team,
+            name=name,
+            base_url=base_url,
+            api_key_encrypted=secrets.encrypt(api_key),
+            default_model=default_model,
+            timeout_s=timeout_s,
+        ),
+        field="name",
+        message=f"a judge endpoint named {name!r} already exists",
     )
 
 
@@ -74,7 +76,8 @@ def judge_endpoint_update(*, endpoint: JudgeEndpoint, **changes: Any) -> JudgeEn
         endpoint.default_model = changes["default_model"]
     if "api_key" in changes:
         endpoint.api_key_encrypted = secrets.encrypt(changes["api_key"])
-    endpoint.save()
+    # A rename onto another endpoint's name is a 400 on name, not an IntegrityError.
+    create_unique(endpoint.save, field="name", message=f"a judge endpoint named {name!r} already exists")
     return endpoint
 
 

@@ -8,7 +8,13 @@ from django.db import transaction
 
 from projects.errors import Conflict, ValidationFailed
 from projects.models import BaseModel, Project, Run, RunKind, Team, TrainableModel, TrainingJob
-from projects.services._common import check_slug, config_invalid, create_unique, delete_unless_used
+from projects.services._common import (
+    check_slug,
+    check_storable,
+    config_invalid,
+    create_unique,
+    delete_unless_used,
+)
 from projects.services.runs import ACTIVE_STATUSES
 from training.config import ConfigError, LoraSpec
 
@@ -57,6 +63,7 @@ def base_model_register(*, name: str, source: str, description: str = "") -> Bas
 
 
 def _lora(lora: dict[str, Any] | None) -> dict[str, Any]:
+    check_storable(lora, field="lora")
     try:
         return LoraSpec.from_dict(lora or {}).to_dict()
     except ConfigError as exc:

@@ -8,7 +8,7 @@ from django.db import transaction
 
 from projects.errors import ValidationFailed
 from projects.models import Project, RewardDefinition
-from projects.services._common import check_slug, create_unique, delete_unless_used
+from projects.services._common import check_slug, check_storable, create_unique, delete_unless_used
 from training.rewards import GraderSpecError, validate_grader
 
 
@@ -17,6 +17,7 @@ def grader_problems(spec: Any, *, field: str) -> dict[str, Any]:
     ``field`` (``spec.pattern``, ``grader.graders.fmt.operation``)."""
     if not isinstance(spec, dict):
         raise ValidationFailed("must be a JSON object", field=field)
+    check_storable(spec, field=field)  # no NaN, lone surrogate, NUL …: nothing a list cannot render
     try:
         return validate_grader(spec)
     except GraderSpecError as exc:

@@ -3,7 +3,6 @@ generation does), checked by the upload rules below, split into train and valida
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +12,7 @@ from django.db import transaction
 from projects.errors import ValidationFailed
 from projects.models import Project, TaskRow, TaskSet
 from projects.services._common import check_slug, create_unique, delete_unless_used
+from training import strict_json
 
 MAX_ERRORS_REPORTED = 20
 
@@ -65,13 +65,18 @@ def parse_rows(*, jsonl: str | None = None, rows: list[Any] | None = None) -> li
         for line_number, line in enumerate(jsonl.splitlines(), start=1):
             if not line.strip():
                 continue
-            try:
-                numbered.append((line_number, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                problems.append((f"line {line_number}", f"invalid JSON: {exc.msg} (column {exc.colno})"))
+            try:  # the strict reader: depth, NaN, number range, lone surrogates, NUL
+                numbered.append((line_number, strict_json.loads(line, allow_nul=False)))
+            except strict_json.JSONError as exc:
+                problems.append((f"line {line_number}", f"invalid JSON: {exc.message} (column {exc.column})"))
     else:
         assert rows is not None
-        numbered = list(enumerate(rows, start=1))
+        for line_number, row in enumerate(rows, start=1):
+            try:  # rows that did not come through the strict reader (generated, given in code)
+                strict_json.check(row, allow_nul=False)
+                numbered.append((line_number, row))
+            except strict_json.JSONError as exc:
+                problems.append((f"line {line_number}" + (f": {exc.path}" if exc.path else ""), exc.message))
     for line_number, row in numbered:
         for field, message in _row_problems(row):
             where = f"line {line_number}" + (f": {field}" if field else "")

@@ -111,3 +111,53 @@ def test_lora_spec_validation_names_the_field(data, field):
     with pytest.raises(ConfigError) as info:
         LoraSpec.from_dict(data)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "reason"),
+    [
+        ({"steps": 100_001}, "steps", "start another run from the last checkpoint"),
+        ({"group_size": 257}, "group_size", "advantages"),
+        ({"groups_per_step": 2000}, "groups_per_step", "memory"),
+        ({"groups_per_step": 1024, "group_size": 16}, "group_size", "completions per step"),
+        ({"max_new_tokens": 10**6}, "max_new_tokens", "context"),
+        ({"learning_rate": 2.0}, "learning_rate", "diverges"),
+        ({"epsilon": 50}, "epsilon", "clips nothing"),
+        ({"kl_coef": 1e9}, "kl_coef", "base model"),
+        ({"seed": 2**32}, "seed", "32-bit seed"),
+        ({"eval_pass_threshold": 1e300}, "eval_pass_threshold", "moderate"),
+    ],
+)
+def test_maxima_name_the_field_and_the_reason(data, field, reason):
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict(data)
+    assert info.value.field == field and reason in info.value.message
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({"steps": 0, "learning_rat": 1, "temperature": "hot", "seed": -1, "top_p": 2})
+    assert [field for field, _ in info.value.problems] == [
+        "learning_rat",
+        "steps",
+        "temperature",
+        "top_p",
+        "seed",
+    ]
+    assert info.value.field == "learning_rat"
+
+
+def test_numbers_past_a_float_are_refused_not_crashed_on():
+    for value in (10**400, -(10**400)):
+        with pytest.raises(ConfigError) as info:
+            TrainConfig.from_dict({"learning_rate": value})
+        assert info.value.field == "learning_rate"
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({"steps": 10**4301})
+    assert info.value.field == "steps"
+
+
+def test_field_help_gives_the_range():
+    help_ = TrainConfig.field_help()
+    assert help_["seed"]["minimum"] == 0 and help_["seed"]["maximum"] == 2**32 - 1
+    assert "minimum" not in help_["loss_type"]

@@ -156,7 +156,7 @@ def _lookup(value: Any, path: Path) -> tuple[bool, Any]:
     for key in path:
         if isinstance(value, dict) and key in value:
             value = value[key]
-        elif isinstance(value, list) and key.isdigit() and int(key) < len(value):
+        elif isinstance(value, list) and key.isdecimal() and len(key) < 19 and int(key) < len(value):
             value = value[int(key)]
         else:
             return False, None

@@ -97,7 +97,7 @@ def _lookup(path: tuple[str, ...], sample: Sample, item: dict[str, Any]) -> Any:
     for key in rest:
         if isinstance(value, dict) and key in value:
             value = value[key]
-        elif isinstance(value, list) and key.isdigit() and int(key) < len(value):
+        elif isinstance(value, list) and key.isdecimal() and len(key) < 19 and int(key) < len(value):
             value = value[int(key)]
         else:
             raise GradingError("template_error", f"{'.'.join(path)} not found (no {key!r})")
