@@ -24,6 +24,7 @@ from training import strict_json
 from training.agent import template_supports_tools
 from training.engines.base import Choice, Engine, OnToken, SamplingParams, TokenDelta
 from training.engines.grammar import json_grammar
+from training.openai_errors import error_object
 from training.serving.adapters import AdapterCache, check_adapter_path
 from training.serving.chunks import (
     ChunkContext,
@@ -110,6 +111,15 @@ class InferenceApp:
             return
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
         method, path = scope["method"], scope["path"]
+        started = False
+        send_to_client = send
+
+        async def send_tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send_to_client(message)
+
+        send = send_tracked
         try:
             if path == "/health":
                 await _json(send, 200, {"status": "ok", "model": self.config.model_name})
@@ -133,6 +143,13 @@ class InferenceApp:
                 raise RequestError(f"no route {method} {path}", code="not_found", status=404)
         except RequestError as exc:
             await _json(send, exc.status, exc.body())
+        except Exception:
+            # Anything unforeseen is still OpenAI's error object (the gateway relays it), unless a
+            # stream had begun: then the connection is cut, as a half-sent stream cannot turn into one.
+            log.exception("unhandled error on %s %s", method, path)
+            if started:
+                raise
+            await _json(send, 500, error_object(500, "The inference server had an error; see its log."))
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:

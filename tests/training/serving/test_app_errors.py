@@ -1,0 +1,69 @@
+"""The inference server's errors are OpenAI error objects too: a body the strict JSON reader
+refuses is a 400 naming the position, and an unforeseen exception a 500 (the gateway relays both)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from training.serving.app import InferenceApp, ServerConfig
+
+
+def post(app: InferenceApp, data: bytes) -> tuple[int, dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+    messages = [{"type": "http.request", "body": data, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    from training.base_models import load_base_model
+    from training.engines.transformers_engine import TransformersEngine
+
+    model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
+    return TransformersEngine(model, tokenizer)
+
+
+@pytest.fixture
+def app(engine, tmp_path) -> InferenceApp:
+    return InferenceApp(engine, ServerConfig(model_name="tiny", adapter_root=tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('{"model": "tiny", "messages": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper than 64"),
+        ('{"model": "tiny", "messages": [], "temperature": Infinity}', "Infinity is not a JSON number"),
+        ('{"model": "tiny", "messages": [], "n": ' + "1" * 4301 + "}", "integer out of range"),
+        ('{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}', "lone UTF-16 surrogate"),
+    ],
+)
+def test_a_body_the_strict_reader_refuses_is_a_400(app, text, reason):
+    status, body = post(app, text.encode())
+    assert status == 400 and body["error"]["code"] == "invalid_json"
+    assert reason in body["error"]["message"] and "line 1 column" in body["error"]["message"]
+
+
+def test_an_unforeseen_exception_is_a_500_error_object(app, monkeypatch):
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app, "_chat", broken)
+    status, body = post(app, b"{}")
+    assert status == 500 and body["error"]["type"] == "api_error" and "a bug" not in body["error"]["message"]
