@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,34 +14,104 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest
 
 from projects import catalog
-from projects.models import EnvironmentKind
+from projects.models import EnvironmentKind, EvaluationStatus
 
-# The per-step series the run page charts, read from StepMetrics.metrics (training/loop.py and
-# training/trainer.py write these keys).
+# The per-step series the run page charts (key, caption), read from StepMetrics.metrics
+# (training/loop.py and training/trainer.py write these keys), except completion length, the mean
+# over the step's trajectories.
 CHART_SERIES = [
-    ("reward", "Mean reward ± std", None),
-    ("loss", "Loss", "loss"),
-    ("kl", "KL to the base model", "kl"),
-    ("entropy", "Entropy", "entropy"),
-    ("clip_fraction", "Clip fraction", "clip_fraction"),
-    ("zero_variance_fraction", "Zero-variance groups", "zero_variance_fraction"),
-    ("tokens_per_second", "Tokens / s (rollouts)", "tokens_per_second"),
+    ("loss", "Loss"),
+    ("grad_norm", "Grad norm (before clipping)"),
+    ("completion_tokens", "Completion length (mean tokens)"),
+    ("entropy", "Entropy"),
+    ("kl", "KL to the base model"),
+    ("clip_fraction", "Clip fraction"),
+    ("zero_variance_fraction", "Zero-variance groups"),
+    ("tokens_per_second", "Tokens / s (rollouts)"),
 ]
 
+# The trainer writes these as 0 on a step without an update (every group had one reward, so
+# trainable_tokens is 0; training/trainer.py): there they were not measured and are not drawn.
+UPDATE_METRICS = {"loss", "grad_norm", "entropy", "clip_fraction", "kl"}
 
-def chart_data(step_metrics: list[Any]) -> dict[str, Any]:
-    def value(row: Any, key: str) -> float | None:
-        raw = row.metrics.get(key)
-        return raw if isinstance(raw, int | float) else None
+CLIP_FRACTION_NOTE = (
+    "One policy update per batch: the ratio to the sampler's policy is 1 up to numerical noise, "
+    "so clipping stays near 0 unless sampler and trainer disagree."
+)
 
+
+def _number(raw: Any) -> float | None:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        return None
+    return float(raw)
+
+
+def chart_data(
+    step_metrics: list[Any],
+    *,
+    config: dict[str, Any] | None = None,
+    sample_means: dict[int, dict[str, Any]] | None = None,
+    evaluations: Sequence[Any] = (),
+) -> dict[str, Any]:
+    """The run page's chart series (``/runs/<id>/metrics.json``). What was not measured is null,
+    never 0, and a series with a reason to read it carefully carries a ``note``: KL with
+    ``kl_coef`` 0 is not computed at all, a step without an update measured no loss, grad norm,
+    entropy, KL or clip fraction. ``sample_means`` (selectors.run_step_sample_means) gives the
+    completion length and the per-sub-reward means; ``evaluations`` the validation reward per
+    evaluated step."""
+    config = config or {}
+    sample_means = sample_means or {}
+    steps = [row.step for row in step_metrics]
+    no_update = [row.step for row in step_metrics if row.metrics.get("trainable_tokens") == 0]
+
+    def values(key: str) -> list[float | None]:
+        if key == "completion_tokens":
+            return [_number(sample_means.get(row.step, {}).get("completion_tokens")) for row in step_metrics]
+        return [
+            None if key in UPDATE_METRICS and row.step in no_update else _number(row.metrics.get(key))
+            for row in step_metrics
+        ]
+
+    def note(key: str, series: list[float | None]) -> str:
+        if key == "kl" and _number(config.get("kl_coef")) == 0:
+            return "Not measured: kl_coef is 0, so the policy is never compared with the base model."
+        notes = []
+        if key == "clip_fraction":
+            notes.append(CLIP_FRACTION_NOTE)
+        if key in UPDATE_METRICS and no_update:
+            shown = ", ".join(str(step) for step in no_update[:8]) + (" …" if len(no_update) > 8 else "")
+            notes.append(f"No update at step {shown} (every group had the same reward): not drawn there.")
+        if steps and all(value is None for value in series) and not notes:
+            notes.append("Not measured in this run.")
+        return " ".join(notes)
+
+    series: dict[str, dict[str, Any]] = {}
+    for key, label in CHART_SERIES:
+        measured = values(key)
+        if key == "kl" and _number(config.get("kl_coef")) == 0:
+            measured = [None] * len(step_metrics)
+        series[key] = {"label": label, "values": measured, "note": note(key, measured)}
+
+    names = sorted({name for means in sample_means.values() for name in means.get("sub_rewards", {})})
+    sub_rewards = {
+        name: [_number(sample_means.get(step, {}).get("sub_rewards", {}).get(name)) for step in steps]
+        for name in names
+    }
+    validation = [
+        (evaluation.step, _number((evaluation.results or {}).get("reward_mean")))
+        for evaluation in evaluations
+        if evaluation.step is not None and evaluation.status == EvaluationStatus.SUCCEEDED
+    ]
+    validation = [(step, value) for step, value in validation if value is not None]
     return {
-        "steps": [row.step for row in step_metrics],
-        "reward_mean": [row.reward_mean for row in step_metrics],
-        "reward_std": [row.reward_std for row in step_metrics],
-        "series": {
-            key: {"label": label, "values": [value(row, metric) for row in step_metrics]}
-            for key, label, metric in CHART_SERIES
-            if metric
+        "steps": steps,
+        "reward_mean": [_number(row.reward_mean) for row in step_metrics],
+        "reward_std": [_number(row.reward_std) for row in step_metrics],
+        "series": series,
+        "sub_rewards": sub_rewards,
+        "validation": {
+            "steps": [step for step, _ in validation],
+            "reward_mean": [value for _, value in validation],
         },
     }
 
@@ -67,6 +138,7 @@ class Column:
     messages: list[Message]
     rank: str  # "best", "worst" or ""
     side: str = ""  # an evaluation sample's side: "subject" or "reference"
+    advantage: float | None = None  # the sample's group-relative advantage (trajectory viewer)
 
 
 def _tool_calls(message: dict[str, Any]) -> list[dict[str, str]]:
@@ -140,9 +212,10 @@ def _messages(raw_messages: list[dict[str, Any]], split: tuple[int | None, int] 
     return messages
 
 
-def transcript_columns(trajectories: Sequence[Any]) -> list[Column]:
+def transcript_columns(trajectories: Sequence[Any], summary: GroupSummary | None = None) -> list[Column]:
     """Columns best first; in the best and the worst, the text from their first difference on is
-    marked ``diverged`` (the first differing message gets ``first_divergence``)."""
+    marked ``diverged`` (the first differing message gets ``first_divergence``). With ``summary``
+    (``group_summary``) each column carries its sample's advantage."""
     if not trajectories:
         return []
     best, worst = trajectories[0], trajectories[-1]
@@ -156,9 +229,46 @@ def transcript_columns(trajectories: Sequence[Any]) -> list[Column]:
                 trajectory,
                 _messages(trajectory.messages, split if marked else None),
                 rank if len(trajectories) > 1 else "",
+                advantage=summary.advantages.get(trajectory.pk) if summary is not None else None,
             )
         )
     return columns
+
+
+# Rewards this close count as equal (training.grpo.ZERO_VARIANCE_TOLERANCE): no learning signal.
+ZERO_VARIANCE_TOLERANCE = 1e-8
+# Added to the std before dividing, as training.grpo.group_advantages does.
+ADVANTAGE_EPSILON = 1e-6
+
+
+@dataclass
+class GroupSummary:
+    mean: float
+    std: float  # population std (divide by G), as GRPO's advantages use it
+    zero_variance: bool
+    scaled: bool  # advantages divided by the std (the run's TrainConfig.scale_rewards)
+    advantages: dict[int, float]  # by trajectory pk
+
+
+def group_summary(trajectories: Sequence[Any], *, scale_rewards: bool) -> GroupSummary | None:
+    """A group's reward mean and std and each sample's group-relative advantage as GRPO computed it
+    (training.grpo): reward − mean, divided by (std + 1e-6) when the run scales by the std; a
+    zero-variance group gets zeros (the trainer skips it)."""
+    if not trajectories:
+        return None
+    rewards = [float(t.reward) for t in trajectories]
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    zero_variance = max(rewards) - min(rewards) <= ZERO_VARIANCE_TOLERANCE
+    advantages = {
+        t.pk: 0.0
+        if zero_variance
+        else (t.reward - mean) / (std + ADVANTAGE_EPSILON)
+        if scale_rewards
+        else t.reward - mean
+        for t in trajectories
+    }
+    return GroupSummary(mean, std, zero_variance, scale_rewards, advantages)
 
 
 @dataclass

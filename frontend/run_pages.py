@@ -4,8 +4,10 @@ checkpoint's page with its playground. Reads through projects.selectors, writes 
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.http import HttpResponse, JsonResponse
@@ -18,7 +20,9 @@ from frontend import evaluation_pages
 from frontend import forms as f
 from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
 from frontend.presentation import (
+    CHART_SERIES,
     chart_data,
+    group_summary,
     page_of,
     query_without_page,
     transcript_columns,
@@ -168,6 +172,7 @@ def run_detail(request: TeamHttpRequest, run_id: int) -> HttpResponse:
     context = _run_context(request, run)
     context["evaluations"] = selectors.run_evaluations(run=run)
     context["config"] = sorted(run.config.items())
+    context["chart_series"] = CHART_SERIES
     return render(request, "frontend/run.html", context)
 
 
@@ -182,7 +187,14 @@ def run_live(request: TeamHttpRequest, run_id: int) -> HttpResponse:
 @team_view()
 def run_metrics(request: TeamHttpRequest, run_id: int) -> JsonResponse:
     run = get_scoped(Run, request, run_id)
-    return JsonResponse(chart_data(list(selectors.run_step_metrics(run=run))))
+    return JsonResponse(
+        chart_data(
+            list(selectors.run_step_metrics(run=run)),
+            config=run.config,
+            sample_means=selectors.run_step_sample_means(run=run),
+            evaluations=list(selectors.run_evaluations(run=run)),
+        )
+    )
 
 
 @require_POST
@@ -195,18 +207,47 @@ def run_cancel(request: TeamHttpRequest, run_id: int) -> HttpResponse:
 
 @team_view()
 def trajectories(request: TeamHttpRequest, run_id: int) -> HttpResponse:
+    """One group of one step side by side, with the row's reference ``item``, the group's reward
+    mean/std and each sample's advantage; ``?variance=1`` keeps only groups whose rewards differ.
+    Links to the neighbouring groups and steps carry the keys app.js binds (j/k, [/])."""
     run = get_scoped(Run, request, run_id)
+    variance_only = request.GET.get("variance") == "1"
     steps = selectors.trajectory_steps(run=run)
     step = _int(request.GET.get("step"), None)
     if step not in steps:
         step = steps[-1] if steps else None
-    groups = selectors.trajectory_group_indexes(run=run, step=step) if step is not None else []
+    groups: list[int] = []
+    if step is not None:
+        groups = (
+            selectors.trajectory_group_indexes_with_variance(run=run, step=step)
+            if variance_only
+            else selectors.trajectory_group_indexes(run=run, step=step)
+        )
     group = _int(request.GET.get("group"), None)
     if group not in groups:  # e.g. a group number kept from another step
         group = groups[0] if groups else None
     rows = []
     if step is not None and group is not None:
         rows = selectors.trajectory_group(run=run, step=step, group_index=group)
+    summary = group_summary(rows, scale_rewards=bool(run.config.get("scale_rewards", True)))
+    row_indexes = sorted({t.task_row_index for t in rows if t.task_row_index is not None})
+    items = selectors.run_task_row_items(run=run, indexes=row_indexes) if row_indexes else {}
+
+    def link(to_step: int | None, to_group: int | None) -> str | None:
+        if to_step is None:
+            return None
+        query = {"step": to_step, **({"group": to_group} if to_group is not None else {})}
+        if variance_only:
+            query["variance"] = 1
+        return "?" + urlencode(query)
+
+    def neighbour(values: list[int], current: int | None, offset: int) -> int | None:
+        if current not in values:
+            return None
+        index = values.index(current) + offset
+        return values[index] if 0 <= index < len(values) else None
+
+    previous_group, next_group = neighbour(groups, group, -1), neighbour(groups, group, 1)
     return render(
         request,
         "frontend/trajectories.html",
@@ -216,7 +257,20 @@ def trajectories(request: TeamHttpRequest, run_id: int) -> HttpResponse:
             "step": step,
             "groups": groups,
             "group": group,
-            "columns": transcript_columns(rows),
+            "variance_only": variance_only,
+            "summary": summary,
+            "items": [
+                (index, json.dumps(items[index], indent=2, ensure_ascii=False))
+                for index in row_indexes
+                if index in items
+            ],
+            "columns": transcript_columns(rows, summary),
+            "nav": {
+                "previous_group": link(step, previous_group) if previous_group is not None else None,
+                "next_group": link(step, next_group) if next_group is not None else None,
+                "previous_step": link(neighbour(steps, step, -1), group),
+                "next_step": link(neighbour(steps, step, 1), group),
+            },
         },
     )
 

@@ -47,9 +47,12 @@ from projects.selectors.steps import (
     checkpoint_latest,
     run_checkpoints,
     run_step_metrics,
+    run_step_sample_means,
+    run_task_row_items,
     run_trajectories,
     trajectory_group,
     trajectory_group_indexes,
+    trajectory_group_indexes_with_variance,
     trajectory_steps,
 )
 from projects.selectors.task_sets import (
@@ -85,6 +88,9 @@ __all__ = [
     "run_trajectories",
     "trajectory_steps",
     "trajectory_group_indexes",
+    "trajectory_group_indexes_with_variance",
+    "run_step_sample_means",
+    "run_task_row_items",
     "trajectory_group",
     "checkpoint_latest",
     "checkpoint_exists",

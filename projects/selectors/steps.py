@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from typing import Any
 
-from projects.models import Checkpoint, Run, StepMetrics, TrainableModel, Trajectory
+from django.db.models import Max, Min, QuerySet
+
+from projects.models import Checkpoint, Run, StepMetrics, TaskRow, TrainableModel, Trajectory
+
+# Rewards this close count as equal (training.grpo.ZERO_VARIANCE_TOLERANCE): no learning signal.
+ZERO_VARIANCE_TOLERANCE = 1e-8
 
 
 def run_step_metrics(*, run: Run) -> QuerySet[StepMetrics]:
@@ -33,6 +38,46 @@ def trajectory_group_indexes(*, run: Run, step: int) -> list[int]:
         .distinct()
         .order_by("group_index")
     )
+
+
+def trajectory_group_indexes_with_variance(*, run: Run, step: int) -> list[int]:
+    """The step's groups whose rewards differ (the groups GRPO learns from)."""
+    return list(
+        Trajectory.objects.filter(run=run, step=step)
+        .values("group_index")
+        .annotate(spread=Max("reward") - Min("reward"))
+        .filter(spread__gt=ZERO_VARIANCE_TOLERANCE)
+        .values_list("group_index", flat=True)
+        .order_by("group_index")
+    )
+
+
+def run_step_sample_means(*, run: Run) -> dict[int, dict[str, Any]]:
+    """Per step, the mean completion length of its trajectories and the mean of each sub-reward:
+    ``{step: {"completion_tokens": float, "sub_rewards": {name: float}}}``."""
+    sums: dict[int, dict[str, Any]] = {}
+    rows = Trajectory.objects.filter(run=run).values_list("step", "completion_tokens", "sub_rewards")
+    for step, tokens, sub_rewards in rows.iterator():
+        entry = sums.setdefault(step, {"n": 0, "tokens": 0, "sub_rewards": {}})
+        entry["n"] += 1
+        entry["tokens"] += tokens
+        for name, value in (sub_rewards or {}).items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                total, count = entry["sub_rewards"].get(name, (0.0, 0))
+                entry["sub_rewards"][name] = (total + value, count + 1)
+    return {
+        step: {
+            "completion_tokens": entry["tokens"] / entry["n"],
+            "sub_rewards": {name: total / count for name, (total, count) in entry["sub_rewards"].items()},
+        }
+        for step, entry in sums.items()
+    }
+
+
+def run_task_row_items(*, run: Run, indexes: list[int]) -> dict[int, Any]:
+    """The ``item`` (the reference a grader reads) of the run's task rows at ``indexes``."""
+    rows = TaskRow.objects.filter(task_set_id=run.task_set_id, index__in=indexes)
+    return {index: (data or {}).get("item") for index, data in rows.values_list("index", "data")}
 
 
 def trajectory_group(*, run: Run, step: int, group_index: int) -> list[Trajectory]:

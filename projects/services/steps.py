@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from projects.formatting import format_number
 from projects.models import Checkpoint, EventType, Run, RunStatus, StepMetrics, TrainableModel, Trajectory
 from projects.services._common import jsonb_safe
 from projects.services.runs import run_event_add
@@ -77,8 +78,17 @@ def step_record(
         locked.save(update_fields=["current_step", "heartbeat_at"])
         run_event_add(
             run=locked,
-            message=f"Step {step - locked.start_step}/{locked.total_steps}: reward {metrics.get('reward_mean', 0):.3f}, loss {metrics.get('loss', 0):.4f}",
+            message=_step_message(step - locked.start_step, locked.total_steps, metrics),
             type=EventType.METRICS,
             data={"step": step, **metrics},
         )
     return True
+
+
+def _step_message(done: int, total: int, metrics: dict[str, Any]) -> str:
+    """ "Step 3/20: reward 0.625, loss 1.3e-6", numbers by magnitude; a step without an update
+    (every group had one reward) says so instead of showing its placeholder loss of 0."""
+    reward = format_number(metrics.get("reward_mean"))
+    if metrics.get("trainable_tokens") == 0:
+        return f"Step {done}/{total}: reward {reward}, no update (every group had the same reward)"
+    return f"Step {done}/{total}: reward {reward}, loss {format_number(metrics.get('loss'))}"

@@ -390,8 +390,10 @@ def test_run_metrics_json_has_the_chart_series(cast, alpha_setup, alpha_run):
     data = client_for(cast.alice).get(f"/runs/{alpha_run.pk}/metrics.json").json()
     assert data["steps"] == []
     assert set(data["series"]) == {
-        "loss", "kl", "entropy", "clip_fraction", "zero_variance_fraction", "tokens_per_second"
+        "loss", "grad_norm", "completion_tokens", "kl", "entropy", "clip_fraction",
+        "zero_variance_fraction", "tokens_per_second",
     }  # fmt: skip
+    assert data["sub_rewards"] == {} and data["validation"] == {"steps": [], "reward_mean": []}
 
 
 def test_playground_needs_a_signed_in_member(cast):

@@ -49,29 +49,83 @@
     selection.addRange(range);
   }
 
+  // --- numbers by magnitude (mirrors projects/formatting.py format_number) -------------------
+  function scientific(v, digits) {
+    const [mantissa, exponent] = v.toExponential(Math.max(digits - 1, 0)).split("e");
+    const trimmed = mantissa.indexOf(".") >= 0 ? mantissa.replace(/0+$/, "").replace(/\.$/, "") : mantissa;
+    const power = Number(exponent);
+    return trimmed + "e" + (power < 0 ? "-" : "+") + Math.abs(power);
+  }
+
+  function formatNumber(value, digits) {
+    digits = digits || 4;
+    if (value === null || value === undefined || typeof value === "boolean") return "–";
+    const v = Number(value);
+    if (Number.isNaN(v)) return "–";
+    if (!Number.isFinite(v)) return String(v);
+    if (v === 0) return "0";
+    const magnitude = Math.abs(v);
+    if (Number.isInteger(v) && magnitude < 1e6) return String(v);
+    if (magnitude < 1e-3 || magnitude >= 1e6) return scientific(v, digits);
+    const text = String(Number(v.toPrecision(digits)));
+    return text.indexOf("e") >= 0 ? v.toFixed(0) : text;
+  }
+  window.artwebFormatNumber = formatNumber;
+
+  // Tick labels with the fewest significant digits that keep neighbouring ticks apart (a loss
+  // that moves by 1e-9 around 1.3e-6 must not read "1.3e-6" five times).
+  function formatTick(value, index, ticks) {
+    const values = ticks.map(function (tick) { return tick.value; });
+    for (let digits = 2; digits <= 10; digits++) {
+      const labels = values.map(function (v) { return formatNumber(v, digits); });
+      if (new Set(labels).size === labels.length) return labels[index];
+    }
+    return formatNumber(value, 10);
+  }
+
   // --- run page charts ------------------------------------------------------------------------
   const charts = {};
   let chartedStep = null;
+  let lastData = null;
 
-  // Tick labels with as many decimals as the tick spacing needs (tiny ranges stay readable).
-  function formatTick(value, index, ticks) {
-    const v = Number(value);
-    if (v === 0) return "0";
-    if (Math.abs(v) < 1e-3) return v.toExponential(1);
-    const spacing = ticks.length > 1 ? Math.abs(ticks[1].value - ticks[0].value) : Math.abs(v);
-    const decimals = spacing > 0 ? Math.max(0, Math.min(6, Math.ceil(-Math.log10(spacing)))) : 2;
-    return v.toFixed(decimals);
+  // Exponential moving average (debiased, as TensorBoard's); null stays null.
+  function smooth(values, weight) {
+    if (!weight) return values;
+    let last = 0, count = 0;
+    return values.map(function (v) {
+      if (v === null || v === undefined) return null;
+      last = last * weight + (1 - weight) * v;
+      count++;
+      return last / (1 - Math.pow(weight, count));
+    });
+  }
+
+  function smoothing() {
+    const select = document.getElementById("chart-smoothing");
+    return select ? Number(select.value) : 0;
+  }
+
+  // A series as one dataset, or, smoothed, a faint raw line under its EMA.
+  function seriesDatasets(label, values, color) {
+    const weight = smoothing();
+    if (!weight) return [{ label: label, data: values, borderColor: color, backgroundColor: color, pointRadius: 3 }];
+    return [
+      { label: "_" + label, data: values, borderColor: color + "40", backgroundColor: color + "40", pointRadius: 2 },
+      { label: label + " (EMA " + weight + ")", data: smooth(values, weight), borderColor: color, backgroundColor: color, pointRadius: 0 },
+    ];
   }
 
   function lineChart(id, datasets, steps) {
     const canvas = document.getElementById(id);
     if (!canvas) return;
-    if (charts[id]) {
+    if (charts[id] && charts[id].data.datasets.length === datasets.length) {
       charts[id].data.labels = steps;
-      charts[id].data.datasets.forEach(function (dataset, i) { dataset.data = datasets[i].data; });
+      charts[id].data.datasets.forEach(function (dataset, i) { dataset.data = datasets[i].data; dataset.label = datasets[i].label; });
       charts[id].update("none");
       return;
     }
+    if (charts[id]) charts[id].destroy();
+    const named = datasets.filter(function (d) { return !d.label.startsWith("_"); });
     charts[id] = new window.Chart(canvas, {
       type: "line",
       data: { labels: steps, datasets: datasets },
@@ -79,27 +133,65 @@
         responsive: true,
         maintainAspectRatio: false,
         animation: false,
-        spanGaps: true,
+        spanGaps: false,  // a step that measured nothing is a gap, not a line through it
         interaction: { mode: "index", intersect: false },
-        plugins: { legend: { display: datasets.length > 1, labels: { filter: function (item) { return !item.text.startsWith("_"); } } } },
+        plugins: {
+          legend: { display: named.length > 1, labels: { filter: function (item) { return !item.text.startsWith("_"); } } },
+          tooltip: {
+            filter: function (item) { return !item.dataset.label.startsWith("_") || named.length === 0; },
+            callbacks: { label: function (ctx) { return ctx.dataset.label.replace(/^_/, "") + ": " + formatNumber(ctx.parsed.y); } },
+          },
+        },
         scales: { x: { title: { display: true, text: "step" } }, y: { ticks: { callback: formatTick } } },
       },
     });
   }
 
+  function showNote(key, text) {
+    const note = document.getElementById("note-" + key);
+    if (!note) return;
+    note.textContent = text || "";
+    note.hidden = !text;
+  }
+
+  const PALETTE = ["#7c3aed", "#db2777", "#ea580c", "#0891b2", "#65a30d", "#475569"];
+
   function drawCharts(data) {
+    lastData = data;
     const empty = document.getElementById("charts-empty");
     if (empty) empty.hidden = data.steps.length > 0;
-    const mean = data.reward_mean;
-    const upper = mean.map(function (m, i) { return m === null ? null : m + (data.reward_std[i] || 0); });
-    const lower = mean.map(function (m, i) { return m === null ? null : m - (data.reward_std[i] || 0); });
-    lineChart("chart-reward", [
+    const weight = smoothing();
+    const mean = smooth(data.reward_mean, weight);
+    const std = smooth(data.reward_std, weight);
+    const upper = mean.map(function (m, i) { return m === null ? null : m + (std[i] || 0); });
+    const lower = mean.map(function (m, i) { return m === null ? null : m - (std[i] || 0); });
+    const rewardSets = [
       { label: "_upper", data: upper, borderWidth: 0, pointRadius: 0, backgroundColor: "rgba(37,99,235,0.15)", fill: "+1" },
       { label: "_lower", data: lower, borderWidth: 0, pointRadius: 0, fill: false },
-      { label: "mean reward", data: mean, borderColor: "#2563eb", backgroundColor: "#2563eb", pointRadius: 3 },
-    ], data.steps);
+    ];
+    if (weight) rewardSets.push({ label: "_raw", data: data.reward_mean, borderColor: "#2563eb40", backgroundColor: "#2563eb40", pointRadius: 2 });
+    rewardSets.push({ label: weight ? "mean reward (EMA " + weight + ")" : "mean reward", data: mean, borderColor: "#2563eb", backgroundColor: "#2563eb", pointRadius: weight ? 0 : 3 });
+    lineChart("chart-reward", rewardSets, data.steps);
+
+    const validation = data.validation || { steps: [], reward_mean: [] };
+    lineChart("chart-validation", [{ label: "validation reward", data: validation.reward_mean, borderColor: "#16a34a", backgroundColor: "#16a34a", pointRadius: 4 }], validation.steps);
+    showNote("validation", validation.steps.length ? "" : "No evaluation yet: the run evaluates its validation rows at step 0, every eval_interval steps and at the end.");
+
+    const subs = Object.entries(data.sub_rewards || {});
+    let subSets = [];
+    subs.forEach(function ([name, values], i) { subSets = subSets.concat(seriesDatasets(name, values, PALETTE[i % PALETTE.length])); });
+    lineChart("chart-sub_rewards", subSets, data.steps);
+    showNote("sub_rewards", subs.length ? "" : "No sub-rewards recorded.");
+
     for (const [key, series] of Object.entries(data.series)) {
-      lineChart("chart-" + key, [{ label: series.label, data: series.values, borderColor: "#0f766e", backgroundColor: "#0f766e", pointRadius: 3 }], data.steps);
+      const measured = series.values.some(function (v) { return v !== null; });
+      const figure = document.getElementById("figure-" + key);
+      const notMeasured = series.note && series.note.startsWith("Not measured") && !measured;
+      if (figure) figure.classList.toggle("not-measured", Boolean(notMeasured));
+      const canvas = document.getElementById("chart-" + key);
+      if (canvas) canvas.hidden = Boolean(notMeasured && series.note.indexOf("kl_coef") >= 0);
+      showNote(key, series.note);
+      if (canvas && !canvas.hidden) lineChart("chart-" + key, seriesDatasets(series.label, series.values, "#0f766e"), data.steps);
     }
   }
 
@@ -117,6 +209,26 @@
 
   window.addEventListener("load", refreshCharts);
   document.addEventListener("htmx:afterSettle", refreshCharts);
+  const smoothingSelect = document.getElementById("chart-smoothing");
+  if (smoothingSelect) smoothingSelect.addEventListener("change", function () { if (lastData) drawCharts(lastData); });
+
+  // --- trajectory viewer: keys for the links marked data-hotkey (j/k groups, [/] steps) --------
+  document.addEventListener("keydown", function (event) {
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    const target = event.target;
+    if (target && (target.isContentEditable || ["INPUT", "SELECT", "TEXTAREA"].indexOf(target.tagName) >= 0)) return;
+    if (event.key.length !== 1) return;
+    const link = document.querySelector('a[data-hotkey="' + CSS.escape(event.key) + '"]');
+    if (!link) return;
+    event.preventDefault();
+    window.location.assign(link.href);
+  });
+
+  // The viewer's filter form submits when a choice changes (the Show button stays for keyboards).
+  const trajectoryFilters = document.getElementById("trajectory-filters");
+  if (trajectoryFilters) {
+    trajectoryFilters.addEventListener("change", function () { trajectoryFilters.submit(); });
+  }
 
   // --- reward editor: validation as you type, and "try it" -----------------------------------
   function specOf(form) {
