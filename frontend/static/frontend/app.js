@@ -96,7 +96,8 @@
       if (v === null || v === undefined) return null;
       last = last * weight + (1 - weight) * v;
       count++;
-      return last / (1 - Math.pow(weight, count));
+      // Rounded to 12 digits: a constant series stays exactly constant (no 0.5 vs 0.50000000001 axis).
+      return Number((last / (1 - Math.pow(weight, count))).toPrecision(12));
     });
   }
 
