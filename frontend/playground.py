@@ -13,6 +13,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.http import require_POST
 
 from frontend.access import session_access
+from projects.gateway.sync_servers import serve
 from projects.gateway.views import chat_completions_for_team
 
 
@@ -25,4 +26,4 @@ async def playground_chat(request: HttpRequest) -> HttpResponseBase:
     access = await sync_to_async(session_access)(request)
     if access is None:
         return JsonResponse({"error": {"message": "You are in no team.", "code": "no_team"}}, status=403)
-    return await chat_completions_for_team(team=access.team, raw_body=request.body)
+    return await serve(request, chat_completions_for_team(team=access.team, raw_body=request.body))

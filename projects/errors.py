@@ -18,7 +18,7 @@ class DomainError(Exception):
             self.code = code
 
     def __str__(self) -> str:
-        return f"{self.field}: {self.message}" if self.field else self.message
+        return _located(self.field, self.message)
 
 
 class ValidationFailed(DomainError):
@@ -32,6 +32,14 @@ class ValidationFailed(DomainError):
     ):
         super().__init__(message, field=field)
         self.problems = problems or [(field or "non_field_errors", message)]
+
+
+def _located(field: str | None, message: str) -> str:
+    # The path once: a summary of several problems already starts with the first one's path
+    # ("grader.pattern: is required", not "grader.pattern: grader.pattern: is required").
+    if not field or field == "non_field_errors" or message.startswith(f"{field}: "):
+        return message
+    return f"{field}: {message}"
 
 
 class Forbidden(DomainError):

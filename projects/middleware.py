@@ -16,7 +16,11 @@ without a thread hop.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import itertools
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -25,6 +29,7 @@ from django.conf import settings
 from django.core import signals
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.urls import Resolver404, get_resolver, resolve
 from django.views import defaults
 
 from training.openai_errors import error_object
@@ -92,13 +97,17 @@ class RequestIdMiddleware:
         if self.is_async:
             return self.__acall__(request)
         request.request_id = new_request_id()  # type: ignore[attr-defined]
-        response = self.get_response(request)
-        response[HEADER] = request.request_id  # type: ignore[attr-defined]
-        return response
+        return self._finish(request, self.get_response(request))
 
     async def __acall__(self, request: HttpRequest) -> Any:
         request.request_id = new_request_id()  # type: ignore[attr-defined]
-        response = await self.get_response(request)
+        return self._finish(request, await self.get_response(request))
+
+    def _finish(self, request: HttpRequest, response: Any) -> Any:
+        # Under DEBUG Django answers a URL that resolves nowhere with its HTML page, not handler404.
+        html = response.get("Content-Type", "").startswith("text/html")
+        if response.status_code == 404 and html and wants_json(request):
+            response = json_error(request, 404, not_found_message(request.path))
         response[HEADER] = request.request_id  # type: ignore[attr-defined]
         return response
 
@@ -120,6 +129,62 @@ class RequestIdMiddleware:
         return exception_response(request, exception)
 
 
+def not_found_message(path: str) -> str:
+    """The 404 message, naming the path that exists when this one is a near miss."""
+    suggestion = near_miss(path)
+    if suggestion is None:
+        return f"No endpoint at {path}."
+    return f"No endpoint at {path}; did you mean {suggestion}?"
+
+
+def near_miss(path: str) -> str | None:
+    """An existing API path close to ``path``: unknown or misspelt words replaced by the closest
+    words the URLconf uses (``/api/v1/run/3/event`` -> ``/api/v1/runs/3/events``), else the slash
+    toggled; the fewest changes win."""
+    prefix = next((p for p in JSON_PREFIXES if path.startswith(p)), None)
+    if prefix is None:
+        return None
+    words, segments = _url_words(), path.strip("/").split("/")
+    options = [
+        [segment]
+        if not segment or segment.isdigit()
+        else [
+            segment,
+            *(w for w in difflib.get_close_matches(segment, words, n=3, cutoff=0.6) if w != segment),
+        ]
+        for segment in segments
+    ]
+    tried = itertools.islice(itertools.product(*options), 200)
+    endings = ("/", "") if path.endswith("/") else ("", "/")
+    ranked = sorted(tried, key=lambda choice: sum(a != b for a, b in zip(choice, segments, strict=True)))
+    for choice in ranked:
+        for ending in endings:
+            candidate = "/" + "/".join(choice) + ending
+            if candidate == path or not candidate.startswith(prefix):
+                continue
+            try:
+                resolve(candidate)
+            except Resolver404:
+                continue
+            return candidate
+    return None
+
+
+@functools.cache
+def _url_words() -> frozenset[str]:
+    """The literal words of every URL pattern (``runs``, ``events``, ``hyperparameters``, …)."""
+    found: set[str] = set()
+
+    def walk(patterns: list[Any]) -> None:
+        for pattern in patterns:
+            text = re.sub(r"\(\?P<[^>]+>[^)]*\)|<[^>]+>", "", str(pattern.pattern))
+            found.update(re.findall(r"[a-z][a-z0-9_-]*", text))
+            walk(getattr(pattern, "url_patterns", []))
+
+    walk(get_resolver().url_patterns)
+    return frozenset(found)
+
+
 # --- the URLconf's handlers (artweb.urls): errors raised outside any view ---------------------------
 
 
@@ -137,7 +202,7 @@ def permission_denied(request: HttpRequest, exception: Exception) -> HttpRespons
 
 def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if wants_json(request):
-        return json_error(request, 404, f"No endpoint at {request.path}.")
+        return json_error(request, 404, not_found_message(request.path))
     return defaults.page_not_found(request, exception)
 
 

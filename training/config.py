@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from training import names as names_help
+
 LOSS_TYPES = ("ppo", "cispo")
 NORMALIZATIONS = ("sequence", "token", "constant")
 IMPORTANCE_LEVELS = ("token", "sequence")
@@ -74,7 +76,11 @@ class _Settings:
         if not isinstance(data, dict):
             raise ConfigError("__all__", f"expected an object, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        unknown = [(str(key), "unknown hyperparameter") for key in data if key not in names]
+        unknown = [
+            (str(key), names_help.unknown("hyperparameter", str(key), names, quoted=False))
+            for key in data
+            if key not in names
+        ]
         try:
             config = cls(**{key: value for key, value in data.items() if key in names})
         except ConfigError as exc:

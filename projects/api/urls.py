@@ -1,4 +1,6 @@
-from django.urls import path
+from typing import Any
+
+from django.urls import URLPattern, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
@@ -20,50 +22,59 @@ router.register("invitations", invitations.InvitationViewSet, basename="invitati
 router.register("judge-endpoints", graders.JudgeEndpointViewSet, basename="judge-endpoint")
 router.register("evaluations", evaluations.EvaluationViewSet, basename="evaluation")
 
+
+def without_slash(patterns: list[Any]) -> list[URLPattern]:
+    """The router's routes again without their trailing slash, out of the schema and unnamed (so
+    reverse() keeps writing the documented form): ``POST /runs`` creates instead of a redirect
+    that would lose its body (or APPEND_SLASH's 500 under DEBUG)."""
+    found = []
+    for pattern in patterns:
+        regex, view = pattern.pattern.regex.pattern, pattern.callback
+        if regex.endswith("/$") and hasattr(view, "actions"):
+            found.append(
+                re_path(
+                    regex[:-2] + "$", view.cls.as_view(view.actions, **{**view.initkwargs, "schema": None})
+                )
+            )
+    return found
+
+
+def both_ways(route: str, viewset: Any, actions: dict[str, str], name: str | None = None) -> list[URLPattern]:
+    """``route`` (as documented) and the same with its trailing slash toggled (out of the schema):
+    every path answers with or without the slash, like the router's, and never redirects (a
+    redirected POST loses its body)."""
+    other = route[:-1] if route.endswith("/") else f"{route}/"
+    return [
+        path(route, viewset.as_view(actions), name=name),
+        path(other, viewset.as_view(actions, schema=None)),
+    ]
+
+
 urlpatterns = [
-    path("hyperparameters", views.HyperparametersView.as_view({"get": "list"}), name="hyperparameters"),
-    path("environment-kinds", views.EnvironmentKindsView.as_view({"get": "list"}), name="environment-kinds"),
-    path("graders/validate", graders.GraderValidateView.as_view({"post": "create"}), name="graders-validate"),
-    path("graders/run", graders.GraderRunView.as_view({"post": "create"}), name="graders-run"),
-    path("usage", UsageViewSet.as_view({"get": "list"}), name="usage"),
-    # POST /api/v1/evaluations without the router's trailing slash, as the docs write it.
-    path(
-        "evaluations",
-        evaluations.EvaluationViewSet.as_view({"get": "list", "post": "create"}, schema=None),
-        name="evaluation-list-noslash",
+    *both_ways("hyperparameters", views.HyperparametersView, {"get": "list"}, "hyperparameters"),
+    *both_ways("environment-kinds", views.EnvironmentKindsView, {"get": "list"}, "environment-kinds"),
+    *both_ways("graders/validate", graders.GraderValidateView, {"post": "create"}, "graders-validate"),
+    *both_ways("graders/run", graders.GraderRunView, {"post": "create"}, "graders-run"),
+    *both_ways("usage", UsageViewSet, {"get": "list"}, "usage"),
+    *both_ways(
+        "runs/<int:run_id>/evaluations/", evaluations.RunEvaluationsView, {"get": "list"}, "run-evaluations"
     ),
-    path(
-        "runs/<int:run_id>/evaluations/",
-        evaluations.RunEvaluationsView.as_view({"get": "list"}),
-        name="run-evaluations",
-    ),
-    path(
-        "runs/<int:run_id>/evaluations", evaluations.RunEvaluationsView.as_view({"get": "list"}, schema=None)
-    ),
-    path(
+    *both_ways(
         "checkpoints/<int:checkpoint_id>/evaluations/",
-        evaluations.CheckpointEvaluationsView.as_view({"get": "list"}),
-        name="checkpoint-evaluations",
-    ),
-    path(
-        "checkpoints/<int:checkpoint_id>/evaluations",
-        evaluations.CheckpointEvaluationsView.as_view({"get": "list"}, schema=None),
+        evaluations.CheckpointEvaluationsView,
+        {"get": "list"},
+        "checkpoint-evaluations",
     ),
     # Not team-scoped: the signed-in person accepting is not a member yet (projects.api.base).
-    path(
-        "invitations/accept",
-        invitations.InvitationAcceptView.as_view({"post": "create"}),
-        name="invitation-accept",
+    *both_ways(
+        "invitations/accept", invitations.InvitationAcceptView, {"post": "create"}, "invitation-accept"
     ),
-    path("invitations/accept/", invitations.InvitationAcceptView.as_view({"post": "create"}, schema=None)),
     # Before the router: "generate" is not a task-set id.
-    path(
-        "task-sets/generate",
-        scenarios.TaskSetGenerateView.as_view({"post": "create"}),
-        name="task-sets-generate",
-    ),
-    path("task-sets/generate/", scenarios.TaskSetGenerateView.as_view({"post": "create"}, schema=None)),
+    *both_ways("task-sets/generate", scenarios.TaskSetGenerateView, {"post": "create"}, "task-sets-generate"),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
+    path("schema", SpectacularAPIView.as_view(permission_classes=[])),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[]), name="docs"),
+    path("docs", SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[])),
     *router.urls,
+    *without_slash(router.urls),
 ]

@@ -35,6 +35,7 @@ from projects.models import (
     TaskSet,
     TrainableModel,
 )
+from training import names
 
 
 def _valid(serializer_class: type, data: Any, partial: bool = False) -> dict[str, Any]:
@@ -93,7 +94,8 @@ class TrainableModelViewSet(TeamViewSet, mixins.RetrieveModelMixin):
         project = self.ref(Project, data["project"], "project")
         base_model = BaseModel.objects.filter(name=data["base_model"]).first()
         if base_model is None:
-            raise ValidationFailed(f"unknown base model {data['base_model']!r}", field="base_model")
+            known = BaseModel.objects.values_list("name", flat=True)
+            raise ValidationFailed(names.unknown("base model", data["base_model"], known), field="base_model")
         model = services.trainable_model_create(
             project=project, name=data["name"], base_model=base_model, lora=data["lora"]
         )

@@ -42,6 +42,7 @@ from projects.gateway.http import UpstreamBroken, UpstreamUnavailable
 from projects.gateway.ratelimit import rate_limit_hit
 from projects.gateway.routing import ParsedChat, Route
 from projects.gateway.services import usage_record
+from projects.gateway.sync_servers import serve
 from projects.gateway.upstream import InferenceServerUpstream, Upstream, Usage
 from projects.gateway.vllm import VLLMUpstream
 from projects.models import ApiKey, InferenceServer, Team
@@ -199,7 +200,7 @@ def _record_usage(route: Route, usage: Usage | None) -> None:
 async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return GatewayError(405, "Use POST.", code="method_not_allowed").response()
-    return await _complete(request.body, request.headers.get("Authorization"), None)
+    return await serve(request, _complete(request.body, request.headers.get("Authorization"), None))
 
 
 async def chat_completions_for_team(*, team: Team, raw_body: bytes) -> HttpResponseBase:

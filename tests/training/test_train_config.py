@@ -15,8 +15,23 @@ def test_unknown_key_is_named():
     with pytest.raises(ConfigError) as info:
         TrainConfig.from_dict({"steps": 3, "learning_rat": 1e-4})
     assert info.value.field == "learning_rat"
-    assert info.value.message == "unknown hyperparameter"
-    assert str(info.value) == "learning_rat: unknown hyperparameter"
+    assert info.value.message == "unknown hyperparameter; did you mean learning_rate?"
+    assert str(info.value) == "learning_rat: unknown hyperparameter; did you mean learning_rate?"
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"), [("lr", "learning_rate"), ("kl", "kl_coef"), ("Steps", "steps"), ("temp", "temperature")]
+)
+def test_an_unknown_key_gets_the_closest_name(key, meant):
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({key: 1})
+    assert info.value.problems == [(key, f"unknown hyperparameter; did you mean {meant}?")]
+
+
+def test_an_unknown_key_far_from_any_name_gets_no_guess():
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({"zzzz": 1})
+    assert info.value.problems == [("zzzz", "unknown hyperparameter")]
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any, ClassVar
 
+from training import names
 from training.rewards.errors import GraderSpecError, GradingError
 from training.rewards.judge import JudgeClient
 from training.rewards.sandbox import SandboxConfig
@@ -275,7 +276,9 @@ class Grader(ABC):
             raise GraderSpecError([{"path": path, "message": "must be an object"}])
         fields = {**COMMON_FIELDS, **cls.fields}
         problems = [
-            {"path": f"{path}.{key}", "message": "unknown field"} for key in spec if key not in fields
+            {"path": f"{path}.{key}", "message": names.unknown("field", str(key), fields, quoted=False)}
+            for key in spec
+            if key not in fields
         ]
         normalised: dict[str, Any] = {}
         for key, spec_field in fields.items():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from training import names
 from training.rewards.base import Grader, GradeResult, GraderRuntime, Sample
 from training.rewards.environment import EnvironmentGrader
 from training.rewards.errors import GraderSpecError, RewardFailure
@@ -55,7 +56,11 @@ def validate_grader(spec: Any, path: str = "grader") -> dict[str, Any]:
     grader_type = spec["type"]
     if not isinstance(grader_type, str) or grader_type not in GRADER_TYPES:
         allowed = ", ".join(GRADER_TYPES)
-        raise GraderSpecError([{"path": f"{path}.type", "message": f"must be one of {allowed}"}])
+        message = f"must be one of {allowed}"
+        suggestion = names.closest(grader_type, GRADER_TYPES) if isinstance(grader_type, str) else None
+        if suggestion:
+            message += f"; did you mean {suggestion}?"
+        raise GraderSpecError([{"path": f"{path}.type", "message": message}])
     return GRADER_TYPES[grader_type].validate(spec, path)
 
 

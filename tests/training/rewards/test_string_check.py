@@ -77,7 +77,7 @@ def test_validation_reports_every_problem_with_its_path():
         validate_grader(spec)
     problems = {problem["path"]: problem["message"] for problem in caught.value.problems}
     assert problems == {
-        "grader.pass_threshold": "unknown field",
+        "grader.pass_threshold": "unknown field (valid: error_reward, input, name, operation, reference, type)",
         "grader.name": "must be a string",
         "grader.input": "must be a string",
         "grader.reference": "is required",
