@@ -142,6 +142,21 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
         for column in ("reward-mean", "pass-rate"):
             assert NUMBER.match(cells.locator(f"td.{column}").inner_text()), cells.inner_text()
     assert re.match(r"^\d\.\d{3} vs step 0$", evaluations.nth(1).locator("td.win-rate").inner_text())
+    # Charts that tell the truth: validation reward per evaluated step, grad norm and completion
+    # length drawn; KL with kl_coef 0 not drawn at all but labelled; smoothing redraws.
+    page.wait_for_function(
+        "() => Chart.getChart('chart-validation') && Chart.getChart('chart-validation').data.labels.length === 2"
+    )
+    for chart in ("chart-validation", "chart-grad_norm", "chart-completion_tokens", "chart-sub_rewards"):
+        assert page.evaluate(CANVAS_HAS_INK, chart) > 100, chart
+    assert page.locator("#chart-kl").is_hidden()
+    assert page.locator("#note-kl").inner_text().startswith("Not measured: kl_coef is 0")
+    assert "One policy update per batch" in page.locator("#note-clip_fraction").inner_text()
+    page.select_option("#chart-smoothing", "0.8")
+    page.wait_for_function(
+        "() => Chart.getChart('chart-reward').data.datasets.some(d => d.label.includes('EMA 0.8'))"
+    )
+    page.select_option("#chart-smoothing", "0")
     browser.screenshot("07-run-succeeded")
 
     # Trajectory viewer: the group side by side, best first.
@@ -151,7 +166,18 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
     rewards = [float(t.split()[1]) for t in page.locator(".trajectory header strong").all_inner_texts()]
     assert rewards == sorted(rewards, reverse=True)
     assert page.locator(".trajectory .msg.role-assistant").count() == 2
+    assert page.locator(".trajectory .advantage").count() == 2
+    assert page.locator(".reference-item pre").inner_text().strip().startswith("{")  # the row's item
     browser.screenshot("08-trajectories")
+    # Keyboard: "[" goes to the previous step (the viewer opens on the last one); the filter
+    # "groups with variance only" applies as soon as it is ticked.
+    assert "step 2" in page.locator(".trajectory-nav .position").inner_text()
+    page.keyboard.press("[")
+    page.wait_for_url(re.compile(r".*step=1.*"))
+    assert "step 1" in page.locator(".trajectory-nav .position").inner_text()
+    page.click("input[name=variance]")  # the form submits on change
+    page.wait_for_url(re.compile(r".*variance=1.*"))
+    assert page.locator(".trajectory .zero-variance, .badge.zero-variance").count() == 0
 
     # Reward editor: validation as you type, and a dry run through the graders endpoint.
     page.goto(f"{url}/projects/{workspace.pk}/rewards/")
@@ -305,6 +331,17 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
     assert "(result of call_1_0)" in (best.locator(".msg.role-tool .role").nth(1).text_content() or "")
     assert "not an arithmetic expression" in worst.locator(".msg.role-tool .content").nth(1).inner_text()
     assert best.locator(".msg.divergence").count() == 1 and worst.locator(".msg.divergence").count() == 1
+    # The viewer explains the rewards: the row's reference item, the group's mean/std and each
+    # sample's group-relative advantage (scaled by the std, as the run's config says); it fits the
+    # page at 1280 px (the group scrolls inside its panel).
+    assert page.locator(".reference-item pre").inner_text().strip() == "{}"
+    assert (
+        page.locator(".group-mean").inner_text() == "0.5" and page.locator(".group-std").inner_text() == "0.5"
+    )
+    assert best.locator(".advantage").inner_text() == "advantage +1"
+    assert worst.locator(".advantage").inner_text() == "advantage -1"
+    assert page.locator(".badge.zero-variance").count() == 0
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
     browser.screenshot("18-trajectory-tools")
 
     # The same pages on a phone.
@@ -315,6 +352,7 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
     page.goto(f"{url}/runs/{run.pk}/trajectories")
     browser.screenshot("16-phone-trajectories")
     page.goto(f"{url}/runs/{tool_run.pk}/trajectories")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # columns scroll in their panel
     browser.screenshot("16-phone-trajectory-tools")
     page.goto(f"{url}/projects/{workspace.pk}/runs/new")
     browser.screenshot("17-phone-new-run")
