@@ -7,7 +7,9 @@ a temporary name and renamed into place, so concurrent processes see it either c
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -105,6 +107,69 @@ def ensure_chat_ready(tokenizer: Any, model: Any) -> None:
         tokenizer.pad_token = tokenizer.eos_token
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
+
+
+# Where a model's config.json states its context (architectures name it differently).
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+
+
+@functools.lru_cache(maxsize=64)
+def context_length(source: str, cache_dir: Path) -> int | None:
+    """The base model's context in tokens, read without loading weights: its config.json (a local
+    directory, or the bundled model's converted cache), else the bundled GGUF file's metadata.
+    None when it cannot be read here (a hub id that only GPU workers hold)."""
+    directory = _bundled_cache(Path(cache_dir)) if source == BUNDLED_MODEL else Path(source)
+    config = directory / "config.json"
+    if config.is_file():
+        try:
+            data = json.loads(config.read_text())
+        except (OSError, ValueError):
+            return None
+        for key in CONTEXT_KEYS:
+            if isinstance(data.get(key), int) and data[key] > 0:
+                return int(data[key])
+        return None
+    if source != BUNDLED_MODEL:
+        return None
+    try:
+        import gguf
+
+        reader = gguf.GGUFReader(bundled_gguf_path())
+        field = reader.fields["llama.context_length"]
+        return int(field.parts[field.data[0]][0])
+    except (ModelLoadError, KeyError, OSError, ValueError, IndexError, ImportError):
+        return None
+
+
+def prompt_token_counts(
+    source: str, cache_dir: Path, conversations: list[list[dict[str, Any]]]
+) -> list[int] | None:
+    """Tokens of each conversation as the model's chat template renders it for generation; None
+    when the tokenizer is not on this host (an uncached bundled model, a hub id)."""
+    directory = _bundled_cache(Path(cache_dir)) if source == BUNDLED_MODEL else Path(source)
+    if not (directory / "tokenizer_config.json").is_file() and not (directory / "tokenizer.json").is_file():
+        return None
+    try:
+        tokenizer = _tokenizer(str(directory))
+        texts = [
+            tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+            for m in conversations
+        ]
+        return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(directory: str) -> Any:
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def _bundled_cache(cache_dir: Path) -> Path:
+    return cache_dir / BUNDLED_CACHE_NAME
 
 
 def bundled_gguf_path() -> Path:

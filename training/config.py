@@ -340,6 +340,13 @@ class TrainConfig(_Settings):
             bounds=Bounds(-1e6, 1e6, why="rewards are moderate numbers"),
         ),
     )
+    no_signal_patience: int = field(
+        default=3,
+        metadata=_help(
+            "Warn after this many steps in a row with no learning signal (every group scored alike).",
+            bounds=Bounds(1, 100_000, why="the most steps a run has"),
+        ),
+    )
 
     def __post_init__(self) -> None:
         self._check(

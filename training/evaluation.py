@@ -320,6 +320,10 @@ def evaluate_during_run(spec: Any, engine: Any, adapter: str | None, step: int, 
                 level="warn",
             )
         return
+    hooks.event(
+        f"Evaluating step {step} on {len(rows)} validation rows",
+        data={"phase": "evaluating", "step": step, "rows": len(rows)},
+    )
     sampling = SamplingParams(
         temperature=config.eval_temperature,
         top_p=1.0,

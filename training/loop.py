@@ -21,6 +21,7 @@ from training.agent import rollout_groups
 from training.config import LoraSpec, TrainConfig
 from training.environments import Environment
 from training.evaluation import evaluate_during_run, is_evaluation_step
+from training.learning_signal import SignalWatch
 from training.rewards import grade_trajectories
 from training.trajectory import Trajectory, to_train_group
 
@@ -83,6 +84,12 @@ def sampled_tokens(trajectory: Trajectory) -> int:
 
 def checkpoint_path(root: Path, step: int) -> Path:
     return root / f"step-{step:06d}"
+
+
+def phase(hooks: RunHooks, name: str, message: str, **data: Any) -> None:
+    """Say what the run is doing now: a message event with ``data.phase`` (the run page shows the
+    latest, the terminal prints each). A few per step, never one per sample or token."""
+    hooks.event(message, data={"phase": name, **data})
 
 
 def rows_for_step(rows: list[dict[str, Any]], *, seed: int, step: int, count: int) -> list[dict[str, Any]]:
@@ -178,6 +185,7 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     started = time.monotonic()
+    phase(hooks, "loading", f"Loading base model {spec.base_model_source}")
     base_model, tokenizer, dtype = _load_policy_model(spec)
     hooks.event(f"Loaded base model {spec.base_model_source} in {time.monotonic() - started:.1f}s")
 
@@ -217,6 +225,10 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
     ):
         evaluate_during_run(spec, sampler.engine, sampler.adapter, current, hooks)
 
+    watch = SignalWatch(
+        patience=config.no_signal_patience,
+        grader_name=str(spec.reward_name or spec.grader_spec.get("name") or spec.grader_spec.get("type")),
+    )
     for step in range(current + 1, final_step + 1):
         reason = hooks.should_stop()
         if reason:
@@ -230,6 +242,13 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
             stop=spec.stop,
             seed=config.seed * 100_003 + step,
         )
+        phase(
+            hooks,
+            "rollouts",
+            f"Step {step}/{final_step}: rollouts, {len(rows)} groups × {config.group_size} samples",
+            step=step,
+            groups=len(rows),
+        )
         groups = rollout_groups(
             sampler.engine,
             [row["data"] for row in rows],
@@ -239,6 +258,7 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
             adapter=sampler.adapter,
         )
         rollout_seconds = time.monotonic() - step_started
+        phase(hooks, "grading", f"Step {step}/{final_step}: grading", step=step)
         grading = grade_trajectories(
             spec.grader_spec,
             groups,
@@ -250,9 +270,11 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
         )
         if hooks.should_stop() == "cancelled":
             return "cancelled"
+        phase(hooks, "updating", f"Step {step}/{final_step}: updating the policy", step=step)
         metrics = trainer.train_step([to_train_group(group) for group in groups])
         completion_tokens = sum(sampled_tokens(t) for group in groups for t in group)
         path = checkpoint_path(spec.checkpoint_root, step)
+        phase(hooks, "saving", f"Step {step}/{final_step}: saving checkpoint", step=step)
         if path.exists():
             shutil.rmtree(path)
         trainer.save_checkpoint(path, step=step, metrics=metrics)
@@ -279,6 +301,8 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
         ]
         if not hooks.record_step(step=step, metrics=metrics, trajectories=flat, path=path):
             return "lost"
+        for warning in watch.observe(step=step, groups=groups, metrics=metrics):
+            hooks.event(warning.message, level="warn", data=warning.data)
         if is_evaluation_step(
             step, start_step=spec.start_step, final_step=final_step, interval=config.eval_interval
         ):

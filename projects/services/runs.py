@@ -16,6 +16,8 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import TextField
+from django.db.models.functions import Cast, Length
 from django.utils import timezone
 
 from projects.errors import Conflict, InvalidTransition, ValidationFailed
@@ -28,6 +30,7 @@ from projects.models import (
     RunEvent,
     RunKind,
     RunStatus,
+    TaskRow,
     TaskSet,
     TrainableModel,
     TrainingJob,
@@ -133,6 +136,7 @@ def run_create(
         train_config = TrainConfig.from_dict(merged)
     except ConfigError as exc:
         raise config_invalid(exc, "config.") from exc
+    _check_context(model=model, task_set=task_set, environment=environment, config=train_config)
     with transaction.atomic():
         # Lock the model row so two concurrent creates cannot both see "no active run" (a client's
         # training job takes the same lock: services.training_jobs).
@@ -159,6 +163,55 @@ def run_create(
         run_event_add(run=run, message=f"Run created: {train_config.steps} steps on model {model.name}")
         _enqueue_run(run.id)
     return run
+
+
+# Prompts tokenised per run creation: the longest rows by characters (tokenising 100k rows on a
+# web request would take seconds; a prompt's tokens grow with its characters).
+CONTEXT_CHECK_ROWS = 16
+
+
+def _check_context(
+    *, model: TrainableModel, task_set: TaskSet, environment: Environment, config: TrainConfig
+) -> None:
+    """A run whose completions cannot fit the base model's context fails at creation with a 400
+    naming the field and the limit, not at step 1 with no sign of life. The context is read from
+    the base model's config without loading it (training.base_models.context_length); a model this
+    host cannot read (a hub id on GPU workers) is not checked here."""
+    from training.base_models import context_length, prompt_token_counts
+
+    source = model.base_model.source
+    context = context_length(source, settings.MODEL_CACHE_DIR)
+    if context is None:
+        return
+    if config.max_new_tokens >= context:
+        raise ValidationFailed(
+            f"must be less than the base model's context of {context} tokens "
+            f"({model.base_model.name}), got {config.max_new_tokens}",
+            field="config.max_new_tokens",
+        )
+    rows = list(
+        TaskRow.objects.filter(task_set=task_set)
+        .annotate(size=Length(Cast("data", TextField())))
+        .order_by("-size", "index")
+        .only("index", "data")[:CONTEXT_CHECK_ROWS]
+    )
+    system = [{"role": "system", "content": environment.system_prompt}] if environment.system_prompt else []
+    conversations = [
+        system + (row.data.get("messages") or [{"role": "user", "content": str(row.data.get("prompt", ""))}])
+        for row in rows
+    ]
+    counts = prompt_token_counts(source, settings.MODEL_CACHE_DIR, conversations)
+    if not counts:
+        return
+    longest = max(range(len(counts)), key=counts.__getitem__)
+    if counts[longest] + config.max_new_tokens > context:
+        raise ValidationFailed(
+            f"the prompt of task row {rows[longest].index} is {counts[longest]} tokens: with "
+            f"max_new_tokens {config.max_new_tokens} it exceeds the base model's context of {context} "
+            f"tokens ({model.base_model.name}); lower config.max_new_tokens to at most "
+            f"{max(context - counts[longest], 0)} or shorten the prompt",
+            field="config.max_new_tokens",
+        )
 
 
 def run_cancel(*, run: Run) -> Run:

@@ -138,3 +138,27 @@ def test_delete_in_use_reward_is_409(alpha_setup, key_client):
 def test_run_status_field_is_one_of_the_machine_states(alpha_setup, key_client):
     run = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()
     assert run["status"] in RunStatus.values
+
+
+def test_run_create_checks_max_new_tokens_and_prompts_against_the_base_model_context(
+    alpha_setup, key_client, tiny_model_dir
+):
+    # The tiny model's config.json says 1024 positions: read without loading its weights.
+    services.base_model_register(name=alpha_setup.model.base_model.name, source=str(tiny_model_dir))
+    response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, max_new_tokens=5000), format="json")
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["param"] == "config.max_new_tokens" and "context of 1024 tokens" in error["message"]
+
+    long_row = '{"prompt": "' + "word " * 1100 + '", "item": {"answer": "a"}}\n'
+    task_set = services.task_set_create(
+        project=alpha_setup.project, name="long", jsonl=long_row + '{"prompt": "hi", "item": {}}\n'
+    )
+    body = {**_run_body(alpha_setup, max_new_tokens=8), "task_set": task_set.pk}
+    response = key_client.post("/api/v1/runs/", body, format="json")
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["param"] == "config.max_new_tokens" and "task row 0" in error["message"]
+    assert "context of 1024 tokens" in error["message"]
+    ok = key_client.post("/api/v1/runs/", _run_body(alpha_setup, max_new_tokens=64), format="json")
+    assert ok.status_code == 201, ok.json()
