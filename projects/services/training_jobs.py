@@ -29,6 +29,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from projects.errors import Conflict, InvalidTransition, NotFound, ValidationFailed
+from projects.formatting import format_number
 from projects.models import (
     BaseModel,
     Checkpoint,
@@ -433,7 +434,7 @@ def training_job_finish(
         run_event_add(
             run=run,
             message=f"Step {step} (training job {locked.pk}): reward {metrics.get('reward_mean', 0):.3f}, "
-            f"loss {metrics.get('loss', 0):.4f}, {int(metrics.get('num_groups_trainable', 0))} of "
+            f"loss {format_number(metrics.get('loss'))}, {int(metrics.get('num_groups_trainable', 0))} of "
             f"{int(metrics.get('num_groups_submitted', 0))} groups trainable",
             type=EventType.METRICS,
             data={"step": step, "training_job": locked.pk, **metrics},

@@ -7,32 +7,66 @@ import time
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 from tqdm import tqdm
 
 from artweb.demo.setup import demo_start
 from artweb.stack import Stack, worker_command
+from projects.formatting import format_number
 from projects.models import Run, RunEvent, RunStatus, StepMetrics
 from training.base_models import BUNDLED_MODEL
 
 TERMINAL = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
 
 
+def event_line(event: RunEvent) -> str:
+    """One terminal line per run event: local time, level, message; a no-signal warning stands out."""
+    stamp = timezone.localtime(event.created_at).strftime("%H:%M:%S")
+    if event.level == "warn" and (event.data or {}).get("signal"):
+        return f"{stamp} !!! WARNING: {event.message}"
+    return f"{stamp} [{event.level}] {event.message}"
+
+
+def eta_text(step_seconds: list[float], remaining: int) -> str:
+    """Time left from the steps done so far; nothing before the first step (model load and the
+    step-0 evaluation say nothing about a step's length, so an ETA from them would mislead)."""
+    if not step_seconds:
+        return "eta after the first step"
+    left = round(sum(step_seconds) / len(step_seconds) * remaining)
+    return f"eta {left // 60}:{left % 60:02d}"
+
+
 def watch_run(run: Run, *, stack: Stack | None, stdout, timeout_s: float) -> Run:
-    """Draw a progress bar per step (mean reward, loss) until the run ends."""
-    bar = tqdm(total=run.total_steps, desc=f"run {run.pk}", unit="step", dynamic_ncols=True)
+    """Print the run's events as timestamped lines (its phases among them) and draw a bar per step
+    (mean reward, loss, ETA from the recorded steps' durations) until the run ends."""
+    bar = tqdm(
+        total=run.total_steps,
+        desc=f"run {run.pk}",
+        unit="step",
+        dynamic_ncols=True,
+        # tqdm's own ETA counts the model load and the step-0 evaluation as step time.
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]",
+    )
+    bar.set_postfix_str(eta_text([], run.total_steps))
     seen_step = 0
     last_event = 0
+    durations: list[float] = []
     deadline = time.monotonic() + timeout_s
     try:
         while True:
             run.refresh_from_db()
             for event in RunEvent.objects.filter(run=run, id__gt=last_event, type="message").order_by("id"):
                 last_event = event.id
-                bar.write(f"[{event.level}] {event.message}")
+                bar.write(event_line(event))
             for metrics in StepMetrics.objects.filter(run=run, step__gt=seen_step).order_by("step"):
                 seen_step = metrics.step
+                if (metrics.metrics or {}).get("step_seconds"):
+                    durations.append(float(metrics.metrics["step_seconds"]))
                 bar.update(1)
-                bar.set_postfix(reward=f"{metrics.reward_mean or 0:.3f}", loss=f"{metrics.loss or 0:.4f}")
+                bar.set_postfix_str(
+                    f"reward {metrics.reward_mean or 0:.3g}, loss {metrics.loss or 0:.3g}, "
+                    + eta_text(durations, run.total_steps - bar.n)
+                )
             if run.status in TERMINAL:
                 return run
             if stack is not None:
