@@ -217,12 +217,10 @@ def trajectories(request: TeamHttpRequest, run_id: int) -> HttpResponse:
     if step not in steps:
         step = steps[-1] if steps else None
     groups: list[int] = []
+    with_variance: list[int] = []
     if step is not None:
-        groups = (
-            selectors.trajectory_group_indexes_with_variance(run=run, step=step)
-            if variance_only
-            else selectors.trajectory_group_indexes(run=run, step=step)
-        )
+        with_variance = selectors.trajectory_group_indexes_with_variance(run=run, step=step)
+        groups = with_variance if variance_only else selectors.trajectory_group_indexes(run=run, step=step)
     group = _int(request.GET.get("group"), None)
     if group not in groups:  # e.g. a group number kept from another step
         group = groups[0] if groups else None
@@ -255,7 +253,8 @@ def trajectories(request: TeamHttpRequest, run_id: int) -> HttpResponse:
             "run": run,
             "steps": steps,
             "step": step,
-            "groups": groups,
+            "groups": [(index, index not in with_variance) for index in groups],
+            "group_count": len(groups),
             "group": group,
             "variance_only": variance_only,
             "summary": summary,

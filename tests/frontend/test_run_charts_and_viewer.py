@@ -147,7 +147,9 @@ def test_viewer_marks_zero_variance_groups_and_filters_them_out(cast, alpha_setu
     assert all(c.advantage == 0.0 for c in response.context["columns"])
     assert "zero variance" in response.content.decode()
     filtered = client.get(f"/runs/{run.pk}/trajectories?step=1&group=0&variance=1")
-    assert filtered.context["groups"] == [1] and filtered.context["group"] == 1
+    assert response.context["groups"] == [(0, True), (1, False)]  # the group menu marks flat groups
+    assert "0 · zero variance</option>" in response.content.decode()
+    assert filtered.context["groups"] == [(1, False)] and filtered.context["group"] == 1
     assert "zero variance" not in filtered.content.decode()
     empty = client.get(f"/runs/{run.pk}/trajectories?step=2&variance=1")
     assert empty.context["group"] is None and "taught the model nothing" in empty.content.decode()
