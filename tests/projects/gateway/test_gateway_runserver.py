@@ -47,6 +47,10 @@ def test_a_streamed_completion_works_under_runserver(tiny_model_dir, inference_s
         ))  # fmt: skip
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text == whole.choices[0].message.content
-        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
-    wait_for(lambda: UsageRecord.objects.count() >= 3, timeout=10, what="usage of all three completions")
+        assert (
+            chunks[-1].usage is not None
+            and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+        )
+    # Recorded after each response, on the gateway's loop (the per-request loop is gone by then).
+    wait_for(lambda: UsageRecord.objects.filter(requests=3).exists(), timeout=10, what="usage of all three")
     assert "Event loop is closed" not in runserver.output()
