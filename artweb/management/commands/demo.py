@@ -64,7 +64,7 @@ def watch_run(run: Run, *, stack: Stack | None, stdout, timeout_s: float) -> Run
                     durations.append(float(metrics.metrics["step_seconds"]))
                 bar.update(1)
                 bar.set_postfix_str(
-                    f"reward {metrics.reward_mean or 0:.3g}, loss {metrics.loss or 0:.3g}, "
+                    f"reward {format_number(metrics.reward_mean, 3)}, loss {format_number(metrics.loss, 3)}, "
                     + eta_text(durations, run.total_steps - bar.n)
                 )
             if run.status in TERMINAL:
