@@ -86,8 +86,8 @@ def step_record(
 
 
 def _step_message(done: int, total: int, metrics: dict[str, Any]) -> str:
-    """ "Step 3/20: reward 0.625, loss 1.3e-6", numbers by magnitude; a step without an update
-    (every group had one reward) says so instead of showing its placeholder loss of 0."""
+    """A step's event line, e.g. "Step 3/20: reward 0.625, loss 1.3e-6" (numbers by magnitude); a
+    step without an update (every group had one reward) says so instead of its placeholder loss 0."""
     reward = format_number(metrics.get("reward_mean"))
     if metrics.get("trainable_tokens") == 0:
         return f"Step {done}/{total}: reward {reward}, no update (every group had the same reward)"
