@@ -43,3 +43,16 @@ def test_outbound_benchmark_runs_and_reports_the_added_latency(tmp_path, capsys)
         "refused: http://2130706433/",
     }
     assert "request pairs" in capsys.readouterr().out
+
+
+def test_grammar_benchmark_runs_on_a_tiny_model_and_reports_ratios(tiny_model_dir, tmp_path, capsys):
+    from benchmarks import bench_grammar
+
+    report = bench_grammar.main(
+        ["--model", str(tiny_model_dir), "--batch", "2", "--max-new-tokens", "6", "--repeats", "1",
+         "--json", str(tmp_path / "grammar.json")]
+    )  # fmt: skip
+    assert report["unconstrained"]["ratio"] == 1.0 and report["json_schema"]["ratio"] > 0
+    assert report["mask_alone_us_per_token"]["json_schema"] > 0
+    assert json.loads((tmp_path / "grammar.json").read_text())["json_object"]["steps_per_run"] >= 1
+    assert "ms per decoding step" in capsys.readouterr().out

@@ -27,16 +27,23 @@ from __future__ import annotations
 import json
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from copy import copy
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import torch
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # JSON as Python's json.dumps writes it (see the module doc).
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_JSON_OPTIONS: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
 
@@ -61,7 +68,7 @@ class GrammarCompiler:
     the tokenizer's own count: padded embedding tables); `stop_token_ids` are the ids that end a
     completion, allowed exactly where the grammar may end."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Collection[int]) -> None:
         self.tokenizer = _grammar_tokenizer(tokenizer, vocab_size, tuple(sorted(stop_token_ids)))
         self.vocab_size = vocab_size
         # Compiled matchers by grammar text: a request's n rows, and the next request with the same
@@ -106,17 +113,20 @@ class BatchMatchers:
             [(self.matchers[row], index) for index, row in live],  # type: ignore[misc]
             bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0],
         )  # fmt: skip
-        indices = torch.tensor([index for index, _ in live])
-        rows = torch.tensor([row for _, row in live])
-        allowed = (bitmask[indices].unsqueeze(-1) & self._bits) != 0  # [rows, words, 32]
-        allowed = allowed.flatten(1)
         width = logits.shape[-1]
+        allowed = ((bitmask.unsqueeze(-1) & self._bits) != 0).flatten(1)  # [constrained rows, 32 * words]
         if allowed.shape[1] < width:  # logits past the grammar's vocabulary are never allowed
-            allowed = torch.cat([allowed, allowed.new_zeros((len(live), width - allowed.shape[1]))], dim=1)
-        allowed = allowed[:, :width].to(logits.device)
-        masked = logits.clone()
-        masked[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
-        return masked
+            allowed = torch.cat(
+                [allowed, allowed.new_zeros((len(self.rows), width - allowed.shape[1]))], dim=1
+            )
+        if len(live) == logits.shape[0]:  # every row constrained and still going: the usual case
+            allowed = allowed[:, :width]
+        else:
+            every = torch.ones(logits.shape, dtype=torch.bool)
+            indices = torch.tensor([index for index, _ in live])
+            every[torch.tensor([row for _, row in live])] = allowed[indices, :width]
+            allowed = every
+        return torch.where(allowed.to(logits.device), logits, float("-inf"))
 
     def advance(self, row: int, token: int) -> bool:
         """Feed row `row` the token it sampled; True when its grammar is complete (nothing but a
