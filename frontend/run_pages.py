@@ -157,6 +157,8 @@ def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
         "run": run,
         "active": run.status in services.ACTIVE_STATUSES,
         "events": selectors.run_recent_events(run=run, limit=50),
+        "phase": selectors.run_phase(run=run) if run.status == RunStatus.RUNNING else None,
+        "signal_warnings": selectors.run_signal_warnings(run=run),
         "checkpoints": selectors.run_checkpoints(run=run),
         "can_cancel": can_write(request)
         and run.kind != RunKind.CLIENT  # its steps are its client's training jobs

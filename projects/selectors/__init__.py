@@ -38,7 +38,9 @@ from projects.selectors.rewards import (
 )
 from projects.selectors.runs import (
     run_get,
+    run_phase,
     run_recent_events,
+    run_signal_warnings,
     run_stop_reason,
     runs_search,
 )
@@ -80,7 +82,9 @@ __all__ = [
     "pending_invitations",
     "invitation_for_token",
     "run_get",
+    "run_phase",
     "run_recent_events",
+    "run_signal_warnings",
     "runs_search",
     "run_stop_reason",
     "run_step_metrics",

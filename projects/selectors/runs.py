@@ -21,6 +21,18 @@ def run_recent_events(*, run: Run, limit: int = 50) -> list[RunEvent]:
     return list(RunEvent.objects.filter(run=run).order_by("-id")[:limit])
 
 
+def run_phase(*, run: Run) -> RunEvent | None:
+    """The run's latest phase event (``data.phase``: loading, evaluating, rollouts, grading,
+    updating, saving; training.loop), or None before the worker has said anything."""
+    return RunEvent.objects.filter(run=run, data__has_key="phase").order_by("-id").first()
+
+
+def run_signal_warnings(*, run: Run) -> list[RunEvent]:
+    """The run's "no learning signal" warnings (``data.signal``; training.learning_signal), oldest
+    first: the run page shows them as a banner."""
+    return list(RunEvent.objects.filter(run=run, level="warn", data__has_key="signal").order_by("id"))
+
+
 def runs_search(
     *,
     team: Team,
