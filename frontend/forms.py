@@ -47,7 +47,11 @@ class NewRunForm(forms.Form):
     """Model, task set (pick one or upload JSONL), environment, reward, and every TrainConfig field
     prefilled with its default and help text."""
 
-    model = forms.TypedChoiceField(coerce=int, label="Model")
+    model = forms.TypedChoiceField(
+        coerce=int,
+        label="Model",
+        help_text="A model with checkpoints continues from its latest one; a new one starts from its base model.",
+    )
     task_set = forms.TypedChoiceField(coerce=int, required=False, label="Task set", empty_value=None)
     task_file = forms.FileField(required=False, label="…or upload a JSONL task set")
     task_set_name = forms.CharField(required=False, max_length=63, label="Name of the uploaded task set")
@@ -62,6 +66,8 @@ class NewRunForm(forms.Form):
         for name in ("model", "environment", "reward"):
             set_choices(self, name, choices[name])
         set_choices(self, "task_set", [("", "— upload a new one below —"), *choices["task_set"]])
+        if choices["task_set"]:  # an existing task set, the newest, rather than "upload"
+            self.fields["task_set"].initial = max(pk for pk, _ in choices["task_set"])
         for name, spec in catalog.hyperparameters().items():
             self.fields[HYPERPARAMETER_PREFIX + name] = _hyperparameter_field(spec)
             self.fields[HYPERPARAMETER_PREFIX + name].label = name
@@ -73,6 +79,19 @@ class NewRunForm(forms.Form):
         if data.get("task_file") and not data.get("task_set_name"):
             self.add_error("task_set_name", "name the uploaded task set")
         return data
+
+    def keep_uploaded(self, task_set_id: int, label: str) -> None:
+        """After an error past the upload: the task set it made is saved, so select it (a browser
+        cannot refill a file input, and uploading it again would clash with its name)."""
+        self.fields["task_set"].choices = [*self.fields["task_set"].choices, (task_set_id, label)]  # type: ignore[attr-defined]
+        self.data = self.data.copy()
+        self.data["task_set"] = str(task_set_id)
+        self.data["task_set_name"] = ""
+
+    def ask_for_the_file_again(self) -> None:
+        """After an error before the upload was saved, say so next to the (now empty) file input."""
+        if self.files.get("task_file") and not self.data.get("task_set"):
+            self.add_error("task_file", "Not saved: a browser cannot keep a chosen file, so choose it again.")
 
     def hyperparameter_fields(self) -> list[forms.BoundField]:
         return [self[name] for name in self.fields if name.startswith(HYPERPARAMETER_PREFIX)]

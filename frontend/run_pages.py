@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
+from django.db.models import Max
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -74,10 +75,11 @@ def _run_choices(request: TeamHttpRequest, project: Project) -> dict[str, list[t
     team = request.team
     return {
         "model": [
-            (m.pk, f"{m.name} ({m.base_model.name})")
+            (m.pk, f"{m.name} ({m.base_model.name}) — {_starts_from(m.latest_step)}")
             for m in selectors.scoped(TrainableModel, team)
             .filter(project=project)
             .select_related("base_model")
+            .annotate(latest_step=Max("checkpoints__step"))
         ],
         "task_set": [
             (t.pk, f"{t.name} ({t.train_count} train / {t.validation_count} validation rows)")
@@ -94,6 +96,26 @@ def _run_choices(request: TeamHttpRequest, project: Project) -> dict[str, list[t
     }
 
 
+def _starts_from(latest_step: int | None) -> str:
+    """Where a new run on a model starts: its latest checkpoint, else the base model."""
+    return f"continues from checkpoint step {latest_step}" if latest_step else "starts from the base model"
+
+
+def _run_start(run: Run) -> str:
+    """Where ``run`` starts, for its page (fixed when a worker first claims it)."""
+    if run.started_at is None:
+        if run.status not in services.ACTIVE_STATUSES:
+            return ""
+        latest = selectors.checkpoint_latest(model=run.model)
+        if latest is not None and latest.step:
+            return f"will continue from checkpoint step {latest.step}, the model's latest"
+        return "will start from the base model"
+    if run.start_step:
+        end = run.start_step + run.total_steps
+        return f"continued from checkpoint step {run.start_step} (model steps {run.start_step} to {end})"
+    return "started from the base model"
+
+
 @team_view(write=True)
 def run_new(request: TeamHttpRequest, project_id: int) -> HttpResponse:
     project = get_scoped(Project, request, project_id)
@@ -103,11 +125,14 @@ def run_new(request: TeamHttpRequest, project_id: int) -> HttpResponse:
         if run is not None:
             messages.success(request, f"Run {run.pk} queued.")
             return redirect("frontend:run", run_id=run.pk)
+    if request.method == "POST":
+        form.ask_for_the_file_again()
     return render(request, "frontend/run_new.html", {"project": project, "form": form})
 
 
 def _create_run(request: TeamHttpRequest, project: Project, form: f.NewRunForm) -> Run | None:
     data = form.cleaned_data
+    uploaded: TaskSet | None = None
     try:
         if data["task_set"]:
             task_set = get_scoped(TaskSet, request, data["task_set"], project=project)
@@ -124,6 +149,7 @@ def _create_run(request: TeamHttpRequest, project: Project, form: f.NewRunForm) 
                 jsonl=text,
                 validation_fraction=data["validation_fraction"],
             )
+            uploaded = task_set
         return services.run_create(
             model=get_scoped(TrainableModel, request, data["model"], project=project),
             task_set=task_set,
@@ -136,6 +162,9 @@ def _create_run(request: TeamHttpRequest, project: Project, form: f.NewRunForm) 
         f.attach_errors(form, exc, rename=f.FIELD_FOR_SERVICE_ERROR)
     except DomainError as exc:
         form.add_error(None, exc.message)
+    if uploaded is not None:
+        form.keep_uploaded(uploaded.pk, f"{uploaded.name} (just uploaded)")
+        form.add_error(None, f"The uploaded task set “{uploaded.name}” was saved; it is selected below.")
     return None
 
 
@@ -159,6 +188,7 @@ def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
         "events": selectors.run_recent_events(run=run, limit=50),
         "phase": selectors.run_phase(run=run) if run.status == RunStatus.RUNNING else None,
         "signal_warnings": selectors.run_signal_warnings(run=run),
+        "start": _run_start(run),
         "checkpoints": selectors.run_checkpoints(run=run),
         "can_cancel": can_write(request)
         and run.kind != RunKind.CLIENT  # its steps are its client's training jobs

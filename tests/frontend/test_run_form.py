@@ -1,0 +1,82 @@
+"""The new-run form forgives: an existing task set is selected, an upload survives a later error
+(saved and selected) or the page says to choose the file again, and the form and the run page say
+where a run starts (the model's latest checkpoint or its base model)."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from projects import services
+from projects.models import Run, TaskSet
+from tests import factories
+from tests.frontend.test_views import _run_form, client_for
+
+pytestmark = pytest.mark.django_db
+
+ROWS = b'{"prompt": "a", "item": {"answer": "a"}}\n{"prompt": "b", "item": {"answer": "b"}}\n'
+
+
+@pytest.fixture(autouse=True)
+def _no_enqueue(monkeypatch):
+    monkeypatch.setattr(services.runs, "_enqueue_run", lambda run_id: None)
+
+
+def new_run_url(setup) -> str:
+    return f"/projects/{setup.project.pk}/runs/new"
+
+
+def test_the_form_selects_the_newest_existing_task_set(cast, alpha_setup):
+    newer = factories.TaskSetFactory(project=alpha_setup.project, name="newer")
+    form = client_for(cast.alice).get(new_run_url(alpha_setup)).context["form"]
+    assert form["task_set"].value() == newer.pk
+    html = str(form["task_set"])
+    assert f'<option value="{newer.pk}" selected>' in html
+
+
+def test_an_upload_survives_an_error_after_it_was_saved(cast, alpha_setup):
+    client = client_for(cast.alice)
+    data = _run_form(alpha_setup, task_set="", task_set_name="uploaded", hp_group_size="1")
+    data["task_file"] = SimpleUploadedFile("rows.jsonl", ROWS)
+    response = client.post(new_run_url(alpha_setup), data)
+    assert response.status_code == 200 and not Run.objects.exists()
+    form = response.context["form"]
+    uploaded = TaskSet.objects.get(name="uploaded")
+    assert str(form["task_set"].value()) == str(uploaded.pk)  # selected: no need to upload it again
+    assert "at least 2" in form.errors["hp_group_size"][0]
+    assert any("“uploaded” was saved" in e for e in form.non_field_errors())
+    # Fixing the one field and sending the page again starts the run on the saved upload.
+    again = client.post(new_run_url(alpha_setup), {**form.data.dict(), "hp_group_size": "4"})
+    assert again.status_code == 302, again.context["form"].errors
+    assert Run.objects.get().task_set == uploaded
+
+
+def test_a_bad_upload_asks_for_the_file_again(cast, alpha_setup):
+    data = _run_form(alpha_setup, task_set="", task_set_name="uploaded")
+    data["task_file"] = SimpleUploadedFile("rows.jsonl", b"not json\n")
+    response = client_for(cast.alice).post(new_run_url(alpha_setup), data)
+    errors = response.context["form"].errors["task_file"]
+    assert any(e.startswith("line 1:") for e in errors)
+    assert any("choose it again" in e for e in errors)
+
+
+def test_the_form_and_the_run_page_say_where_the_run_starts(cast, alpha_setup):
+    client = client_for(cast.alice)
+    labels = dict(client.get(new_run_url(alpha_setup)).context["form"].fields["model"].choices)
+    assert labels[alpha_setup.model.pk].endswith("starts from the base model")
+    run = services.run_create(
+        model=alpha_setup.model, task_set=alpha_setup.task_set, environment=alpha_setup.environment,
+        reward=alpha_setup.reward, config={"steps": 2}, created_by=cast.alice,
+    )  # fmt: skip
+    assert "Will start from the base model" in client.get(f"/runs/{run.pk}/").content.decode()
+
+    factories.CheckpointFactory(model=alpha_setup.model, step=20)
+    labels = dict(client.get(new_run_url(alpha_setup)).context["form"].fields["model"].choices)
+    assert labels[alpha_setup.model.pk].endswith("continues from checkpoint step 20")
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "Will continue from checkpoint step 20, the model&#x27;s latest" in page
+
+    services.run_set_start_step(run=run, start_step=20)
+    Run.objects.filter(pk=run.pk).update(started_at="2026-01-01T00:00:00Z")
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "Continued from checkpoint step 20 (model steps 20 to 22)" in page
