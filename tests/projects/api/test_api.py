@@ -68,8 +68,9 @@ def test_session_user_picks_team_with_header(cast, alice_client):
     services.project_create(team=cast.alpha, name="in-alpha")
     names = [p["name"] for p in alice_client.get("/api/v1/projects/", HTTP_X_TEAM="gamma").json()["data"]]
     assert names == ["in-gamma"]
-    names = [p["name"] for p in alice_client.get("/api/v1/projects/").json()["data"]]
-    assert names == ["in-alpha"]  # first team by name
+    # Two teams and no X-Team: the API does not guess (issue 12: never an alphabetical fallback).
+    unnamed = alice_client.get("/api/v1/projects/")
+    assert unnamed.status_code == 400 and unnamed.json()["error"]["param"] == "X-Team"
     assert alice_client.get("/api/v1/projects/", HTTP_X_TEAM="beta").status_code == 403
 
 
