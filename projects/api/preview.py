@@ -224,7 +224,12 @@ class TrainingJobsView(PreviewViewSet):
         data = self.body()
         raw = data.get("model_id")
         model = None
-        if isinstance(raw, str | int) and not isinstance(raw, bool) and str(raw).isdecimal() and len(str(raw)) <= 18:
+        if (
+            isinstance(raw, str | int)
+            and not isinstance(raw, bool)
+            and str(raw).isdecimal()
+            and len(str(raw)) <= 18
+        ):
             model = selectors.scoped(TrainableModel, self.team).filter(pk=int(raw)).first()
         if model is None:
             raise NotFound(f"no model with id {raw!r} in your team", field="model_id")
