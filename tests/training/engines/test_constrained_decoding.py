@@ -141,3 +141,20 @@ def test_streamed_tokens_of_a_constrained_row_join_to_its_json(engine):
     assert "".join(event.text for event in events) == choice.text
     assert [event.finish_reason for event in events][-1] == "stop"
     jsonschema.validate(json.loads(choice.text), VERDICT)
+
+
+def test_arts_ruler_schema_as_pydantic_and_the_openai_client_write_it_compiles(engine):
+    from openai.lib._parsing._completions import type_to_response_format_param
+    from pydantic import BaseModel
+
+    class TrajectoryScore(BaseModel):  # ART's RULER reply model (art/rewards/ruler.py)
+        trajectory_id: str
+        explanation: str
+        score: float
+
+    class Response(BaseModel):
+        scores: list[TrajectoryScore]
+
+    schema = type_to_response_format_param(Response)["json_schema"]["schema"]
+    assert "$defs" in schema  # nested models come as $ref: the grammar must resolve them
+    engine.check_grammar(json_grammar(schema))
