@@ -338,8 +338,26 @@ def checkpoint(request: TeamHttpRequest, checkpoint_id: int) -> HttpResponse:
             "evaluation_form": _checkpoint_evaluation_form(request, checkpoint),
             "gateway_url": gateway_url,
             "playground_url": reverse("frontend:playground-chat"),
+            "playground": _playground_defaults(checkpoint),
         },
     )
+
+
+def _playground_defaults(checkpoint: Checkpoint) -> dict[str, Any]:
+    """What the checkpoint was trained and evaluated with: its environment's system prompt and
+    its run's evaluation temperature and max new tokens (a prompt it never saw, or a hotter
+    temperature, can make a good checkpoint look bad). The model's latest run when the checkpoint
+    has none (step 0)."""
+    run = checkpoint.run or Run.objects.filter(model=checkpoint.model).select_related("environment").last()
+    if run is None:
+        return {"system": "", "temperature": 0.7, "max_tokens": 64, "source": None}
+    config = run.config or {}
+    return {
+        "system": run.environment.system_prompt if run.environment else "",
+        "temperature": config.get("eval_temperature", 0.0),
+        "max_tokens": config.get("max_new_tokens", 64),
+        "source": run,
+    }
 
 
 def _checkpoint_evaluation_form(request: TeamHttpRequest, checkpoint: Checkpoint) -> Any:

@@ -80,3 +80,20 @@ def test_the_form_and_the_run_page_say_where_the_run_starts(cast, alpha_setup):
     Run.objects.filter(pk=run.pk).update(started_at="2026-01-01T00:00:00Z")
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert "Continued from checkpoint step 20 (model steps 20 to 22)" in page
+
+
+def test_the_playground_takes_the_environment_prompt_and_the_run_settings(cast, alpha_setup):
+    environment = alpha_setup.environment
+    environment.system_prompt = "Answer in French.\nBriefly."
+    environment.save()
+    run = services.run_create(
+        model=alpha_setup.model, task_set=alpha_setup.task_set, environment=environment,
+        reward=alpha_setup.reward, config={"steps": 2, "max_new_tokens": 48, "eval_temperature": 0.0},
+        created_by=cast.alice,
+    )  # fmt: skip
+    checkpoint = factories.CheckpointFactory(model=alpha_setup.model, run=run, step=1)
+    html = client_for(cast.alice).get(f"/checkpoints/{checkpoint.pk}/").content.decode()
+    assert '<textarea id="pg-system" rows="2">Answer in French.\nBriefly.</textarea>' in html
+    assert 'id="pg-max-tokens" type="number" min="1" max="4096" value="48"' in html
+    assert 'id="pg-temperature" type="number" min="0" max="2" step="0.1" value="0"' in html
+    assert f"Prefilled as run #{run.pk}" in html
