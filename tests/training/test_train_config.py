@@ -20,7 +20,8 @@ def test_unknown_key_is_named():
 
 
 @pytest.mark.parametrize(
-    ("key", "meant"), [("lr", "learning_rate"), ("kl", "kl_coef"), ("Steps", "steps"), ("temp", "temperature")]
+    ("key", "meant"),
+    [("lr", "learning_rate"), ("kl", "kl_coef"), ("Steps", "steps"), ("temp", "temperature")],
 )
 def test_an_unknown_key_gets_the_closest_name(key, meant):
     with pytest.raises(ConfigError) as info:
