@@ -45,7 +45,7 @@ $(ART_STAMP):
 install: $(STAMP) $(VENDOR_STAMP) $(ART_STAMP)
 
 up: install
-	DEBUG=$${DEBUG:-1} $(PY) manage.py up
+	DEBUG=$${DEBUG:-1} $(PY) manage.py up $(if $(PORT),--port $(PORT))
 
 demo: install
 	DEBUG=$${DEBUG:-1} $(PY) manage.py demo --steps $${STEPS:-5}

@@ -1,39 +1,42 @@
-"""The demo run: short factual questions for the bundled SmolLM2-135M-Instruct on CPU.
+"""The demo run: one-word questions for the bundled SmolLM2-135M-Instruct on CPU.
 
-The reward is a `multi` grader, `correct * (0.5 + 0.5 * brief)`: a reply earns nothing unless it
-contains the expected answer, and full marks when it is also at most eight words (the system
-prompt asks for "a few words"). Measured on 2 CPU cores, 20 steps of 4 questions x 6 samples:
-mean reward 0.24 over steps 1-4, 0.43 over steps 16-20, and the replies stay answers ("A puppy!").
-What did not work: brevity alone climbed fastest (0.25 to 0.96) but the model learned to emit
-short gibberish, the textbook reward hack, and `0.5 * brief + 0.5 * correct` was hacked the same
-way (gibberish still earned 0.5). An <answer>-tag format task gave no signal at all: the base model
-never produced the tags in 72 samples, so every group had zero variance.
+Each row's item carries ``answer`` (shown as the reference) and ``accept`` (a regex alternation of
+the answers that count, e.g. ``8|eight``). The reward is a ``multi`` grader,
+``correct * (0.5 + 0.5 * exact)``:
+- ``correct``: an accepted answer appears as a whole word (``\\b…\\b``, case-insensitive), so
+  "alphabet" no longer counts as "A" and "1000" no longer as "100" (the old ``ilike`` contains did);
+- ``exact``: the whole reply is that answer, give or take punctuation and an article ("Paris.").
+A wrong or gibberish reply earns 0 however short it is, so brevity cannot be hacked; a right answer
+in a sentence earns 0.5 and the bare answer 1.0. The base model answers in sentences ("The capital
+of France is Paris."), which is what the 20 demo steps teach it out of. Measured figures: README
+("The demo") and benchmarks/demo_learning.py.
 """
 
 from pathlib import Path
 
 TASKS_PATH = Path(__file__).with_name("format_tasks.jsonl")
 
-SYSTEM_PROMPT = "Answer the question in a few words."
+SYSTEM_PROMPT = "Answer with one word only."
 
 REWARD_SPEC = {
     "type": "multi",
-    "name": "brief_and_correct",
+    "name": "correct_and_exact",
     "graders": {
-        "brief": {
+        "correct": {
             "type": "regex",
             "input": "{{sample.output_text}}",
-            "pattern": r"^\W*(?:\S+\s+){0,7}\S+\W*$",
-            "flags": ["DOTALL"],
+            "pattern": r"\b(?:{{item.accept}})\b",
+            "flags": ["IGNORECASE"],
         },
-        "correct": {
-            "type": "string_check",
+        "exact": {
+            "type": "regex",
             "input": "{{sample.output_text}}",
-            "reference": "{{item.answer}}",
-            "operation": "ilike",
+            "pattern": r"\W*(?:(?:the|an?)\s+)?(?:{{item.accept}})\W*",
+            "flags": ["IGNORECASE"],
+            "mode": "fullmatch",
         },
     },
-    "calculate_output": "correct * (0.5 + 0.5 * brief)",
+    "calculate_output": "correct * (0.5 + 0.5 * exact)",
 }
 
 RUN_CONFIG = {
@@ -42,4 +45,7 @@ RUN_CONFIG = {
     "max_new_tokens": 16,
     "learning_rate": 2e-4,
     "temperature": 1.0,
+    # Greedy evaluation of all 24 validation rows at step 0 and at the last step.
+    "eval_max_rows": 24,
+    "eval_temperature": 0.0,
 }

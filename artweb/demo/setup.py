@@ -16,6 +16,8 @@ from training.base_models import BUNDLED_MODEL
 
 DEMO_TEAM = "demo"
 DEMO_USER = "demo"
+DEMO_INPUTS = "one-word-answers"  # the task set's and the environment's name
+DEMO_REWARD = "correct-and-exact"
 
 
 @dataclass
@@ -45,19 +47,17 @@ def demo_start(
         project = Project.objects.filter(team=team, name="demo").first() or services.project_create(
             team=team, name="demo", description="The demo run started by `make up` / `manage.py demo`."
         )
-        task_set = TaskSet.objects.filter(
-            project=project, name="short-answers"
-        ).first() or services.task_set_create(
-            project=project, name="short-answers", jsonl=TASKS_PATH.read_text()
+        # Named for this version of the demo: a data dir from an earlier demo (its "short-answers"
+        # rows and "brief-and-correct" reward) gets the new inputs, not its old ones.
+        task_set = TaskSet.objects.filter(project=project, name=DEMO_INPUTS).first() or (
+            services.task_set_create(project=project, name=DEMO_INPUTS, jsonl=TASKS_PATH.read_text())
         )
-        environment = Environment.objects.filter(project=project, name="short-answers").first() or (
-            services.environment_create(project=project, name="short-answers", system_prompt=SYSTEM_PROMPT)
+        environment = Environment.objects.filter(project=project, name=DEMO_INPUTS).first() or (
+            services.environment_create(project=project, name=DEMO_INPUTS, system_prompt=SYSTEM_PROMPT)
         )
-        reward = RewardDefinition.objects.filter(project=project, name="brief-and-correct").order_by(
+        reward = RewardDefinition.objects.filter(project=project, name=DEMO_REWARD).order_by(
             "-version"
-        ).first() or services.reward_definition_create(
-            project=project, name="brief-and-correct", spec=REWARD_SPEC
-        )
+        ).first() or services.reward_definition_create(project=project, name=DEMO_REWARD, spec=REWARD_SPEC)
         # A fresh model per demo run, so an earlier demo's run never blocks this one.
         number = TrainableModel.objects.filter(project=project).count() + 1
         while TrainableModel.objects.filter(project=project, name=f"agent-{number}").exists():

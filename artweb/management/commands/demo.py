@@ -121,4 +121,4 @@ def print_credentials(stdout, setup) -> None:
         stdout.write(f"Created user 'demo' with password: {setup.password}   (shown once)")
     if setup.api_key:
         stdout.write(f"Created API key for team 'demo': {setup.api_key}   (shown once)")
-    stdout.write(f"Started run {setup.run.pk}: GET /api/v1/runs/{setup.run.pk}/events")
+    stdout.write(f"Started run {setup.run.pk}: GET /api/v1/runs/{setup.run.pk}/events/")

@@ -65,6 +65,10 @@ class Command(BaseCommand):
                 stack.start("inference", inference_command(base_model=name, port=inference_port))
             self.stdout.write(f"artweb is up: http://{host}:{port}/api/v1/docs/  (logs in {stack.log_dir})")
             self.stdout.write(f"OpenAI-compatible API (team API keys): http://{host}:{port}/v1")
+            self.stdout.write(
+                f"Dashboard: http://{host}:{port}/  (sign in as 'demo'; forgot the password? "
+                "manage.py changepassword demo)"
+            )
             if demo_steps > 0:
                 setup = demo_start(steps=demo_steps, base_model_source=base_model)
                 print_credentials(self.stdout, setup)

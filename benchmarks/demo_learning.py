@@ -1,0 +1,189 @@
+"""Does the demo learn? The `make up` / `manage.py demo` run (artweb.demo: task set, reward, config)
+trained through the platform's own `training.loop.run_training` with in-memory hooks, and its
+greedy held-out reward (the 24 validation rows, the loop's own evaluation at step 0 and at the end)
+printed per seed.
+
+    OMP_NUM_THREADS=2 .venv/bin/python -m benchmarks.demo_learning --steps 20 --seeds 0 1 2 \
+        --json /tmp/demo_learning.json
+
+Measured figures are in README.md ("The demo").
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from artweb.demo import REWARD_SPEC, RUN_CONFIG, SYSTEM_PROMPT, TASKS_PATH
+from training.base_models import BUNDLED_MODEL
+from training.config import LoraSpec, TrainConfig
+from training.environments import build_environment
+from training.loop import RunSpec, StepTrajectories, run_training
+
+
+def demo_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, validation) rows as the loop takes them: ``{"index", "data"}``."""
+    rows = [json.loads(line) for line in TASKS_PATH.read_text().splitlines() if line.strip()]
+    train, validation = [], []
+    for index, row in enumerate(rows):
+        split = row.pop("split", "train")
+        (validation if split == "validation" else train).append({"index": index, "data": row})
+    return train, validation
+
+
+class MemoryHooks:
+    """training.loop.RunHooks without Django: keeps step metrics, evaluations and events."""
+
+    def __init__(self, echo: bool = True) -> None:
+        self.steps: list[dict[str, Any]] = []
+        self.evaluations: dict[int, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.echo = echo
+
+    def should_stop(self) -> str | None:
+        return None
+
+    def record_checkpoint(self, *, step: int, path: Path, metrics: dict[str, Any]) -> None:
+        pass
+
+    def record_step(
+        self, *, step: int, metrics: dict[str, Any], trajectories: StepTrajectories, path: Path
+    ) -> bool:
+        row = {
+            "step": step,
+            "reward_mean": statistics.fmean(t.reward for _, _, t in trajectories),
+            "zero_variance_fraction": metrics.get("zero_variance_fraction"),
+            "step_seconds": round(metrics.get("step_seconds", 0.0), 1),
+        }
+        self.steps.append(row)
+        if self.echo:
+            print(json.dumps({"train_step": row}), flush=True)
+        return True
+
+    def event(self, message: str, *, level: str = "info", data: dict[str, Any] | None = None) -> None:
+        self.events.append({"message": message, "level": level, "data": data or {}})
+        if self.echo:
+            print(f"[{level}] {message}", flush=True)
+
+    def record_evaluation(self, *, step: int, results: dict[str, Any], samples: list[Any]) -> None:
+        self.evaluations[step] = {
+            "reward_mean": results["reward_mean"],
+            "pass_rate": results["pass_rate"],
+            "grader_means": results["grader_means"],
+            "replies": [s.messages[-1].get("content", "") for s in samples[:6]],
+        }
+        if self.echo:
+            print(json.dumps({"evaluation": step, **self.evaluations[step]}), flush=True)
+
+    def is_evaluated(self, *, step: int) -> bool:
+        return step in self.evaluations
+
+
+def demo_run(*, steps: int, seed: int, cache_dir: Path, model: str = BUNDLED_MODEL,
+             overrides: dict[str, Any] | None = None, echo: bool = True) -> MemoryHooks:  # fmt: skip
+    """One demo run of ``steps`` steps; its hooks hold the evaluations at step 0 and ``steps``."""
+    train, validation = demo_rows()
+    config = TrainConfig.from_dict({**RUN_CONFIG, **(overrides or {}), "steps": steps, "seed": seed})
+    spec = RunSpec(
+        base_model_source=model,
+        model_cache_dir=cache_dir,
+        checkpoint_root=Path(tempfile.mkdtemp(prefix=f"demo-learning-{seed}-")),
+        config=config,
+        lora=LoraSpec.from_dict({}),  # the demo's model takes the platform's default LoRA
+        environment=build_environment("chat", system_prompt=SYSTEM_PROMPT),
+        grader_spec=REWARD_SPEC,
+        train_rows=train,
+        start_step=0,
+        resume_step=None,
+        validation_rows=validation,
+    )
+    hooks = MemoryHooks(echo=echo)
+    run_training(spec, hooks)
+    return hooks
+
+
+def evaluate_checkpoint(checkpoint: Path, *, cache_dir: Path, model: str = BUNDLED_MODEL) -> dict[str, Any]:
+    """Greedy held-out reward of one saved checkpoint (a run's folder ``step-000012``), as the
+    loop's own evaluation measures it: same rows, same reward, same sampling."""
+    from training.base_models import load_base_model
+    from training.engines.base import SamplingParams
+    from training.engines.transformers_engine import TransformersEngine
+    from training.evaluation import LocalPolicy, evaluate
+    from training.trainer import Trainer
+
+    _, validation = demo_rows()
+    config = TrainConfig.from_dict(RUN_CONFIG)
+    base, tokenizer = load_base_model(model, cache_dir, dtype=torch.float32)
+    trainer = Trainer.resume(base, tokenizer, checkpoint, config, LoraSpec.from_dict({}))
+    engine = TransformersEngine(trainer.policy.eval(), tokenizer)
+    sampling = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=config.max_new_tokens, seed=99_991)
+    with build_environment("chat", system_prompt=SYSTEM_PROMPT) as environment:
+        result = evaluate(LocalPolicy(engine=engine, sampling=sampling), validation, environment, REWARD_SPEC)
+    return {
+        "checkpoint": str(checkpoint),
+        "reward_mean": result.results["reward_mean"],
+        "grader_means": result.results["grader_means"],
+        "replies": [s.messages[-1].get("content", "") for s in result.samples],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/demo_learning/models"))
+    parser.add_argument("--model", default=BUNDLED_MODEL)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--learning-rate", type=float, help="instead of the demo's")
+    parser.add_argument("--checkpoint", type=Path, nargs="*", help="only evaluate these checkpoint folders")
+    arguments = parser.parse_args(argv)
+    torch.set_num_threads(arguments.threads)
+    if arguments.checkpoint:
+        results = [
+            evaluate_checkpoint(c, cache_dir=arguments.cache_dir, model=arguments.model)
+            for c in arguments.checkpoint
+        ]
+        for result in results:
+            print(json.dumps(result), flush=True)
+        return {"checkpoints": results}
+    report: dict[str, Any] = {"steps": arguments.steps, "config": RUN_CONFIG, "seeds": {}}
+    for seed in arguments.seeds:
+        started = time.monotonic()
+        overrides = {"learning_rate": arguments.learning_rate} if arguments.learning_rate else {}
+        hooks = demo_run(
+            steps=arguments.steps,
+            seed=seed,
+            cache_dir=arguments.cache_dir,
+            model=arguments.model,
+            overrides=overrides,
+        )
+        before, after = hooks.evaluations[0], hooks.evaluations[arguments.steps]
+        report["seeds"][seed] = {
+            "before": before["reward_mean"],
+            "after": after["reward_mean"],
+            "seconds": round(time.monotonic() - started, 1),
+            "curve": [round(s["reward_mean"], 3) for s in hooks.steps],
+            "replies_before": before["replies"],
+            "replies_after": after["replies"],
+        }
+        print(json.dumps({"seed": seed, **report["seeds"][seed]}), flush=True)
+        if arguments.json:
+            arguments.json.write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
