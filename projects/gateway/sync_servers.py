@@ -43,7 +43,9 @@ async def serve(request: HttpRequest, work: Coroutine[Any, Any, HttpResponseBase
     loop = _gateway_loop()
     response = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
     if isinstance(response, StreamingHttpResponse) and response.is_async:
-        response.streaming_content = _pulled(response.streaming_content, loop)
+        content = response.streaming_content
+        assert isinstance(content, AsyncIterator)  # is_async: an async generator over the chunks
+        response.streaming_content = _pulled(content, loop)
     return response
 
 

@@ -52,6 +52,8 @@ def test_paths_answer_with_and_without_the_trailing_slash(alpha_setup, key_clien
         ("/api/v1/runs/7/event", "/api/v1/runs/7/events"),
         ("/api/v1/run/7/event/", "/api/v1/runs/7/events/"),
         ("/v1/chat/completion", "/v1/chat/completions"),
+        ("/v1/chat/completions/", "/v1/chat/completions"),
+        ("/v1/preview/models/", "/v1/preview/models"),
     ],
 )
 def test_a_near_miss_is_a_json_404_naming_the_right_path(key_client, path, meant, debug):
