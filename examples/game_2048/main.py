@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import art  # noqa: E402
-import common  # noqa: E402
+import common  # noqa: E402  (first: it sets ART's environment)
+from common import art  # noqa: E402
 
 SYSTEM = "You are playing 2048. A move slides every tile that way; equal tiles that meet merge."
 QUESTION = "Your move? 1 = left, 2 = right, 3 = up, 4 = down. Reply with the number only."

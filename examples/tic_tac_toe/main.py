@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import art  # noqa: E402
-import common  # noqa: E402
+import common  # noqa: E402  (first: it sets ART's environment)
+from common import art  # noqa: E402
 
 LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
 SYSTEM = (
