@@ -35,11 +35,11 @@ $(VENDOR_STAMP): frontend/package.json frontend/package-lock.json frontend/scrip
 # virtualenv of its own (its pins are not the project's; it needs no torch). openai<3: ART 0.5.18's
 # openai_client() hands openai an httpx.Timeout, which openai 3's httpx2-based client rejects.
 ART_VENV := .venv-art
-ART_STAMP := $(ART_VENV)/.installed-openpipe-art-0.5.18
+ART_STAMP := $(ART_VENV)/.installed-openpipe-art-0.5.18-mcp-1.30
 
 $(ART_STAMP):
 	test -x $(ART_VENV)/bin/python || $(PYTHON) -m venv $(ART_VENV)
-	$(ART_VENV)/bin/pip install -q openpipe-art==0.5.18 wandb 'openai<3'
+	$(ART_VENV)/bin/pip install -q openpipe-art==0.5.18 wandb 'openai<3' mcp==1.30.0  # mcp: examples/mcp_tools
 	rm -f $(ART_VENV)/.installed-* && touch $@
 
 install: $(STAMP) $(VENDOR_STAMP) $(ART_STAMP)
