@@ -3,7 +3,9 @@
 24 held-out rows (greedy, the loop's own evaluation) at step 20 than at step 0.
 
 Measured with benchmarks/demo_learning.py (README, "The demo"): about 2.5 minutes on an idle
-2-core machine. The margin is below every measured seed's gain, so noise does not fail it.
+2-core machine, but steps took 150-280 s while other suites shared the cores (an hour for 20
+steps), hence the long timeout. The margin (0.05) is half the smallest measured gain (+0.083, seeds
+0-2), so noise does not fail it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ MARGIN = 0.05
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_demo_held_out_reward_rises_within_the_demo_steps(tmp_path_factory):
     hooks = demo_run(steps=STEPS, seed=0, cache_dir=tmp_path_factory.mktemp("model-cache"), echo=False)
     before, after = hooks.evaluations[0]["reward_mean"], hooks.evaluations[STEPS]["reward_mean"]
