@@ -60,19 +60,9 @@ def step_record(
             return False
         if StepMetrics.objects.filter(run=locked, step=step).exists():
             return False
-        StepMetrics.objects.create(
-            run=locked,
-            step=step,
-            reward_mean=metrics.get("reward_mean"),
-            reward_std=metrics.get("reward_std"),
-            loss=metrics.get("loss"),
-            metrics=metrics,
+        step_rows_write(
+            run=locked, step=step, metrics=metrics, trajectories=trajectories, path=checkpoint_path
         )
-        Trajectory.objects.bulk_create(
-            [Trajectory(run=locked, step=step, **jsonb_safe(record.__dict__)) for record in trajectories],
-            batch_size=200,
-        )
-        checkpoint_record(model=locked.model, run=locked, step=step, path=checkpoint_path, metrics=metrics)
         locked.current_step = step
         locked.heartbeat_at = timezone.now()
         locked.save(update_fields=["current_step", "heartbeat_at"])
@@ -83,6 +73,26 @@ def step_record(
             data={"step": step, **metrics},
         )
     return True
+
+
+def step_rows_write(
+    *, run: Run, step: int, metrics: dict[str, Any], trajectories: list[TrajectoryRecord], path: str
+) -> None:
+    """A step's rows, for a platform run and a client training job alike: its metrics, every
+    trajectory and its checkpoint. The caller holds the run's lock inside its transaction."""
+    StepMetrics.objects.create(
+        run=run,
+        step=step,
+        reward_mean=metrics.get("reward_mean"),
+        reward_std=metrics.get("reward_std"),
+        loss=metrics.get("loss"),
+        metrics=metrics,
+    )
+    Trajectory.objects.bulk_create(
+        [Trajectory(run=run, step=step, **jsonb_safe(record.__dict__)) for record in trajectories],
+        batch_size=200,
+    )
+    checkpoint_record(model=run.model, run=run, step=step, path=path, metrics=metrics)
 
 
 def _step_message(done: int, total: int, metrics: dict[str, Any]) -> str:

@@ -48,12 +48,11 @@ from projects.models import (
     TrainingJobEvent,
     TrainingJobEventType,
     TrainingJobStatus,
-    Trajectory,
 )
 from projects.services._common import check_slug, error_text, jsonb_safe
 from projects.services.projects import trainable_model_create
 from projects.services.runs import ACTIVE_STATUSES, run_event_add
-from projects.services.steps import TrajectoryRecord, checkpoint_record
+from projects.services.steps import TrajectoryRecord, checkpoint_record, step_rows_write
 from training.client_groups import GroupError, parse_groups
 from training.client_step import art_train_config
 from training.config import ConfigError
@@ -413,19 +412,7 @@ def training_job_finish(
         if StepMetrics.objects.filter(run=run, step=step).exists():
             return False
         metrics = jsonb_safe(metrics)
-        StepMetrics.objects.create(
-            run=run,
-            step=step,
-            reward_mean=metrics.get("reward_mean"),
-            reward_std=metrics.get("reward_std"),
-            loss=metrics.get("loss"),
-            metrics=metrics,
-        )
-        Trajectory.objects.bulk_create(
-            [Trajectory(run=run, step=step, **jsonb_safe(record.__dict__)) for record in trajectories],
-            batch_size=200,
-        )
-        checkpoint_record(model=run.model, run=run, step=step, path=checkpoint_path, metrics=metrics)
+        step_rows_write(run=run, step=step, metrics=metrics, trajectories=trajectories, path=checkpoint_path)
         run.current_step = step
         run.total_steps = step - run.start_step
         run.heartbeat_at = timezone.now()
