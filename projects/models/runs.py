@@ -43,10 +43,21 @@ class Run(ClaimedWork):
     config = models.JSONField(help_text="TrainConfig as a dict (all fields, defaults filled in)")
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
     cancel_requested = models.BooleanField(default=False)
+    pause_requested = models.BooleanField(
+        default=False, help_text="the worker pauses the run before its next step (services.run_pause)"
+    )
     start_step = models.PositiveIntegerField(default=0, help_text="model checkpoint step the run starts from")
     current_step = models.PositiveIntegerField(default=0, help_text="last step recorded")
     total_steps = models.PositiveIntegerField(default=0)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    forked_from = models.ForeignKey(
+        "Checkpoint",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="forks",
+        help_text="the checkpoint this run's model was forked from (its step 0 is a copy of it)",
+    )
 
     class Meta(ClaimedWork.Meta):
         indexes = [models.Index(fields=["status", "heartbeat_at"])]
