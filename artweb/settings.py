@@ -215,7 +215,20 @@ TRAINING_DEVICE = env_str("TRAINING_DEVICE", "cpu")
 TRAINING_ENGINE = env_choice("ARTWEB_ENGINE", "auto", ("auto", "vllm", "transformers"))
 TRAINING_UNSLOTH = env_choice("ARTWEB_UNSLOTH", "auto", ("auto", "on", "off"))
 TORCH_THREADS = env_int("TORCH_THREADS", 0, minimum=0)
-CHECKPOINT_DIR = DATA_DIR / "checkpoints"
+# This host's checkpoint folders: what its trainer writes, and its cache of stored checkpoints.
+CHECKPOINT_DIR = Path(env_str("ARTWEB_CHECKPOINT_DIR", str(DATA_DIR / "checkpoints"))).resolve()
+# --- storage of checkpoints and exports (projects.storage) ----------------------------------
+# local (embedded): the folders under CHECKPOINT_DIR are the stored objects. s3: an S3-compatible
+# bucket shared by every host; each host caches what it reads under its CHECKPOINT_DIR.
+STORAGE_BACKEND = env_choice("STORAGE_BACKEND", "local", ("local", "s3"))
+STORAGE_S3_BUCKET = env_str("STORAGE_S3_BUCKET")
+STORAGE_S3_PREFIX = env_str("STORAGE_S3_PREFIX", "artweb").strip("/")
+STORAGE_S3_ENDPOINT_URL = env_str("STORAGE_S3_ENDPOINT_URL")  # MinIO etc.; empty: AWS
+STORAGE_S3_REGION = env_str("STORAGE_S3_REGION", "us-east-1")
+STORAGE_S3_ACCESS_KEY_ID = env_str("STORAGE_S3_ACCESS_KEY_ID")  # or _FILE; empty: boto3's own chain
+STORAGE_S3_SECRET_ACCESS_KEY = env_str("STORAGE_S3_SECRET_ACCESS_KEY")  # or _FILE
+if STORAGE_BACKEND == "s3" and not STORAGE_S3_BUCKET:
+    raise ImproperlyConfigured("STORAGE_BACKEND=s3 needs STORAGE_S3_BUCKET")
 MODEL_CACHE_DIR = DATA_DIR / "models"
 MAX_TASKSET_BYTES = env_int("MAX_TASKSET_BYTES", 50 * 1024 * 1024, minimum=1024)
 # Client-driven training (/v1/preview/, OpenPipe ART's protocol): the largest request body those

@@ -130,7 +130,8 @@ class Trajectory(models.Model):
 
 
 class Checkpoint(models.Model):
-    """A saved adapter. The row is written only after its files are complete on disk.
+    """A saved adapter. The row is written only after its files are complete on disk and stored
+    (``projects.storage``: uploaded, for S3); readers get them through ``storage.checkpoint_local_dir``.
 
     An empty ``path`` is step 0 of a model registered through ``/v1/preview/`` before any training:
     the untrained adapter, whose LoRA B matrices are zero, is exactly the base model, so the
@@ -140,7 +141,12 @@ class Checkpoint(models.Model):
     model = models.ForeignKey(TrainableModel, on_delete=models.CASCADE, related_name="checkpoints")
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="checkpoints")
     step = models.PositiveIntegerField()
-    path = models.CharField(max_length=1000)
+    path = models.CharField(max_length=1000)  # the writing host's folder (local storage: the object itself)
+    # Where projects.storage holds the files, the digest of their contents and their size; empty
+    # for a checkpoint without files and for rows recorded before storage keys (read from `path`).
+    storage_key = models.CharField(max_length=500, blank=True, default="")
+    sha256 = models.CharField(max_length=64, blank=True, default="")
+    size_bytes = models.BigIntegerField(default=0)
     metrics = models.JSONField(default=dict)
     created_at = models.DateTimeField(auto_now_add=True)
 
