@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,24 @@ from training.trajectory import Trajectory
 
 class ChatTemplateError(RuntimeError):
     """The chat template cannot be continued token by token (see `ChatFormat.environment_ids`)."""
+
+
+@dataclass(frozen=True)
+class RolloutProgress:
+    """Where a batch of rollouts stands, for progress reports: the current model turn, how many of
+    the trajectories still running at its start have finished generating it, and how many groups
+    (rows) have every trajectory over. Reported when a trajectory finishes its turn and at the end
+    of each turn, never per token."""
+
+    turn: int
+    max_turns: int
+    finished_in_turn: int
+    running_in_turn: int
+    groups_done: int
+    groups: int
+
+
+OnProgress = Callable[[RolloutProgress], None]
 
 
 def rollout_group(
@@ -55,6 +73,8 @@ def rollout_groups(
     sampling: SamplingParams,
     group_size: int,
     adapter: str | None = None,
+    *,
+    on_progress: OnProgress | None = None,
 ) -> list[list[Trajectory]]:
     """`group_size` trajectories for each row, in row order.
 
@@ -63,6 +83,7 @@ def rollout_groups(
     With no tools and no game, every turn is a final answer: a plain single-turn rollout. On the
     last allowed turn the environment's reply is not shown to the model (no turn is left to read
     it): a tool environment does not run that turn's calls; a game still plays the move.
+    `on_progress` hears a RolloutProgress as trajectories finish (see RolloutProgress).
     """
     tools = list(env.tools)
     chat = ChatFormat(engine, tools)
@@ -77,9 +98,12 @@ def rollout_groups(
         active = [episode for episode in episodes if not episode.done]
         if not active:
             break
-        choices = engine.generate_from_tokens(
-            [e.token_ids for e in active], _turn_sampling(sampling, turn), adapter=adapter
-        )
+        report = _progress_reporter(on_progress, episodes, group_size, turn, env.max_turns, len(active))
+        prompts, turn_sampling = [e.token_ids for e in active], _turn_sampling(sampling, turn)
+        if report is None:
+            choices = engine.generate_from_tokens(prompts, turn_sampling, adapter=adapter)
+        else:
+            choices = engine.generate_from_tokens(prompts, turn_sampling, adapter=adapter, on_finished=report)
         calls = [parse_tool_calls(c.text, id_prefix=f"call_{turn}_") if tools else [] for c in choices]
         for episode, choice, episode_calls in zip(active, choices, calls, strict=True):
             episode.add_model_turn(choice, episode_calls)
@@ -90,9 +114,38 @@ def rollout_groups(
             else:
                 env_ids = chat.environment_ids(episode.messages, reply.messages, episode.last_sampled_ids)
                 episode.add_environment_turn(reply.messages, env_ids)
+        if report:
+            report(None)  # the turn is over: groups whose every episode is done now count as done
 
     trajectories = [episode.to_trajectory(env.outcome(episode.state)) for episode in episodes]
     return [trajectories[i * group_size : (i + 1) * group_size] for i in range(len(rows))]
+
+
+def _progress_reporter(
+    on_progress: OnProgress | None,
+    episodes: list[_Episode],
+    group_size: int,
+    turn: int,
+    max_turns: int,
+    running: int,
+) -> Callable[[int | None], None] | None:
+    """The engine's `on_finished` callback for one turn (a row index of the turn's batch), also
+    called with None once the turn's replies are in."""
+    if on_progress is None:
+        return None
+    groups = len(episodes) // group_size
+    finished = 0
+
+    def report(row: int | None) -> None:
+        nonlocal finished
+        if row is not None:
+            finished += 1
+        done = sum(
+            all(e.done for e in episodes[g * group_size : (g + 1) * group_size]) for g in range(groups)
+        )
+        on_progress(RolloutProgress(turn, max_turns, finished, running, done, groups))
+
+    return report
 
 
 def episode_seed(seed: int | None, row_position: int, sample_index: int) -> int | None:

@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from training.agent import rollout_groups
+from training.agent import OnProgress, rollout_groups
 from training.environments import Environment
+from training.progress import progress_events
 from training.rewards import grade_trajectories
 from training.trajectory import Trajectory
 
@@ -249,12 +250,21 @@ class LocalPolicy:
     sampling: Any  # training.engines.base.SamplingParams
     adapter: str | None = None
     name: str = "local"
+    on_progress: OnProgress | None = None  # hears how far the rollouts are (training.progress)
 
     def rollout(
         self, rows: list[dict[str, Any]], env: Environment, samples_per_row: int
     ) -> list[list[Trajectory]]:
         data = [row["data"] for row in rows]
-        return rollout_groups(self.engine, data, env, self.sampling, samples_per_row, adapter=self.adapter)
+        return rollout_groups(
+            self.engine,
+            data,
+            env,
+            self.sampling,
+            samples_per_row,
+            adapter=self.adapter,
+            on_progress=self.on_progress,
+        )
 
 
 def load_local_policy(
@@ -333,7 +343,13 @@ def evaluate_during_run(spec: Any, engine: Any, adapter: str | None, step: int, 
     )
     try:
         result = evaluate(
-            LocalPolicy(engine=engine, sampling=sampling, adapter=adapter, name=f"step {step}"),
+            LocalPolicy(
+                engine=engine,
+                sampling=sampling,
+                adapter=adapter,
+                name=f"step {step}",
+                on_progress=progress_events(hooks, "evaluating", f"Evaluating step {step}", step=step),
+            ),
             rows,
             spec.environment,
             spec.grader_spec,

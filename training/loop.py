@@ -22,6 +22,7 @@ from training.config import LoraSpec, TrainConfig
 from training.environments import Environment
 from training.evaluation import evaluate_during_run, is_evaluation_step
 from training.learning_signal import SignalWatch
+from training.progress import phase, progress_events
 from training.rewards import grade_trajectories
 from training.trajectory import Trajectory, to_train_group
 
@@ -84,12 +85,6 @@ def sampled_tokens(trajectory: Trajectory) -> int:
 
 def checkpoint_path(root: Path, step: int) -> Path:
     return root / f"step-{step:06d}"
-
-
-def phase(hooks: RunHooks, name: str, message: str, **data: Any) -> None:
-    """Say what the run is doing now: a message event with ``data.phase`` (the run page shows the
-    latest, the terminal prints each). A few per step, never one per sample or token."""
-    hooks.event(message, data={"phase": name, **data})
 
 
 def rows_for_step(rows: list[dict[str, Any]], *, seed: int, step: int, count: int) -> list[dict[str, Any]]:
@@ -256,6 +251,7 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
             sampling,
             config.group_size,
             adapter=sampler.adapter,
+            on_progress=progress_events(hooks, "rollouts", f"Step {step}/{final_step}: rollouts", step=step),
         )
         rollout_seconds = time.monotonic() - step_started
         phase(hooks, "grading", f"Step {step}/{final_step}: grading", step=step)

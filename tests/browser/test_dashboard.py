@@ -207,6 +207,11 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
     assert page.locator("table.evaluations tbody tr").count() == 1
     assert NUMBER.match(page.locator("table.evaluations td.reward-mean").inner_text())
     assert page.locator("table.evaluations td.samples").inner_text() == "2"
+    # The playground starts from what the checkpoint was trained and evaluated with: the run's
+    # environment's system prompt and its evaluation temperature, and says so.
+    assert page.locator("#pg-system").input_value() == "Answer with one word."
+    assert float(page.locator("#pg-temperature").input_value()) == run.config.get("eval_temperature", 0.0)
+    assert f"run #{run.pk}" in page.locator("#pg-defaults").inner_text()
     page.fill("#pg-prompt", "Say a")
     page.fill("#pg-max-tokens", "12")
     page.click("#playground-form button[type=submit]")
@@ -305,13 +310,34 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
     assert page.locator("#id_environment-kind option").count() == len(EnvironmentKind.values)
     browser.screenshot("13-project-new-environment")
 
-    # Cancel a long run from its page (the confirmation dialog is accepted).
+    # A long run whose reward no reply can reach: the run page says what the worker is doing now
+    # (its phase, with the time it began) and, after one step without a learning signal, shows the
+    # warning banner linking to the viewer. Then cancel it from its page (the dialog is accepted).
+    never = services.reward_definition_create(
+        project=workspace, name="never", spec={"type": "regex", "pattern": "^NEVER MATCHES$"}
+    )
     long_run = services.run_create(
-        model=run.model, task_set=run.task_set, environment=run.environment, reward=run.reward,
-        config={"steps": 500, "group_size": 2, "max_new_tokens": 6},
+        model=run.model, task_set=run.task_set, environment=run.environment, reward=never,
+        config={"steps": 500, "group_size": 2, "max_new_tokens": 6, "no_signal_patience": 1},
     )  # fmt: skip
     page.goto(f"{url}/runs/{long_run.pk}/")
     page.wait_for_selector("#run-live-inner[data-status=running]", timeout=60_000)
+    page.wait_for_selector("#run-live-inner .phase", timeout=60_000)
+    phase = page.locator("#run-live-inner .phase")
+    assert phase.get_attribute("data-phase") in {
+        "loading",
+        "evaluating",
+        "rollouts",
+        "grading",
+        "updating",
+        "saving",
+    }
+    assert phase.inner_text().startswith("Now: ") and "(since " in phase.inner_text()
+    page.wait_for_selector(".notice.no-signal", timeout=120_000)
+    banner = page.locator(".notice.no-signal").first
+    assert "no learning signal" in banner.inner_text()
+    assert banner.locator("a").get_attribute("href") == f"/runs/{long_run.pk}/trajectories"
+    browser.screenshot("14-run-no-signal")
     page.click("text=Cancel run")
     page.wait_for_selector("#run-live-inner[data-status=cancelled]", timeout=60_000)
     assert Run.objects.get(pk=long_run.pk).status == RunStatus.CANCELLED

@@ -66,7 +66,10 @@ def test_constant_reward_emits_the_no_signal_warning_within_patience_steps(tiny_
     assert "every sample scored 0" in warning["message"] and "'quickstart' v1" in warning["message"]
     assert warning["data"]["signal"] == "all_rewards_equal" and warning["data"]["step"] == 2
 
-    phases = [e["data"]["phase"] for e in hooks.events if "phase" in e["data"]]
+    # Phase changes (progress within a phase, "k/N groups done", comes at most every few seconds).
+    phases = [
+        e["data"]["phase"] for e in hooks.events if "phase" in e["data"] and "groups_done" not in e["data"]
+    ]
     assert phases[0] == "loading"
     assert phases[1:6] == ["rollouts", "grading", "updating", "saving", "rollouts"]
     assert len(phases) == 1 + 4 * 3, "a few events per step, not one per sample"

@@ -85,6 +85,7 @@ class TokenDelta:
 
 
 OnToken = Callable[[TokenDelta], None]
+OnFinished = Callable[[int], None]  # a row index of the batch
 
 
 class TextDeltas:
@@ -148,6 +149,7 @@ class Engine(ABC):
         *,
         on_token: OnToken | None = None,
         grammars: Sequence[str | None] | None = None,
+        on_finished: OnFinished | None = None,
     ) -> list[Choice]:
         """One Choice per prompt, given as token ids, in order; nothing is re-tokenised.
 
@@ -157,6 +159,9 @@ class Engine(ABC):
         reports them all when the batch ends (`report_after`). `grammars`, one per prompt (None:
         unconstrained), constrain each row's tokens to its grammar (training.engines.grammar,
         checked first with `check_grammar`); a row whose grammar is complete ends with "stop".
+        `on_finished`, when given, is called with a row's index as soon as that row is finished
+        (progress reports; it costs nothing per token); an engine that cannot tell calls it for
+        every row when the batch ends (`report_finished_after`).
         """
 
     def check_grammar(self, grammar: str) -> None:
@@ -175,6 +180,14 @@ class Engine(ABC):
     @abstractmethod
     def unload_adapter(self, name: str) -> None:
         """Free an adapter loaded with `load_adapter`."""
+
+
+def report_finished_after(choices: list[Choice], on_finished: OnFinished | None) -> list[Choice]:
+    """For engines that cannot report rows as they finish: every row, when the batch ends."""
+    if on_finished is not None:
+        for index in range(len(choices)):
+            on_finished(index)
+    return choices
 
 
 def report_after(choices: list[Choice], on_token: OnToken | None) -> list[Choice]:

@@ -22,10 +22,12 @@ from training.engines.base import (
     Choice,
     Engine,
     FinishReason,
+    OnFinished,
     OnToken,
     SamplingParams,
     TextDeltas,
     TokenDelta,
+    report_finished_after,
 )
 from training.engines.grammar import BatchMatchers, GrammarCompiler
 
@@ -120,6 +122,7 @@ class TransformersEngine(Engine):
         *,
         on_token: OnToken | None = None,
         grammars: Sequence[str | None] | None = None,
+        on_finished: OnFinished | None = None,
     ) -> list[Choice]:
         """See Engine.generate_from_tokens. `on_token`, when given, is called (on this thread)
         with each sequence's every new token as soon as it is sampled, while the rest of the batch
@@ -139,7 +142,8 @@ class TransformersEngine(Engine):
         try:
             with torch.no_grad(), self._adapter_scope(adapter):
                 prompts = [list(prompt) for prompt in prompt_token_ids]
-                return self._sample(prompts, sampling, on_token, matchers)
+                # TODO(decode core): report each row when it finishes, not all at the end.
+                return report_finished_after(self._sample(prompts, sampling, on_token, matchers), on_finished)
         finally:
             self.model.train(was_training)
 

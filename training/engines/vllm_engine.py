@@ -24,10 +24,12 @@ from training.engines.base import (
     Choice,
     Engine,
     FinishReason,
+    OnFinished,
     OnToken,
     SamplingParams,
     render_chat,
     report_after,
+    report_finished_after,
 )
 
 # LoRA ranks vLLM's kernels are built for; max_lora_rank must be one of them (vllm LoRAConfig).
@@ -252,6 +254,7 @@ class VLLMEngine(Engine):
         *,
         on_token: OnToken | None = None,
         grammars: Sequence[str | None] | None = None,
+        on_finished: OnFinished | None = None,
     ) -> list[Choice]:
         """One Choice per prompt given as token ids; vLLM does not re-tokenise them (or add a bos).
         The offline `LLM.generate` does not stream: `on_token` hears every token at the end.
@@ -275,7 +278,7 @@ class VLLMEngine(Engine):
         ]
         outputs = self._llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
         choices = [choice_from_output(output, sampling.top_logprobs) for output in outputs]
-        return report_after(choices, on_token)
+        return report_finished_after(report_after(choices, on_token), on_finished)
 
     def load_adapter(self, name: str, path: Path) -> None:
         path = Path(path)
