@@ -291,6 +291,9 @@ if INFERENCE_HEARTBEAT_TIMEOUT_S <= INFERENCE_HEARTBEAT_INTERVAL_S:
 INFERENCE_ADAPTER_CAPACITY = env_int("INFERENCE_ADAPTER_CAPACITY", 8, minimum=1)  # LoRA adapters kept loaded
 INFERENCE_BATCH_WINDOW_MS = env_float("INFERENCE_BATCH_WINDOW_MS", 10.0)
 INFERENCE_MAX_BATCH_SIZE = env_int("INFERENCE_MAX_BATCH_SIZE", 32, minimum=1)  # sequences per engine call
+# continuous: requests join the running decode batch at the next token (training.serving.continuous);
+# window: one engine call per batch of requests (the old scheduler, kept as the benchmark's reference)
+INFERENCE_SCHEDULER = env_choice("INFERENCE_SCHEDULER", "window", ("continuous", "window"))
 INFERENCE_DEFAULT_MAX_TOKENS = env_int("INFERENCE_DEFAULT_MAX_TOKENS", 256, minimum=1)
 INFERENCE_MAX_TOKENS = env_int("INFERENCE_MAX_TOKENS", 4096, minimum=1)
 # Servers load LoRA checkpoints only from under this directory (the path arrives over HTTP).

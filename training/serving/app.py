@@ -1,8 +1,12 @@
 """The inference server's ASGI application: `/v1/chat/completions`, `/v1/models`, `/health`, `/stats`.
 
 A plain ASGI callable (no framework): the routes are few and the hot path stays short. Requests
-are validated and rendered on the event loop's side (rendering in a helper thread), sampled by
-the BatchScheduler's single generation thread, and answered as JSON or server-sent events.
+are validated and rendered on the event loop's side (rendering in a helper thread), sampled by the
+scheduler's single generation thread, and answered as JSON or server-sent events. The scheduler is
+continuous batching (training.serving.continuous, the default) or, with `scheduler="window"`, the
+window scheduler (training.serving.scheduler), kept as the reference that
+benchmarks/serving_batching.py measures against. A client that disconnects, streaming or not,
+has its request cancelled: it leaves the queue, or the decode batch before the next token.
 
 Trust: every route but /health needs `Authorization: Bearer <server token>` when a token is set
 (the gateway holds it); the gateway names the checkpoint in ADAPTER_HEADER, and only checkpoint
@@ -34,6 +38,7 @@ from training.serving.chunks import (
     sse_event,
     token_chunk,
 )
+from training.serving.continuous import ContinuousScheduler, DecodeBatchLike
 from training.serving.prompts import render_prompt
 from training.serving.protocol import (
     ADAPTER_HEADER,
@@ -53,6 +58,7 @@ from training.serving.scheduler import BatchScheduler
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+SCHEDULERS = ("continuous", "window")
 
 
 @dataclass
@@ -65,6 +71,7 @@ class ServerConfig:
     max_batch_size: int = 32  # sequences per engine call
     adapter_capacity: int = 8  # adapters kept loaded
     context_length: int | None = None  # prompt + max_tokens must fit
+    scheduler: str = "window"  # or "continuous" (see the module doc)
 
 
 class InferenceApp:
@@ -73,9 +80,17 @@ class InferenceApp:
         self.config = config
         self.tokenizer = engine.tokenizer
         self.adapters = AdapterCache(engine, config.adapter_capacity)
-        self.scheduler = BatchScheduler(
-            self._generate, window_s=config.batch_window_s, max_batch_size=config.max_batch_size
-        )
+        self.scheduler: ContinuousScheduler | BatchScheduler
+        if config.scheduler == "continuous":
+            self.scheduler = ContinuousScheduler(
+                self._new_decode_batch, window_s=config.batch_window_s, max_batch_size=config.max_batch_size
+            )
+        elif config.scheduler == "window":
+            self.scheduler = BatchScheduler(
+                self._generate, window_s=config.batch_window_s, max_batch_size=config.max_batch_size
+            )
+        else:
+            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {config.scheduler!r}")
         self.native_tools = template_supports_tools(self.tokenizer)
         self.started_at = time.time()
         self._scheduler_task: asyncio.Task[None] | None = None
@@ -89,6 +104,20 @@ class InferenceApp:
         on_token: OnToken | None = None,
         grammars: list[str | None] | None = None,
     ) -> list[Choice]:
+        name = self._adapter_name(adapter)
+        extra: dict[str, Any] = {"grammars": grammars} if grammars is not None else {}
+        return self.engine.generate_from_tokens(prompts, sampling, adapter=name, on_token=on_token, **extra)
+
+    def _new_decode_batch(self, adapter: Path | None) -> DecodeBatchLike:
+        from training.engines.decode import DecodeBatch
+        from training.engines.transformers_engine import TransformersEngine
+
+        if not isinstance(self.engine, TransformersEngine):
+            raise TypeError("continuous batching needs the transformers engine (use scheduler='window')")
+        return DecodeBatch(self.engine, self._adapter_name(adapter))
+
+    def _adapter_name(self, adapter: Path | None) -> str | None:
+        """The loaded adapter's name (loading it if need be); on the generation thread."""
         name = None
         if adapter is not None:
             try:
@@ -99,8 +128,7 @@ class InferenceApp:
                 log.exception("cannot load adapter %s", adapter)
                 raise RequestError(f"cannot load the checkpoint: {exc}", code="adapter_load_failed",
                                    status=500) from exc  # fmt: skip
-        extra = {"grammars": grammars} if grammars is not None else {}
-        return self.engine.generate_from_tokens(prompts, sampling, adapter=name, on_token=on_token, **extra)
+        return name
 
     # ------------------------------------------------------------------ ASGI
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -175,6 +203,7 @@ class InferenceApp:
             "uptime_s": round(time.time() - self.started_at, 1),
             "queued_requests": self.scheduler.queued,
             "running_requests": self.scheduler.running,
+            "scheduler": self.config.scheduler,
             "batch_window_ms": self.config.batch_window_s * 1000,
             "max_batch_size": self.config.max_batch_size,
             **self.scheduler.stats.as_dict(),
@@ -227,7 +256,19 @@ class InferenceApp:
         if request.stream:
             await self._stream(request, model, prompt, sampling, adapter, send, receive, grammar)
             return
-        choices = await self._sample(request, prompt, sampling, adapter, grammar=grammar)
+        sampled = asyncio.ensure_future(self._sample(request, prompt, sampling, adapter, grammar=grammar))
+        if receive is not None:
+            # A client that goes away takes its request out of the queue or the decode batch.
+            gone = asyncio.ensure_future(_disconnected(receive))
+            try:
+                await asyncio.wait([sampled, gone], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not sampled.done():
+                    sampled.cancel()
+                gone.cancel()
+            if not sampled.done() or sampled.cancelled():
+                return
+        choices = await sampled
         response = completion_body(
             request, choices, completion_id=new_completion_id(), created=int(time.time()), model=model,
             prompt_token_ids=prompt, token_text=self._token_text,

@@ -1,5 +1,10 @@
 """Windowed batching: concurrent requests become one engine call per compatible group.
 
+Not the server's default: `serve_inference` uses continuous batching (training.serving.continuous).
+This scheduler stays selectable (`--scheduler window`, the INFERENCE_SCHEDULER setting,
+ServerConfig.scheduler) as the reference benchmarks/serving_batching.py measures against, and for
+engines without a decode core.
+
 Invariant: exactly one generation runs at a time, in one worker thread (the engine and the adapter
 cache are not thread-safe, and one batched call uses the CPU better than two racing ones); the
 event loop only queues, groups and resolves futures, so it stays responsive while a batch runs.

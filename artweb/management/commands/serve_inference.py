@@ -44,6 +44,11 @@ class Command(BaseCommand):
         parser.add_argument("--max-batch-size", type=int, default=settings.INFERENCE_MAX_BATCH_SIZE)
         parser.add_argument("--batch-window-ms", type=float, default=settings.INFERENCE_BATCH_WINDOW_MS)
         parser.add_argument(
+            "--scheduler", choices=("continuous", "window"), default=settings.INFERENCE_SCHEDULER,
+            help="continuous (default, or the INFERENCE_SCHEDULER setting): requests join the running batch "
+            "at the next token; window: one engine call per batch (the benchmark's reference)",
+        )  # fmt: skip
+        parser.add_argument(
             "--engine", choices=ENGINES,
             default=settings.INFERENCE_ENGINE,
             help="transformers (default, or the INFERENCE_ENGINE setting), vllm, or auto: vllm on a CUDA host "
@@ -64,7 +69,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, base_model: str, host: str, port: int, url: str, capacity: int,
                max_batch_size: int, batch_window_ms: float, engine: str, vllm_command: str,
-               vllm_startup_timeout: float, vllm_gpu_memory_utilization: float, **options):  # fmt: skip
+               vllm_startup_timeout: float, vllm_gpu_memory_utilization: float, scheduler: str = "continuous",
+               **options):  # fmt: skip
         if engine not in ENGINES:  # a bad INFERENCE_ENGINE (argparse checks only given values)
             raise CommandError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         row = BaseModel.objects.filter(name=base_model).first()
@@ -83,10 +89,11 @@ class Command(BaseCommand):
                              gpu_memory_utilization=vllm_gpu_memory_utilization)  # fmt: skip
         else:
             self._serve_transformers(row, host=host, port=port, url=url, capacity=capacity,
-                                     max_batch_size=max_batch_size, batch_window_ms=batch_window_ms)  # fmt: skip
+                                     max_batch_size=max_batch_size, batch_window_ms=batch_window_ms,
+                                     scheduler=scheduler)  # fmt: skip
 
     def _serve_transformers(self, row: BaseModel, *, host: str, port: int, url: str, capacity: int,
-                            max_batch_size: int, batch_window_ms: float) -> None:  # fmt: skip
+                            max_batch_size: int, batch_window_ms: float, scheduler: str) -> None:  # fmt: skip
         import torch
 
         from training.base_models import ModelLoadError, load_base_model
@@ -115,6 +122,7 @@ class Command(BaseCommand):
             max_batch_size=max_batch_size,
             adapter_capacity=capacity,
             context_length=getattr(model.config, "max_position_embeddings", None),
+            scheduler=scheduler,
         )
         app = InferenceApp(engine, config)
         sock = bind(host, port)
