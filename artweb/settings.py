@@ -13,6 +13,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from artweb.env import env_bool, env_choice, env_float, env_int, env_list, env_str, load_or_create_secret
+from artweb.logs import logging_config
 from projects.queues import Queue  # a plain enum: importable before Django is set up
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -240,13 +241,10 @@ TRAINING_JOB_TIME_LIMIT_S = env_int("TRAINING_JOB_TIME_LIMIT_S", 6 * 3600, minim
 # a 413. Multipart files are not counted (a task-set `file` is bounded by MAX_TASKSET_BYTES).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 10 * 1024 * 1024, minimum=1024)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-}
+# LOG_FORMAT=json: one JSON object per line with request_id / run_id / evaluation_id /
+# training_job_id where they apply (artweb.logs); text (default) appends them as key=value.
+LOG_FORMAT = env_choice("LOG_FORMAT", "text", ("text", "json"))
+LOGGING = logging_config(log_format=LOG_FORMAT, level=env_str("LOG_LEVEL", "INFO"))
 GRADER_MAX_ERROR_FRACTION = env_float("GRADER_MAX_ERROR_FRACTION", 0.5)
 RUN_REAPER_INTERVAL_S = env_float("RUN_REAPER_INTERVAL_S", 60.0)
 # The tasks live in projects.jobs.tasks; their names keep the "training." prefix they were queued under.

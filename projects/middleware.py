@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import functools
 import itertools
+import json
 import logging
 import re
 import uuid
@@ -32,6 +33,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import Resolver404, get_resolver, resolve
 from django.views import defaults
 
+from artweb.logs import log_context
 from training.openai_errors import error_object
 
 logger = logging.getLogger("artweb.errors")
@@ -58,6 +60,25 @@ def wants_json(request: HttpRequest) -> bool:
 def json_error(request: HttpRequest, status: int, message: str, *, code: str | None = None) -> JsonResponse:
     response = JsonResponse(error_object(status, message, code=code), status=status)
     response[HEADER] = request_id_of(request)
+    return response
+
+
+def with_request_id(response: Any, request_id: str) -> Any:
+    """An OpenAI error object (``{"error": {...}}``, any status >= 400) also names the request id
+    (``error.request_id``), so a report quoting the body finds the log lines. Other responses, and
+    streams, pass unchanged."""
+    if response.status_code < 400 or getattr(response, "streaming", False):
+        return response
+    if not response.get("Content-Type", "").startswith("application/json"):
+        return response
+    try:
+        body = json.loads(response.content)
+    except ValueError:
+        return response
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and "request_id" not in error:
+        error["request_id"] = request_id
+        response.content = json.dumps(body).encode()
     return response
 
 
@@ -97,11 +118,13 @@ class RequestIdMiddleware:
         if self.is_async:
             return self.__acall__(request)
         request.request_id = new_request_id()  # type: ignore[attr-defined]
-        return self._finish(request, self.get_response(request))
+        with log_context(request_id=request.request_id):  # type: ignore[attr-defined]
+            return self._finish(request, self.get_response(request))
 
     async def __acall__(self, request: HttpRequest) -> Any:
         request.request_id = new_request_id()  # type: ignore[attr-defined]
-        return self._finish(request, await self.get_response(request))
+        with log_context(request_id=request.request_id):  # type: ignore[attr-defined]
+            return self._finish(request, await self.get_response(request))
 
     def _finish(self, request: HttpRequest, response: Any) -> Any:
         # Under DEBUG Django answers a URL that resolves nowhere with its HTML page, not handler404.
@@ -109,7 +132,7 @@ class RequestIdMiddleware:
         if response.status_code == 404 and html and wants_json(request):
             response = json_error(request, 404, not_found_message(request.path))
         response[HEADER] = request.request_id  # type: ignore[attr-defined]
-        return response
+        return with_request_id(response, request.request_id)  # type: ignore[attr-defined]
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if not wants_json(request):

@@ -8,6 +8,7 @@ the row for the next claim (a run resumes from its last checkpoint, an evaluatio
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import socket
@@ -20,6 +21,8 @@ from typing import Generic, TypeVar
 
 from django.conf import settings
 from django.db import close_old_connections, connection
+
+from artweb.logs import log_context
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,7 @@ class Heartbeat(threading.Thread):
         self.beat, self.interval = beat, interval
         self.stopped = threading.Event()
         self.lost = False
+        self._log_context = contextvars.copy_context()  # its log lines name the row too (artweb.logs)
 
     @classmethod
     def every_quarter_timeout(cls, beat: Callable[[], bool], *, name: str) -> Heartbeat:
@@ -51,6 +55,9 @@ class Heartbeat(threading.Thread):
         return cls(beat, name=name, interval=max(0.2, settings.RUN_HEARTBEAT_TIMEOUT_S / 4))
 
     def run(self) -> None:
+        self._log_context.run(self._beat_until_stopped)
+
+    def _beat_until_stopped(self) -> None:
         try:
             while not self.stopped.wait(self.interval):
                 try:
@@ -105,6 +112,11 @@ class Job(Generic[Row]):
 def work_on(job: Job[Row], row_id: int) -> str:
     """Claim ``row_id`` for this worker and do ``job`` under a heartbeat. Any failure of the work
     is recorded through ``job.fail`` ("failed"), never a crash of the worker."""
+    with log_context(**{f"{job.kind.replace('-', '_')}_id": row_id}):  # every log line names the row
+        return _work_on(job, row_id)
+
+
+def _work_on(job: Job[Row], row_id: int) -> str:
     close_old_connections()
     worker = worker_id()
     row = job.claim(row_id, worker)

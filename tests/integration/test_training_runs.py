@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,21 @@ def test_failures_are_readable_and_keep_what_was_recorded(start_worker, api, inp
     wait_for(lambda: status_of(run_id) in TERMINAL, timeout=120, what="the unloadable run", worker=worker)
     run = Run.objects.get(pk=run_id)
     assert run.status == RunStatus.FAILED and "does-not-exist" in run.error, run.error
+
+
+def test_worker_logs_json_lines_naming_the_run(start_worker, api, inputs):
+    """LOG_FORMAT=json (artweb.logs): the worker's log is one JSON object per line, and the lines
+    written while it trains a run carry that run's id."""
+    worker = start_worker(LOG_FORMAT="json")
+    run_id = create_run(api, inputs, "logged", steps=1)
+    wait_for(lambda: status_of(run_id) in TERMINAL, timeout=180, what="run to finish", worker=worker)
+    wait_for(lambda: "succeeded in" in worker.output(), timeout=30, what="the task's end line", worker=worker)
+    logged = [line for line in worker.output().splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in logged]
+    assert {"ts", "level", "logger", "message"} <= set(lines[0])
+    steps = [line for line in lines if line["message"].startswith("step 1 done in")]
+    assert len(steps) == 1 and steps[0]["run_id"] == run_id, steps
+    # Celery's own lines are JSON too; only its start-up banner (printed, not logged) is not.
+    banner_end = next(i for i, line in enumerate(worker.output().splitlines()) if "ready." in line)
+    after_banner = [line for line in worker.output().splitlines()[banner_end:] if line.strip()]
+    assert all(line.startswith("{") for line in after_banner), after_banner[:5]

@@ -49,7 +49,8 @@ def error_of(status: int, headers: dict, content: bytes) -> dict:
     assert headers["content-type"].startswith("application/json"), content[:200]
     assert headers["x-request-id"].startswith("req_")
     error = json.loads(content)["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code", "request_id"}
+    assert error["request_id"] == headers["x-request-id"]  # a report quoting the body finds the logs
     return error
 
 

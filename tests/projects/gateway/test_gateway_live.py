@@ -333,7 +333,7 @@ def test_another_teams_key_gets_404_and_errors_are_openai_error_objects(live, se
 
     status, _, error = http("POST", url, key=beta_key, body=body)
     assert status == 404
-    assert set(error["error"]) == {"message", "type", "param", "code"}
+    assert set(error["error"]) == {"message", "type", "param", "code", "request_id"}
     assert error["error"]["code"] == "model_not_found"
     assert "math/agent:latest" not in {
         m["id"] for m in http("GET", f"{live.url}/v1/models", key=beta_key)[2]["data"]

@@ -233,7 +233,7 @@ def test_already_loaded_lost_and_unloadable_adapters_are_handled(live, serving, 
         path.unlink()
     status, _, error = http("POST", f"{live.url}/v1/chat/completions", key=alpha_key,
                             body={"model": "err/agent:2", "messages": HELLO})  # fmt: skip
-    assert status == 500 and set(error["error"]) == {"message", "type", "param", "code"}
+    assert status == 500 and set(error["error"]) == {"message", "type", "param", "code", "request_id"}
     assert error["error"]["code"] == "adapter_load_failed" and "No adapter found" in error["error"]["message"]
     assert name_two not in loaded(vllm_server.url)
     with pytest.raises(openai.InternalServerError):
