@@ -245,6 +245,12 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 10 * 1024 *
 # training_job_id where they apply (artweb.logs); text (default) appends them as key=value.
 LOG_FORMAT = env_choice("LOG_FORMAT", "text", ("text", "json"))
 LOGGING = logging_config(log_format=LOG_FORMAT, level=env_str("LOG_LEVEL", "INFO"))
+# Webhooks (projects.services.webhooks): attempts per delivery, the backoff between them
+# (base × 2^(attempt-1), capped) and the timeout of one POST.
+WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+WEBHOOK_RETRY_BASE_S = env_float("WEBHOOK_RETRY_BASE_S", 10.0)
+WEBHOOK_RETRY_MAX_S = env_float("WEBHOOK_RETRY_MAX_S", 3600.0)
+WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 10.0)
 GRADER_MAX_ERROR_FRACTION = env_float("GRADER_MAX_ERROR_FRACTION", 0.5)
 RUN_REAPER_INTERVAL_S = env_float("RUN_REAPER_INTERVAL_S", 60.0)
 # The tasks live in projects.jobs.tasks; their names keep the "training." prefix they were queued under.
@@ -256,6 +262,7 @@ CELERY_TASK_ROUTES = {
     # A client's training job (/v1/preview/training-jobs) trains like a run: on the train queue.
     "training.train_job": {"queue": Queue.TRAIN.value},
     "training.requeue_orphaned_training_jobs": {"queue": Queue.DEFAULT.value},
+    "webhooks.deliver": {"queue": Queue.DEFAULT.value},
 }
 CELERY_BEAT_SCHEDULE = {
     "requeue-orphaned-runs": {"task": "training.requeue_orphaned_runs", "schedule": RUN_REAPER_INTERVAL_S},

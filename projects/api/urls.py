@@ -4,7 +4,7 @@ from django.urls import URLPattern, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from projects.api import evaluations, graders, invitations, scenarios, schema, views  # noqa: F401  (schema registers the auth extension)
+from projects.api import evaluations, graders, invitations, scenarios, schema, views, webhooks  # noqa: F401  (schema registers the auth extension)
 from projects.api.usage import UsageViewSet
 
 router = DefaultRouter()
@@ -21,6 +21,7 @@ router.register("members", views.MemberViewSet, basename="member")
 router.register("invitations", invitations.InvitationViewSet, basename="invitation")
 router.register("judge-endpoints", graders.JudgeEndpointViewSet, basename="judge-endpoint")
 router.register("evaluations", evaluations.EvaluationViewSet, basename="evaluation")
+router.register("webhooks", webhooks.WebhookViewSet, basename="webhook")
 
 
 def without_slash(patterns: list[Any]) -> list[URLPattern]:

@@ -55,3 +55,15 @@ def requeue_orphaned_evaluations() -> list[int]:
 def requeue_orphaned_training_jobs() -> list[int]:
     """Training jobs whose worker stopped heartbeating (or whose message was lost) go back on the queue."""
     return services.training_jobs_requeue_orphaned()
+
+
+@shared_task(name="webhooks.deliver", bind=True, time_limit=120, max_retries=None)
+def deliver_webhook(self, delivery_id: int) -> str:  # type: ignore[no-untyped-def]
+    """POST one webhook delivery; after a failure, again with exponential backoff up to
+    WEBHOOK_MAX_ATTEMPTS (the delivery row counts attempts, so a redelivered message is a no-op)."""
+    from projects.services import webhooks
+
+    attempt = webhooks.webhook_attempt(delivery_id=delivery_id)
+    if attempt.retry_in_s is not None:
+        raise self.retry(countdown=attempt.retry_in_s)
+    return "delivered" if attempt.delivered else "failed"

@@ -42,8 +42,13 @@ from projects.models.training_jobs import (
     TrainingJobEventType,
     TrainingJobStatus,
 )
+from projects.models.webhooks import WEBHOOK_EVENT_TYPES, DeliveryStatus, WebhookDelivery, WebhookEndpoint
 
 __all__ = [
+    "WEBHOOK_EVENT_TYPES",
+    "DeliveryStatus",
+    "WebhookDelivery",
+    "WebhookEndpoint",
     "ApiKey",
     "BaseModel",
     "Checkpoint",

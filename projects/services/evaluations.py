@@ -46,6 +46,7 @@ from projects.models import (
 from projects.queues import Queue
 from projects.selectors.evaluations import evaluation_results_summary, model_label
 from projects.selectors.task_sets import task_set_rows
+from projects.services import webhooks
 from projects.services._common import error_text, jsonb_safe, worker_lost_reason
 from projects.services.runs import run_event_add, run_platform_inputs
 from training.config import TrainConfig
@@ -119,6 +120,7 @@ def evaluation_transition(
             setattr(evaluation, key, value)
         evaluation.save()
         evaluation_event_add(evaluation=evaluation, message=message, level=level, data=data)
+        webhooks.announce_evaluation(evaluation)
     return evaluation
 
 

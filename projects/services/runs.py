@@ -35,6 +35,7 @@ from projects.models import (
     TrainableModel,
     TrainingJob,
 )
+from projects.services import webhooks
 from projects.services._common import config_invalid, error_text, worker_lost_reason
 from training.config import ConfigError, TrainConfig
 
@@ -106,6 +107,7 @@ def run_transition(
             level=level,
             data={"from": previous, "to": to, **(data or {})},
         )
+        webhooks.announce_run(run)
     return run
 
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from projects.formatting import format_number
 from projects.models import Checkpoint, EventType, Run, RunStatus, StepMetrics, TrainableModel, Trajectory
+from projects.services import webhooks
 from projects.services._common import jsonb_safe
 from projects.services.runs import run_event_add
 
@@ -22,9 +23,11 @@ def checkpoint_record(
     *, model: TrainableModel, run: Run | None, step: int, path: str, metrics: dict[str, Any] | None = None
 ) -> Checkpoint:
     """Record a checkpoint whose files are already complete on disk (idempotent per step)."""
-    checkpoint, _ = Checkpoint.objects.get_or_create(
+    checkpoint, created = Checkpoint.objects.get_or_create(
         model=model, step=step, defaults={"run": run, "path": path, "metrics": metrics or {}}
     )
+    if created:
+        webhooks.announce_checkpoint(checkpoint)
     return checkpoint
 
 

@@ -49,6 +49,7 @@ from projects.models import (
     TrainingJobEventType,
     TrainingJobStatus,
 )
+from projects.services import webhooks
 from projects.services._common import check_slug, error_text, jsonb_safe
 from projects.services.projects import trainable_model_create
 from projects.services.runs import ACTIVE_STATUSES, run_event_add
@@ -335,6 +336,7 @@ def training_job_transition(*, job_id: int, to: str, updates: dict[str, Any] | N
         for key, value in (updates or {}).items():
             setattr(job, key, value)
         job.save()
+        webhooks.announce_training_job(job)
     return job
 
 
