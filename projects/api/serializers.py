@@ -7,6 +7,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from projects import selectors
 from projects.environment_config import MASK, config_public
 from projects.models import (
     ApiKey,
@@ -44,14 +45,20 @@ class BaseModelOut(serializers.ModelSerializer):
 class TrainableModelOut(serializers.ModelSerializer):
     base_model = serializers.CharField(source="base_model.name")
     latest_step = serializers.SerializerMethodField()
+    storage_bytes = serializers.SerializerMethodField(help_text="bytes its checkpoints and exports use")
 
     class Meta:
         model = TrainableModel
-        fields = ["id", "project", "name", "base_model", "lora", "latest_step", "created_at"]
+        fields = [
+            "id", "project", "name", "base_model", "lora", "retention", "latest_step", "storage_bytes", "created_at",
+        ]  # fmt: skip
 
     def get_latest_step(self, obj: TrainableModel) -> int | None:
         latest = obj.checkpoints.order_by("-step").first()
         return latest.step if latest else None
+
+    def get_storage_bytes(self, obj: TrainableModel) -> int:
+        return selectors.model_storage_bytes(model=obj)
 
 
 class RewardDefinitionOut(serializers.ModelSerializer):
@@ -208,6 +215,10 @@ class TrainableModelIn(serializers.Serializer):
 
 class TrainableModelUpdateIn(serializers.Serializer):
     lora = serializers.DictField(required=False)
+    retention = serializers.JSONField(
+        required=False,
+        help_text='{"keep_last": N, "keep_best": {"metric": "eval.mean_reward", "n": K}}; {} keeps all',
+    )
 
 
 class RewardDefinitionIn(serializers.Serializer):

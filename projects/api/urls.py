@@ -4,7 +4,7 @@ from django.urls import URLPattern, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from projects.api import evaluations, graders, invitations, scenarios, schema, views, webhooks  # noqa: F401  (schema registers the auth extension)
+from projects.api import checkpoints, evaluations, graders, invitations, scenarios, schema, views, webhooks  # noqa: F401  (schema registers the auth extension)
 from projects.api.usage import UsageViewSet
 
 router = DefaultRouter()
@@ -21,6 +21,8 @@ router.register("members", views.MemberViewSet, basename="member")
 router.register("invitations", invitations.InvitationViewSet, basename="invitation")
 router.register("judge-endpoints", graders.JudgeEndpointViewSet, basename="judge-endpoint")
 router.register("evaluations", evaluations.EvaluationViewSet, basename="evaluation")
+router.register("checkpoints", checkpoints.CheckpointViewSet, basename="checkpoint")
+router.register("exports", checkpoints.ExportViewSet, basename="export")
 router.register("webhooks", webhooks.WebhookViewSet, basename="webhook")
 
 
@@ -65,6 +67,12 @@ urlpatterns = [
         evaluations.CheckpointEvaluationsView,
         {"get": "list"},
         "checkpoint-evaluations",
+    ),
+    *both_ways(
+        "models/<int:model_id>/checkpoints/prune",
+        checkpoints.ModelCheckpointsPruneView,
+        {"post": "create"},
+        "model-checkpoints-prune",
     ),
     # Not team-scoped: the signed-in person accepting is not a member yet (projects.api.base).
     *both_ways(

@@ -13,6 +13,7 @@ from django.conf import settings
 from projects import services
 from projects.jobs import claimed, runs, training_jobs
 from projects.jobs import evaluations as evaluation_jobs
+from projects.jobs import exports as export_jobs
 
 
 @shared_task(name="training.train_run", acks_late=True, time_limit=settings.RUN_TIME_LIMIT_S)
@@ -37,6 +38,12 @@ def evaluate(evaluation_id: int) -> str:
 def train_job(job_id: int) -> str:
     """One step of a client's training job (/v1/preview/training-jobs): checkpoint N to N+1."""
     return claimed.work_on(training_jobs.TRAINING_JOB, job_id)
+
+
+@shared_task(name="training.export_checkpoint", acks_late=True, time_limit=3600)
+def export_checkpoint(export_id: int) -> str:
+    """Merge a checkpoint's adapter into its base model's weights and store the folder."""
+    return claimed.work_on(export_jobs.EXPORT, export_id)
 
 
 @shared_task(name="training.requeue_orphaned_runs", time_limit=60)

@@ -23,6 +23,7 @@ from projects.models.catalogue import (
     TrainableModel,
 )
 from projects.models.evaluations import Evaluation, EvaluationEvent, EvaluationSample, EvaluationStatus
+from projects.models.exports import Export, ExportFormat, ExportStatus
 from projects.models.gateway import InferenceServer, UsageRecord
 from projects.models.runs import (
     Checkpoint,
@@ -61,6 +62,9 @@ __all__ = [
     "EvaluationStatus",
     "EventLevel",
     "EventType",
+    "Export",
+    "ExportFormat",
+    "ExportStatus",
     "InferenceServer",
     "Invitation",
     "JudgeEndpoint",

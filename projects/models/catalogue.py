@@ -40,6 +40,11 @@ class TrainableModel(ProjectResource):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="models")
     base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="trainable_models")
     lora = models.JSONField(default=dict, help_text="LoRA rank, alpha, dropout, target_modules")
+    retention = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="checkpoints kept after every step: {keep_last: N, keep_best: {metric, n}}; {} keeps all",
+    )
 
     class Meta(ProjectResource.Meta):
         constraints = [models.UniqueConstraint(fields=["project", "name"], name="unique_model_name")]

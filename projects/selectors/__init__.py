@@ -9,6 +9,16 @@ from projects.selectors._scoping import (
     scoped,
     scoped_reference,
 )
+from projects.selectors.checkpoints import (
+    checkpoint_key,
+    checkpoint_metric_values,
+    checkpoint_storage_bytes,
+    checkpoint_store,
+    checkpoint_users,
+    model_prefix,
+    model_storage_bytes,
+    project_storage_bytes,
+)
 from projects.selectors.evaluations import (
     ModelChoice,
     checkpoint_evaluations,
@@ -74,6 +84,14 @@ from projects.selectors.training_jobs import (
 )
 
 __all__ = [
+    "checkpoint_key",
+    "checkpoint_metric_values",
+    "checkpoint_storage_bytes",
+    "checkpoint_store",
+    "checkpoint_users",
+    "model_prefix",
+    "model_storage_bytes",
+    "project_storage_bytes",
     "scoped",
     "scoped_reference",
     "api_keys",

@@ -9,6 +9,8 @@ module per subject; this package re-exports them all, so callers write ``service
 - ``environments``: environments, and building one for use (MCP headers decrypted)
 - ``runs``: the run state machine, create, cancel, claim, heartbeat, fail, requeue
 - ``steps``: a step's metrics, trajectories and checkpoint, recorded once
+- ``checkpoints``: deleting and pruning checkpoints, retention after every step, their files
+- ``exports``: exports of a checkpoint (merged weights), their job's claim and result
 - ``evaluations``: the evaluation state machine and a run's own evaluations
 - ``judges``: team judge endpoints and the python graders' sandbox limits
 - ``scenarios``: task sets written by an LLM for an environment
@@ -24,6 +26,15 @@ from projects.services._common import (
     check_slug,
     json_text_read,
     jsonb_safe,
+)
+from projects.services.checkpoints import (
+    PruneResult,
+    checkpoint_delete,
+    checkpoints_delete,
+    checkpoints_prune,
+    model_files_remove_on_commit,
+    retention_after_step,
+    retention_check,
 )
 from projects.services.environments import (
     environment_build,
@@ -46,6 +57,14 @@ from projects.services.evaluations import (
     evaluation_transition,
     evaluations_requeue_orphaned,
     run_evaluation_record,
+)
+from projects.services.exports import (
+    export_claim,
+    export_create,
+    export_fail,
+    export_finish,
+    export_heartbeat,
+    export_key,
 )
 from projects.services.invitations import (
     CreatedInvitation,
@@ -117,7 +136,6 @@ from projects.services.teams import (
 )
 from projects.services.training_jobs import (
     TRAINING_JOB_TRANSITIONS,
-    checkpoints_delete,
     client_log_record,
     client_model_delete,
     client_model_register,
@@ -184,6 +202,18 @@ __all__ = [
     "runs_requeue_orphaned",
     "TrajectoryRecord",
     "checkpoint_record",
+    "PruneResult",
+    "checkpoint_delete",
+    "checkpoints_prune",
+    "model_files_remove_on_commit",
+    "retention_after_step",
+    "retention_check",
+    "export_create",
+    "export_claim",
+    "export_heartbeat",
+    "export_finish",
+    "export_fail",
+    "export_key",
     "step_record",
     "EVALUATION_SETTINGS",
     "EVALUATION_SPLITS",

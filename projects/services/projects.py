@@ -15,6 +15,7 @@ from projects.services._common import (
     create_unique,
     delete_unless_used,
 )
+from projects.services.checkpoints import model_files_remove_on_commit, retention_check
 from projects.services.runs import ACTIVE_STATUSES
 from training.config import ConfigError, LoraSpec
 
@@ -48,6 +49,7 @@ def project_delete(*, project: Project) -> None:
     with transaction.atomic():
         # Runs protect their inputs; deleting a project deletes its runs first, then the rest.
         Run.objects.filter(project=project).delete()
+        model_files_remove_on_commit(model_ids=list(project.models.values_list("pk", flat=True)))
         delete_unless_used(project, "project")
 
 
@@ -82,14 +84,24 @@ def trainable_model_create(
     )
 
 
-def trainable_model_update(*, model: TrainableModel, lora: dict[str, Any] | None = None) -> TrainableModel:
+def trainable_model_update(
+    *, model: TrainableModel, lora: dict[str, Any] | None = None, retention: dict[str, Any] | None = None
+) -> TrainableModel:
+    """``retention`` (services.checkpoints.retention_check; ``{}`` keeps everything) applies from
+    the next step on; ``POST /models/{id}/checkpoints/prune`` applies one now."""
     if lora is not None:
         if model.checkpoints.exists():
             raise Conflict("the LoRA shape cannot change once the model has checkpoints", code="in_use")
         model.lora = _lora(lora)
         model.save(update_fields=["lora"])
+    if retention is not None:
+        model.retention = retention_check(retention, field="retention")
+        model.save(update_fields=["retention"])
     return model
 
 
 def trainable_model_delete(*, model: TrainableModel) -> None:
-    delete_unless_used(model, "model")
+    """Delete the model (a 409 while runs use it), its checkpoints and, after commit, their files."""
+    with transaction.atomic():
+        model_files_remove_on_commit(model_ids=[model.pk])  # dropped if the delete is refused
+        delete_unless_used(model, "model")

@@ -16,6 +16,7 @@ from projects.formatting import format_number
 from projects.models import Checkpoint, EventType, Run, RunStatus, StepMetrics, TrainableModel, Trajectory
 from projects.services import webhooks
 from projects.services._common import jsonb_safe
+from projects.services.checkpoints import retention_after_step
 from projects.services.runs import run_event_add
 
 
@@ -96,6 +97,8 @@ def step_rows_write(
         batch_size=200,
     )
     checkpoint_record(model=run.model, run=run, step=step, path=path, metrics=metrics)
+    # Older state no resume needs and the model's retention policy (services.checkpoints).
+    retention_after_step(run=run, step=step)
 
 
 def _step_message(done: int, total: int, metrics: dict[str, Any]) -> str:

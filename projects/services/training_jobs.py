@@ -17,10 +17,8 @@ Concurrency invariants:
 from __future__ import annotations
 
 import logging
-import shutil
 import statistics
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -34,7 +32,6 @@ from projects.models import (
     BaseModel,
     Checkpoint,
     ClientLog,
-    Evaluation,
     EventLevel,
     EventType,
     Project,
@@ -51,6 +48,7 @@ from projects.models import (
 )
 from projects.services import webhooks
 from projects.services._common import check_slug, error_text, jsonb_safe
+from projects.services.checkpoints import model_files_remove_on_commit
 from projects.services.projects import trainable_model_create
 from projects.services.runs import ACTIVE_STATUSES, run_event_add
 from projects.services.steps import TrajectoryRecord, checkpoint_record, step_rows_write
@@ -166,9 +164,8 @@ def client_model_delete(*, model: TrainableModel) -> None:
         TrainableModel.objects.select_for_update().get(pk=model.pk)
         _refuse_while_training(model, what="delete the model")
         Run.objects.filter(model=model).delete()
-        root = _checkpoint_root(model)
+        model_files_remove_on_commit(model_ids=[model.pk])
         model.delete()
-        transaction.on_commit(lambda: shutil.rmtree(root, ignore_errors=True))
 
 
 def _refuse_while_training(model: TrainableModel, *, what: str) -> None:
@@ -196,59 +193,10 @@ def training_job_active(*, model: TrainableModel) -> TrainingJob | None:
     return TrainingJob.objects.filter(model=model, status__in=UNFINISHED).order_by("id").first()
 
 
-def _checkpoint_root(model: TrainableModel) -> Path:
-    return settings.CHECKPOINT_DIR / f"model-{model.pk}"
-
-
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def checkpoints_delete(*, model: TrainableModel, steps: Any) -> tuple[int, list[int]]:
-    """Delete the model's checkpoints ``steps`` (rows, then their files): (deleted count, steps not
-    found). Never the latest one, nor one a queued or running evaluation reads (409)."""
-    if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
-        raise ValidationFailed("must be a list of integer steps", field="steps")
-    with transaction.atomic():
-        TrainableModel.objects.select_for_update().get(pk=model.pk)
-        checkpoints = list(Checkpoint.objects.filter(model=model, step__in=steps))
-        latest = (
-            Checkpoint.objects.filter(model=model).order_by("-step").values_list("step", flat=True).first()
-        )
-        if latest is not None and latest in steps:
-            raise Conflict(
-                f"step {latest} is the model's latest checkpoint: training continues from it and "
-                "the gateway serves it as the latest; it cannot be deleted",
-                field="steps",
-                code="checkpoint_in_use",
-            )
-        busy = (
-            Evaluation.objects.filter(status__in=("queued", "running"))
-            .filter(checkpoint__in=checkpoints)
-            .values_list("checkpoint__step", flat=True)
-            .first()
-        )
-        if busy is not None:
-            raise Conflict(
-                f"step {busy} is being evaluated; delete it once the evaluation ends",
-                field="steps",
-                code="checkpoint_in_use",
-            )
-        paths = [Path(c.path) for c in checkpoints if c.path]
-        Checkpoint.objects.filter(pk__in=[c.pk for c in checkpoints]).delete()
-        transaction.on_commit(lambda: _remove_checkpoint_files(paths))
-    found = {c.step for c in checkpoints}
-    return len(checkpoints), sorted({s for s in steps if s not in found})
-
-
-def _remove_checkpoint_files(paths: list[Path]) -> None:
-    """Only directories under CHECKPOINT_DIR: a row's path is never trusted to point elsewhere."""
-    root = Path(settings.CHECKPOINT_DIR).resolve()
-    for path in paths:
-        resolved = path.resolve()
-        if resolved.is_relative_to(root) and resolved != root:
-            shutil.rmtree(resolved, ignore_errors=True)
-        else:
-            logger.warning("not deleting checkpoint files outside %s: %s", root, path)
+# Deleting checkpoints (ART's delete_checkpoints) is services.checkpoints.checkpoints_delete.
 
 
 # ----------------------------------------------------------------------------- training jobs

@@ -66,7 +66,7 @@ def dashboard_patterns() -> list[tuple[str, URLPattern, str]]:
 
 
 @pytest.fixture
-def world(cast, alpha_setup, alice_client):
+def world(cast, alpha_setup, alice_client, settings, tmp_path):
     """One of every team-owned object, all in alpha (nothing is enqueued: the test's transaction
     never commits)."""
     from projects.services import judges
@@ -78,7 +78,17 @@ def world(cast, alpha_setup, alice_client):
         reward=alpha_setup.reward,
         created_by=cast.alice,
     )
-    checkpoint = CheckpointFactory(model=alpha_setup.model, run=run, step=0)
+    # Real files, so the owner can download the adapter and a finished export's content.
+    settings.CHECKPOINT_DIR = tmp_path / "checkpoints"
+    folder = settings.CHECKPOINT_DIR / f"model-{alpha_setup.model.pk}" / "step-000000"
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    checkpoint = CheckpointFactory(model=alpha_setup.model, run=run, step=0, path=str(folder))
+    from projects.models import Export
+
+    export = Export.objects.create(
+        checkpoint=checkpoint, status="succeeded", key=f"model-{alpha_setup.model.pk}/step-000000"
+    )
     created = alice_client.post(
         "/api/v1/evaluations",
         {
@@ -105,6 +115,7 @@ def world(cast, alpha_setup, alice_client):
         "run": run,
         "checkpoint": checkpoint,
         "evaluation": evaluation,
+        "export": export,
         "judge": judge,
         "api_key": api_key,
         "invitation": invitation.invitation,
@@ -137,6 +148,7 @@ PK_OF_MODEL = {
     "Run": "run",
     "Checkpoint": "checkpoint",
     "Evaluation": "evaluation",
+    "Export": "export",
     "JudgeEndpoint": "judge",
     "ApiKey": "api_key",
     "Invitation": "invitation",
@@ -204,7 +216,7 @@ def test_api_outsiders_get_404_viewers_403_and_the_owner_reads(
                 response = alice_client.get(url)
                 if response.status_code >= 400:
                     problems.append(f"owner GET {url} → {response.status_code}")
-                elif _not_openai_list(response.json()):
+                elif response["Content-Type"] == "application/json" and _not_openai_list(response.json()):
                     problems.append(f"owner GET {url}: a list not in OpenAI's shape")
             elif name not in CATALOGUE:
                 for who, client in (("viewer", bob_client), ("read-only key", read_only_client)):
