@@ -14,7 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from artweb.env import env_bool, env_choice, env_float, env_int, env_list, env_str, load_or_create_secret
 from artweb.logs import logging_config
-from projects.queues import Queue  # a plain enum: importable before Django is set up
+from projects.queues import Queue, queue_name_problem  # plain: importable before Django is set up
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -262,8 +262,18 @@ CELERY_TASK_ROUTES = {
     # A client's training job (/v1/preview/training-jobs) trains like a run: on the train queue.
     "training.train_job": {"queue": Queue.TRAIN.value},
     "training.requeue_orphaned_training_jobs": {"queue": Queue.DEFAULT.value},
+    "training.warn_unserved_queues": {"queue": Queue.DEFAULT.value},
     "webhooks.deliver": {"queue": Queue.DEFAULT.value},
 }
+# Work queues per GPU class (projects.queues): runs, evaluations and training jobs go to their base
+# model's queue, this one when the operator set none. A queued item still waiting after
+# QUEUE_NO_WORKER_TIMEOUT_S on a queue no live worker answers for (a control ping of
+# QUEUE_PING_TIMEOUT_S) gets one warning event naming the queue.
+WORK_QUEUE_DEFAULT = env_str("WORK_QUEUE_DEFAULT", Queue.TRAIN.value)
+if problem := queue_name_problem(WORK_QUEUE_DEFAULT):
+    raise ImproperlyConfigured(f"WORK_QUEUE_DEFAULT={WORK_QUEUE_DEFAULT!r}: {problem}")
+QUEUE_NO_WORKER_TIMEOUT_S = env_float("QUEUE_NO_WORKER_TIMEOUT_S", 300.0)
+QUEUE_PING_TIMEOUT_S = env_float("QUEUE_PING_TIMEOUT_S", 2.0)
 CELERY_BEAT_SCHEDULE = {
     "requeue-orphaned-runs": {"task": "training.requeue_orphaned_runs", "schedule": RUN_REAPER_INTERVAL_S},
     "requeue-orphaned-evaluations": {
@@ -274,6 +284,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "training.requeue_orphaned_training_jobs",
         "schedule": RUN_REAPER_INTERVAL_S,
     },
+    "warn-unserved-queues": {"task": "training.warn_unserved_queues", "schedule": RUN_REAPER_INTERVAL_S},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 

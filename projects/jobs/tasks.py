@@ -11,7 +11,7 @@ from celery import shared_task
 from django.conf import settings
 
 from projects import services
-from projects.jobs import claimed, runs, training_jobs
+from projects.jobs import claimed, queues, runs, training_jobs
 from projects.jobs import evaluations as evaluation_jobs
 from projects.jobs import exports as export_jobs
 
@@ -62,6 +62,12 @@ def requeue_orphaned_evaluations() -> list[int]:
 def requeue_orphaned_training_jobs() -> list[int]:
     """Training jobs whose worker stopped heartbeating (or whose message was lost) go back on the queue."""
     return services.training_jobs_requeue_orphaned()
+
+
+@shared_task(name="training.warn_unserved_queues", time_limit=60)
+def warn_unserved_queues() -> list[str]:
+    """Work queued too long on a queue no live worker consumes gets a warning event naming it."""
+    return queues.warn_unserved_queues()
 
 
 @shared_task(name="webhooks.deliver", bind=True, time_limit=120, max_retries=None)

@@ -28,6 +28,13 @@ class BaseModel(models.Model):
     name = models.CharField(max_length=100, unique=True)
     source = models.CharField(max_length=500)
     description = models.TextField(blank=True, default="")
+    queue = models.CharField(
+        max_length=63,
+        blank=True,
+        default="",
+        help_text="Celery queue its runs, evaluations and training jobs go to (a GPU class, e.g. "
+        "gpu-large); empty: settings.WORK_QUEUE_DEFAULT (projects.queues)",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -43,7 +43,6 @@ from projects.models import (
     Split,
     TaskSet,
 )
-from projects.queues import Queue
 from projects.selectors.evaluations import evaluation_results_summary, model_label
 from projects.selectors.task_sets import task_set_rows
 from projects.services import webhooks
@@ -235,10 +234,11 @@ def evaluation_create(
 
 
 def _enqueue(evaluation_id: int) -> None:
+    from projects.jobs.queues import evaluation_queue
     from projects.jobs.tasks import evaluate
 
-    # The train queue: an evaluation loads a model, like a run.
-    evaluate.apply_async(args=(evaluation_id,), queue=Queue.TRAIN)
+    # A work queue: an evaluation loads a model, like a run (projects.jobs.queues).
+    evaluate.apply_async(args=(evaluation_id,), queue=evaluation_queue(evaluation_id))
 
 
 def _stale_after(stale_after_s: float | None) -> timedelta:

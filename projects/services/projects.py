@@ -8,6 +8,7 @@ from django.db import transaction
 
 from projects.errors import Conflict, ValidationFailed
 from projects.models import BaseModel, Project, Run, RunKind, Team, TrainableModel, TrainingJob
+from projects.queues import queue_name_problem
 from projects.services._common import (
     check_slug,
     check_storable,
@@ -53,14 +54,21 @@ def project_delete(*, project: Project) -> None:
         delete_unless_used(project, "project")
 
 
-def base_model_register(*, name: str, source: str, description: str = "") -> BaseModel:
+def base_model_register(
+    *, name: str, source: str, description: str = "", queue: str | None = None
+) -> BaseModel:
+    """Add or update a catalogue entry. ``queue``: the work queue of its runs, evaluations and
+    training jobs (projects.queues); ``""`` is the settings' default, None keeps what it was."""
     if not name.strip():
         raise ValidationFailed("must not be empty", field="name")
     if not source.strip():
         raise ValidationFailed("must not be empty", field="source")
-    model, _ = BaseModel.objects.update_or_create(
-        name=name, defaults={"source": source, "description": description}
-    )
+    defaults = {"source": source, "description": description}
+    if queue is not None:
+        if queue and (problem := queue_name_problem(queue)):
+            raise ValidationFailed(problem, field="queue")
+        defaults["queue"] = queue
+    model, _ = BaseModel.objects.update_or_create(name=name, defaults=defaults)
     return model
 
 

@@ -112,9 +112,11 @@ def run_transition(
 
 
 def _enqueue_run(run_id: int) -> None:
+    from projects.jobs.queues import run_queue
     from projects.jobs.tasks import train_run
 
-    transaction.on_commit(lambda: train_run.delay(run_id))
+    # To its base model's work queue (a GPU class), looked up when sent (projects.jobs.queues).
+    transaction.on_commit(lambda: train_run.apply_async(args=(run_id,), queue=run_queue(run_id)))
 
 
 def run_create(

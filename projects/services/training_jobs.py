@@ -251,9 +251,11 @@ def training_job_create(
 
 
 def _enqueue(job_id: int) -> None:
+    from projects.jobs.queues import training_job_queue
     from projects.jobs.tasks import train_job
 
-    transaction.on_commit(lambda: train_job.delay(job_id))
+    # To its base model's work queue, like a run (projects.jobs.queues).
+    transaction.on_commit(lambda: train_job.apply_async(args=(job_id,), queue=training_job_queue(job_id)))
 
 
 def _enqueue_next(model_id: int) -> None:
