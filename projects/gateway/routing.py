@@ -32,6 +32,7 @@ from django.utils import timezone
 from projects.errors import NotFound
 from projects.models import ApiKey, BaseModel, Checkpoint, InferenceServer, Run, RunKind, Team
 from projects.selectors import scoped
+from projects.selectors.steps import team_checkpoint_names
 from training.serving.protocol import ChatRequest
 
 CHECKPOINT_ID = re.compile(
@@ -166,17 +167,16 @@ def available_models(*, team: Team) -> list[dict]:
     latest: dict[int, dict] = {}
     aliases: list[dict] = []
     client_models = set(scoped(Run, team).filter(kind=RunKind.CLIENT).values_list("model_id", flat=True))
-    for checkpoint in scoped(Checkpoint, team).select_related("model__project").order_by("model_id", "step"):
-        model = checkpoint.model
+    for model_id, project_name, model_name, step, created_at in team_checkpoint_names(team=team):
         item = {
-            "id": f"{model.project.name}/{model.name}:{checkpoint.step}",
+            "id": f"{project_name}/{model_name}:{step}",
             "object": "model",
-            "created": int(checkpoint.created_at.timestamp()),
+            "created": int(created_at.timestamp()),
             "owned_by": team.name,
         }
         data.append(item)
-        latest[model.pk] = {**item, "id": f"{model.project.name}/{model.name}:latest"}
-        if model.pk in client_models:  # trained through /v1/preview/: ART's names too
-            aliases.append({**item, "id": art_alias(team, model.project.name, model.name, checkpoint.step)})
-            latest[-model.pk] = {**item, "id": art_alias(team, model.project.name, model.name)}
+        latest[model_id] = {**item, "id": f"{project_name}/{model_name}:latest"}
+        if model_id in client_models:  # trained through /v1/preview/: ART's names too
+            aliases.append({**item, "id": art_alias(team, project_name, model_name, step)})
+            latest[-model_id] = {**item, "id": art_alias(team, project_name, model_name)}
     return data + aliases + list(latest.values())

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Max, Min, QuerySet
 
-from projects.models import Checkpoint, Run, StepMetrics, TaskRow, TrainableModel, Trajectory
+from projects.models import Checkpoint, Run, StepMetrics, TaskRow, Team, TrainableModel, Trajectory
+from projects.selectors._scoping import scoped
 
 # Rewards this close count as equal (training.grpo.ZERO_VARIANCE_TOLERANCE): no learning signal.
 ZERO_VARIANCE_TOLERANCE = 1e-8
@@ -86,6 +88,18 @@ def trajectory_group(*, run: Run, step: int, group_index: int) -> list[Trajector
         Trajectory.objects.filter(run=run, step=step, group_index=group_index).order_by(
             "-reward", "sample_index"
         )
+    )
+
+
+def team_checkpoint_names(*, team: Team) -> list[tuple[int, str, str, int, datetime]]:
+    """``(model id, project name, model name, step, created_at)`` of every checkpoint of the team,
+    by model then step: the gateway's model list. Plain tuples, not instances: the list holds every
+    checkpoint, and building three model objects per row (with their JSON fields) was most of its
+    time (benchmarks/api_pg.py)."""
+    return list(
+        scoped(Checkpoint, team)
+        .order_by("model_id", "step")
+        .values_list("model_id", "model__project__name", "model__name", "step", "created_at")
     )
 
 
