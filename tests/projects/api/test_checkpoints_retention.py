@@ -381,3 +381,14 @@ def test_a_prune_waits_for_a_step_being_recorded_and_sees_it(alpha_setup, store_
     prune = result["prune"]
     assert prune.deleted == [1, 2] and 3 in prune.kept and 0 in prune.in_use
     assert steps_of(model) == [0, 3]
+
+
+def test_the_dashboard_shows_the_disk_a_model_and_a_project_use(alpha_setup, model_with_steps, alice_client):
+    from django.template.defaultfilters import filesizeformat
+
+    size = filesizeformat(selectors.model_storage_bytes(model=model_with_steps))
+    assert size != filesizeformat(0)
+    model_page = alice_client.get(f"/models/{model_with_steps.pk}/").content.decode()
+    assert f"Disk used: {size}" in model_page
+    project_page = alice_client.get(f"/projects/{alpha_setup.project.pk}/").content.decode()
+    assert f"{size} on disk" in project_page and project_page.count(size) >= 2
