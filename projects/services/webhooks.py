@@ -290,6 +290,11 @@ def webhook_attempt(*, delivery_id: int) -> Attempt:
     endpoint = delivery.endpoint
     body = json.dumps(delivery.payload, separators=(",", ":"), sort_keys=True).encode()
     timestamp = int(time.time())
+    try:
+        secret = decrypt(endpoint.secret_encrypted)
+    except ValueError as exc:  # this process's SECRET_KEY is not the one that stored it
+        WebhookDelivery.objects.filter(pk=delivery_id).update(status=DeliveryStatus.FAILED, error=str(exc))
+        return Attempt(delivered=False, retry_in_s=None)
     request = urllib.request.Request(
         endpoint.url,
         data=body,
@@ -299,7 +304,7 @@ def webhook_attempt(*, delivery_id: int) -> Attempt:
             "User-Agent": "artweb-webhooks/1",
             ID_HEADER: delivery.event_id,
             TIMESTAMP_HEADER: str(timestamp),
-            SIGNATURE_HEADER: signature(decrypt(endpoint.secret_encrypted), timestamp, body),
+            SIGNATURE_HEADER: signature(secret, timestamp, body),
         },
     )
     started = time.monotonic()
