@@ -52,6 +52,22 @@ class NewRunForm(forms.Form):
         label="Model",
         help_text="A model with checkpoints continues from its latest one; a new one starts from its base model.",
     )
+    start_from = forms.ChoiceField(
+        choices=[
+            ("latest", "The model's latest checkpoint (the base model when it has none)"),
+            ("base", "A fresh adapter on the base model (a model without trained steps only)"),
+        ],
+        initial="latest",
+        required=False,  # not sent (a script posting the form): the latest, as the API's default
+        label="Start from",
+        help_text="To train on from an older step, fork that step's run from its page.",
+    )
+    start_checkpoint = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label="…or the checkpoint id it must start from",
+        help_text="Pins the start: refused unless it is still the model's latest checkpoint.",
+    )
     task_set = forms.TypedChoiceField(coerce=int, required=False, label="Task set", empty_value=None)
     task_file = forms.FileField(required=False, label="…or upload a JSONL task set")
     task_set_name = forms.CharField(required=False, max_length=63, label="Name of the uploaded task set")
@@ -93,6 +109,10 @@ class NewRunForm(forms.Form):
         if self.files.get("task_file") and not self.data.get("task_set"):
             self.add_error("task_file", "Not saved: a browser cannot keep a chosen file, so choose it again.")
 
+    def start(self) -> str | int:
+        """``start_from`` for ``services.run_create``: a checkpoint id when one is given."""
+        return self.cleaned_data.get("start_checkpoint") or self.cleaned_data.get("start_from") or "latest"
+
     def hyperparameter_fields(self) -> list[forms.BoundField]:
         return [self[name] for name in self.fields if name.startswith(HYPERPARAMETER_PREFIX)]
 
@@ -107,6 +127,20 @@ class NewRunForm(forms.Form):
 
 
 FIELD_FOR_SERVICE_ERROR = {"file": "task_file", "name": "task_set_name"}
+
+
+class ForkRunForm(forms.Form):
+    """Fork a run from one of its model's checkpoints as a new model (services.run_fork); the
+    hyperparameters are the run's (the API takes overrides)."""
+
+    from_step = forms.TypedChoiceField(coerce=int, label="From checkpoint step")
+    name = forms.CharField(max_length=63, label="Name of the new model")
+
+    def __init__(self, *args: Any, steps: list[int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        set_choices(self, "from_step", [(step, f"step {step}") for step in steps])
+        if steps:
+            self.fields["from_step"].initial = steps[-1]
 
 
 def attach_errors(form: forms.Form, error: ValidationFailed, *, rename: dict[str, str] | None = None) -> None:

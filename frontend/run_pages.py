@@ -1,5 +1,6 @@
-"""Run pages: the list, a new run, a run's live page, metrics and trajectory viewer, and a
-checkpoint's page with its playground. Reads through projects.selectors, writes through services.
+"""Run pages: the list, a new run, a run's live page (cancel, pause, resume, fork), metrics and
+trajectory viewer, and a checkpoint's page with its playground. Reads through projects.selectors,
+writes through services.
 """
 
 from __future__ import annotations
@@ -102,13 +103,14 @@ def _starts_from(latest_step: int | None) -> str:
 
 
 def _run_start(run: Run) -> str:
-    """Where ``run`` starts, for its page (fixed when a worker first claims it)."""
+    """Where ``run`` starts, for its page (fixed when it was created: services.run_create)."""
+    if run.forked_from_id is not None:
+        return services.run_start_text(run=run).replace("starting", "starts", 1)
     if run.started_at is None:
         if run.status not in services.ACTIVE_STATUSES:
             return ""
-        latest = selectors.checkpoint_latest(model=run.model)
-        if latest is not None and latest.step:
-            return f"will continue from checkpoint step {latest.step}, the model's latest"
+        if run.start_step:
+            return f"will continue from checkpoint step {run.start_step}"
         return "will start from the base model"
     if run.start_step:
         end = run.start_step + run.total_steps
@@ -157,11 +159,12 @@ def _create_run(request: TeamHttpRequest, project: Project, form: f.NewRunForm) 
             reward=get_scoped(RewardDefinition, request, data["reward"], project=project),
             config=form.config(),
             created_by=request.user,  # type: ignore[arg-type]
+            start_from=form.start(),
         )
     except ValidationFailed as exc:
         f.attach_errors(form, exc, rename=f.FIELD_FOR_SERVICE_ERROR)
-    except DomainError as exc:
-        form.add_error(None, exc.message)
+    except DomainError as exc:  # a 409 naming a field the form has (start_from) is shown at it
+        form.add_error(exc.field if exc.field in form.fields else None, exc.message)
     if uploaded is not None:
         form.keep_uploaded(uploaded.pk, f"{uploaded.name} (just uploaded)")
         form.add_error(None, f"The uploaded task set “{uploaded.name}” was saved; it is selected below.")
@@ -194,7 +197,25 @@ def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
         and run.kind != RunKind.CLIENT  # its steps are its client's training jobs
         and run.status in services.ACTIVE_STATUSES
         and not run.cancel_requested,
+        **_run_controls(request, run),
         **_timing(run),
+    }
+
+
+def _run_controls(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
+    """Pause, Resume and Fork, for members, on a platform run (a client run's steps are its
+    client's training jobs); the fork form offers the model's checkpoints."""
+    if not can_write(request) or run.kind == RunKind.CLIENT:
+        return {"can_pause": False, "can_resume": False, "fork_form": None}
+    steps = list(Checkpoint.objects.filter(model=run.model).order_by("step").values_list("step", flat=True))
+    return {
+        "can_pause": run.status in (RunStatus.QUEUED, RunStatus.RUNNING)
+        and not run.pause_requested
+        and not run.cancel_requested,
+        "can_resume": run.status == RunStatus.PAUSED,
+        "fork_form": f.ForkRunForm(steps=steps, initial={"name": f"{run.model.name}-fork"})
+        if steps
+        else None,
     }
 
 
@@ -235,6 +256,51 @@ def run_cancel(request: TeamHttpRequest, run_id: int) -> HttpResponse:
     run = get_scoped(Run, request, run_id)
     f.call_service(request, lambda: services.run_cancel(run=run), success="Cancellation requested.")
     return redirect("frontend:run", run_id=run.pk)
+
+
+@require_POST
+@team_view(write=True)
+def run_pause(request: TeamHttpRequest, run_id: int) -> HttpResponse:
+    run = get_scoped(Run, request, run_id)
+    f.call_service(
+        request,
+        lambda: services.run_pause(run=run),
+        success="Pause requested: the run pauses after its current step.",
+    )
+    return redirect("frontend:run", run_id=run.pk)
+
+
+@require_POST
+@team_view(write=True)
+def run_resume(request: TeamHttpRequest, run_id: int) -> HttpResponse:
+    run = get_scoped(Run, request, run_id)
+    f.call_service(request, lambda: services.run_resume(run=run), success="Run resumed: queued again.")
+    return redirect("frontend:run", run_id=run.pk)
+
+
+@require_POST
+@team_view(write=True)
+def run_fork(request: TeamHttpRequest, run_id: int) -> HttpResponse:
+    """Fork from the run page's form; a problem comes back as the run page's message."""
+    run = get_scoped(Run, request, run_id)
+    steps = list(Checkpoint.objects.filter(model=run.model).order_by("step").values_list("step", flat=True))
+    form = f.ForkRunForm(request.POST, steps=steps)
+    if not form.is_valid():
+        problems = "; ".join(f"{name}: {' '.join(map(str, errors))}" for name, errors in form.errors.items())
+        messages.error(request, f"Fork not made: {problems}")
+        return redirect("frontend:run", run_id=run.pk)
+    try:
+        forked = services.run_fork(
+            run=run,
+            from_step=form.cleaned_data["from_step"],
+            name=form.cleaned_data["name"],
+            created_by=request.user,  # type: ignore[arg-type]
+        )
+    except DomainError as exc:
+        messages.error(request, f"Fork not made: {exc}")
+        return redirect("frontend:run", run_id=run.pk)
+    messages.success(request, f"Forked as model {forked.model.name}: run {forked.pk} queued.")
+    return redirect("frontend:run", run_id=forked.pk)
 
 
 @team_view()

@@ -112,8 +112,9 @@ class RunOut(serializers.ModelSerializer):
         model = Run
         fields = [
             "id", "object", "project", "model", "task_set", "environment", "reward", "config", "status",
-            "error", "cancel_requested", "start_step", "current_step", "steps_done", "total_steps",
-            "attempts", "heartbeat_at", "created_at", "started_at", "finished_at",
+            "error", "cancel_requested", "pause_requested", "start_step", "current_step", "steps_done",
+            "total_steps", "forked_from", "attempts", "heartbeat_at", "created_at", "started_at",
+            "finished_at",
         ]  # fmt: skip
 
     def get_object(self, obj: Run) -> str:
@@ -302,6 +303,33 @@ class RunIn(serializers.Serializer):
     environment = id_field()
     reward = id_field(help_text="id of a reward definition version")
     config = serializers.DictField(required=False, default=dict, help_text="see /api/v1/hyperparameters")
+    start_from = serializers.JSONField(
+        required=False,
+        help_text='"latest" (default: the model\'s latest checkpoint, or a fresh adapter when it has '
+        'none), "base" (a fresh adapter; 409 on a model trained past step 0) or the id of a '
+        "checkpoint of the model (409 unless it is the model's latest)",
+    )
+
+    def validate_start_from(self, value: Any) -> str | int:
+        if value in ("latest", "base"):
+            return str(value)
+        if isinstance(value, str) and value.isdecimal():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= ID_MAX:
+            return value
+        raise serializers.ValidationError('must be "latest", "base" or a checkpoint id of the model')
+
+
+class RunForkIn(serializers.Serializer):
+    from_step = serializers.IntegerField(
+        min_value=0, max_value=ID_MAX, help_text="the checkpoint step of the run's model to fork from"
+    )
+    name = serializers.CharField(max_length=63, help_text="name of the new model (unique in the project)")
+    config = serializers.DictField(
+        required=False,
+        default=dict,
+        help_text="hyperparameters overriding the run's (see /api/v1/hyperparameters)",
+    )
 
 
 class MemberRoleIn(serializers.Serializer):

@@ -252,7 +252,8 @@ class EnvironmentViewSet(TeamViewSet, mixins.RetrieveModelMixin):
 
 
 class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
-    """Training runs (shaped like OpenAI fine-tuning jobs: events, checkpoints, cancel)."""
+    """Training runs (shaped like OpenAI fine-tuning jobs: events, checkpoints, cancel, pause,
+    resume), and fork."""
 
     model = Run
     serializer_class = s.RunOut
@@ -276,6 +277,7 @@ class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
             reward=self.ref(RewardDefinition, data["reward"], "reward"),
             config=data["config"],
             created_by=_user(request),
+            start_from=data.get("start_from", services.START_FROM_LATEST),
         )
         return Response(s.RunOut(run).data, status=status.HTTP_201_CREATED)
 
@@ -284,6 +286,37 @@ class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     def cancel(self, request: Request, pk: str) -> Response:
         run = services.run_cancel(run=self.get_object())
         return Response(s.RunOut(run).data)
+
+    @extend_schema(request=None, responses=s.RunOut)
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk: str) -> Response:
+        """A running run pauses after its current step (its worker is released); a queued one at
+        once. 409 for a finished, paused or cancelling run."""
+        run = services.run_pause(run=self.get_object())
+        return Response(s.RunOut(run).data)
+
+    @extend_schema(request=None, responses=s.RunOut)
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str) -> Response:
+        """A paused run is queued again and continues from its last checkpoint. 409 otherwise."""
+        run = services.run_resume(run=self.get_object())
+        return Response(s.RunOut(run).data)
+
+    @extend_schema(request=s.RunForkIn, responses={201: s.RunOut})
+    @action(detail=True, methods=["post"])
+    def fork(self, request: Request, pk: str) -> Response:
+        """A new model whose step 0 is a copy of checkpoint ``from_step`` of this run's model, and
+        a new run on it (this run's inputs and config, ``config`` overriding); returns the new run."""
+        source = self.get_object()
+        data = _valid(s.RunForkIn, request.data)
+        run = services.run_fork(
+            run=source,
+            from_step=data["from_step"],
+            name=data["name"],
+            config=data["config"],
+            created_by=_user(request),
+        )
+        return Response(s.RunOut(run).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         responses=s.RunEventOut(many=True),

@@ -30,6 +30,8 @@ class DjangoRunHooks:
 
     def should_stop(self) -> str | None:
         if self.heartbeat.lost:
+        # "paused" too (services.run_pause): the loop returns it as its outcome, and _finish gives
+        # the run up; the same check between steps as a cancellation.
             return "lost"
         return selectors.run_stop_reason(run_id=self.run.pk, worker=self.worker)
 
@@ -96,18 +98,16 @@ def trajectory_records(trajectories: list[tuple[int, int, Trajectory]]) -> list[
 
 
 def build_run_spec(run: Run) -> RunSpec:
-    """Everything the training loop needs for ``run``, read once at its start (a first attempt
-    also fixes the step it starts from: the model's latest checkpoint)."""
+    """Everything the training loop needs for ``run``, read once at its start. The step it starts
+    from was fixed at creation (``services.run_create``, ``start_from``); a first attempt, a resumed
+    pause and a crash-resume alike continue from the checkpoint of the last recorded step."""
     model = run.model
-    if run.attempts == 1:
-        latest = selectors.checkpoint_latest(model=model)
-        services.run_set_start_step(run=run, start_step=latest.step if latest else 0)
     resume = selectors.checkpoint_exists(model=model, step=run.current_step)
     task_set, environment, reward = services.run_platform_inputs(run=run)
     return RunSpec(
         base_model_source=model.base_model.source,
         model_cache_dir=settings.MODEL_CACHE_DIR,
-        checkpoint_root=settings.CHECKPOINT_DIR / f"model-{model.pk}",
+        checkpoint_root=services.model_checkpoint_root(model),
         config=TrainConfig.from_dict(run.config),
         lora=LoraSpec.from_dict(model.lora),
         environment=services.environment_build(environment=environment),
@@ -161,3 +161,5 @@ TRAINING: Job[Run] = Job(
     finish=_finish,
     expected_errors=(RewardFailure,),
 )
+    elif outcome == "paused":  # the loop stopped at a step boundary: give the run up
+        services.run_pause_finish(run_id=run.pk, worker=run.worker)

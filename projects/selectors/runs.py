@@ -63,8 +63,15 @@ def runs_search(
 
 def run_stop_reason(*, run_id: int, worker: str) -> str | None:
     """Why a run's worker must stop before its next step: "lost" (the run is gone, no longer
-    running, or another worker's), "cancelled" (a user asked), or None to go on."""
-    state = Run.objects.filter(pk=run_id).values("cancel_requested", "status", "worker").first()
+    running, or another worker's), "cancelled" or "paused" (a user asked; cancelling wins), or
+    None to go on."""
+    state = (
+        Run.objects.filter(pk=run_id)
+        .values("cancel_requested", "pause_requested", "status", "worker")
+        .first()
+    )
     if state is None or state["status"] != RunStatus.RUNNING or state["worker"] != worker:
         return "lost"
-    return "cancelled" if state["cancel_requested"] else None
+    if state["cancel_requested"]:
+        return "cancelled"
+    return "paused" if state["pause_requested"] else None

@@ -7,7 +7,7 @@ module per subject; this package re-exports them all, so callers write ``service
 - ``rewards``: reward definitions (versioned grader specs)
 - ``task_sets``: task set upload (the row rules) and deletion
 - ``environments``: environments, and building one for use (MCP headers decrypted)
-- ``runs``: the run state machine, create, cancel, claim, heartbeat, fail, requeue
+- ``runs``: the run state machine, create, cancel, pause, resume, fork, claim, heartbeat, fail, requeue
 - ``steps``: a step's metrics, trajectories and checkpoint, recorded once
 - ``checkpoints``: deleting and pruning checkpoints, retention after every step, their files
 - ``exports``: exports of a checkpoint (merged weights), their job's claim and result
@@ -98,15 +98,23 @@ from projects.services.rewards import (
 from projects.services.runs import (
     ACTIVE_STATUSES,
     ALLOWED_TRANSITIONS,
+    START_FROM_BASE,
+    START_FROM_LATEST,
     TERMINAL_STATUSES,
+    model_checkpoint_root,
     run_cancel,
     run_claim,
     run_create,
     run_event_add,
     run_fail,
+    run_fork,
     run_heartbeat,
+    run_pause,
+    run_pause_finish,
     run_platform_inputs,
+    run_resume,
     run_set_start_step,
+    run_start_text,
     run_transition,
     runs_requeue_orphaned,
 )
@@ -199,6 +207,14 @@ __all__ = [
     "run_platform_inputs",
     "run_set_start_step",
     "run_fail",
+    "run_pause",
+    "run_pause_finish",
+    "run_resume",
+    "run_fork",
+    "run_start_text",
+    "model_checkpoint_root",
+    "START_FROM_LATEST",
+    "START_FROM_BASE",
     "runs_requeue_orphaned",
     "TrajectoryRecord",
     "checkpoint_record",

@@ -1,16 +1,24 @@
-"""Runs: the run state machine, creation, cancellation, the worker's claim and heartbeat, failure
-and orphan recovery.
+"""Runs: the run state machine, creation (and where it starts), cancellation, pause, resume and
+fork, the worker's claim and heartbeat, failure and orphan recovery.
 
 Concurrency invariants:
 - A run changes status only in ``run_transition`` under ``select_for_update``, following
   ``ALLOWED_TRANSITIONS``, and every transition inserts a RunEvent in the same transaction.
 - Training work is enqueued with ``transaction.on_commit``, so a worker never sees a run that the
   web process has not committed.
+- Pause is a request the worker honours between steps (``pause_requested``, read by the loop's
+  ``should_stop`` exactly as a cancellation is); the worker then moves the run to ``paused`` and
+  gives up its claim. Resume queues it again, and the next claim continues from the last recorded
+  checkpoint by the same path as a crash-resume.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +30,7 @@ from django.utils import timezone
 
 from projects.errors import Conflict, InvalidTransition, ValidationFailed
 from projects.models import (
+    Checkpoint,
     Environment,
     EventLevel,
     EventType,
@@ -44,7 +53,7 @@ TERMINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 # The whole run state machine. ``running → running`` is a worker re-claiming an orphaned run.
 ALLOWED_TRANSITIONS: dict[str, set[str]] = {
-    RunStatus.QUEUED: {RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED},
+    RunStatus.QUEUED: {RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.CANCELLED, RunStatus.FAILED},
     RunStatus.RUNNING: {
         RunStatus.RUNNING,
         RunStatus.PAUSED,
@@ -119,6 +128,9 @@ def _enqueue_run(run_id: int) -> None:
     transaction.on_commit(lambda: train_run.apply_async(args=(run_id,), queue=run_queue(run_id)))
 
 
+START_FROM_LATEST, START_FROM_BASE = "latest", "base"
+
+
 def run_create(
     *,
     model: TrainableModel,
@@ -127,7 +139,18 @@ def run_create(
     reward: RewardDefinition,
     config: dict[str, Any] | None = None,
     created_by: User | None = None,
+    start_from: str | int = START_FROM_LATEST,
+    forked_from: Checkpoint | None = None,
 ) -> Run:
+    """Create a queued run and enqueue it after commit.
+
+    ``start_from`` says where the run starts, fixed here (under the model's lock) and said in the
+    run's first event: ``"latest"`` (the default) continues from the model's latest checkpoint, or
+    from a fresh adapter when it has none; ``"base"`` asks for a fresh adapter and is a 409 on a
+    model that has trained past step 0 (its steps 1..N exist: make a new model, or fork from step
+    0); a checkpoint id of this model pins the start to that checkpoint, a 409 unless it is still
+    the model's latest (a model's steps are one line: continuing from an older step is a fork).
+    """
     project = model.project
     for field, obj in (("task_set", task_set), ("environment", environment), ("reward", reward)):
         if obj.project_id != project.id:
@@ -154,6 +177,8 @@ def run_create(
                 "/v1/preview/training-jobs); one writer at a time: wait for it",
                 code="model_busy",
             )
+        start = _start_checkpoint(model=model, start_from=start_from)
+        start_step = start.step if start is not None else 0
         run = Run.objects.create(
             project=project,
             model=model,
@@ -163,10 +188,64 @@ def run_create(
             config=train_config.to_dict(),
             total_steps=train_config.steps,
             created_by=created_by,
+            start_step=start_step,
+            current_step=start_step,
+            forked_from=forked_from,
         )
-        run_event_add(run=run, message=f"Run created: {train_config.steps} steps on model {model.name}")
+        run_event_add(
+            run=run,
+            message=f"Run created: {train_config.steps} steps on model {model.name}, "
+            f"{run_start_text(run=run)}",
+            data={
+                "start_from": start_from,
+                "start_step": start_step,
+                "checkpoint": start.pk if start is not None else None,
+            },
+        )
         _enqueue_run(run.id)
     return run
+
+
+def run_start_text(*, run: Run) -> str:
+    """Where ``run`` starts, in words (its first event and its page say it)."""
+    if run.forked_from_id is not None and run.start_step == 0:
+        source = run.forked_from
+        assert source is not None
+        return f"starting from step 0, a copy of {source.model.name}:{source.step} (forked)"
+    if run.start_step:
+        return f"starting from checkpoint step {run.start_step}"
+    return "starting from the base model (a fresh adapter)"
+
+
+def _start_checkpoint(*, model: TrainableModel, start_from: str | int) -> Checkpoint | None:
+    """The checkpoint a new run on ``model`` starts from (None: a fresh adapter); see run_create."""
+    latest = Checkpoint.objects.filter(model=model).order_by("-step").first()
+    if start_from == START_FROM_LATEST:
+        return latest
+    if start_from == START_FROM_BASE:
+        if latest is not None and latest.step > 0:
+            raise Conflict(
+                f"model {model.name} has trained to checkpoint step {latest.step}; a fresh adapter "
+                "needs a model without steps past 0: create a new model, or fork a run of this one "
+                'from step 0, or use start_from "latest"',
+                field="start_from",
+                code="model_has_checkpoints",
+            )
+        return latest  # None, or step 0: the untrained adapter, whose outputs are the base model's
+    if isinstance(start_from, bool) or not isinstance(start_from, int):
+        raise ValidationFailed('must be "latest", "base" or a checkpoint id of the model', field="start_from")
+    checkpoint = Checkpoint.objects.filter(model=model, pk=start_from).first()
+    if checkpoint is None:
+        raise ValidationFailed(f"model {model.name} has no checkpoint {start_from}", field="start_from")
+    if latest is not None and checkpoint.step != latest.step:
+        raise Conflict(
+            f"checkpoint {start_from} is step {checkpoint.step} of model {model.name}, whose latest is "
+            f"step {latest.step}: a run continues a model from its latest checkpoint; to train on "
+            f"from step {checkpoint.step}, fork its run from that step",
+            field="start_from",
+            code="not_latest_checkpoint",
+        )
+    return checkpoint
 
 
 # Prompts tokenised per run creation: the longest rows by characters (tokenising 100k rows on a
@@ -240,6 +319,240 @@ def run_cancel(*, run: Run) -> Run:
     return run_transition(run_id=run.pk, to=RunStatus.CANCELLED, message="Run cancelled before it started")
 
 
+def run_pause(*, run: Run) -> Run:
+    """A running run pauses before its next step (its worker finishes the step, records it, then
+    gives the run up); a queued one is paused at once. Resume with ``run_resume``."""
+    _refuse_client_run(run, "pause")
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
+            raise InvalidTransition(f"a {locked.status} run cannot be paused", field="status")
+        if locked.cancel_requested:
+            raise InvalidTransition("the run is being cancelled", field="status")
+        if locked.status == RunStatus.QUEUED:
+            # Its message may still be in the queue: the claim skips a paused run.
+            return run_transition(
+                run_id=locked.pk,
+                to=RunStatus.PAUSED,
+                message="Run paused before a worker took it; resume queues it again",
+            )
+        if not locked.pause_requested:
+            locked.pause_requested = True
+            locked.save(update_fields=["pause_requested"])
+            run_event_add(run=locked, message="Pause requested; the run pauses after its current step")
+        return locked
+
+
+def run_pause_finish(*, run_id: int, worker: str) -> Run | None:
+    """The worker's side of a pause, after its loop stopped at a step boundary: the run becomes
+    ``paused`` and the claim is given up (no worker, no heartbeat). A cancellation that arrived
+    meanwhile wins. None if this worker no longer owns the run."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run_id)
+        if locked.status != RunStatus.RUNNING or locked.worker != worker:
+            return None
+        if locked.cancel_requested:
+            return run_transition(run_id=run_id, to=RunStatus.CANCELLED, message="Run cancelled")
+        return run_transition(
+            run_id=run_id,
+            to=RunStatus.PAUSED,
+            message=f"Run paused at checkpoint step {locked.current_step}; resume continues from it",
+            data={"step": locked.current_step, "worker": worker},
+            updates={"worker": "", "heartbeat_at": None, "pause_requested": False},
+        )
+
+
+def run_resume(*, run: Run) -> Run:
+    """A paused run is queued again; the worker that claims it continues from the last recorded
+    checkpoint exactly as after a crash. Its claim count starts over: a pause is not a lost worker
+    (``RUN_MAX_ATTEMPTS``)."""
+    _refuse_client_run(run, "resume")
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.status != RunStatus.PAUSED:
+            raise InvalidTransition(
+                f"only a paused run can be resumed; this one is {locked.status}", field="status"
+            )
+        resumed = run_transition(
+            run_id=locked.pk,
+            to=RunStatus.QUEUED,
+            message=f"Run resumed: queued to continue from checkpoint step {locked.current_step}",
+            data={"step": locked.current_step, "attempts_before": locked.attempts},
+            updates={"attempts": 0, "pause_requested": False},
+        )
+        _enqueue_run(resumed.pk)
+    return resumed
+
+
+def _refuse_client_run(run: Run, what: str) -> None:
+    if run.kind == RunKind.CLIENT:
+        raise Conflict(
+            f"a client run's steps are the training jobs its client submits; it has nothing to {what}",
+            code="client_run",
+        )
+
+
+def model_checkpoint_root(model: TrainableModel) -> Path:
+    """The folder of a model's checkpoints: one ``step-NNNNNN`` folder per step (training.loop)."""
+    return Path(settings.CHECKPOINT_DIR) / f"model-{model.pk}"
+
+
+def run_fork(
+    *,
+    run: Run,
+    from_step: int,
+    name: str,
+    config: dict[str, Any] | None = None,
+    created_by: User | None = None,
+) -> Run:
+    """A new model in the run's project whose step 0 is a copy of checkpoint ``from_step`` of the
+    run's model (adapter, optimizer and RNG state: it trains on as a resume would; a checkpoint
+    that retention left with only its adapter gets fresh optimizer state), and a new run
+    on it with the run's task set, environment, reward and config, ``config`` overriding any
+    hyperparameters. The copy is the fork's own object in the checkpoint store: pruning or
+    deleting the source later leaves it whole."""
+    from projects import storage
+
+    _refuse_client_run(run, "fork")
+    task_set, environment, reward = run_platform_inputs(run=run)
+    source = Checkpoint.objects.filter(model=run.model, step=from_step).first()
+    if source is None:
+        steps = list(Checkpoint.objects.filter(model=run.model).values_list("step", flat=True))
+        raise ValidationFailed(
+            f"model {run.model.name} has no checkpoint at step {from_step}"
+            + (f" (it has steps {', '.join(map(str, steps))})" if steps else ""),
+            field="from_step",
+        )
+    try:
+        folder = storage.checkpoint_local_dir(source)  # None: a client model's untrained step 0
+    except storage.StorageError as exc:
+        raise Conflict(
+            f"the files of checkpoint step {from_step} cannot be read: {exc}",
+            field="from_step",
+            code="checkpoint_files_missing",
+        ) from exc
+    if folder is not None:
+        _check_forkable(folder, step=from_step)
+    merged = {**run.config, **(config or {})}
+    written: Path | None = None
+    key = ""
+    try:
+        with transaction.atomic():
+            # Imported here: both modules import this one.
+            from projects.services.projects import trainable_model_create
+            from projects.services.steps import checkpoint_record
+
+            model = trainable_model_create(
+                project=run.project, name=name, base_model=run.model.base_model, lora=run.model.lora
+            )
+            if folder is not None:
+                written = model_checkpoint_root(model)
+                step_zero = _copy_checkpoint(folder, written, source=source, config=merged)
+                key = storage.checkpoint_key(model_id=model.pk, step=0)
+                stored = storage.checkpoint_store().put_dir(key, step_zero)
+                checkpoint_record(
+                    model=model, run=None, step=0, path=str(step_zero), metrics={}, stored=stored
+                )
+            forked = run_create(
+                model=model,
+                task_set=task_set,
+                environment=environment,
+                reward=reward,
+                config=merged,
+                created_by=created_by,
+                forked_from=source,
+            )
+            run_event_add(
+                run=run,
+                message=f"Forked from checkpoint step {from_step} as model {model.name} (run #{forked.pk})",
+                data={"fork_run": forked.pk, "fork_model": model.pk, "step": from_step},
+            )
+    except BaseException:
+        # Nothing of a fork that did not happen stays behind: not its folder, not its stored copy.
+        if written is not None:
+            shutil.rmtree(written, ignore_errors=True)
+        if key:
+            storage.checkpoint_store().delete(key)
+        raise
+    return forked
+
+
+# What Trainer.save_checkpoint writes besides the adapter, for a resume (training.trainer); retention
+# drops them from checkpoints no resume needs (services.checkpoints.RESUME_STATE_FILES).
+OPTIMIZER_STATE, RNG_STATE = "optimizer.pt", "rng_state.pt"
+
+
+def _check_forkable(folder: Path, *, step: int) -> None:
+    missing = [name for name in ("adapter_model.safetensors", "state.json") if not (folder / name).is_file()]
+    if missing:
+        raise Conflict(
+            f"the files of checkpoint step {step} are incomplete (missing {', '.join(missing)})",
+            field="from_step",
+            code="checkpoint_files_missing",
+        )
+
+
+def _write_fresh_resume_state(folder: Path, *, config: dict[str, Any]) -> None:
+    """Optimizer and RNG state for a fork of a checkpoint that kept only its adapter: AdamW with no
+    moments yet (what a new Trainer starts with) and generators seeded from the fork's config, in
+    the files Trainer.resume reads. The optimizer's state dict is a real AdamW's, over one
+    placeholder per adapter tensor (plain LoRA: the adapter's tensors are the trainable ones)."""
+    import random
+
+    import torch
+    from safetensors import safe_open
+
+    train_config = TrainConfig.from_dict(config)
+    with safe_open(str(folder / "adapter_model.safetensors"), framework="pt") as weights:
+        count = len(list(weights.keys()))
+    placeholders = [torch.nn.Parameter(torch.zeros(1)) for _ in range(count)]
+    optimizer = torch.optim.AdamW(
+        placeholders, lr=train_config.learning_rate, weight_decay=train_config.weight_decay
+    )
+    torch.save(optimizer.state_dict(), folder / OPTIMIZER_STATE)
+    generator = torch.Generator().manual_seed(train_config.seed)
+    rng = {"torch": generator.get_state(), "python": random.Random(train_config.seed).getstate()}
+    torch.save(rng, folder / RNG_STATE)
+
+
+def _copy_checkpoint(folder: Path, root: Path, *, source: Checkpoint, config: dict[str, Any]) -> Path:
+    """Copy checkpoint ``folder`` whole as ``root/step-000000`` (complete before it appears: a
+    scratch copy renamed into place), its ``state.json`` saying step 0 and where it came from. A
+    source that kept only its adapter gets fresh optimizer and RNG state (``fresh_state`` in
+    ``forked_from``): the fork then starts from its weights with new optimizer moments."""
+    from training.loop import checkpoint_path
+
+    target = checkpoint_path(root, 0)
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".fork-", dir=root))
+    try:
+        copy = scratch / "checkpoint"
+        shutil.copytree(folder, copy)
+        state_file = copy / "state.json"
+        state = json.loads(state_file.read_text())
+        fresh = not (copy / OPTIMIZER_STATE).is_file() or not (copy / RNG_STATE).is_file()
+        if fresh:
+            _write_fresh_resume_state(copy, config=config)
+        state["forked_from"] = {
+            "model": source.model_id,
+            "step": source.step,
+            "checkpoint": source.pk,
+            "fresh_state": fresh,
+        }
+        state["step"] = 0
+        state_file.write_text(json.dumps(state, indent=2, sort_keys=True))
+        copy.rename(target)
+    except OSError as exc:
+        raise Conflict(
+            f"could not copy checkpoint step {source.step}: {exc}",
+            field="from_step",
+            code="checkpoint_files_missing",
+        ) from exc
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
 def run_claim(
     *, run_id: int, worker: str, stale_after_s: float | None = None, max_attempts: int | None = None
 ) -> Run | None:
@@ -268,6 +581,18 @@ def run_claim(
         elif run.status == RunStatus.RUNNING and (
             run.heartbeat_at is None or now - run.heartbeat_at > stale_after
         ):
+            if run.pause_requested and not run.cancel_requested:
+                # It was to pause at its next step anyway: paused where its last step left it,
+                # rather than loaded on another worker only to stop.
+                run_transition(
+                    run_id=run.pk,
+                    to=RunStatus.PAUSED,
+                    message=f"Worker {run.worker or '?'} stopped sending heartbeats while the run was "
+                    f"pausing; paused at checkpoint step {run.current_step}",
+                    data={"step": run.current_step, "worker": run.worker},
+                    updates={"worker": "", "heartbeat_at": None, "pause_requested": False},
+                )
+                return None
             if run.attempts >= cap:  # RUN_MAX_ATTEMPTS
                 run_fail(run_id=run.pk, error=worker_lost_reason(run))
                 return None

@@ -73,10 +73,16 @@ def test_the_form_and_the_run_page_say_where_the_run_starts(cast, alpha_setup):
     factories.CheckpointFactory(model=alpha_setup.model, step=20)
     labels = dict(client.get(new_run_url(alpha_setup)).context["form"].fields["model"].choices)
     assert labels[alpha_setup.model.pk].endswith("continues from checkpoint step 20")
+    # Where a run starts is fixed when it is created (services.run_create, start_from).
+    assert "Will start from the base model" in client.get(f"/runs/{run.pk}/").content.decode()
+    services.run_cancel(run=run)
+    run = services.run_create(
+        model=alpha_setup.model, task_set=alpha_setup.task_set, environment=alpha_setup.environment,
+        reward=alpha_setup.reward, config={"steps": 2}, created_by=cast.alice,
+    )  # fmt: skip
     page = client.get(f"/runs/{run.pk}/").content.decode()
-    assert "Will continue from checkpoint step 20, the model&#x27;s latest" in page
+    assert "Will continue from checkpoint step 20" in page
 
-    services.run_set_start_step(run=run, start_step=20)
     Run.objects.filter(pk=run.pk).update(started_at="2026-01-01T00:00:00Z")
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert "Continued from checkpoint step 20 (model steps 20 to 22)" in page
