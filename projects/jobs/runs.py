@@ -29,9 +29,9 @@ class DjangoRunHooks:
         self.run, self.worker, self.heartbeat = run, worker, heartbeat
 
     def should_stop(self) -> str | None:
-        if self.heartbeat.lost:
         # "paused" too (services.run_pause): the loop returns it as its outcome, and _finish gives
         # the run up; the same check between steps as a cancellation.
+        if self.heartbeat.lost:
             return "lost"
         return selectors.run_stop_reason(run_id=self.run.pk, worker=self.worker)
 
@@ -150,6 +150,8 @@ def _finish(run: Run, outcome: str) -> None:
         services.run_transition(run_id=run.pk, to=RunStatus.SUCCEEDED, message="Run succeeded")
     elif outcome == "cancelled":
         services.run_transition(run_id=run.pk, to=RunStatus.CANCELLED, message="Run cancelled")
+    elif outcome == "paused":  # the loop stopped at a step boundary: give the run up
+        services.run_pause_finish(run_id=run.pk, worker=run.worker)
 
 
 TRAINING: Job[Run] = Job(
@@ -161,5 +163,3 @@ TRAINING: Job[Run] = Job(
     finish=_finish,
     expected_errors=(RewardFailure,),
 )
-    elif outcome == "paused":  # the loop stopped at a step boundary: give the run up
-        services.run_pause_finish(run_id=run.pk, worker=run.worker)
