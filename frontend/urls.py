@@ -1,7 +1,15 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import evaluation_pages, playground, reward_pages, run_pages, task_set_pages, views
+from frontend import (
+    evaluation_pages,
+    playground,
+    reward_pages,
+    run_pages,
+    task_set_pages,
+    views,
+    webhook_pages,
+)
 
 app_name = "frontend"
 
@@ -17,6 +25,16 @@ urlpatterns = [
     path("invitations/accept", views.invitation_accept, name="invitation-accept"),
     path("team/api-keys", views.api_keys, name="api-keys"),
     path("team/api-keys/<int:key_id>/revoke", views.api_key_revoke, name="api-key-revoke"),
+    path("team/webhooks", webhook_pages.webhook_list, name="webhooks"),
+    path("team/webhooks/<int:webhook_id>/", webhook_pages.webhook_detail, name="webhook"),
+    path("team/webhooks/<int:webhook_id>/test", webhook_pages.webhook_test, name="webhook-test"),
+    path("team/webhooks/<int:webhook_id>/rotate", webhook_pages.webhook_rotate, name="webhook-rotate"),
+    path("team/webhooks/<int:webhook_id>/delete", webhook_pages.webhook_delete, name="webhook-delete"),
+    path(
+        "team/webhooks/<int:webhook_id>/deliveries/<int:delivery_id>/redeliver",
+        webhook_pages.webhook_redeliver,
+        name="webhook-redeliver",
+    ),
     path("projects/", views.projects, name="projects"),
     path("projects/<int:project_id>/", views.project, name="project"),
     path("projects/<int:project_id>/runs/new", run_pages.run_new, name="run-new"),
