@@ -1,7 +1,8 @@
 """Batched sampling with plain transformers models (CPU or GPU), with exact per-token logprobs.
 
-The sampling loop is written out here rather than using `model.generate`, so that the logprob of
-every sampled token is the one the trainer recomputes (see `engines/base.py` for the convention).
+The sampling loop (training.engines.decode.DecodeBatch) is written out rather than using
+`model.generate`, so that the logprob of every sampled token is the one the trainer recomputes (see
+`engines/base.py` for the convention).
 The engine either wraps the trainer's live PeftModel (sampling follows the adapter as it trains)
 or owns a plain model and loads LoRA checkpoints into it for serving.
 """
@@ -21,15 +22,13 @@ from peft import PeftModel
 from training.engines.base import (
     Choice,
     Engine,
-    FinishReason,
     OnFinished,
     OnToken,
     SamplingParams,
-    TextDeltas,
-    TokenDelta,
-    report_finished_after,
 )
-from training.engines.grammar import BatchMatchers, GrammarCompiler
+from training.engines.decode import DecodeBatch
+from training.engines.grammar import GrammarCompiler
+from training.engines.sampling import sample_tokens, uniform_draws
 
 
 def sample_next_token(
@@ -39,30 +38,11 @@ def sample_next_token(
 
     The logprob is under the full tempered distribution, before top-p truncation.
     """
-    tokens, logprobs = _sample_with_distribution(logits, temperature, top_p, generator)
-    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-def _sample_with_distribution(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [B], the full log-distribution [B, V] they were sampled from, see the module doc)."""
-    logits = logits.float()
-    if temperature == 0:
-        logprobs = torch.log_softmax(logits, dim=-1)
-        tokens = logits.argmax(dim=-1)
-    else:
-        logprobs = torch.log_softmax(logits / temperature, dim=-1)
-        probs = logprobs.exp()
-        if top_p < 1.0:
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass
-            # before it already does. The most likely token is always kept.
-            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        tokens = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
-    return tokens, logprobs
+    batch = logits.shape[0]
+    sampled = sample_tokens(
+        logits, [temperature] * batch, [top_p] * batch, uniform_draws(batch, generator, logits.device)
+    )
+    return sampled.tokens, sampled.logprobs
 
 
 class TransformersEngine(Engine):
@@ -83,9 +63,9 @@ class TransformersEngine(Engine):
         base = model.get_base_model() if self._given_peft else model
         # Computing vocabulary logits for the last position only saves most of the prompt pass.
         parameters = inspect.signature(base.forward).parameters
-        self._can_keep_last_logits = "logits_to_keep" in parameters
+        self.can_keep_last_logits = "logits_to_keep" in parameters
         # transformers 5.x renamed the KV-cache argument `past_key_values` to `cache`.
-        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self.cache_argument = "cache" if "cache" in parameters else "past_key_values"
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad)
         self._grammars: GrammarCompiler | None = None
@@ -127,154 +107,45 @@ class TransformersEngine(Engine):
         """See Engine.generate_from_tokens. `on_token`, when given, is called (on this thread)
         with each sequence's every new token as soon as it is sampled, while the rest of the batch
         goes on; the returned Choices are the same with or without it. `grammars` constrain rows
-        (training.engines.grammar): each step's logits are masked per row before sampling."""
+        (training.engines.grammar): each step's logits are masked per row before sampling.
+        `on_finished` gets each row's index in the step it finishes. One decode core: the rows go
+        into a DecodeBatch, which steps until none is live (finished rows leave it at once)."""
         if not prompt_token_ids:
             return []
-        if not all(prompt_token_ids):
-            raise ValueError("every prompt needs at least one token")
-        if grammars is not None and len(grammars) != len(prompt_token_ids):
-            raise ValueError(f"got {len(prompt_token_ids)} prompts but {len(grammars)} grammars")
-        matchers = None
-        if grammars is not None and any(grammar is not None for grammar in grammars):
-            matchers = self.grammars.matchers(grammars)
+        batch = DecodeBatch(self, adapter)
+        handles = batch.add(prompt_token_ids, sampling, on_token=on_token, grammars=grammars)
+        index = {handle: position for position, handle in enumerate(handles)}
+        finished: dict[int, Choice] = {}
+        while batch.live:
+            for handle, choice in batch.step():
+                finished[handle] = choice
+                if on_finished is not None:
+                    on_finished(index[handle])
+        return [finished[handle] for handle in handles]
+
+    @contextmanager
+    def inference(self, adapter: str | None) -> Iterator[None]:
+        """The model in eval mode without gradients, switched to `adapter`; restored after."""
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad(), self._adapter_scope(adapter):
-                prompts = [list(prompt) for prompt in prompt_token_ids]
-                # TODO(decode core): report each row when it finishes, not all at the end.
-                return report_finished_after(self._sample(prompts, sampling, on_token, matchers), on_finished)
+                yield
         finally:
             self.model.train(was_training)
 
-    def _sample(
-        self,
-        prompts: list[list[int]],
-        sampling: SamplingParams,
-        on_token: OnToken | None = None,
-        matchers: BatchMatchers | None = None,
-    ) -> list[Choice]:
-        batch = len(prompts)
-        width = max(len(p) for p in prompts)
-        # Left padding lines up every row's last prompt token, so one column of logits per step
-        # serves the whole batch. Positions count real tokens only, as if each row were alone.
-        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((batch, width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, width - len(prompt) :] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        input_ids, attention_mask, position_ids = (
-            t.to(self.device) for t in (input_ids, attention_mask, position_ids)
-        )
-        generator = None
-        if sampling.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
+    def check_adapter(self, adapter: str | None) -> None:
+        """Raise ValueError unless `adapter` can be sampled from (None always can)."""
+        if adapter is not None and (
+            not isinstance(self.model, PeftModel) or adapter not in self.model.peft_config
+        ):
+            raise ValueError(f"adapter {adapter!r} is not loaded")
 
-        extra = {"logits_to_keep": 1} if self._can_keep_last_logits else {}
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            **extra,
-        )
-        cache = self._returned_cache(out)
-        logits = out.logits[:, -1, :]
-        next_position = position_ids[:, -1:] + 1
-
-        token_ids: list[list[int]] = [[] for _ in range(batch)]
-        logprobs: list[list[float]] = [[] for _ in range(batch)]
-        top_k = sampling.top_logprobs
-        tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(batch)]
-        finish: list[FinishReason | None] = [None] * batch
-        texts: list[str | None] = [None] * batch
-        deltas = [TextDeltas(sampling.stop) for _ in range(batch)] if on_token else []
-        last_step = sampling.max_new_tokens - 1
-        for step in range(sampling.max_new_tokens):
-            if matchers is not None:  # forbidden tokens at -inf: sampled from, and logprobs of, the rest
-                logits = matchers.mask_logits(logits, [reason is not None for reason in finish])
-            tokens, distribution = _sample_with_distribution(
-                logits, sampling.temperature, sampling.top_p, generator
-            )
-            token_logprobs = distribution.gather(-1, tokens[:, None]).squeeze(-1).tolist()
-            step_tops: list[list[tuple[int, float]]] = [[] for _ in range(batch)]
-            if top_k:
-                values, ids = distribution.topk(top_k, dim=-1)
-                step_tops = [
-                    [(i, v) for i, v in zip(row_ids, row_values, strict=True) if v != float("-inf")]
-                    for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True)
-                ]
-            for row in range(batch):
-                if finish[row] is not None:
-                    continue
-                token = int(tokens[row])
-                token_ids[row].append(token)
-                logprobs[row].append(token_logprobs[row])
-                if top_k:
-                    tops[row].append(step_tops[row])
-                text = None
-                if token in self.stop_token_ids:
-                    finish[row] = "stop"
-                else:
-                    # A complete grammar ends the row: nothing but a stop token could follow.
-                    complete = matchers is not None and matchers.advance(row, token)
-                    if sampling.stop or on_token:
-                        text = self.tokenizer.decode(token_ids[row], skip_special_tokens=True)
-                        cut = _first_stop(text, sampling.stop)
-                        if cut is not None:
-                            finish[row], texts[row] = "stop", text[:cut]
-                    if complete:
-                        finish[row] = "stop"
-                if finish[row] is None and step == last_step:
-                    finish[row] = "length"
-                if on_token:
-                    if finish[row] is None:
-                        piece = deltas[row].update(text or "")
-                    else:
-                        final = texts[row]
-                        if final is None:
-                            final = text if text is not None else self._decode(token_ids[row])
-                            texts[row] = final
-                        piece = deltas[row].finish(final)
-                    on_token(TokenDelta(row, token, token_logprobs[row], step_tops[row], piece, finish[row]))
-            if all(reason is not None for reason in finish):
-                break
-            # Finished rows keep being fed their last sample; their outputs are ignored.
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
-            out = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=attention_mask,
-                position_ids=next_position,
-                use_cache=True,
-                **{self._cache_argument: cache},
-            )
-            cache = self._returned_cache(out)
-            logits = out.logits[:, -1, :]
-            next_position = next_position + 1
-
-        choices = []
-        for row in range(batch):
-            text = texts[row]
-            if text is None:
-                text = self._decode(token_ids[row])
-            choices.append(
-                Choice(
-                    text=text,
-                    prompt_token_ids=prompts[row],
-                    token_ids=token_ids[row],
-                    logprobs=logprobs[row],
-                    finish_reason=finish[row] or "length",
-                    top_logprobs=tops[row] if top_k else None,
-                )
-            )
-        return choices
-
-    def _decode(self, token_ids: list[int]) -> str:
+    def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def _returned_cache(self, out: Any) -> Any:
-        return out.cache if self._cache_argument == "cache" else out.past_key_values
+    def returned_cache(self, out: Any) -> Any:
+        return out.cache if self.cache_argument == "cache" else out.past_key_values
 
     @contextmanager
     def _adapter_scope(self, adapter: str | None) -> Iterator[None]:
@@ -286,8 +157,7 @@ class TransformersEngine(Engine):
             else:
                 yield
             return
-        if not isinstance(model, PeftModel) or adapter not in model.peft_config:
-            raise ValueError(f"adapter {adapter!r} is not loaded")
+        self.check_adapter(adapter)
         previous = model.active_adapter
         flags = _requires_grad_flags(model)
         model.set_adapter(adapter, inference_mode=True)
@@ -334,12 +204,6 @@ class TransformersEngine(Engine):
                 model.set_adapter(previous)
             _restore_requires_grad(model, flags)
         self._loaded.discard(name)
-
-
-def _first_stop(text: str, stops: list[str]) -> int | None:
-    positions = [text.find(stop) for stop in stops if stop]
-    found = [p for p in positions if p >= 0]
-    return min(found) if found else None
 
 
 def _requires_grad_flags(model: torch.nn.Module) -> dict[str, bool]:
