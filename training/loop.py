@@ -122,7 +122,9 @@ class _Sampler:
 
     On CPU (and whenever vLLM is absent) the TransformersEngine samples from the trainer's live
     policy, so there is nothing to load. With vLLM, every saved checkpoint is loaded as a new
-    adapter (fresh id: vLLM caches adapters by id) and the previous one is dropped.
+    adapter (fresh id: vLLM caches adapters by id) and the previous one is dropped. vLLM shares the
+    GPU with the trainer through sleep mode: asleep during the update, woken before the adapter
+    of the new checkpoint loads (engines/vllm_engine.py).
     """
 
     def __init__(self, spec: RunSpec, trainer: Any, tokenizer: Any, dtype: Any, step: int) -> None:
@@ -142,6 +144,7 @@ class _Sampler:
                 tokenizer=tokenizer,
                 max_lora_rank=spec.lora.rank,
                 dtype=str(dtype).removeprefix("torch."),
+                sleep_mode=True,
             )
             self.use_checkpoint(f"step-{step}", checkpoint_path(spec.checkpoint_root, step))
         else:
@@ -149,9 +152,19 @@ class _Sampler:
 
             self.engine = TransformersEngine(trainer.policy, tokenizer, device=spec.device)
 
+    def before_update(self) -> None:
+        """Give the GPU memory vLLM holds to the policy update."""
+        if self.kind == "vllm":
+            self.engine.sleep()
+
     def use_checkpoint(self, name: str, path: Path) -> None:
         if self.kind != "vllm":
             return
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the update's cached blocks, which vLLM's wake-up needs
+        self.engine.wake_up()
         previous = self.adapter
         self.engine.load_adapter(name, path)
         self.adapter = name
@@ -267,7 +280,9 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
         if hooks.should_stop() == "cancelled":
             return "cancelled"
         phase(hooks, "updating", f"Step {step}/{final_step}: updating the policy", step=step)
+        sampler.before_update()
         metrics = trainer.train_step([to_train_group(group) for group in groups])
+        sync_started = time.monotonic()  # sync: save, wake the sampler, load and check the adapter
         completion_tokens = sum(sampled_tokens(t) for group in groups for t in group)
         path = checkpoint_path(spec.checkpoint_root, step)
         phase(hooks, "saving", f"Step {step}/{final_step}: saving checkpoint", step=step)
@@ -284,6 +299,7 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
         metrics.update(
             {
                 "rollout_seconds": rollout_seconds,
+                "sync_seconds": time.monotonic() - sync_started,
                 "step_seconds": step_seconds,
                 "completion_tokens": float(completion_tokens),
                 "tokens_per_second": completion_tokens / max(rollout_seconds, 1e-9),

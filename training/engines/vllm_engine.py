@@ -11,6 +11,11 @@ Invariants:
   log-softmax after temperature (untempered for greedy decoding) and after top-p truncation. The
   two agree only when top_p == 1, so `generate` refuses top_p < 1 with temperature > 0 rather than
   hand the trainer logprobs whose importance ratios silently do not start at 1.
+- Sleep mode (trainer and sampler on one GPU): `sleep()` before the policy update frees vLLM's
+  weights (level 1: backed up in CPU memory) and KV cache for the trainer; `wake_up()` before the
+  next rollouts. Level 1, not 2: the base weights never change under LoRA training, and level 2's
+  weight reload broke with LoRA enabled (vLLM #39934). Adapters are loaded after waking, never
+  carried across a sleep. Unverified on a GPU so far (benchmarks/gpu_smoke.sh checks it).
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ from training.engines.base import (
 # LoRA ranks vLLM's kernels are built for; max_lora_rank must be one of them (vllm LoRAConfig).
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 LOGPROBS_MODE = "processed_logprobs"
+# Without sleep mode, vLLM's fixed share of the GPU; the trainer's update must fit in the rest.
+SHARED_GPU_MEMORY_UTILIZATION = 0.4
+SLEEP_LEVEL = 1  # see the module docstring
+# With sleep mode, what vLLM leaves free at start for the trainer's work while vLLM is awake (the
+# probe forward pass of adapter_check, allocator slack): a fraction of the GPU, at least 1 GiB.
+SLEEP_MODE_TRAINER_RESERVE = 0.1
+SLEEP_MODE_MIN_RESERVE_BYTES = 1 << 30
 
 
 class VLLMUnavailableError(ImportError):
@@ -174,6 +186,32 @@ def choice_from_output(output: Any, top_logprobs: int = 0) -> Choice:
     )
 
 
+def sleep_mode_memory_utilization(free_bytes: int, total_bytes: int) -> float:
+    """vLLM's `gpu_memory_utilization` with sleep mode: all the GPU memory free at start (after the
+    trainer loaded its model) but a reserve. The update needs no share of its own: vLLM sleeps
+    through it. vLLM refuses a fraction above what is free when it starts."""
+    if total_bytes <= 0 or not 0 <= free_bytes <= total_bytes:
+        raise ValueError(f"impossible GPU memory figures: {free_bytes} free of {total_bytes}")
+    reserve = max(SLEEP_MODE_TRAINER_RESERVE * total_bytes, SLEEP_MODE_MIN_RESERVE_BYTES)
+    fraction = (free_bytes - reserve) / total_bytes
+    if fraction < 0.05:
+        raise ValueError(
+            f"only {free_bytes / 2**30:.1f} GiB of {total_bytes / 2**30:.1f} GiB GPU memory is free: "
+            "too little for vLLM next to the trainer's model"
+        )
+    return round(fraction, 3)
+
+
+def default_memory_utilization(sleep_mode: bool) -> float:
+    """The fixed split without sleep mode; with it, the free memory measured now (CUDA only)."""
+    if not sleep_mode:
+        return SHARED_GPU_MEMORY_UTILIZATION
+    import torch
+
+    free_bytes, total_bytes = torch.cuda.mem_get_info()
+    return sleep_mode_memory_utilization(free_bytes, total_bytes)
+
+
 def stop_token_ids_for(tokenizer: Any, generation_eos: int | list[int] | None) -> frozenset[int]:
     """The ids that end a completion: the tokenizer's eos and the generation config's (the ones
     TransformersEngine stops on)."""
@@ -198,7 +236,9 @@ class VLLMEngine(Engine):
 
     Give it the trainer's tokenizer (from `load_base_model`), so that prompts are rendered exactly as
     the trainer sees them; without one it uses vLLM's. `max_lora_rank` is rounded up to a rank vLLM
-    supports. Leave GPU memory for the trainer with `gpu_memory_utilization` when both share a GPU.
+    supports. When the trainer shares the GPU, pass `sleep_mode=True` and call `sleep()` before each
+    update and `wake_up()` after it; without sleep mode, `gpu_memory_utilization` (default 0.4)
+    must leave the update its memory. `None` picks the default for the mode.
     """
 
     def __init__(
@@ -209,9 +249,10 @@ class VLLMEngine(Engine):
         max_lora_rank: int = 8,
         max_loras: int = 2,
         dtype: str = "auto",
-        gpu_memory_utilization: float = 0.4,
+        gpu_memory_utilization: float | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
+        sleep_mode: bool = False,
         **llm_kwargs: Any,
     ) -> None:
         try:
@@ -224,6 +265,12 @@ class VLLMEngine(Engine):
             ) from exc
         self._vllm = vllm
         self._lora_request_type = LoRARequest
+        if gpu_memory_utilization is None:
+            gpu_memory_utilization = default_memory_utilization(sleep_mode)
+        if sleep_mode:
+            llm_kwargs["enable_sleep_mode"] = True
+        self.sleep_mode = sleep_mode
+        self.asleep = False
         self._llm = vllm.LLM(
             model=str(model),
             enable_lora=True,
@@ -262,6 +309,8 @@ class VLLMEngine(Engine):
         to it); this in-process engine refuses grammars (`check_grammar`)."""
         if grammars is not None and any(grammar is not None for grammar in grammars):
             raise ValueError("VLLMEngine does not constrain decoding; serve through vLLM's server")
+        if self.asleep:
+            raise RuntimeError("the vLLM engine is asleep (the policy update runs): wake_up() first")
         if not prompt_token_ids:
             return []
         if not all(prompt_token_ids):
@@ -280,7 +329,24 @@ class VLLMEngine(Engine):
         choices = [choice_from_output(output, sampling.top_logprobs) for output in outputs]
         return report_finished_after(report_after(choices, on_token), on_finished)
 
+    def sleep(self) -> None:
+        """Free vLLM's GPU memory for the policy update (weights to CPU memory, KV cache dropped).
+        Only with sleep_mode; a second call while asleep does nothing."""
+        if not self.sleep_mode:
+            raise RuntimeError("this vLLM engine was started without sleep_mode")
+        if not self.asleep:
+            self._llm.sleep(level=SLEEP_LEVEL)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Take the GPU memory back before sampling again; does nothing when awake."""
+        if self.asleep:
+            self._llm.wake_up()
+            self.asleep = False
+
     def load_adapter(self, name: str, path: Path) -> None:
+        if self.asleep:
+            raise RuntimeError("the vLLM engine is asleep: wake_up() before loading an adapter")
         path = Path(path)
         if not (path / "adapter_config.json").is_file():
             raise FileNotFoundError(f"no LoRA adapter in {path} (adapter_config.json missing)")
