@@ -1,0 +1,50 @@
+"""benchmarks/gpu_smoke.sh is for GPU hosts; here (no GPU) only what can be checked without one:
+it parses, it refuses to start without a GPU, and it installs, tests and reads back what the
+project really names."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_smoke.sh"
+
+
+def test_the_script_parses():
+    done = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+
+
+def test_without_a_gpu_it_stops_before_installing_anything(tmp_path):
+    # A PATH with bash and coreutils but no nvidia-smi.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname", "date", "mktemp", "rm"):
+        found = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True, text=True)
+        (bin_dir / tool).symlink_to(found.stdout.strip())
+    done = subprocess.run(
+        [str(bin_dir / "bash"), str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": str(bin_dir), "HOME": str(tmp_path), "TMPDIR": str(tmp_path)},
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no CUDA GPU" in done.stderr
+    assert not list(tmp_path.glob("artweb-gpu-smoke.*")), "the data dir is removed on exit"
+
+
+def test_it_installs_from_the_gpu_lock_and_reads_metrics_the_loop_records():
+    script = SCRIPT.read_text()
+    assert "LOCK=requirements/gpu.lock EXTRAS=gpu,dev" in script
+    assert "make install-python" in script and "make test-gpu" in script
+    assert "ARTWEB_ENGINE=vllm" in script and "TRAINING_DEVICE=cuda" in script
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^install-python: \$\(STAMP\)$", makefile, re.M)
+    assert re.search(r"^test-gpu: install-python$", makefile, re.M)
+    recorded = (ROOT / "training" / "loop.py").read_text() + (ROOT / "training" / "trainer.py").read_text()
+    for key in ("rollout_seconds", "train_seconds", "sync_seconds", "step_seconds", "tokens_per_second"):
+        assert f'"{key}"' in script, key
+        assert f'"{key}"' in recorded, f"the loop no longer records {key}"
