@@ -21,6 +21,7 @@ import tempfile
 import time
 import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from training.grpo import (
     micro_batch_weight,
     policy_loss,
 )
+from training.packing import pack
 from training.trajectory import TrainGroup, TrainSample
 
 CHECKPOINT_FORMAT_VERSION = 1
@@ -90,6 +92,11 @@ class Trainer:
         self.model.train()
         forward = self.model.get_base_model().forward
         self._can_keep_logits = "logits_to_keep" in inspect.signature(forward).parameters
+        # Packed rows (training.packing: a group's prompt once, no padding) need a 4-D attention
+        # mask, which transformers' sdpa and eager attention take as given; other attention
+        # kernels (flash-attention) get today's left-padded rows, length-sorted.
+        attention = getattr(self.model.get_base_model().config, "_attn_implementation", None)
+        self.packed = attention in ("sdpa", "eager")
         self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters, lr=config.learning_rate, weight_decay=config.weight_decay
@@ -161,8 +168,10 @@ class Trainer:
         # Normalisation counts the tokens the model sampled, never the environment's.
         total_tokens = sum(sample.trainable_tokens() for sample, _ in samples)
         sums = {"loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "kl": 0.0, "ratio_mean": 0.0}
-        for micro in self._micro_batches(samples):
-            batch = self._collate(micro)
+        positions = padding = 0
+        for batch in self._batches(samples):
+            positions += int(batch["positions"])
+            padding += int(batch["padding"])
             logprobs, entropy = self._completion_logprobs(batch)
             ref_logprobs = None
             if config.kl_coef > 0:
@@ -185,7 +194,7 @@ class Trainer:
             # Scale so that the gradients summed over micro-batches are those of the whole batch.
             micro_tokens = int(batch["mask"].sum())
             weight = micro_batch_weight(
-                config.normalization, micro_tokens, len(micro), total_tokens, total_sequences
+                config.normalization, micro_tokens, len(batch["advantages"]), total_tokens, total_sequences
             )
             (loss * weight).backward()
             sums["loss"] += float(loss.detach()) * weight
@@ -200,8 +209,46 @@ class Trainer:
         metrics.update(sums)
         metrics["grad_norm"] = float(grad_norm)
         metrics["trainable_tokens"] = float(total_tokens)
+        # What the forward passes computed: positions (each packed prompt once) and the share
+        # of them that was padding.
+        metrics["update_positions"] = float(positions)
+        metrics["padding_fraction"] = padding / max(positions, 1)
         metrics["train_seconds"] = time.perf_counter() - start
         return metrics
+
+    def _batches(self, samples: list[tuple[TrainSample, float]]) -> Iterator[dict[str, torch.Tensor]]:
+        """The update's forward passes: packed rows (training.packing) when the attention kernel
+        takes a 4-D mask, else left-padded micro-batches of length-sorted samples."""
+        if self.packed:
+            dtype = self.model.get_input_embeddings().weight.dtype
+            rows = pack(
+                [sample for sample, _ in samples],
+                [advantage for _, advantage in samples],
+                budget=self.config.micro_batch_tokens,
+                mask_dtype=dtype if dtype.is_floating_point else torch.float32,
+            )
+            for row in rows:
+                batch = {
+                    "input_ids": row.input_ids,
+                    "position_ids": row.position_ids,
+                    "attention_mask": row.attention_mask,
+                    "keep": row.keep,
+                    "logit_index": row.logit_index,
+                    "targets": row.targets,
+                    "mask": row.mask,
+                    "old_logprobs": row.old_logprobs,
+                    "advantages": row.advantages,
+                }
+                batch = {name: tensor.to(self.device) for name, tensor in batch.items()}
+                batch["positions"] = torch.tensor(row.width)
+                batch["padding"] = torch.tensor(0)
+                yield batch
+            return
+        by_length = sorted(
+            samples, key=lambda item: len(item[0].prompt_token_ids) + len(item[0].completion_token_ids)
+        )
+        for micro in self._micro_batches(by_length):
+            yield self._collate(micro)
 
     def _micro_batches(
         self, samples: list[tuple[TrainSample, float]]
@@ -251,11 +298,17 @@ class Trainer:
             "old_logprobs": old_logprobs,
             "advantages": torch.tensor([advantage for _, advantage in micro], dtype=torch.float32),
         }
-        return {name: tensor.to(self.device) for name, tensor in batch.items()}
+        batch = {name: tensor.to(self.device) for name, tensor in batch.items()}
+        real = sum(len(s.prompt_token_ids) + len(s.completion_token_ids) for s, _ in micro)
+        batch["positions"] = torch.tensor(rows * width)
+        batch["padding"] = torch.tensor(rows * width - real)
+        return batch
 
     def _completion_logprobs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Logprobs [B, T] of the completion tokens under the current model (with grad), computed
         as the engine does: log_softmax(logits / temperature). Also their entropy [B, T], detached."""
+        if "keep" in batch:
+            return self._packed_completion_logprobs(batch)
         completion_width = batch["mask"].shape[1]
         # Vocabulary logits only where they are needed: the positions predicting completions.
         extra = {"logits_to_keep": completion_width + 1} if self._can_keep_logits else {}
@@ -271,6 +324,27 @@ class Trainer:
         logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
+        return logprobs, entropy
+
+    def _packed_completion_logprobs(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same for a packed row: vocabulary logits at the kept positions only ([K, V], each
+        prompt's last position once for all its completions), then gathered per sequence."""
+        keep = batch["keep"]
+        out = self.model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+            **({"logits_to_keep": keep} if self._can_keep_logits else {}),
+        )
+        logits = out.logits if self._can_keep_logits else out.logits[keep]
+        logits = logits.float() / self.config.temperature
+        index, targets = batch["logit_index"], batch["targets"]
+        logprobs = logits[index, targets] - torch.logsumexp(logits, dim=-1)[index]
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach())[index]
         return logprobs, entropy
 
     # ---------------------------------------------------------------- checkpoints

@@ -114,14 +114,35 @@ def test_micro_batching_gives_the_same_update(tiny_model_dir, tmp_path, normaliz
         )
         if groups is None:
             groups = sample_groups(trainer, config)
+        applied = gradients_at_optimizer_step(trainer)
         metrics = trainer.train_step(groups)
-        results.append((metrics, adapter_state(trainer)))
-    (one, one_params), (many, many_params) = results
+        results.append((metrics, applied, adapter_state(trainer)))
+    (one, one_grads, one_params), (many, many_grads, many_params) = results
     assert one["loss"] == pytest.approx(many["loss"], abs=1e-6)
     assert one["grad_norm"] == pytest.approx(many["grad_norm"], rel=1e-4)
     assert one["entropy"] == pytest.approx(many["entropy"], rel=1e-5)
+    assert one_grads.keys() == many_grads.keys() and one_grads
+    for name in one_grads:
+        torch.testing.assert_close(one_grads[name], many_grads[name], rtol=1e-4, atol=1e-7, msg=name)
+    # AdamW's first step moves each weight by ~lr * sign(grad): a gradient entry near 1e-7 that
+    # differs by float rounding moves its weight by up to ~1e-5, hence the looser bound here.
     for name in one_params:
-        assert torch.allclose(one_params[name], many_params[name], atol=1e-6), name
+        assert torch.allclose(one_params[name], many_params[name], atol=2e-5), name
+
+
+def gradients_at_optimizer_step(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The gradients (after clipping) that the trainer's next optimizer step applies, filled in then."""
+    applied: dict[str, torch.Tensor] = {}
+    step = trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        applied.update(
+            {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
+        )
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    return applied
 
 
 def test_forward_passes_respect_the_token_budget(tiny_model):

@@ -1,0 +1,226 @@
+"""The update's rows without padding and without repeating a group's prompt.
+
+A GRPO group's completions share one prompt. Instead of one padded row per completion (the prompt
+recomputed 8 times, short rows padded to the longest), a *unit* lays a prompt out once and its
+completions after it, in one row:
+
+    [prompt p0..pP-1 | completion 1 | completion 2 | ...]
+
+with position ids restarting at P for every completion, and a 4-D attention mask in which a
+completion token sees the prompt and the earlier tokens of its own completion only (a tree, the
+prompt its trunk). Every position computes exactly what it computes in its own padded row, so the
+logprobs, the loss and the gradients are those of the padded batch up to float rounding; the
+prompt's activations (and, in the backward pass, its gradient contributions) are computed once
+per unit instead of once per completion.
+
+The last token of a completion predicts nothing, so it is not fed in; the prompt's last position
+predicts every completion's first token. Several small units share a row (block-diagonal) up to
+``row_tokens``; a group whose unit would exceed the memory budget is split into several units,
+each with its own copy of the prompt. Rows are never padded.
+
+Samples are grouped by identical prompt token ids (exact equality), so a client's trajectories
+share prompts the same way a platform run's groups do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from training.trajectory import TrainSample
+
+# Rows longer than this pay for a mostly-masked attention (the mask is dense on CPU): units are
+# combined into one row only up to it. See benchmarks/README.md, "helper-b: packed update".
+ROW_TOKENS = 512
+
+
+@dataclass
+class Unit:
+    """One prompt and the indices (into the caller's sample list) of completions laid out after it."""
+
+    prompt: list[int]
+    members: list[int]
+    lengths: list[int]  # input positions of each member's completion (its length - 1, at least 0)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.prompt) + sum(self.lengths)
+
+
+@dataclass
+class PackedRow:
+    """One forward pass: a single row of units, with what the loss needs for its sequences."""
+
+    input_ids: torch.Tensor  # [1, W]
+    position_ids: torch.Tensor  # [1, W]
+    attention_mask: torch.Tensor  # [1, 1, W, W], additive (0 or the dtype's minimum)
+    keep: torch.Tensor  # [1, W] bool: the positions whose logits are needed
+    logit_index: torch.Tensor  # [N, T] long: for each sequence's t-th completion token, its kept position
+    targets: torch.Tensor  # [N, T] long: the completion tokens (0 beyond a sequence's end)
+    mask: torch.Tensor  # [N, T] float: 1 on trained tokens
+    old_logprobs: torch.Tensor  # [N, T]
+    advantages: torch.Tensor  # [N]
+    members: list[int] = field(default_factory=list)  # indices of the N sequences in the caller's list
+
+    @property
+    def width(self) -> int:
+        return int(self.input_ids.shape[1])
+
+
+def completion_inputs(sample: TrainSample) -> int:
+    """Positions a completion adds to a unit: all its tokens but the last (which predicts nothing)."""
+    return max(len(sample.completion_token_ids) - 1, 0)
+
+
+def plan_units(samples: Sequence[TrainSample], budget: int) -> list[Unit]:
+    """Group samples by prompt, in first-seen order; split a group so each unit fits `budget`
+    positions (a unit holds at least one completion, however long)."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for index, sample in enumerate(samples):
+        by_prompt.setdefault(tuple(sample.prompt_token_ids), []).append(index)
+    units: list[Unit] = []
+    for prompt, members in by_prompt.items():
+        unit = Unit(list(prompt), [], [])
+        for index in members:
+            length = completion_inputs(samples[index])
+            if unit.members and unit.tokens + length > budget:
+                units.append(unit)
+                unit = Unit(list(prompt), [], [])
+            unit.members.append(index)
+            unit.lengths.append(length)
+        units.append(unit)
+    return units
+
+
+def plan_rows(units: list[Unit], row_tokens: int) -> list[list[Unit]]:
+    """First-fit-decreasing of units into rows of at most `row_tokens` positions (a longer unit
+    gets a row of its own). Rows come out in the order of their first unit, largest first."""
+    rows: list[list[Unit]] = []
+    sizes: list[int] = []
+    for unit in sorted(units, key=lambda u: -u.tokens):
+        for row, size in enumerate(sizes):
+            if size + unit.tokens <= row_tokens:
+                rows[row].append(unit)
+                sizes[row] += unit.tokens
+                break
+        else:
+            rows.append([unit])
+            sizes.append(unit.tokens)
+    return rows
+
+
+def build_row(
+    units: list[Unit],
+    samples: Sequence[TrainSample],
+    advantages: Sequence[float],
+    *,
+    mask_dtype: torch.dtype = torch.float32,
+) -> PackedRow:
+    """The tensors of one packed row (on CPU)."""
+    tokens: list[int] = []
+    positions: list[int] = []
+    block: list[int] = []  # which unit a position belongs to
+    branch: list[int] = []  # 0 = the unit's prompt, j = its j-th completion
+    keep_positions: list[int] = []  # row positions whose logits are needed, in row order
+    sequence_positions: list[list[int]] = []  # per sequence: the row positions predicting its tokens
+    members: list[int] = []
+    for unit_index, unit in enumerate(units):
+        prompt_last = len(tokens) + len(unit.prompt) - 1
+        tokens.extend(unit.prompt)
+        positions.extend(range(len(unit.prompt)))
+        block.extend([unit_index] * len(unit.prompt))
+        branch.extend([0] * len(unit.prompt))
+        keep_positions.append(prompt_last)
+        for j, (member, length) in enumerate(zip(unit.members, unit.lengths, strict=True), start=1):
+            completion = samples[member].completion_token_ids
+            start = len(tokens)
+            tokens.extend(completion[:length])
+            positions.extend(range(len(unit.prompt), len(unit.prompt) + length))
+            block.extend([unit_index] * length)
+            branch.extend([j] * length)
+            keep_positions.extend(range(start, start + length))
+            sequence_positions.append([prompt_last, *range(start, start + length)][: len(completion)])
+            members.append(member)
+
+    width = len(tokens)
+    block_t = torch.tensor(block)
+    branch_t = torch.tensor(branch)
+    index = torch.arange(width)
+    allowed = (
+        (block_t[:, None] == block_t[None, :])
+        & (index[None, :] <= index[:, None])
+        & ((branch_t[None, :] == 0) | (branch_t[None, :] == branch_t[:, None]))
+    )
+    attention_mask = torch.zeros((width, width), dtype=mask_dtype)
+    attention_mask.masked_fill_(~allowed, torch.finfo(mask_dtype).min)
+
+    keep = torch.zeros(width, dtype=torch.bool)
+    keep[keep_positions] = True
+    # Kept logits come out in row order: a row position's rank among the kept ones is its index.
+    rank = torch.cumsum(keep.long(), 0) - 1
+
+    rows = len(members)
+    longest = max((len(samples[m].completion_token_ids) for m in members), default=0)
+    longest = max(longest, 1)
+    logit_index = torch.zeros((rows, longest), dtype=torch.long)
+    targets = torch.zeros((rows, longest), dtype=torch.long)
+    mask = torch.zeros((rows, longest))
+    old_logprobs = torch.zeros((rows, longest))
+    for row, (member, predicting) in enumerate(zip(members, sequence_positions, strict=True)):
+        sample = samples[member]
+        n = len(sample.completion_token_ids)
+        if not n:
+            continue
+        logit_index[row, :n] = rank[torch.tensor(predicting)]
+        targets[row, :n] = torch.tensor(sample.completion_token_ids)
+        sampled = [1] * n if sample.completion_mask is None else sample.completion_mask
+        mask[row, :n] = torch.tensor(sampled, dtype=mask.dtype)
+        old_logprobs[row, :n] = torch.tensor(sample.completion_logprobs)
+    return PackedRow(
+        input_ids=torch.tensor(tokens, dtype=torch.long)[None],
+        position_ids=torch.tensor(positions, dtype=torch.long)[None],
+        attention_mask=attention_mask[None, None],
+        keep=keep[None],
+        logit_index=logit_index,
+        targets=targets,
+        mask=mask,
+        old_logprobs=old_logprobs,
+        advantages=torch.tensor([advantages[m] for m in members], dtype=torch.float32),
+        members=members,
+    )
+
+
+def pack(
+    samples: Sequence[TrainSample],
+    advantages: Sequence[float],
+    *,
+    budget: int,
+    row_tokens: int = ROW_TOKENS,
+    mask_dtype: torch.dtype = torch.float32,
+) -> list[PackedRow]:
+    """The packed rows of an update: every sample in exactly one row, no row over
+    max(budget, one prompt + one completion) positions."""
+    units = plan_units(samples, budget)
+    return [
+        build_row(row, samples, advantages, mask_dtype=mask_dtype)
+        for row in plan_rows(units, min(row_tokens, budget))
+    ]
+
+
+def padded_positions(samples: Sequence[TrainSample], budget: int) -> tuple[int, int]:
+    """(positions, padding) of today's left-padded layout for comparison: what one padded row per
+    sample would cost, grouped into the same token budget as the trainer's padded micro-batches."""
+    positions = padding = 0
+    width = count = used = 0
+    for sample in samples:
+        length = len(sample.prompt_token_ids) + len(sample.completion_token_ids)
+        if count and max(width, length) * (count + 1) > budget:
+            positions += width * count
+            padding += width * count - used
+            width = count = used = 0
+        width, count, used = max(width, length), count + 1, used + length
+    positions += width * count
+    padding += width * count - used
+    return positions, padding
