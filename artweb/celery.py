@@ -26,3 +26,11 @@ def _log_with_context(logger: logging.Logger, *args: Any, **kwargs: Any) -> None
     for handler in logger.handlers:
         handler.addFilter(ContextFilter())
         handler.setFormatter(formatter)
+
+
+@signals.worker_ready.connect
+def _serve_worker_metrics(**kwargs: Any) -> None:
+    """The worker's Prometheus endpoint (projects.metrics), when WORKER_METRICS_PORT is set."""
+    from projects.metrics import start_worker_metrics_server
+
+    start_worker_metrics_server()

@@ -48,6 +48,7 @@ MIDDLEWARE = [
     # First: a request id on every response, and JSON error objects on /api and /v1 for whatever
     # escapes a view (a body over DATA_UPLOAD_MAX_MEMORY_SIZE: 413; an unhandled exception: 500).
     "projects.middleware.RequestIdMiddleware",
+    "projects.metrics.MetricsMiddleware",  # latency by URL pattern and status (projects.metrics)
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -251,6 +252,12 @@ WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
 WEBHOOK_RETRY_BASE_S = env_float("WEBHOOK_RETRY_BASE_S", 10.0)
 WEBHOOK_RETRY_MAX_S = env_float("WEBHOOK_RETRY_MAX_S", 3600.0)
 WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 10.0)
+# Prometheus (projects.metrics): /metrics answers only with "Bearer $METRICS_TOKEN" (unset: off);
+# a worker serves its own on METRICS_BIND_ADDRESS:WORKER_METRICS_PORT (0: off; needs
+# PROMETHEUS_MULTIPROC_DIR, as its tasks run in forked children).
+METRICS_TOKEN = env_str("METRICS_TOKEN")
+WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0, minimum=0)
+METRICS_BIND_ADDRESS = env_str("METRICS_BIND_ADDRESS", "127.0.0.1")
 GRADER_MAX_ERROR_FRACTION = env_float("GRADER_MAX_ERROR_FRACTION", 0.5)
 RUN_REAPER_INTERVAL_S = env_float("RUN_REAPER_INTERVAL_S", 60.0)
 # The tasks live in projects.jobs.tasks; their names keep the "training." prefix they were queued under.

@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path
 
+from projects.metrics import metrics_view
+
 
 def healthz(request):
     return JsonResponse({"status": "ok"})
@@ -13,6 +15,7 @@ urlpatterns = [
     # OpenAI-compatible gateway: the standard `openai` client with base_url=".../v1".
     path("v1/", include("projects.gateway.urls")),
     path("healthz", healthz),
+    path("metrics", metrics_view),  # Prometheus, for the operator's token only (projects.metrics)
     # The dashboard (server-rendered pages) owns every other path.
     path("", include("frontend.urls")),
 ]

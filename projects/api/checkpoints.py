@@ -137,7 +137,8 @@ class CheckpointViewSet(TeamViewSet, mixins.RetrieveModelMixin):
             folder, f"{_slug(checkpoint)}-adapter.tar.gz", names=ADAPTER_FILES, extra={"README.md": card}
         )
 
-    @extend_schema(request=ExportIn, responses={201: ExportOut, 200: ExportOut})
+    @extend_schema(methods=["GET"], responses=ExportOut(many=True))
+    @extend_schema(methods=["POST"], request=ExportIn, responses={201: ExportOut, 200: ExportOut})
     @action(detail=True, methods=["get", "post"])
     def exports(self, request: Request, pk: str) -> Response:
         """POST queues an export (``{format: "merged"}``; an unfinished or finished export of the

@@ -24,6 +24,7 @@ model 404, over the rate limit 429 and no live server 503, both with ``Retry-Aft
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
+from projects import metrics
 from projects import services as project_services
 from projects.access import TeamAccess, resolve_team_and_role
 from projects.errors import DomainError
@@ -185,6 +187,10 @@ def _no_server(base_model: str) -> GatewayError:
 
 
 def _record_usage(route: Route, usage: Usage | None) -> None:
+    if usage is not None:
+        model = metrics.model_label(route.target.model_id)
+        metrics.GATEWAY_TOKENS.labels(model, "prompt").inc(usage[0])
+        metrics.GATEWAY_TOKENS.labels(model, "completion").inc(usage[1])
     if usage is None or route.api_key is None:
         return
     usage_record(
@@ -210,6 +216,18 @@ async def chat_completions_for_team(*, team: Team, raw_body: bytes) -> HttpRespo
 
 
 async def _complete(raw_body: bytes, authorization: str | None, team: Team | None) -> HttpResponseBase:
+    """A completion, timed for Prometheus by model and status (projects.metrics)."""
+    started, labels = time.perf_counter(), {"model": "unrouted", "stream": "false"}
+    response = await _routed_completion(raw_body, authorization, team, labels)
+    metrics.GATEWAY_LATENCY.labels(labels["model"], str(response.status_code), labels["stream"]).observe(
+        time.perf_counter() - started
+    )
+    return response
+
+
+async def _routed_completion(
+    raw_body: bytes, authorization: str | None, team: Team | None, labels: dict[str, str]
+) -> HttpResponseBase:
     try:
         try:
             route = _prepare_remembered(authorization, raw_body, team)
@@ -217,6 +235,8 @@ async def _complete(raw_body: bytes, authorization: str | None, team: Team | Non
             route = await in_db_thread(_prepare_chat)(authorization, raw_body, team, miss.chat)
     except GatewayError as exc:
         return exc.response()
+    labels["model"] = metrics.model_label(route.target.model_id)
+    labels["stream"] = "true" if route.stream else "false"
 
     def on_usage(usage: Usage) -> None:
         _after_response(_record_usage, route, usage)

@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from artweb.logs import log_context
+from projects import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,9 @@ def work_on(job: Job[Row], row_id: int) -> str:
     """Claim ``row_id`` for this worker and do ``job`` under a heartbeat. Any failure of the work
     is recorded through ``job.fail`` ("failed"), never a crash of the worker."""
     with log_context(**{f"{job.kind.replace('-', '_')}_id": row_id}):  # every log line names the row
-        return _work_on(job, row_id)
+        outcome = _work_on(job, row_id)
+    metrics.JOBS_FINISHED.labels(job.kind, outcome).inc()
+    return outcome
 
 
 def _work_on(job: Job[Row], row_id: int) -> str:

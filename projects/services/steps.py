@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from projects import metrics as step_metrics
 from projects.formatting import format_number
 from projects.models import Checkpoint, EventType, Run, RunStatus, StepMetrics, TrainableModel, Trajectory
 from projects.services import webhooks
@@ -97,6 +98,8 @@ def step_rows_write(
         batch_size=200,
     )
     checkpoint_record(model=run.model, run=run, step=step, path=path, metrics=metrics)
+    # Counted once the step is committed (a rolled-back step is not a step; projects.metrics).
+    transaction.on_commit(lambda: step_metrics.observe_step(kind=run.kind, metrics=metrics))
     # Older state no resume needs and the model's retention policy (services.checkpoints).
     retention_after_step(run=run, step=step)
 

@@ -39,6 +39,7 @@ from schemathesis.specs.openapi.checks import (
 from projects import services
 from projects.models import (
     EvaluationSample,
+    Export,
     JudgeEndpoint,
     Membership,
     StepMetrics,
@@ -127,6 +128,7 @@ def world(alpha_setup, cast) -> dict[str, int]:
         "/api/v1/judge-endpoints/": judge.pk,
         "/api/v1/evaluations/": evaluation.pk,
         "/api/v1/checkpoints/": checkpoint.pk,
+        "/api/v1/exports/": Export.objects.create(checkpoint=checkpoint).pk,
     }
 
 
