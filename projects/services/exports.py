@@ -6,7 +6,8 @@ Invariants:
   (a conditional UPDATE queued -> running, or of a running export whose worker stopped beating):
   a duplicate delivery is a no-op.
 - An export is ``succeeded`` only after its folder is complete in the store (``key`` set then).
-- A checkpoint with a queued or running export is in use: retention and deletion leave it.
+- A checkpoint with a queued or running export is in use: retention and deletion leave it (both
+  take the model row's lock first, so a delete never misses an export created meanwhile).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from projects.errors import Conflict
-from projects.models import Checkpoint, Export, ExportFormat, ExportStatus
+from projects.errors import Conflict, NotFound
+from projects.models import Checkpoint, Export, ExportFormat, ExportStatus, TrainableModel
 from projects.queues import Queue
 from projects.services._common import error_text
 
@@ -45,7 +46,11 @@ def export_create(
             code="nothing_to_export",
         )
     with transaction.atomic():
-        Checkpoint.objects.select_for_update().get(pk=checkpoint.pk)
+        # The lock a checkpoint's deletion takes first (services.checkpoints): an export is created
+        # before a delete looks for users of the checkpoint, or after it is gone (404).
+        TrainableModel.objects.select_for_update(no_key=True).get(pk=checkpoint.model_id)
+        if not Checkpoint.objects.filter(pk=checkpoint.pk).exists():
+            raise NotFound("the checkpoint was deleted", field="checkpoint")
         existing = (
             Export.objects.filter(checkpoint=checkpoint, format=format)
             .exclude(status=ExportStatus.FAILED)
