@@ -22,11 +22,21 @@ from projects.queues import Queue
 BASE_DIR = Path(settings.BASE_DIR)
 
 
+def host_queues() -> list[str]:
+    """Every queue work can be sent to on a one-host stack: housekeeping, the default work queue
+    and each base model's own (projects.jobs.queues), so no run waits on a queue nobody serves."""
+    from projects.models import BaseModel
+
+    queues = {Queue.TRAIN.value, Queue.DEFAULT.value, settings.WORK_QUEUE_DEFAULT}
+    queues |= set(BaseModel.objects.exclude(queue="").values_list("queue", flat=True))
+    return sorted(queues)
+
+
 def worker_command(*, concurrency: int = 1, beat: bool = True, loglevel: str = "INFO") -> list[str]:
     # One training process per worker: a run owns the CPU/GPU it trains on.
     command = [
         sys.executable, "-m", "celery", "-A", "artweb", "worker",
-        "-Q", f"{Queue.TRAIN},{Queue.DEFAULT}",
+        "-Q", ",".join(host_queues()),
         "-c", str(concurrency), "--prefetch-multiplier", "1",
         "--loglevel", loglevel, "-n", f"artweb-{os.getpid()}@%h",
     ]  # fmt: skip
@@ -53,6 +63,15 @@ class Stack:
         self.log_dir = log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.processes: dict[str, subprocess.Popen] = {}
+        self.env = os.environ.copy()
+        if not self.env.get("PROMETHEUS_MULTIPROC_DIR"):
+            # One folder for this host's processes' samples (projects.metrics), empty at start.
+            metrics_dir = Path(settings.DATA_DIR) / "prometheus"
+            if metrics_dir.exists():
+                for stale in metrics_dir.glob("*.db"):
+                    stale.unlink()
+            metrics_dir.mkdir(parents=True, exist_ok=True)
+            self.env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
     def start(self, name: str, command: list[str]) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
@@ -62,7 +81,7 @@ class Stack:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=os.environ.copy(),
+            env=self.env,
         )
         self.processes[name] = process
         (self.log_dir / f"{name}.pid").write_text(str(process.pid))
