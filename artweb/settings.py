@@ -269,6 +269,7 @@ CELERY_TASK_ROUTES = {
     # A client's training job (/v1/preview/training-jobs) trains like a run: on the train queue.
     "training.train_job": {"queue": Queue.TRAIN.value},
     "training.requeue_orphaned_training_jobs": {"queue": Queue.DEFAULT.value},
+    "training.requeue_orphaned_exports": {"queue": Queue.DEFAULT.value},
     "training.warn_unserved_queues": {"queue": Queue.DEFAULT.value},
     "webhooks.deliver": {"queue": Queue.DEFAULT.value},
 }
@@ -289,6 +290,10 @@ CELERY_BEAT_SCHEDULE = {
     },
     "requeue-orphaned-training-jobs": {
         "task": "training.requeue_orphaned_training_jobs",
+        "schedule": RUN_REAPER_INTERVAL_S,
+    },
+    "requeue-orphaned-exports": {
+        "task": "training.requeue_orphaned_exports",
         "schedule": RUN_REAPER_INTERVAL_S,
     },
     "warn-unserved-queues": {"task": "training.warn_unserved_queues", "schedule": RUN_REAPER_INTERVAL_S},

@@ -46,6 +46,12 @@ def export_checkpoint(export_id: int) -> str:
     return claimed.work_on(export_jobs.EXPORT, export_id)
 
 
+@shared_task(name="training.requeue_orphaned_exports", time_limit=60)
+def requeue_orphaned_exports() -> list[int]:
+    """Exports whose worker stopped heartbeating (or whose message was lost) go back on the queue."""
+    return services.exports_requeue_orphaned()
+
+
 @shared_task(name="training.requeue_orphaned_runs", time_limit=60)
 def requeue_orphaned_runs() -> list[int]:
     """Running runs whose worker stopped heartbeating go back on the queue; they resume."""

@@ -65,6 +65,7 @@ from projects.services.exports import (
     export_finish,
     export_heartbeat,
     export_key,
+    exports_requeue_orphaned,
 )
 from projects.services.invitations import (
     CreatedInvitation,
@@ -230,6 +231,7 @@ __all__ = [
     "export_finish",
     "export_fail",
     "export_key",
+    "exports_requeue_orphaned",
     "step_record",
     "EVALUATION_SETTINGS",
     "EVALUATION_SPLITS",

@@ -22,7 +22,6 @@ from django.utils import timezone
 
 from projects.errors import Conflict, NotFound
 from projects.models import Checkpoint, Export, ExportFormat, ExportStatus, TrainableModel
-from projects.queues import Queue
 from projects.services._common import error_text
 
 EXPORT_MAX_ATTEMPTS = 3
@@ -65,10 +64,28 @@ def export_create(
 
 
 def _enqueue(export_id: int) -> None:
+    from projects.jobs.queues import base_model_queue
     from projects.jobs.tasks import export_checkpoint
 
-    # The train queue: a merge loads the base model, like a run.
-    export_checkpoint.apply_async(args=(export_id,), queue=Queue.TRAIN)
+    # The base model's work queue (its GPU class), like its runs: a merge loads the base model.
+    export = Export.objects.filter(pk=export_id).select_related("checkpoint__model__base_model").first()
+    queue = base_model_queue(export.checkpoint.model.base_model if export is not None else None)
+    export_checkpoint.apply_async(args=(export_id,), queue=queue)
+
+
+def exports_requeue_orphaned(*, stale_after_s: float | None = None) -> list[int]:
+    """Re-enqueue running exports whose worker stopped heartbeating and queued ones that waited
+    that long (a lost message); the claim decides who works on them (a duplicate is skipped)."""
+    stale = settings.RUN_HEARTBEAT_TIMEOUT_S if stale_after_s is None else stale_after_s
+    cutoff = timezone.now() - timedelta(seconds=stale)
+    orphaned = Export.objects.filter(
+        Q(status=ExportStatus.RUNNING, heartbeat_at__lt=cutoff)
+        | Q(status=ExportStatus.QUEUED, created_at__lt=cutoff)
+    )
+    export_ids = sorted(orphaned.values_list("id", flat=True))
+    for export_id in export_ids:
+        _enqueue(export_id)
+    return export_ids
 
 
 def export_claim(*, export_id: int, worker: str, stale_after_s: float | None = None) -> Export | None:

@@ -17,6 +17,7 @@ from projects import services, storage
 from projects.jobs import claimed
 from projects.jobs.exports import EXPORT
 from projects.models import Checkpoint, Export
+from projects.services.exports import _enqueue as real_enqueue
 from tests import factories
 from tests.conftest import error_of
 from training.base_models import load_base_model
@@ -190,3 +191,29 @@ def test_export_endpoints_outsider_404_viewer_403_bad_input_400(
         assert charlie_client.get(path).status_code == 404
     assert charlie_client.post(url, {}, format="json").status_code == 404
     assert Export.objects.count() == 1
+
+
+def test_orphaned_exports_are_sent_again_to_their_base_models_queue(trained, monkeypatch, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from projects.jobs import tasks
+    from projects.models import BaseModel
+
+    sent: list[tuple[tuple, str]] = []
+    monkeypatch.setattr(
+        tasks.export_checkpoint, "apply_async", lambda args, queue: sent.append((tuple(args), queue))
+    )
+    monkeypatch.setattr("projects.services.exports._enqueue", real_enqueue)  # not the fixture's list
+    BaseModel.objects.filter(pk=trained.model.base_model_id).update(queue="gpu-small")
+    fresh, _ = services.export_create(checkpoint=trained.checkpoint)
+    assert services.exports_requeue_orphaned() == []  # queued just now: its message is on its way
+    old = timezone.now() - timedelta(seconds=settings.RUN_HEARTBEAT_TIMEOUT_S + 5)
+    Export.objects.filter(pk=fresh.pk).update(created_at=old)
+    assert services.exports_requeue_orphaned() == [fresh.pk]
+    Export.objects.filter(pk=fresh.pk).update(status="running", worker="gone:1", heartbeat_at=old)
+    assert services.exports_requeue_orphaned() == [fresh.pk]
+    assert sent[-2:] == [((fresh.pk,), "gpu-small"), ((fresh.pk,), "gpu-small")]
+    assert services.export_claim(export_id=fresh.pk, worker="new:2").worker == "new:2"  # taken over
+    assert services.exports_requeue_orphaned() == []
