@@ -321,7 +321,7 @@ INFERENCE_BATCH_WINDOW_MS = env_float("INFERENCE_BATCH_WINDOW_MS", 10.0)
 INFERENCE_MAX_BATCH_SIZE = env_int("INFERENCE_MAX_BATCH_SIZE", 32, minimum=1)  # sequences per engine call
 # continuous: requests join the running decode batch at the next token (training.serving.continuous);
 # window: one engine call per batch of requests (the old scheduler, kept as the benchmark's reference)
-INFERENCE_SCHEDULER = env_choice("INFERENCE_SCHEDULER", "window", ("continuous", "window"))
+INFERENCE_SCHEDULER = env_choice("INFERENCE_SCHEDULER", "continuous", ("continuous", "window"))
 INFERENCE_DEFAULT_MAX_TOKENS = env_int("INFERENCE_DEFAULT_MAX_TOKENS", 256, minimum=1)
 INFERENCE_MAX_TOKENS = env_int("INFERENCE_MAX_TOKENS", 4096, minimum=1)
 # Servers load LoRA checkpoints only from under this directory (the path arrives over HTTP).

@@ -71,7 +71,7 @@ class ServerConfig:
     max_batch_size: int = 32  # sequences per engine call
     adapter_capacity: int = 8  # adapters kept loaded
     context_length: int | None = None  # prompt + max_tokens must fit
-    scheduler: str = "window"  # or "continuous" (see the module doc)
+    scheduler: str = "continuous"  # or "window" (see the module doc)
 
 
 class InferenceApp:

@@ -20,7 +20,8 @@ each waits at most for the batches of the requests older than it.
 Sampling parameters are per request (the decode core takes them per `add`), seeds included: the
 core gives every row its own generator, so a seeded request's output does not depend on its
 batch-mates. When the engine is idle the first request waits `window_s` so that a burst of
-requests is prefilled together.
+requests is prefilled together: the engine thread is woken by a timer on the event loop, as the
+window scheduler's is, so the window also covers requests the busy loop has not yet queued.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ class ContinuousScheduler:
         self._lock = threading.Lock()  # guards _waiting and _wake between the loop and the engine thread
         self._waiting: deque[_Request] = deque()
         self._wake = threading.Event()
+        self._idle = True  # the engine thread has no batch (it waits for _wake)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.running = 0  # requests with rows in the decode batch now
@@ -189,7 +191,10 @@ class ContinuousScheduler:
         request = _Request(prompts, sampling, adapter, loop.create_future(), loop, on_token, grammar)
         with self._lock:
             self._waiting.append(request)
-        self._wake.set()
+        if self._idle and self.window_s > 0:  # let a burst arrive and be prefilled together
+            loop.call_later(self.window_s, self._wake.set)
+        else:
+            self._wake.set()
         try:
             return await request.future
         except asyncio.CancelledError:
@@ -199,13 +204,16 @@ class ContinuousScheduler:
 
     async def run(self) -> None:
         """Start the engine thread and keep it for the server's lifetime (run this as a task)."""
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._engine_loop, name="generate", daemon=True)
+        previous = self._thread
+        if previous is not None and previous.is_alive():  # a stopped run's thread may be mid-step
+            await asyncio.get_running_loop().run_in_executor(None, previous.join)
+        stop = self._stop = threading.Event()  # this run's own: a later run cannot revive the thread
+        self._thread = threading.Thread(target=self._engine_loop, args=(stop,), name="generate", daemon=True)
         self._thread.start()
         try:
             await asyncio.Event().wait()  # until cancelled
         finally:
-            self._stop.set()
+            stop.set()
             self._wake.set()
             with self._lock:
                 waiting, self._waiting = list(self._waiting), deque()
@@ -214,18 +222,18 @@ class ContinuousScheduler:
                     request.future.set_exception(RuntimeError("the server is shutting down"))
 
     # ------------------------------------------------------------------ engine thread
-    def _engine_loop(self) -> None:
+    def _engine_loop(self, stop: threading.Event) -> None:
         running: _Running | None = None
-        while not self._stop.is_set():
+        while not stop.is_set():
             if running is None:
+                self._idle = True
                 if not self._has_waiting():
                     self._wake.wait()
                     self._wake.clear()
-                    if self._stop.is_set():
+                    if stop.is_set():
                         break
-                    if self.window_s > 0:  # let a burst of requests arrive and be prefilled together
-                        time.sleep(self.window_s)
                     continue
+                self._idle = False
             else:
                 self._drop_cancelled(running)
             running = self._admit(running)
@@ -248,14 +256,20 @@ class ContinuousScheduler:
             running.steps += 1
             self.stats.steps += 1
             self.stats.row_steps += running.batch.live + len(finished)
+            completed = []
             for handle, choice in finished:
                 owner = running.owners.pop(handle, None)
                 if owner is None:  # cancelled in the meantime
                     continue
                 owner.choices[handle] = choice
                 if len(owner.choices) == len(owner.handles):
-                    owner.resolve([owner.choices[h] for h in owner.handles])
+                    completed.append(owner)
             self._publish(running)
+            if running.batch.live == 0:  # drained: its stats are in before its last results go out
+                self._retire(running)
+                running = None
+            for owner in completed:
+                owner.resolve([owner.choices[h] for h in owner.handles])
         # Stopped: whatever is still decoding is abandoned with the server.
         if running is not None:
             for request in set(running.owners.values()):

@@ -377,3 +377,33 @@ def test_the_window_scheduler_stays_selectable(engine, tmp_path):
     assert isinstance(app.scheduler, BatchScheduler) and app.stats()["scheduler"] == "window"
     with pytest.raises(ValueError, match="scheduler must be one of"):
         InferenceApp(engine, ServerConfig(model_name="tiny", adapter_root=tmp_path, scheduler="fifo"))
+
+
+def test_a_seeded_request_that_joins_a_running_batch_samples_what_it_samples_alone(engine, tmp_path):
+    """On the real decode core (tiny model): joining mid-decode, next to other rows, changes nothing."""
+    from training.serving.app import InferenceApp, ServerConfig
+
+    app = InferenceApp(engine, ServerConfig(model_name="tiny", adapter_root=tmp_path, batch_window_s=0.0))
+    scheduler = app.scheduler
+    assert isinstance(scheduler, ContinuousScheduler)
+    prompt = engine.render([{"role": "user", "content": "Count to ten."}])
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=12, seed=5, top_logprobs=2)
+
+    async def alone():
+        return await scheduler.submit([prompt], seeded, None)
+
+    async def joining():
+        other = engine.render([{"role": "user", "content": "Something longer, please, much longer."}])
+        busy = asyncio.create_task(scheduler.submit([other, other], SamplingParams(max_new_tokens=80), None))
+        steps = scheduler.stats.steps
+        await until(lambda: scheduler.live_rows == 2 and scheduler.stats.steps >= steps + 5)  # it decodes
+        result = await scheduler.submit([prompt], seeded, None)
+        assert not busy.done()
+        await busy
+        return result
+
+    [first] = scenario(scheduler, alone)
+    [second] = scenario(scheduler, joining)
+    assert second.token_ids == first.token_ids and len(first.token_ids) == 12
+    assert second.logprobs == pytest.approx(first.logprobs, abs=1e-4)
+    assert scheduler.stats.joined_running == 1
