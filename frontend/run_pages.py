@@ -193,6 +193,7 @@ def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
         "signal_warnings": selectors.run_signal_warnings(run=run),
         "start": _run_start(run),
         "checkpoints": selectors.run_checkpoints(run=run),
+        "cost": selectors.run_cost(run=run),  # device-hours, tokens and price (projects.selectors.costs)
         "can_cancel": can_write(request)
         and run.kind != RunKind.CLIENT  # its steps are its client's training jobs
         and run.status in services.ACTIVE_STATUSES
@@ -236,18 +237,20 @@ def run_live(request: TeamHttpRequest, run_id: int) -> HttpResponse:
     return render(request, "frontend/_run_live.html", _run_context(request, get_scoped(Run, request, run_id)))
 
 
+def run_chart_data(run: Run) -> dict[str, Any]:
+    """A run's chart series, as the run page draws them (and the compare page overlays them)."""
+    return chart_data(
+        list(selectors.run_step_metrics(run=run)),
+        config=run.config,
+        sample_means=selectors.run_step_sample_means(run=run),
+        evaluations=list(selectors.run_evaluations(run=run)),
+    )
+
+
 @require_GET
 @team_view()
 def run_metrics(request: TeamHttpRequest, run_id: int) -> JsonResponse:
-    run = get_scoped(Run, request, run_id)
-    return JsonResponse(
-        chart_data(
-            list(selectors.run_step_metrics(run=run)),
-            config=run.config,
-            sample_means=selectors.run_step_sample_means(run=run),
-            evaluations=list(selectors.run_evaluations(run=run)),
-        )
-    )
+    return JsonResponse(run_chart_data(get_scoped(Run, request, run_id)))
 
 
 @require_POST

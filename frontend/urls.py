@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from frontend import (
+    compare_pages,
     evaluation_pages,
     playground,
     reward_pages,
@@ -54,6 +55,7 @@ urlpatterns = [
     ),
     path("models/<int:model_id>/", views.model_detail, name="model"),
     path("runs/", run_pages.runs, name="runs"),
+    path("runs/compare", compare_pages.runs_compare, name="runs-compare"),
     path("runs/<int:run_id>/", run_pages.run_detail, name="run"),
     path("runs/<int:run_id>/live", run_pages.run_live, name="run-live"),
     path("runs/<int:run_id>/metrics.json", run_pages.run_metrics, name="run-metrics"),

@@ -310,6 +310,26 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
     assert page.locator("#id_environment-kind option").count() == len(EnvironmentKind.values)
     browser.screenshot("13-project-new-environment")
 
+    # Compare runs: tick two runs on the runs list, "Compare"; one chart per metric with a line
+    # per run, and the config diff marks the hyperparameter they differ in.
+    other = _record_compare_run(run, tmp_path)
+    page.goto(f"{url}/runs/")
+    page.check(f"input[name=ids][value='{run.pk}']")
+    page.check(f"input[name=ids][value='{other.pk}']")
+    page.click("#compare-form button:has-text('Compare')")
+    page.wait_for_url(f"{url}/runs/compare?*")
+    page.wait_for_function(
+        "() => window.Chart && Chart.getChart('chart-reward') && Chart.getChart('chart-loss')"
+    )
+    assert page.evaluate("Chart.getChart('chart-reward').data.datasets.length") == 2
+    for chart in ("chart-reward", "chart-loss", "chart-validation"):
+        assert page.evaluate(CANVAS_HAS_INK, chart) > 100, chart
+    differing = page.locator("table.config-diff tr.differs").evaluate_all(
+        "rows => rows.map(r => r.dataset.key)"
+    )
+    assert "learning_rate" in differing and "group_size" not in differing, differing
+    browser.screenshot("13-compare-runs")
+
     # A long run whose reward no reply can reach: the run page says what the worker is doing now
     # (its phase, with the time it began) and, after one step without a learning signal, shows the
     # warning banner linking to the viewer. Then cancel it from its page (the dialog is accepted).
@@ -392,6 +412,39 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
 
 
 TOOL_PROMPT = "What is 6*7+8? Use the calculator."
+
+
+def _record_compare_run(run: Run, tmp_path) -> Run:
+    """A second finished run to compare with ``run``: its inputs, another learning rate, on its
+    own model (so ``run``'s model starts from its real checkpoint later); two steps and a
+    validation evaluation recorded through the services a worker uses, not trained."""
+    model = services.trainable_model_create(
+        project=run.project, name="compare-agent", base_model=run.model.base_model
+    )
+    config = {
+        "steps": 2,
+        "group_size": 2,
+        "max_new_tokens": 6,
+        "learning_rate": run.config["learning_rate"] * 2,
+    }
+    with mock.patch.object(services.runs, "_enqueue_run", lambda run_id: None):  # recorded here, not trained
+        other = services.run_create(
+            model=model, task_set=run.task_set, environment=run.environment, reward=run.reward, config=config
+        )
+    claimed = services.run_claim(run_id=other.pk, worker="browser-test")
+    assert claimed is not None
+    for step, reward in ((1, 0.25), (2, 0.75)):
+        path = tmp_path / f"compare-agent-step-{step}"
+        path.mkdir()
+        assert services.step_record(
+            run=claimed, worker="browser-test", step=step, trajectories=[], checkpoint_path=str(path),
+            metrics={"reward_mean": reward, "reward_std": 0.25, "loss": 0.1 * step, "trainable_tokens": 8},
+        )  # fmt: skip
+    Evaluation.objects.create(
+        project=run.project, run=other, step=2, task_set=run.task_set, environment=run.environment,
+        reward=run.reward, status="succeeded", results={"n": 2, "reward_mean": 0.5},
+    )  # fmt: skip
+    return services.run_transition(run_id=other.pk, to=RunStatus.SUCCEEDED, message="Run succeeded")
 
 
 def _calculator(expression: str) -> str:
