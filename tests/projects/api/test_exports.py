@@ -217,3 +217,12 @@ def test_orphaned_exports_are_sent_again_to_their_base_models_queue(trained, mon
     assert sent[-2:] == [((fresh.pk,), "gpu-small"), ((fresh.pk,), "gpu-small")]
     assert services.export_claim(export_id=fresh.pk, worker="new:2").worker == "new:2"  # taken over
     assert services.exports_requeue_orphaned() == []
+
+
+def test_the_checkpoint_page_links_the_adapter_download(trained, alice_client):
+    page = alice_client.get(f"/checkpoints/{trained.checkpoint.pk}/").content.decode()
+    link = f"/api/v1/checkpoints/{trained.checkpoint.pk}/adapter/?team=alpha"
+    assert link in page
+    assert alice_client.get(link)["Content-Type"] == "application/gzip"
+    untrained = Checkpoint.objects.get(model=trained.model, step=0)
+    assert "Download the adapter" not in alice_client.get(f"/checkpoints/{untrained.pk}/").content.decode()
