@@ -216,6 +216,9 @@ TRAINING_DEVICE = env_str("TRAINING_DEVICE", "cpu")
 # model loader for training (auto: unsloth on CUDA when installed; on insists, off never).
 TRAINING_ENGINE = env_choice("ARTWEB_ENGINE", "auto", ("auto", "vllm", "transformers"))
 TRAINING_UNSLOTH = env_choice("ARTWEB_UNSLOTH", "auto", ("auto", "on", "off"))
+# Torch intra-op threads per process (the worker's training, serve_inference); 0 = torch's default,
+# one per core. `manage.py up` sets it for its children to cores // torch processes (and
+# OMP_WAIT_POLICY=PASSIVE) unless the environment sets it: see benchmarks/threads_split.py.
 TORCH_THREADS = env_int("TORCH_THREADS", 0, minimum=0)
 # This host's checkpoint folders: what its trainer writes, and its cache of stored checkpoints.
 CHECKPOINT_DIR = Path(env_str("ARTWEB_CHECKPOINT_DIR", str(DATA_DIR / "checkpoints"))).resolve()

@@ -33,6 +33,20 @@ def own_gateway_allowed(host: str, port: int) -> str:
     return ",".join(entries + [entry for entry in own if entry not in entries])
 
 
+def torch_process_environment(torch_processes: int, cores: int | None = None) -> dict[str, str]:
+    """The thread settings for the torch processes ``up`` starts on this host (the worker and the
+    inference server): ``TORCH_THREADS`` splits the cores between them (cores // processes, at
+    least 1) and ``OMP_WAIT_POLICY=PASSIVE`` makes OpenMP threads sleep rather than spin at a
+    barrier. Measured (benchmarks/threads_split.py, README): two processes with torch's default
+    of one thread per core each ran 8-12x slower than split; the operator's values win."""
+    cores = cores or os.cpu_count() or 1
+    environment = {
+        "TORCH_THREADS": str(max(1, cores // max(1, torch_processes))),
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }
+    return {name: os.environ.get(name) or value for name, value in environment.items()}
+
+
 class Command(BaseCommand):
     help = "Run the platform (Celery worker + web server on 127.0.0.1:8000) and a demo run. Ctrl-C stops it."
 
@@ -55,6 +69,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         os.environ["OUTBOUND_ALLOW"] = own_gateway_allowed(host, port)  # the children's environment
+        os.environ.update(torch_process_environment(1 if no_inference else 2))
         try:
             stack.start("worker", worker_command())
             stack.start("web", web_command(host=host, port=port))
