@@ -105,6 +105,12 @@ def world(cast, alpha_setup, alice_client, settings, tmp_path):
     evaluation = Evaluation.objects.get(pk=created.json()["id"])
     judge = judges.judge_endpoint_create(team=cast.alpha, name="judge", base_url="http://127.0.0.1:9/v1")
     api_key = ApiKeyFactory(team=cast.alpha)
+    from projects.services import webhooks
+
+    webhook = webhooks.webhook_endpoint_create(
+        team=cast.alpha, name="hook", url="http://127.0.0.1:9/hook", events=["*"]
+    ).endpoint
+    delivery = webhooks.webhook_test(endpoint=webhook)  # enqueued on commit: this test never commits
     invitation = services.invitation_create(team=cast.alpha, invitee="dora", role="member", by=cast.alice)
     objects = {
         "project": alpha_setup.project,
@@ -117,6 +123,8 @@ def world(cast, alpha_setup, alice_client, settings, tmp_path):
         "evaluation": evaluation,
         "export": export,
         "judge": judge,
+        "webhook": webhook,
+        "delivery": delivery,
         "api_key": api_key,
         "invitation": invitation.invitation,
         "membership": Membership.objects.get(team=cast.alpha, user=cast.bob),
@@ -137,6 +145,9 @@ KWARGS = {
     "membership_id": "membership",
     "key_id": "api_key",
     "invitation_id": "invitation",
+    "webhook_id": "webhook",
+    "endpoint_id": "judge",  # the judge-endpoints pages
+    "delivery_id": "delivery",
 }
 # A router's ``pk`` → the world's object, by the view's model.
 PK_OF_MODEL = {
@@ -150,6 +161,7 @@ PK_OF_MODEL = {
     "Evaluation": "evaluation",
     "Export": "export",
     "JudgeEndpoint": "judge",
+    "WebhookEndpoint": "webhook",
     "ApiKey": "api_key",
     "Invitation": "invitation",
     "Membership": "membership",
