@@ -4,6 +4,7 @@ from django.urls import path
 from frontend import (
     compare_pages,
     evaluation_pages,
+    judge_pages,
     playground,
     reward_pages,
     run_pages,
@@ -35,6 +36,17 @@ urlpatterns = [
         "team/webhooks/<int:webhook_id>/deliveries/<int:delivery_id>/redeliver",
         webhook_pages.webhook_redeliver,
         name="webhook-redeliver",
+    ),
+    path("team/judge-endpoints", judge_pages.judge_endpoint_list, name="judge-endpoints"),
+    path(
+        "team/judge-endpoints/<int:endpoint_id>/test",
+        judge_pages.judge_endpoint_test,
+        name="judge-endpoint-test",
+    ),
+    path(
+        "team/judge-endpoints/<int:endpoint_id>/rotate",
+        judge_pages.judge_endpoint_rotate,
+        name="judge-endpoint-rotate",
     ),
     path("projects/", views.projects, name="projects"),
     path("projects/<int:project_id>/", views.project, name="project"),

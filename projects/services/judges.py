@@ -3,6 +3,8 @@ operator's sandbox limits for python graders."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -12,7 +14,7 @@ from projects.errors import ValidationFailed
 from projects.models import JudgeEndpoint, Team
 from projects.outbound import outbound_policy, outbound_url_checked
 from projects.services._common import check_slug, create_unique
-from training.rewards import JudgeClient, SandboxConfig
+from training.rewards import GradingError, JudgeClient, SandboxConfig
 
 DEFAULT_JUDGE = "default"
 
@@ -89,13 +91,50 @@ def judge_client(*, team: Team, name: str | None = None) -> JudgeClient | None:
         if name:
             raise ValidationFailed(f"no judge endpoint named {name!r} in your team", field="judge_endpoint")
         return None
-    return JudgeClient(
-        base_url=endpoint.base_url,
-        api_key=secrets.decrypt(endpoint.api_key_encrypted),
-        model=endpoint.default_model or None,
-        timeout=endpoint.timeout_s,
-        outbound=outbound_policy(),
-    )
+    return _client_of(endpoint)
+
+
+def _client_of(endpoint: JudgeEndpoint, **overrides: Any) -> JudgeClient:
+    settings_of_endpoint: dict[str, Any] = {
+        "base_url": endpoint.base_url,
+        "api_key": secrets.decrypt(endpoint.api_key_encrypted),
+        "model": endpoint.default_model or None,
+        "timeout": endpoint.timeout_s,
+        "outbound": outbound_policy(),
+    }
+    return JudgeClient(**{**settings_of_endpoint, **overrides})
+
+
+@dataclass(frozen=True)
+class JudgeEndpointCheck:
+    """What "Test connection" found: ``ok`` with the round trip's latency and the reply's start,
+    or the error (which, as every judge error, names no key, header or URL)."""
+
+    ok: bool
+    latency_ms: int
+    model: str
+    detail: str
+
+
+CHECK_MESSAGES = [{"role": "user", "content": "Reply with the word OK."}]
+
+
+def judge_endpoint_test(*, endpoint: JudgeEndpoint, model: str = "") -> JudgeEndpointCheck:
+    """One short chat completion through the client the graders use (the outbound policy, the
+    stored key, the endpoint's timeout), without retries: the answer is about this attempt."""
+    model = model or endpoint.default_model
+    if not model:
+        raise ValidationFailed("the endpoint has no default model: name one to test with", field="model")
+    client = _client_of(endpoint, retries=0, model=model)  # the model asked for, not the default
+    started = time.monotonic()
+    try:
+        reply = client.complete(model=model, messages=CHECK_MESSAGES, sampling_params={"max_tokens": 8})
+    except GradingError as error:
+        latency = round((time.monotonic() - started) * 1000)
+        return JudgeEndpointCheck(ok=False, latency_ms=latency, model=model, detail=error.detail)
+    latency = round((time.monotonic() - started) * 1000)
+    text = (reply.content or reply.refusal or "").strip()
+    return JudgeEndpointCheck(ok=True, latency_ms=latency, model=reply.sampled_model_name, detail=text[:200])
 
 
 def sandbox_config() -> SandboxConfig:
