@@ -384,3 +384,15 @@ def _outbound_allow_checked() -> None:
 
 
 _outbound_allow_checked()
+
+# --- costs ----------------------------------------------------------------------------------
+# Optional prices (projects.selectors.costs): 0 or unset means "not priced", shown as such, never
+# as a cost of 0. Device-hours are the worker's wall clock × the devices it held (training.cost).
+PRICE_PER_GPU_HOUR = env_float("PRICE_PER_GPU_HOUR", 0.0)
+PRICE_PER_CPU_HOUR = env_float("PRICE_PER_CPU_HOUR", 0.0)
+PRICE_PER_1K_TOKENS = env_float("PRICE_PER_1K_TOKENS", 0.0)  # tokens sampled + tokens trained
+PRICE_PER_1K_JUDGE_TOKENS = env_float("PRICE_PER_1K_JUDGE_TOKENS", 0.0)  # judge prompt + completion
+COST_CURRENCY = env_str("COST_CURRENCY", "USD")
+for _price in ("PRICE_PER_GPU_HOUR", "PRICE_PER_CPU_HOUR", "PRICE_PER_1K_TOKENS", "PRICE_PER_1K_JUDGE_TOKENS"):
+    if not 0 <= globals()[_price] < float("inf"):  # also refuses nan
+        raise ImproperlyConfigured(f"{_price}={globals()[_price]} must be a number >= 0")

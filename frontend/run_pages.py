@@ -193,6 +193,7 @@ def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
         "signal_warnings": selectors.run_signal_warnings(run=run),
         "start": _run_start(run),
         "checkpoints": selectors.run_checkpoints(run=run),
+        "cost": selectors.run_cost(run=run),  # device-hours, tokens and price (projects.selectors.costs)
         "can_cancel": can_write(request)
         and run.kind != RunKind.CLIENT  # its steps are its client's training jobs
         and run.status in services.ACTIVE_STATUSES

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from training.client_groups import ClientGroup, ClientTrajectory, TokenizedTrajectory, TrajectoryTokenizer
 from training.config import LoraSpec, TrainConfig
+from training.cost import device_usage
 from training.grpo import compute_advantages
 from training.loop import checkpoint_path, load_policy_model
 from training.trajectory import TrainSample
@@ -177,6 +178,9 @@ def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientSte
     trainer.save_checkpoint(path, step=step, metrics=metrics)
     metrics.update(load_seconds=load_seconds, update_seconds=update_seconds,
                    save_seconds=time.monotonic() - started)  # fmt: skip
+    # The job's whole wall clock on this worker (load, update, save) is what the step cost.
+    worker_seconds = load_seconds + update_seconds + metrics["save_seconds"]
+    metrics.update(device_usage(spec.device, worker_seconds))
     return ClientStepResult(step, path, metrics, art_metrics(metrics), scored)
 
 

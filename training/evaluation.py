@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from training.agent import OnProgress, rollout_groups
+from training.cost import device_usage, sampled_tokens
 from training.environments import Environment
 from training.progress import progress_events
 from training.rewards import grade_trajectories
@@ -178,6 +179,13 @@ def grade_episodes(
     """Grade every episode with the run's grader (errors are data: nothing here raises for a bad
     sample) and flatten to EvalSamples. A failed rollout gets reward 0 and its error, ungraded."""
     grade_trajectories(grader_spec, groups, rows, max_error_fraction=1.0, judge=judge, sandbox=sandbox)
+    return episode_samples(groups, rows, side=side)
+
+
+def episode_samples(
+    groups: list[list[Trajectory]], rows: list[dict[str, Any]], *, side: str
+) -> list[EvalSample]:
+    """Graded episodes as EvalSamples (see ``grade_episodes``)."""
     samples = []
     for group, row in zip(groups, rows, strict=True):
         for sample_index, trajectory in enumerate(group):
@@ -221,11 +229,22 @@ def evaluate(
     started = time.monotonic()
     groups = policy.rollout(rows, env, samples_per_row)
     rollout_seconds = time.monotonic() - started
-    samples = grade_episodes(groups, rows, grader_spec, side=side, judge=judge, sandbox=sandbox)
+    grading = grade_trajectories(
+        grader_spec, groups, rows, max_error_fraction=1.0, judge=judge, sandbox=sandbox
+    )
+    samples = episode_samples(groups, rows, side=side)
     results = aggregate(samples, pass_threshold=pass_threshold)
     results["model"] = policy.name
     results["rollout_seconds"] = rollout_seconds
     results["seconds"] = time.monotonic() - started
+    # What it used (training.cost): tokens sampled, judge tokens, and this worker's device time
+    # (none for a policy behind someone else's endpoint: a RemotePolicy has no ``device``).
+    results["completion_tokens"] = sum(sampled_tokens(t) for group in groups for t in group)
+    results["judge_prompt_tokens"] = int(grading["judge_prompt_tokens"])
+    results["judge_completion_tokens"] = int(grading["judge_completion_tokens"])
+    device = getattr(policy, "device", None)
+    if device is not None:
+        results.update(device_usage(device, results["seconds"]))
     return EvalResult(results=results, samples=samples)
 
 
@@ -250,6 +269,7 @@ class LocalPolicy:
     sampling: Any  # training.engines.base.SamplingParams
     adapter: str | None = None
     name: str = "local"
+    device: str = "cpu"  # where its engine runs (training.cost counts its device-seconds)
     on_progress: OnProgress | None = None  # hears how far the rollouts are (training.progress)
 
     def rollout(
@@ -290,7 +310,7 @@ def load_local_policy(
     if adapter_path is not None:
         engine.load_adapter("evaluated", Path(adapter_path))
         adapter = "evaluated"
-    return LocalPolicy(engine=engine, sampling=sampling, adapter=adapter, name=name)
+    return LocalPolicy(engine=engine, sampling=sampling, adapter=adapter, name=name, device=device)
 
 
 # --- in-run evaluation ----------------------------------------------------------------------------
@@ -348,6 +368,7 @@ def evaluate_during_run(spec: Any, engine: Any, adapter: str | None, step: int, 
                 sampling=sampling,
                 adapter=adapter,
                 name=f"step {step}",
+                device=spec.device,
                 on_progress=progress_events(hooks, "evaluating", f"Evaluating step {step}", step=step),
             ),
             rows,

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from training.agent import rollout_groups
 from training.config import LoraSpec, TrainConfig
+from training.cost import device_usage, sampled_tokens
 from training.environments import Environment
 from training.evaluation import evaluate_during_run, is_evaluation_step
 from training.learning_signal import SignalWatch
@@ -74,13 +75,6 @@ class RunHooks(Protocol):
 
     def is_evaluated(self, *, step: int) -> bool:
         """Whether checkpoint ``step`` has its evaluation recorded (asked only when resuming)."""
-
-
-def sampled_tokens(trajectory: Trajectory) -> int:
-    """Tokens the model generated (tool results and chat headers between turns are not counted)."""
-    if trajectory.completion_mask is None:
-        return len(trajectory.completion_token_ids)
-    return sum(trajectory.completion_mask)
 
 
 def checkpoint_path(root: Path, step: int) -> Path:
@@ -304,6 +298,7 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
                 "completion_tokens": float(completion_tokens),
                 "tokens_per_second": completion_tokens / max(rollout_seconds, 1e-9),
                 "sampler_logprob_gap": check.max_logprob_gap,
+                **device_usage(spec.device, step_seconds),
             }
         )
         flat = [

@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from projects.api import checkpoints, evaluations, graders, invitations, scenarios, schema, views, webhooks  # noqa: F401  (schema registers the auth extension)
+from projects.api.costs import CostViewSet
 from projects.api.usage import UsageViewSet
 
 router = DefaultRouter()
@@ -59,6 +60,7 @@ urlpatterns = [
     *both_ways("graders/validate", graders.GraderValidateView, {"post": "create"}, "graders-validate"),
     *both_ways("graders/run", graders.GraderRunView, {"post": "create"}, "graders-run"),
     *both_ways("usage", UsageViewSet, {"get": "list"}, "usage"),
+    *both_ways("costs", CostViewSet, {"get": "list"}, "costs"),
     *both_ways(
         "runs/<int:run_id>/evaluations/", evaluations.RunEvaluationsView, {"get": "list"}, "run-evaluations"
     ),

@@ -20,6 +20,7 @@ from projects import catalog, selectors, services
 from projects.access import Permission
 from projects.api import serializers as s
 from projects.api.base import CatalogueViewSet, TeamViewSet
+from projects.api.costs import RunCostOut
 from projects.api.pagination import int_query_param, list_body
 from projects.errors import ValidationFailed
 from projects.models import (
@@ -326,6 +327,12 @@ class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     def events(self, request: Request, pk: str) -> Response:
         """Events after the id ``after`` (poll with the last id you saw), oldest first."""
         return self.paginated(self.get_object().events.order_by("id"), s.RunEventOut)
+
+    @extend_schema(responses=RunCostOut)
+    @action(detail=True, methods=["get"])
+    def cost(self, request: Request, pk: str) -> Response:
+        """What the run used and cost over all its steps (projects.api.costs has the fields)."""
+        return Response(RunCostOut(selectors.run_cost(run=self.get_object())).data)
 
     @extend_schema(responses=s.StepMetricsOut(many=True))
     @action(detail=True, methods=["get"])

@@ -19,6 +19,12 @@ from projects.selectors.checkpoints import (
     model_storage_bytes,
     project_storage_bytes,
 )
+from projects.selectors.costs import (
+    Prices,
+    cost_rows,
+    rows_total,
+    run_cost,
+)
 from projects.selectors.evaluations import (
     ModelChoice,
     checkpoint_evaluations,
@@ -141,4 +147,8 @@ __all__ = [
     "client_run",
     "model_checkpoints",
     "training_job_events",
+    "Prices",
+    "cost_rows",
+    "rows_total",
+    "run_cost",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from training import names
+from training.cost import judge_token_usage
 from training.rewards.base import Grader, GradeResult, GraderRuntime, Sample
 from training.rewards.environment import EnvironmentGrader
 from training.rewards.errors import GraderSpecError, RewardFailure
@@ -159,5 +160,6 @@ def grade_trajectories(
             f"{owner}grader {name!r} failed on {failed} of {total} samples (limit {max_error_fraction:.0%}); e.g. {example}"
         )
     metrics = {"grader_error_fraction": fraction, "grader_errors": float(failed)}
+    metrics.update(judge_token_usage(result.token_usage for result in results))  # the judge's bill
     metrics.update({f"grader_errors.{code}": float(count) for code, count in errors_by_code.items()})
     return metrics

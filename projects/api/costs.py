@@ -1,0 +1,106 @@
+"""``GET /api/v1/costs``: what the team's runs used and cost, by day, model or run.
+
+Usage is summed over the steps of the caller's team's runs and client training jobs
+(``TeamViewSet`` over ``StepMetrics``; ``projects.selectors.costs``): device-seconds by kind (the
+worker's wall clock × the devices it held), tokens sampled and trained, judge tokens. ``cost`` is
+``null`` when the operator set no price (``PRICE_PER_*`` settings), never a made-up 0. One run's
+totals are also ``GET /api/v1/runs/{id}/cost`` (``RunViewSet.cost``). Gateway tokens used by
+inference requests are ``GET /api/v1/usage``.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from projects import selectors
+from projects.api.base import TeamViewSet
+from projects.api.pagination import list_body
+from projects.models import Run, StepMetrics, TrainableModel
+from projects.selectors.costs import GROUPS
+
+
+class CostQuery(serializers.Serializer):
+    start = serializers.DateField(required=False, help_text="first day (UTC), inclusive")
+    end = serializers.DateField(required=False, help_text="last day (UTC), inclusive")
+    run = serializers.IntegerField(required=False, help_text="only this run's steps")
+    model = serializers.IntegerField(required=False, help_text="only the runs of this trainable model (id)")
+    group_by = serializers.CharField(
+        max_length=100, required=False, default="day", help_text="day, model, run"
+    )
+
+    def validate_group_by(self, value: str) -> list[str]:
+        fields = [part.strip() for part in value.split(",") if part.strip()]
+        unknown = [field for field in fields if field not in GROUPS]
+        if unknown:
+            raise serializers.ValidationError(f"unknown group {unknown[0]!r} (use {', '.join(GROUPS)})")
+        return fields
+
+    def validate(self, attrs: dict) -> dict:
+        if "start" in attrs and "end" in attrs and attrs["start"] > attrs["end"]:
+            raise serializers.ValidationError({"end": "must not be before start"})
+        return attrs
+
+
+class CostPartsOut(serializers.Serializer):
+    currency = serializers.CharField()
+    gpu = serializers.FloatField(allow_null=True, help_text="null: used but not priced")
+    cpu = serializers.FloatField(allow_null=True)
+    tokens = serializers.FloatField(allow_null=True, help_text="tokens sampled + trained")
+    judge_tokens = serializers.FloatField(allow_null=True)
+    total = serializers.FloatField(help_text="the priced parts' sum (not_priced names the rest)")
+    not_priced = serializers.ListField(child=serializers.CharField())
+
+
+class CostOut(serializers.Serializer):
+    day = serializers.DateField(required=False)
+    model = serializers.CharField(required=False, help_text="project/model")
+    model_id = serializers.IntegerField(required=False)
+    run = serializers.IntegerField(required=False)
+    steps = serializers.IntegerField()
+    gpu_seconds = serializers.FloatField()
+    cpu_seconds = serializers.FloatField()
+    gpu_hours = serializers.FloatField()
+    cpu_hours = serializers.FloatField()
+    device_hours = serializers.FloatField()
+    sampled_tokens = serializers.IntegerField()
+    trained_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField(help_text="sampled + trained")
+    judge_prompt_tokens = serializers.IntegerField()
+    judge_completion_tokens = serializers.IntegerField()
+    judge_tokens = serializers.IntegerField()
+    cost = CostPartsOut(allow_null=True, help_text="null when the operator set no price")
+
+
+class RunCostOut(CostOut):
+    object = serializers.CharField(help_text='"run.cost"')
+
+
+class CostViewSet(TeamViewSet):
+    model = StepMetrics
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("start", str), OpenApiParameter("end", str),
+            OpenApiParameter("run", int), OpenApiParameter("model", int),
+            OpenApiParameter("group_by", str, description="comma-separated: day, model, run (default day)"),
+        ],
+        responses=CostOut(many=True),
+    )  # fmt: skip
+    def list(self, request: Request) -> Response:
+        given = CostQuery(data=request.query_params)
+        given.is_valid(raise_exception=True)
+        query = dict(given.validated_data)
+        steps = self.get_queryset()
+        if "run" in query:
+            steps = steps.filter(run=self.ref(Run, query["run"], "run"))
+        if "model" in query:
+            steps = steps.filter(run__model=self.ref(TrainableModel, query["model"], "model"))
+        rows = selectors.cost_rows(
+            steps, group_by=query["group_by"], start=query.get("start"), end=query.get("end")
+        )
+        data = list(CostOut(rows, many=True).data)
+        totals = CostOut(selectors.rows_total(rows)).data
+        return Response(list_body(data, group_by=query["group_by"], totals=totals))
