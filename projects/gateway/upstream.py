@@ -28,6 +28,8 @@ from projects.gateway.routing import Route
 from projects.models import InferenceServer
 from training.serving.protocol import (
     ADAPTER_HEADER,
+    ADAPTER_KEY_HEADER,
+    ADAPTER_SHA256_HEADER,
     MODEL_HEADER,
     USAGE_COMMENT_PREFIX,
     USAGE_HEADER,
@@ -106,6 +108,10 @@ class InferenceServerUpstream(Upstream):
         }
         if route.target.adapter_path:
             headers[ADAPTER_HEADER] = route.target.adapter_path
+        checkpoint = route.target.checkpoint
+        if checkpoint is not None and checkpoint.storage_key:  # fetched by key on a host without the path
+            headers[ADAPTER_KEY_HEADER] = checkpoint.storage_key
+            headers[ADAPTER_SHA256_HEADER] = checkpoint.sha256
         return await pool().request(
             self.server.url, "/v1/chat/completions", headers=headers, body=route.chat.raw,
             timeout=settings.GATEWAY_UPSTREAM_TIMEOUT_S,

@@ -16,6 +16,7 @@ from django.conf import settings
 from projects import selectors, services
 from projects.jobs.claimed import Claimed, Heartbeat, Job, readable
 from projects.models import Run, RunStatus, Split
+from projects.storage import StoredObject, checkpoint_local_dir, checkpoint_upload
 from training.config import LoraSpec, TrainConfig
 from training.loop import RunSpec, run_training, sampled_tokens
 from training.rewards import RewardFailure
@@ -36,9 +37,14 @@ class DjangoRunHooks:
         return selectors.run_stop_reason(run_id=self.run.pk, worker=self.worker)
 
     def record_checkpoint(self, *, step: int, path: Path, metrics: dict[str, Any]) -> None:
+        stored = self._upload(step, path)
         services.checkpoint_record(
-            model=self.run.model, run=self.run, step=step, path=str(path), metrics=metrics
+            model=self.run.model, run=self.run, step=step, path=str(path), metrics=metrics, stored=stored
         )
+
+    def _upload(self, step: int, path: Path) -> StoredObject:
+        """Store the folder the trainer just wrote (projects.storage), before any row names it."""
+        return checkpoint_upload(model_id=self.run.model_id, step=step, folder=path)
 
     def record_step(
         self,
@@ -48,6 +54,9 @@ class DjangoRunHooks:
         trajectories: list[tuple[int, int, Trajectory]],
         path: Path,
     ) -> bool:
+        if self.should_stop() == "lost":  # another worker owns the run: do not upload over its step
+            return False
+        stored = self._upload(step, path)
         return services.step_record(
             run=self.run,
             worker=self.worker,
@@ -55,6 +64,7 @@ class DjangoRunHooks:
             metrics=metrics,
             trajectories=trajectory_records(trajectories),
             checkpoint_path=str(path),
+            stored=stored,
         )
 
     def event(self, message: str, *, level: str = "info", data: dict[str, Any] | None = None) -> None:
@@ -103,6 +113,8 @@ def build_run_spec(run: Run) -> RunSpec:
     pause and a crash-resume alike continue from the checkpoint of the last recorded step."""
     model = run.model
     resume = selectors.checkpoint_exists(model=model, step=run.current_step)
+    if resume:  # its files, fetched into this host's CHECKPOINT_DIR (where the loop reads them)
+        checkpoint_local_dir(model.checkpoints.get(step=run.current_step))
     task_set, environment, reward = services.run_platform_inputs(run=run)
     return RunSpec(
         base_model_source=model.base_model.source,

@@ -17,6 +17,7 @@ from django.conf import settings
 from projects import selectors, services
 from projects.jobs.claimed import Claimed, Job, readable
 from projects.models import TrainableModel, TrainingJob
+from projects.storage import checkpoint_local_dir, checkpoint_upload
 from training.client_groups import GroupError, parse_groups
 from training.client_step import ClientStepSpec, ScoredTrajectory, train_client_step
 from training.config import ConfigError, LoraSpec, TrainConfig
@@ -41,7 +42,7 @@ def build_step_spec(job: TrainingJob) -> ClientStepSpec:
         lora=LoraSpec.from_dict(model.lora),
         groups=parse_groups(job.groups),
         from_step=latest.step if latest else 0,
-        resume_from=Path(latest.path) if latest is not None and latest.path else None,
+        resume_from=checkpoint_local_dir(latest) if latest is not None else None,
         accepts_model=accepts_model(model),
         device=settings.TRAINING_DEVICE,
         unsloth=settings.TRAINING_UNSLOTH,
@@ -108,11 +109,14 @@ def _train(claimed: Claimed[TrainingJob]) -> str:
     metrics = {**result.metrics, "queue_seconds": (job.started_at - job.created_at).total_seconds()}
     if claimed.heartbeat.lost:
         return "lost"
+    # Stored before the row that names it is written (the row exists only once its files do).
+    stored = checkpoint_upload(model_id=job.model_id, step=result.step, folder=Path(result.path))
     recorded = services.training_job_finish(
         job=job,
         worker=claimed.worker,
         step=result.step,
         checkpoint_path=str(result.path),
+        stored=stored,
         metrics=metrics,
         art_metrics={**result.art_metrics, "time/step_queue_wait_s": metrics["queue_seconds"]},
         trajectories=trajectory_records(result.trajectories),

@@ -19,14 +19,27 @@ from projects.services import webhooks
 from projects.services._common import jsonb_safe
 from projects.services.checkpoints import retention_after_step
 from projects.services.runs import run_event_add
+from projects.storage import StoredObject
 
 
 def checkpoint_record(
-    *, model: TrainableModel, run: Run | None, step: int, path: str, metrics: dict[str, Any] | None = None
+    *,
+    model: TrainableModel,
+    run: Run | None,
+    step: int,
+    path: str,
+    metrics: dict[str, Any] | None = None,
+    stored: StoredObject | None = None,
 ) -> Checkpoint:
-    """Record a checkpoint whose files are already complete on disk (idempotent per step)."""
+    """Record a checkpoint whose files are already complete on disk and, given ``stored``, in the
+    checkpoint store (projects.storage; idempotent per step)."""
+    where = (
+        {"storage_key": stored.key, "sha256": stored.sha256, "size_bytes": stored.size_bytes}
+        if stored
+        else {}
+    )
     checkpoint, created = Checkpoint.objects.get_or_create(
-        model=model, step=step, defaults={"run": run, "path": path, "metrics": metrics or {}}
+        model=model, step=step, defaults={"run": run, "path": path, "metrics": metrics or {}, **where}
     )
     if created:
         webhooks.announce_checkpoint(checkpoint)
@@ -56,6 +69,7 @@ def step_record(
     metrics: dict[str, Any],
     trajectories: list[TrajectoryRecord],
     checkpoint_path: str,
+    stored: StoredObject | None = None,
 ) -> bool:
     """Record one finished step in one transaction. Returns False (and writes nothing) if the step
     is already recorded or this worker lost the run: a step is never counted twice."""
@@ -66,7 +80,12 @@ def step_record(
         if StepMetrics.objects.filter(run=locked, step=step).exists():
             return False
         step_rows_write(
-            run=locked, step=step, metrics=metrics, trajectories=trajectories, path=checkpoint_path
+            run=locked,
+            step=step,
+            metrics=metrics,
+            trajectories=trajectories,
+            path=checkpoint_path,
+            stored=stored,
         )
         locked.current_step = step
         locked.heartbeat_at = timezone.now()
@@ -81,7 +100,13 @@ def step_record(
 
 
 def step_rows_write(
-    *, run: Run, step: int, metrics: dict[str, Any], trajectories: list[TrajectoryRecord], path: str
+    *,
+    run: Run,
+    step: int,
+    metrics: dict[str, Any],
+    trajectories: list[TrajectoryRecord],
+    path: str,
+    stored: StoredObject | None = None,
 ) -> None:
     """A step's rows, for a platform run and a client training job alike: its metrics, every
     trajectory and its checkpoint. The caller holds the run's lock inside its transaction."""
@@ -97,7 +122,7 @@ def step_rows_write(
         [Trajectory(run=run, step=step, **jsonb_safe(record.__dict__)) for record in trajectories],
         batch_size=200,
     )
-    checkpoint_record(model=run.model, run=run, step=step, path=path, metrics=metrics)
+    checkpoint_record(model=run.model, run=run, step=step, path=path, metrics=metrics, stored=stored)
     # Counted once the step is committed (a rolled-back step is not a step; projects.metrics).
     transaction.on_commit(lambda: step_metrics.observe_step(kind=run.kind, metrics=metrics))
     # Older state no resume needs and the model's retention policy (services.checkpoints).

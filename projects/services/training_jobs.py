@@ -52,6 +52,7 @@ from projects.services.checkpoints import model_files_remove_on_commit
 from projects.services.projects import trainable_model_create
 from projects.services.runs import ACTIVE_STATUSES, run_event_add
 from projects.services.steps import TrajectoryRecord, checkpoint_record, step_rows_write
+from projects.storage import StoredObject
 from training.client_groups import GroupError, parse_groups
 from training.client_step import art_train_config
 from training.config import ConfigError
@@ -352,6 +353,7 @@ def training_job_finish(
     checkpoint_path: str,
     metrics: dict[str, Any],
     art_metrics: dict[str, float],
+    stored: StoredObject | None = None,
     trajectories: list[TrajectoryRecord],
 ) -> bool:
     """Record the job's step and end it, in one transaction (see the module's invariants).
@@ -364,7 +366,14 @@ def training_job_finish(
         if StepMetrics.objects.filter(run=run, step=step).exists():
             return False
         metrics = jsonb_safe(metrics)
-        step_rows_write(run=run, step=step, metrics=metrics, trajectories=trajectories, path=checkpoint_path)
+        step_rows_write(
+            run=run,
+            step=step,
+            metrics=metrics,
+            trajectories=trajectories,
+            path=checkpoint_path,
+            stored=stored,
+        )
         run.current_step = step
         run.total_steps = step - run.start_step
         run.heartbeat_at = timezone.now()

@@ -27,6 +27,10 @@ Backends (``STORAGE_BACKEND``):
 Errors: ``StorageError`` (bad key, backend failure), ``ObjectNotFound``, ``ChecksumMismatch`` (a
 corrupted or partial copy, or a stored object that is not the one the row names: refused).
 
+Readers take the key and digest from the row (``Checkpoint.storage_key`` / ``sha256``, see
+``checkpoint_local_dir``): ``Checkpoint.path`` is the folder on the host that wrote it. Whoever
+changes a stored folder (``remove_files``) writes the returned digest and size back to its row.
+
 This package is Django-side (settings); ``training`` never imports it: callers pass the folder a
 fetch returned, or ``store.fetch_dir`` as a plain callable.
 """
@@ -65,6 +69,7 @@ __all__ = [
     "checkpoint_key",
     "checkpoint_local_dir",
     "checkpoint_store",
+    "checkpoint_upload",
     "folder_digest",
     "model_prefix",
 ]
@@ -81,11 +86,13 @@ def model_prefix(model_id: int) -> str:
 
 
 def checkpoint_store(*, cache_dir: Path | None = None) -> CheckpointStore:
-    """The store the settings describe; ``cache_dir`` (default ``CHECKPOINT_DIR``) is where fetched
-    copies go. The same instance is returned for the same settings."""
+    """The store the settings describe; ``cache_dir`` (default ``CHECKPOINT_DIR``) is where an S3
+    store puts fetched copies (the local store has no copies: its objects are the folders under
+    ``CHECKPOINT_DIR``). The same instance is returned for the same settings."""
     cache = Path(cache_dir if cache_dir is not None else settings.CHECKPOINT_DIR)
     return _store(
         settings.STORAGE_BACKEND,
+        str(settings.CHECKPOINT_DIR),
         str(cache),
         settings.STORAGE_S3_BUCKET,
         settings.STORAGE_S3_PREFIX,
@@ -99,6 +106,7 @@ def checkpoint_store(*, cache_dir: Path | None = None) -> CheckpointStore:
 @functools.lru_cache(maxsize=8)
 def _store(
     backend: str,
+    checkpoint_dir: str,
     cache_dir: str,
     bucket: str,
     prefix: str,
@@ -108,7 +116,7 @@ def _store(
     secret_access_key: str,
 ) -> CheckpointStore:
     if backend == "local":
-        return LocalCheckpointStore(Path(cache_dir))
+        return LocalCheckpointStore(Path(checkpoint_dir))
     if backend != "s3":
         raise ImproperlyConfigured(f"STORAGE_BACKEND={backend!r} must be local or s3")
     if not bucket:
@@ -129,6 +137,13 @@ def _store(
         ),
     )
     return S3CheckpointStore(client=client, bucket=bucket, prefix=prefix, cache_dir=Path(cache_dir))
+
+
+def checkpoint_upload(*, model_id: int, step: int, folder: Path) -> StoredObject:
+    """Store the checkpoint folder a trainer just wrote under its key: call it before writing the
+    row (``Checkpoint.storage_key/sha256/size_bytes`` from the result). In S3 mode the folder is
+    this host's CHECKPOINT_DIR/<key>, i.e. already the cached copy: nothing is fetched back."""
+    return checkpoint_store().put_dir(checkpoint_key(model_id=model_id, step=step), Path(folder))
 
 
 def checkpoint_local_dir(checkpoint: Checkpoint, *, cache_dir: Path | None = None) -> Path | None:

@@ -104,6 +104,8 @@ class S3CheckpointStore(CheckpointStore):
         if len(files) != len(manifest["files"]):
             self._write_manifest(key, files)  # the new digest is in force before the files go
             self._delete_objects([self._object_prefix(key) + name for name in drop])
+            for name in drop:  # the cached copy follows, so it still verifies
+                (self.cache_path(key) / name).unlink(missing_ok=True)
         return StoredObject(key, manifest_digest(files), sum(entry.size for entry in files))
 
     # ------------------------------------------------------------------ reads

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def settings_env_names() -> set[str]:
     source = (ROOT / "artweb" / "settings.py").read_text()
-    names = set(re.findall(r'env_(?:str|bool|int|float|list)\(\s*"([A-Z0-9_]+)"', source))
+    names = set(re.findall(r'env_(?:str|bool|int|float|list|choice)\(\s*"([A-Z0-9_]+)"', source))
     return names | {f"{name}_FILE" for name in names}
 
 
@@ -214,3 +214,155 @@ def test_worker_runs_one_task_at_a_time():
     from projects.queues import Queue
 
     assert set(queues) == {q.value for q in Queue}
+
+
+# ----------------------------------------------------------------------------- serving and storage
+_INTERPOLATION = re.compile(r"\$\{([A-Z0-9_]+)(?:(:?-)([^}]*)|:\?[^}]*)?\}")
+
+
+def interpolated(value: str, given: dict[str, str] | None = None) -> str:
+    """A compose value as `docker compose` would see it with ``given`` in the environment:
+    ``${X:-default}``/``${X-default}`` take their default, ``${X:?message}`` a placeholder."""
+
+    def one(match: re.Match) -> str:
+        name, default = match.group(1), match.group(3)
+        if given and name in given:
+            return given[name]
+        return default if default is not None else f"<{name}>"
+
+    return _INTERPOLATION.sub(one, value)
+
+
+def _app_env(name: str) -> dict[str, str]:
+    return {
+        key: interpolated(str(value)) for key, value in compose()["services"][name]["environment"].items()
+    }
+
+
+def test_compose_serves_inference_and_stores_checkpoints_in_a_bucket():
+    services = compose()["services"]
+    assert {"inference", "storage"} <= set(services)
+    for name in ("web", "worker", "beat", "inference"):
+        assert _app_env(name)["STORAGE_BACKEND"] == "s3", name
+
+
+def test_every_service_has_a_healthcheck_on_its_own_port():
+    for name, service in compose()["services"].items():
+        check = service.get("healthcheck", {}).get("test")
+        assert check and check[0] in ("CMD", "CMD-SHELL"), f"{name} has no healthcheck"
+        text = " ".join(check[1:])
+        url = re.search(r"http://127\.0\.0\.1:(\d+)(/\S*?)'", text)
+        if url:  # an HTTP check must dial the port the service's own command listens on
+            words = _command(service)
+            assert words[words.index("--port") + 1] == url.group(1), name
+    web = " ".join(compose()["services"]["web"]["healthcheck"]["test"])
+    assert "/healthz" in web and (ROOT / "artweb" / "urls.py").read_text().count('path("healthz"') == 1
+    assert "/health'" in " ".join(compose()["services"]["inference"]["healthcheck"]["test"])
+    # A service that others wait for is one whose healthcheck they can wait on.
+    for name, service in compose()["services"].items():
+        for dependency, condition in service.get("depends_on", {}).items():
+            assert condition == {"condition": "service_healthy"}, (name, dependency)
+
+
+def test_storage_service_is_the_bucket_the_app_is_configured_for():
+    services = compose()["services"]
+    storage = services["storage"]
+    env = _app_env("web")
+    endpoint = re.fullmatch(r"http://([a-z0-9-]+):(\d+)", env["STORAGE_S3_ENDPOINT_URL"])
+    assert endpoint, env["STORAGE_S3_ENDPOINT_URL"]
+    assert endpoint.group(1) == "storage"
+    command = storage["command"]
+    assert command[0] == "server"
+    assert command[command.index("--address") + 1] == f":{endpoint.group(2)}"
+    # MinIO's root user is the key pair the app signs with: the same variables, the same defaults.
+    raw_app = services["web"]["environment"]
+    assert storage["environment"]["MINIO_ROOT_USER"] == raw_app["STORAGE_S3_ACCESS_KEY_ID"]
+    assert storage["environment"]["MINIO_ROOT_PASSWORD"] == raw_app["STORAGE_S3_SECRET_ACCESS_KEY"]
+    # Its data folder is a named volume, declared.
+    mounts = dict(volume.split(":", 1)[::-1] for volume in storage["volumes"])
+    assert command[1] in mounts and mounts[command[1]] in compose()["volumes"]
+    # The web service creates the bucket (storage_check) before it serves, and everything that
+    # reads or writes checkpoints waits for the store.
+    assert "storage_check --create-bucket" in services["web"]["command"][2]
+    assert "storage" in services["web"]["depends_on"]
+    # An operator can point every service at an external bucket from .env: these names are settings.
+    known = settings_env_names()
+    for name in re.findall(r"\$\{([A-Z0-9_]+)", (ROOT / "docker-compose.yml").read_text()):
+        if name.startswith("STORAGE_") or name.startswith("INFERENCE_"):
+            assert name in known or name == "INFERENCE_BASE_MODEL", name
+
+
+def test_storage_settings_are_checked_like_the_compose_file_sets_them(monkeypatch):
+    """The names and values compose sets are ones settings accepts (and an s3 backend without a
+    bucket fails at start)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, **_app_env("web"), "DATABASE_URL": "sqlite:///:memory:", "ARTWEB_DATA_DIR": "/tmp"}
+    script = "import django, os; os.environ['DJANGO_SETTINGS_MODULE']='artweb.settings'; django.setup(); from django.conf import settings as s; print(s.STORAGE_BACKEND, s.STORAGE_S3_BUCKET, s.STORAGE_S3_ENDPOINT_URL, s.CHECKPOINT_DIR)"
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["s3", "artweb", "http://storage:9000", "/data/checkpoints"]
+    env["STORAGE_S3_BUCKET"] = ""
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode != 0 and "STORAGE_S3_BUCKET" in result.stderr
+
+
+def test_inference_service_runs_serve_inference_with_valid_arguments():
+    from artweb.management.commands.serve_inference import ENGINES, Command
+
+    service = compose()["services"]["inference"]
+    words = [interpolated(word) for word in _command(service)]
+    assert words[:3] == ["python", "manage.py", "serve_inference"]
+    options = Command().create_parser("manage.py", "serve_inference").parse_args(words[3:])
+    assert options.base_model and options.host == "0.0.0.0"
+    assert options.url == f"http://inference:{options.port}"  # what the gateway dials in the network
+    env = _app_env("inference")
+    assert env["INFERENCE_ENGINE"] == "vllm" and env["INFERENCE_ENGINE"] in ENGINES
+    # It loads only checkpoints under its adapter root: the folder where its fetched copies land.
+    assert env["INFERENCE_ADAPTER_ROOT"] == env["ARTWEB_CHECKPOINT_DIR"]
+
+
+def test_gpu_services_reserve_a_gpu_and_install_the_gpu_extra():
+    services = compose()["services"]
+    for name in ("worker", "inference"):
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices), name
+        assert services[name]["build"]["args"]["EXTRAS"] == "gpu", name
+    for name in ("web", "beat", "postgres", "redis", "storage"):
+        assert "deploy" not in services[name], f"{name} should not hold a GPU"
+
+
+def test_volumes_match_the_settings():
+    services = compose()["services"]
+    declared = set(compose()["volumes"])
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            assert source in declared, f"{name} mounts undeclared volume {source}"
+        if "build" not in service:
+            continue
+        env = _app_env(name)
+        mounts = {target: source for source, target in (v.split(":", 1) for v in service["volumes"])}
+        data_dir = env["ARTWEB_DATA_DIR"]
+        assert mounts.get(data_dir) == "data", f"{name} does not keep ARTWEB_DATA_DIR on the data volume"
+        for setting in ("ARTWEB_CHECKPOINT_DIR", "INFERENCE_ADAPTER_ROOT"):
+            if setting in env:
+                assert Path(env[setting]).is_relative_to(data_dir), (name, setting)
+        words = _command(service)
+        if "--schedule" in words:
+            assert Path(words[words.index("--schedule") + 1]).is_relative_to(data_dir), name
+
+
+def test_manage_py_commands_in_compose_exist():
+    from django.core.management import get_commands
+
+    commands = set(get_commands())  # Django's own (migrate) and the project's (storage_check, ...)
+    for name, service in compose()["services"].items():
+        if "build" not in service:
+            continue
+        text = (
+            service["command"][2] if service["command"][:2] == ["sh", "-c"] else " ".join(service["command"])
+        )
+        for command in re.findall(r"manage\.py (\w+)", text):
+            assert command in commands, f"{name} runs manage.py {command}, which does not exist"

@@ -20,6 +20,7 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ from training.serving.continuous import ContinuousScheduler, DecodeBatchLike
 from training.serving.prompts import render_prompt
 from training.serving.protocol import (
     ADAPTER_HEADER,
+    ADAPTER_KEY_HEADER,
+    ADAPTER_SHA256_HEADER,
     DONE_EVENT,
     MODEL_HEADER,
     USAGE_HEADER,
@@ -72,6 +75,9 @@ class ServerConfig:
     adapter_capacity: int = 8  # adapters kept loaded
     context_length: int | None = None  # prompt + max_tokens must fit
     scheduler: str = "continuous"  # or "window" (see the module doc)
+    # (key, sha256) of a stored checkpoint -> a verified local folder under adapter_root (it may
+    # download; FileNotFoundError: no such checkpoint). None: only ADAPTER_HEADER's path is used.
+    adapter_fetch: Callable[[str, str], Path] | None = None
 
 
 class InferenceApp:
@@ -80,6 +86,7 @@ class InferenceApp:
         self.config = config
         self.tokenizer = engine.tokenizer
         self.adapters = AdapterCache(engine, config.adapter_capacity)
+        self._fetched: dict[tuple[str, str], Path] = {}  # stored checkpoints already fetched here
         self.scheduler: ContinuousScheduler | BatchScheduler
         if config.scheduler == "continuous":
             self.scheduler = ContinuousScheduler(
@@ -215,6 +222,31 @@ class InferenceApp:
             },
         }
 
+    async def _adapter_path(self, headers: dict[str, str]) -> Path:
+        """The checkpoint folder a request names: a stored checkpoint (key + digest) fetched into
+        the local cache once (off the event loop: it may download), else the path header."""
+        key, sha256 = headers.get(ADAPTER_KEY_HEADER, ""), headers.get(ADAPTER_SHA256_HEADER, "")
+        if not (key and sha256 and self.config.adapter_fetch is not None):
+            if not headers.get(ADAPTER_HEADER):
+                raise RequestError(
+                    "this server cannot fetch stored checkpoints", code="model_not_found", status=404
+                )
+            return check_adapter_path(headers[ADAPTER_HEADER], self.config.adapter_root)
+        folder = self._fetched.get((key, sha256))
+        if folder is None or not (folder / "adapter_config.json").is_file():
+            loop = asyncio.get_running_loop()
+            try:
+                folder = await loop.run_in_executor(None, self.config.adapter_fetch, key, sha256)
+            except FileNotFoundError:
+                raise RequestError("the checkpoint's files are missing in storage",
+                                   code="model_not_found", status=404) from None  # fmt: skip
+            except Exception as exc:  # a digest that does not match, an unreachable bucket
+                log.exception("cannot fetch checkpoint %s", key)
+                raise RequestError(f"cannot fetch the checkpoint: {exc}", code="adapter_fetch_failed",
+                                   status=502) from None  # fmt: skip
+            self._fetched[(key, sha256)] = folder
+        return check_adapter_path(str(folder), self.config.adapter_root)
+
     # ------------------------------------------------------------------ chat completions
     async def _chat(self, headers: dict[str, str], raw: bytes, send: Any, receive: Any = None) -> None:
         try:
@@ -223,8 +255,8 @@ class InferenceApp:
             raise RequestError(f"the body is not valid JSON: {exc}", code="invalid_json") from None
         request = parse_chat_request(body, self.config.limits)
         adapter: Path | None = None
-        if headers.get(ADAPTER_HEADER):
-            adapter = check_adapter_path(headers[ADAPTER_HEADER], self.config.adapter_root)
+        if headers.get(ADAPTER_HEADER) or headers.get(ADAPTER_KEY_HEADER):
+            adapter = await self._adapter_path(headers)
             model = headers.get(MODEL_HEADER) or request.model
         elif request.model == self.config.model_name:
             model = request.model

@@ -43,6 +43,10 @@ from training.openai_errors import error_object
 # Wire extensions between the gateway and an inference server (never sent to end users).
 ADAPTER_HEADER = "x-artweb-adapter"  # absolute path of the LoRA checkpoint to apply
 MODEL_HEADER = "x-artweb-model"  # the public model id to echo in `model`
+# A stored checkpoint (projects.storage): its key and content digest; a server given a fetcher
+# (ServerConfig.adapter_fetch) resolves them to a verified local copy instead of ADAPTER_HEADER's path.
+ADAPTER_KEY_HEADER = "x-artweb-adapter-key"
+ADAPTER_SHA256_HEADER = "x-artweb-adapter-sha256"
 USAGE_HEADER = "x-artweb-usage"  # "<prompt_tokens> <completion_tokens>" on non-streamed replies
 USAGE_COMMENT_PREFIX = b": usage "  # an SSE comment (clients ignore it) carrying the same numbers
 DONE_EVENT = b"data: [DONE]\n\n"

@@ -19,6 +19,7 @@ import shlex
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
@@ -123,6 +124,7 @@ class Command(BaseCommand):
             adapter_capacity=capacity,
             context_length=getattr(model.config, "max_position_embeddings", None),
             scheduler=scheduler,
+            adapter_fetch=stored_adapter_fetch(),
         )
         app = InferenceApp(engine, config)
         sock = bind(host, port)
@@ -232,6 +234,22 @@ class Command(BaseCommand):
                 self.stderr.write(f"deregistration failed: {exc}")
         if exit_status is not None:
             raise CommandError(f"vLLM exited with status {exit_status}; the server is deregistered")
+
+
+def stored_adapter_fetch() -> Callable[[str, str], Path]:
+    """(key, sha256) of a stored checkpoint -> a verified folder under INFERENCE_ADAPTER_ROOT (the
+    S3 store's cache on this host; the local store's own folder), for training.serving."""
+    from projects.storage import ObjectNotFound, checkpoint_store
+
+    store = checkpoint_store(cache_dir=Path(settings.INFERENCE_ADAPTER_ROOT))
+
+    def fetch(key: str, sha256: str) -> Path:
+        try:
+            return store.fetch_dir(key, sha256=sha256)
+        except ObjectNotFound as exc:
+            raise FileNotFoundError(str(exc)) from exc
+
+    return fetch
 
 
 def _free_port(host: str) -> int:
