@@ -1,7 +1,8 @@
-"""``GET /api/v1/costs``: what the team's runs used and cost, by day, model or run.
+"""``GET /api/v1/costs``: what the team's runs and evaluations used and cost, by day, model or run.
 
 Usage is summed over the steps of the caller's team's runs and client training jobs
-(``TeamViewSet`` over ``StepMetrics``; ``projects.selectors.costs``): device-seconds by kind (the
+(``TeamViewSet`` over ``StepMetrics``) and over its evaluations' results, in-run and standalone
+(``projects.selectors.costs``): device-seconds by kind (the
 worker's wall clock × the devices it held), tokens sampled and trained, judge tokens. ``cost`` is
 ``null`` when the operator set no price (``PRICE_PER_*`` settings), never a made-up 0. One run's
 totals are also ``GET /api/v1/runs/{id}/cost`` (``RunViewSet.cost``). Gateway tokens used by
@@ -18,7 +19,7 @@ from rest_framework.response import Response
 from projects import selectors
 from projects.api.base import TeamViewSet
 from projects.api.pagination import list_body
-from projects.models import Run, StepMetrics, TrainableModel
+from projects.models import Evaluation, Run, StepMetrics, TrainableModel
 from projects.selectors.costs import GROUPS
 
 
@@ -56,10 +57,13 @@ class CostPartsOut(serializers.Serializer):
 
 class CostOut(serializers.Serializer):
     day = serializers.DateField(required=False)
-    model = serializers.CharField(required=False, help_text="project/model")
-    model_id = serializers.IntegerField(required=False)
-    run = serializers.IntegerField(required=False)
-    steps = serializers.IntegerField()
+    model = serializers.CharField(required=False, allow_null=True, help_text="project/model")
+    model_id = serializers.IntegerField(
+        required=False, allow_null=True, help_text="null: a base model's evaluation"
+    )
+    run = serializers.IntegerField(required=False, allow_null=True, help_text="null: standalone evaluations")
+    steps = serializers.IntegerField(help_text="training steps counted")
+    evaluations = serializers.IntegerField(help_text="evaluations counted (in-run and standalone)")
     gpu_seconds = serializers.FloatField()
     cpu_seconds = serializers.FloatField()
     gpu_hours = serializers.FloatField()
@@ -94,12 +98,15 @@ class CostViewSet(TeamViewSet):
         given.is_valid(raise_exception=True)
         query = dict(given.validated_data)
         steps = self.get_queryset()
+        evaluations = selectors.scoped(Evaluation, self.team)  # the same team's, through its TEAM_PATH
         if "run" in query:
-            steps = steps.filter(run=self.ref(Run, query["run"], "run"))
+            run = self.ref(Run, query["run"], "run")
+            steps, evaluations = steps.filter(run=run), evaluations.filter(run=run)
         if "model" in query:
-            steps = steps.filter(run__model=self.ref(TrainableModel, query["model"], "model"))
+            model = self.ref(TrainableModel, query["model"], "model")
+            steps, evaluations = steps.filter(run__model=model), evaluations.filter(checkpoint__model=model)
         rows = selectors.cost_rows(
-            steps, group_by=query["group_by"], start=query.get("start"), end=query.get("end")
+            steps, evaluations, group_by=query["group_by"], start=query.get("start"), end=query.get("end")
         )
         data = list(CostOut(rows, many=True).data)
         totals = CostOut(selectors.rows_total(rows)).data

@@ -15,15 +15,16 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, F, FloatField, Q, QuerySet, Sum, Value
-from django.db.models.fields.json import KeyTextTransform
+from django.db.models.fields.json import KeyTextTransform, KeyTransform
 from django.db.models.functions import Cast, Coalesce, Concat, TruncDate
 
-from projects.models import Run, StepMetrics
+from projects.models import Evaluation, Run, StepMetrics
 
 # Groups the costs endpoint takes → the columns they group by (and how a row names them).
 GROUPS = ("day", "model", "run")
 USAGE_KEYS = (
     "steps",
+    "evaluations",
     "gpu_seconds",
     "cpu_seconds",
     "sampled_tokens",
@@ -100,75 +101,126 @@ def cost_row(usage: dict[str, Any], prices: Prices) -> dict[str, Any]:
     return row
 
 
-def _number(key: str) -> Any:
-    return Cast(KeyTextTransform(key, "metrics"), FloatField())
+@dataclass(frozen=True)
+class _Source:
+    """Where one kind of work keeps its usage: a JSON field and the columns it is grouped by."""
+
+    field: str  # "metrics" of a step, "results" of an evaluation
+    count: str  # the USAGE_KEYS entry counting its rows
+    day: Any  # when it was done (UTC day)
+    model: str  # path to its TrainableModel
+    nested: tuple[str, ...] = ()  # JSON objects inside ``field`` with the same keys (a reference side)
 
 
-def _sums() -> dict[str, Any]:
-    seconds = _number("device_seconds")
-    return {
-        "steps": Count("id"),
-        "gpu_seconds": Coalesce(Sum(seconds, filter=Q(metrics__device_kind="gpu")), 0.0),
-        "cpu_seconds": Coalesce(Sum(seconds, filter=Q(metrics__device_kind="cpu")), 0.0),
-        "sampled_tokens": Coalesce(Sum(_number("completion_tokens")), 0.0),
-        "trained_tokens": Coalesce(Sum(_number("trainable_tokens")), 0.0),
-        "judge_prompt_tokens": Coalesce(Sum(_number("judge_prompt_tokens")), 0.0),
-        "judge_completion_tokens": Coalesce(Sum(_number("judge_completion_tokens")), 0.0),
-    }
+STEPS = _Source("metrics", "steps", TruncDate("created_at"), "run__model")
+# An evaluation's reference side (results.reference) used the worker or the judge too; tokens a
+# remote reference sampled (no device_kind: someone else's endpoint) are not ours and not counted.
+EVALUATIONS = _Source(
+    "results",
+    "evaluations",
+    TruncDate(Coalesce("finished_at", "created_at")),
+    "checkpoint__model",
+    ("reference",),
+)
 
 
-def _usage(row: dict[str, Any]) -> dict[str, Any]:
-    usage: dict[str, Any] = {key: row[key] for key in USAGE_KEYS}
-    for key in USAGE_KEYS:  # token counts are whole numbers, seconds are not
-        if key != "steps" and not key.endswith("_seconds"):
-            usage[key] = int(round(usage[key]))
-    return usage
+def _sums(source: _Source) -> dict[str, Any]:
+    def number(key: str, where: str | None) -> Any:
+        field = source.field if where is None else KeyTransform(where, source.field)
+        return Cast(KeyTextTransform(key, field), FloatField())
+
+    def kind(where: str | None, value: str) -> Q:
+        path = source.field if where is None else f"{source.field}__{where}"
+        return Q(**{f"{path}__device_kind": value})
+
+    sums: dict[str, Any] = {}
+    for where in (None, *source.nested):
+        seconds = number("device_seconds", where)
+        local = Q() if where is None else Q(**{f"{source.field}__{where}__has_key": "device_kind"})
+        parts = {
+            "gpu_seconds": Sum(seconds, filter=kind(where, "gpu")),
+            "cpu_seconds": Sum(seconds, filter=kind(where, "cpu")),
+            "sampled_tokens": Sum(number("completion_tokens", where), filter=local),
+            "trained_tokens": Sum(number("trainable_tokens", where)),
+            "judge_prompt_tokens": Sum(number("judge_prompt_tokens", where)),
+            "judge_completion_tokens": Sum(number("judge_completion_tokens", where)),
+        }
+        for key, total in parts.items():
+            part = Coalesce(total, 0.0)
+            sums[key] = part if key not in sums else sums[key] + part
+    return {source.count: Count("id"), **sums}
+
+
+def _grouped(
+    source: _Source, rows: QuerySet, group_by: list[str], start: date | None, end: date | None
+) -> list[dict]:
+    """``rows`` summed per group: dicts with the group keys (day, model_id, model_name, run) and the usage."""
+    rows = rows.annotate(cost_day=source.day)
+    if start is not None:
+        rows = rows.filter(cost_day__gte=start)
+    if end is not None:
+        rows = rows.filter(cost_day__lte=end)
+    names = []
+    if "day" in group_by:
+        names.append("cost_day")
+    if "model" in group_by:
+        rows = rows.annotate(
+            cost_model_id=F(f"{source.model}_id"),
+            cost_model=Concat(f"{source.model}__project__name", Value("/"), f"{source.model}__name"),
+        )
+        names += ["cost_model_id", "cost_model"]
+    if "run" in group_by:
+        names.append("run_id")
+    sums = _sums(source)
+    found = [rows.aggregate(**sums)] if not names else list(rows.values(*names).annotate(**sums))
+    data = []
+    for row in found:
+        usage = {key: row.get(key, 0) for key in USAGE_KEYS}
+        keys: dict[str, Any] = {}
+        if "day" in group_by:
+            keys["day"] = row["cost_day"]
+        if "model" in group_by:
+            keys["model"] = row["cost_model"] if row["cost_model_id"] is not None else None
+            keys["model_id"] = row["cost_model_id"]
+        if "run" in group_by:
+            keys["run"] = row["run_id"]
+        data.append({"keys": keys, "usage": usage})
+    return data
+
+
+def _whole(usage: dict[str, Any]) -> dict[str, Any]:
+    """Token counts are whole numbers, seconds are not."""
+    return {key: value if key.endswith("_seconds") else int(round(value)) for key, value in usage.items()}
 
 
 def cost_rows(
     steps: QuerySet[StepMetrics],
+    evaluations: QuerySet[Evaluation] | None = None,
     *,
     group_by: list[str],
     start: date | None = None,
     end: date | None = None,
     prices: Prices | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per group (``GROUPS``: day = the step's UTC day, model, run) over ``steps`` (already
-    scoped to the caller's team), ordered by the groups; no group = one row of totals."""
+    """One row per group (``GROUPS``: day = the UTC day the work was done, model, run) over
+    ``steps`` and ``evaluations`` (both already scoped to the caller's team), ordered by the
+    groups (an evaluation of a base model has no model, a standalone one no run: those sort
+    last); no group = one row of totals. Two queries, however many rows."""
     prices = prices or Prices.from_settings()
-    if start is not None:
-        steps = steps.filter(created_at__date__gte=start)
-    if end is not None:
-        steps = steps.filter(created_at__date__lte=end)
-    if "day" in group_by:
-        steps = steps.annotate(day=TruncDate("created_at"))
-    columns = {
-        "day": ["day"],
-        "model": ["model_id", "model_name"],
-        "run": ["run_id"],
-    }
-    names = [column for group in group_by for column in columns[group]]
-    if "model" in group_by:
-        steps = steps.annotate(
-            model_id=F("run__model_id"),
-            model_name=Concat("run__model__project__name", Value("/"), "run__model__name"),
-        )
-    if not names:
-        return [cost_row(_usage(steps.aggregate(**_sums())), prices)]
-    rows = steps.values(*names).annotate(**_sums()).order_by(*names)
-    data = []
-    for row in rows:
-        item: dict[str, Any] = {}
-        if "day" in group_by:
-            item["day"] = row["day"]
-        if "model" in group_by:
-            item["model"] = row["model_name"]
-            item["model_id"] = row["model_id"]
-        if "run" in group_by:
-            item["run"] = row["run_id"]
-        item.update(cost_row(_usage(row), prices))
-        data.append(item)
-    return data
+    merged: dict[tuple, dict[str, Any]] = {}
+    found = _grouped(STEPS, steps, group_by, start, end)
+    if evaluations is not None:
+        found += _grouped(EVALUATIONS, evaluations, group_by, start, end)
+    for entry in found:
+        key = tuple(entry["keys"].items())
+        if key not in merged:
+            merged[key] = {"keys": entry["keys"], "usage": dict.fromkeys(USAGE_KEYS, 0)}
+        for name, value in entry["usage"].items():
+            merged[key]["usage"][name] += value
+    ordered = sorted(merged.values(), key=lambda entry: [(v is None, v or 0) for v in entry["keys"].values()])
+    if not group_by and not ordered:
+        ordered = [{"keys": {}, "usage": dict.fromkeys(USAGE_KEYS, 0)}]
+    return [{**entry["keys"], **cost_row(_whole(entry["usage"]), prices)} for entry in ordered]
 
 
 def rows_total(rows: list[dict[str, Any]], prices: Prices | None = None) -> dict[str, Any]:
@@ -178,6 +230,7 @@ def rows_total(rows: list[dict[str, Any]], prices: Prices | None = None) -> dict
 
 
 def run_cost(*, run: Run, prices: Prices | None = None) -> dict[str, Any]:
-    """One run's totals over all its steps (one query)."""
-    (row,) = cost_rows(StepMetrics.objects.filter(run=run), group_by=[], prices=prices)
+    """One run's totals over all its steps and in-run evaluations (two queries)."""
+    steps, evaluations = StepMetrics.objects.filter(run=run), Evaluation.objects.filter(run=run)
+    (row,) = cost_rows(steps, evaluations, group_by=[], prices=prices)
     return {"object": "run.cost", "run": run.pk, **row}

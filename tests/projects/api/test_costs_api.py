@@ -9,7 +9,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from projects.models import StepMetrics
+from projects import services
+from projects.models import Evaluation, StepMetrics
 from projects.selectors.costs import Prices, priced
 from tests import factories
 
@@ -142,3 +143,52 @@ def test_query_count_does_not_grow_with_steps(runs, key_client):
     for step in range(3, 13):
         _step(runs.first, step, seconds=1.0)
     assert count() == before
+
+
+def _used(seconds: float, kind: str, sampled: int, judge: tuple[int, int]) -> dict:
+    return {"device_kind": kind, "device_count": 1.0, "device_seconds": seconds, "completion_tokens": sampled,
+            "judge_prompt_tokens": judge[0], "judge_completion_tokens": judge[1]}  # fmt: skip
+
+
+def test_evaluations_count_in_run_and_standalone_with_a_local_reference(runs, alpha_setup, key_client):
+    checkpoint = services.checkpoint_record(
+        model=alpha_setup.model, run=runs.first, step=2, path="/nowhere/2"
+    )
+    in_run = services.run_evaluation_record(run=runs.first, step=2, results=_used(360.0, "cpu", 50, (4, 1)),
+                                            samples=[])  # fmt: skip
+    standalone = services.evaluation_create(checkpoint=checkpoint, task_set=alpha_setup.task_set,
+                                            environment=alpha_setup.environment, reward=alpha_setup.reward)  # fmt: skip
+    # A local reference used the worker too; a remote one sampled on someone else's endpoint.
+    results = {**_used(36.0, "gpu", 20, (2, 0)), "reference": _used(72.0, "gpu", 30, (1, 1))}
+    remote = services.evaluation_create(base_model=alpha_setup.base, task_set=alpha_setup.task_set,
+                                        environment=alpha_setup.environment, reward=alpha_setup.reward)  # fmt: skip
+    remote_results = {
+        **_used(3.6, "cpu", 5, (0, 0)),
+        "reference": {"completion_tokens": 999, "judge_prompt_tokens": 7},
+    }
+    Evaluation.objects.filter(pk=standalone.pk).update(results=results)
+    Evaluation.objects.filter(pk=remote.pk).update(results=remote_results)
+
+    run = key_client.get(f"/api/v1/runs/{runs.first.pk}/cost").json()
+    assert (run["steps"], run["evaluations"], run["cpu_seconds"], run["sampled_tokens"]) == (
+        2,
+        1,
+        5760.0,
+        210,
+    )
+    assert run["judge_tokens"] == 18 + 5
+
+    by_run = key_client.get("/api/v1/costs", {"group_by": "run"}).json()["data"]
+    assert [(row["run"], row["evaluations"]) for row in by_run] == [
+        (runs.first.pk, 1),
+        (runs.second.pk, 0),
+        (None, 2),
+    ]
+    standalone_row = by_run[-1]
+    assert standalone_row["gpu_seconds"] == 108.0 and standalone_row["cpu_seconds"] == 3.6
+    assert standalone_row["sampled_tokens"] == 20 + 30 + 5, "a remote reference's tokens are not ours"
+    assert standalone_row["judge_tokens"] == 2 + 2 + 7, "its judge tokens are"
+    by_model = key_client.get("/api/v1/costs", {"group_by": "model"}).json()["data"]
+    assert [(row["model"], row["steps"], row["evaluations"]) for row in by_model] == [
+        ("math/agent", 2, 2), ("math/second", 2, 0), (None, 0, 1)]  # fmt: skip
+    assert in_run.run_id == runs.first.pk
