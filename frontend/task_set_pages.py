@@ -1,20 +1,32 @@
-"""Task set pages: a task set with its rows and, for a generated one, the generation report; and
-the scenario generation form, which calls ``projects.services.scenarios.task_set_generate`` (the same service
-as ``POST /api/v1/task-sets/generate``) synchronously: the service bounds the time it takes."""
+"""Task set pages: a task set with its rows and, for a generated one, the generation report; the
+scenario generation form, which queues a ScenarioJob (``projects.services.scenarios.scenario_job_create``:
+the input is checked at once, a worker asks the model) and the job's page, which polls its progress
+(htmx, like the run page) and moves on to the new task set when it is made."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET
 
 from frontend import forms as f
 from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
 from projects import selectors
 from projects.errors import ValidationFailed
-from projects.models import Environment, JudgeEndpoint, Project, TaskRow, TaskSet
+from projects.models import (
+    Environment,
+    JudgeEndpoint,
+    Project,
+    ScenarioJob,
+    ScenarioJobStatus,
+    TaskRow,
+    TaskSet,
+)
 from projects.secrets import url_public
 from projects.services import scenarios
 
@@ -64,11 +76,10 @@ def task_set_generate(request: TeamHttpRequest, project_id: int) -> HttpResponse
     project = get_scoped(Project, request, project_id)
     choices = _choices(request, project)
     form = f.ScenarioForm(request.POST or None, choices=choices)
-    row_errors: list[tuple[str, str]] = []
     if request.method == "POST" and choices["endpoint"] and form.is_valid():
         data = form.cleaned_data
         try:
-            created = scenarios.task_set_generate(
+            job = scenarios.scenario_job_create(
                 project=project,
                 environment=get_scoped(Environment, request, data["environment"], project=project),
                 endpoint=get_scoped(JudgeEndpoint, request, data["endpoint"]),
@@ -77,35 +88,55 @@ def task_set_generate(request: TeamHttpRequest, project_id: int) -> HttpResponse
                 instruction=data["instruction"],
                 name=data["name"],
                 validation_fraction=data["validation_fraction"],
+                created_by=request.user,
             )
         except ValidationFailed as exc:
-            # No valid row at all: the message goes next to the field it blames (the instruction,
-            # or the endpoint when every request failed) and the per-row errors are listed below.
-            row_errors = [
-                (where, message)
-                for where, message in exc.problems
-                if where.startswith(("rows[", "requests["))
-            ]
-            if row_errors:
-                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-            else:
-                f.attach_errors(form, exc)
+            f.attach_errors(form, exc)
         else:
-            report = created.source
-            messages.success(
-                request,
-                f"Generated task set {created.name}: {report.get('accepted', 0)} rows accepted, "
-                f"{report.get('rejected', 0)} rejected.",
-            )
-            return redirect("frontend:task-set", task_set_id=created.pk)
+            return redirect("frontend:scenario-job", job_id=job.pk)
     return render(
         request,
         "frontend/task_set_generate.html",
         {
             "project": project,
             "form": form,
-            "row_errors": row_errors,
             "has_endpoints": bool(choices["endpoint"]),
             "api_url": request.build_absolute_uri("/api/v1/judge-endpoints/"),
         },
     )
+
+
+def _job_context(job: ScenarioJob) -> dict[str, Any]:
+    return {
+        "job": job,
+        "active": job.status in (ScenarioJobStatus.QUEUED, ScenarioJobStatus.RUNNING),
+        "percent": round(100 * job.rows_done / job.rows_total) if job.rows_total else 0,
+    }
+
+
+@team_view()
+def scenario_job(request: TeamHttpRequest, job_id: int) -> HttpResponse:
+    job = get_scoped(ScenarioJob, request, job_id)
+    return render(request, "frontend/scenario_job.html", _job_context(job))
+
+
+@require_GET
+@team_view()
+def scenario_job_live(request: TeamHttpRequest, job_id: int) -> HttpResponse:
+    """The job page's live part, polled while the job is queued or running; once the task set is
+    made, htmx is told to open it (HX-Redirect) with the report's summary as a message."""
+    job = get_scoped(ScenarioJob, request, job_id)
+    response = render(request, "frontend/_scenario_job_live.html", _job_context(job))
+    if (
+        job.status == ScenarioJobStatus.SUCCEEDED
+        and job.task_set is not None
+        and request.headers.get("HX-Request")
+    ):
+        report = job.task_set.source or {}
+        messages.success(
+            request,
+            f"Generated task set {job.task_set.name}: {report.get('accepted', 0)} rows accepted, "
+            f"{report.get('rejected', 0)} rejected.",
+        )
+        response["HX-Redirect"] = reverse("frontend:task-set", kwargs={"task_set_id": job.task_set_id})
+    return response

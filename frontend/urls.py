@@ -58,6 +58,8 @@ urlpatterns = [
         name="task-set-generate",
     ),
     path("task-sets/<int:task_set_id>/", task_set_pages.task_set, name="task-set"),
+    path("scenario-jobs/<int:job_id>/", task_set_pages.scenario_job, name="scenario-job"),
+    path("scenario-jobs/<int:job_id>/live", task_set_pages.scenario_job_live, name="scenario-job-live"),
     path("evaluations/", evaluation_pages.evaluation_list, name="evaluations"),
     path("evaluations/new", evaluation_pages.evaluation_new, name="evaluation-new"),
     path("evaluations/<int:evaluation_id>/", evaluation_pages.evaluation_detail, name="evaluation"),

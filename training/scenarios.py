@@ -182,9 +182,11 @@ def generate_rows(
     deadline_s: float = 120.0,
     temperature: float = 0.7,
     max_tokens: int = 4096,
+    on_progress: Callable[[ScenarioReport], None] | None = None,
 ) -> ScenarioReport:
     """Ask ``model`` for ``n`` rows in batches until ``n`` are accepted, the requests run out
-    (default: the batches needed plus two retries) or ``deadline_s`` passes."""
+    (default: the batches needed plus two retries) or ``deadline_s`` passes. ``on_progress`` is
+    called with the report so far after each request (a background job shows rows accepted / n)."""
     if not 1 <= n <= MAX_ROWS:
         raise ValueError(f"n must be from 1 to {MAX_ROWS}")
     batches = math.ceil(n / batch_size)
@@ -216,6 +218,8 @@ def generate_rows(
             )
         except EndpointError as exc:
             report.errors.append(RowError(request, None, str(exc)))
+            if on_progress is not None:
+                on_progress(report)
             continue
         candidates, _ = parse_candidates(reply.content)
         if not candidates:
@@ -242,5 +246,7 @@ def generate_rows(
                 continue
             seen[key] = report.accepted
             report.rows.append(candidate)
+        if on_progress is not None:
+            on_progress(report)
     report.seconds = time.monotonic() - started
     return report

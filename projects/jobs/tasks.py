@@ -86,3 +86,12 @@ def deliver_webhook(self, delivery_id: int) -> str:  # type: ignore[no-untyped-d
     if attempt.retry_in_s is not None:
         raise self.retry(countdown=attempt.retry_in_s)
     return "delivered" if attempt.delivered else "failed"
+
+
+@shared_task(name="scenarios.generate", time_limit=300)
+def generate_scenarios(job_id: int) -> str:
+    """Generate a task set for the dashboard (a ScenarioJob): bounded by the service's own deadline
+    (GENERATION_DEADLINE_S, 120 s) well inside the time limit; a duplicate delivery is a no-op."""
+    from projects.services import scenarios
+
+    return scenarios.scenario_job_run(job_id=job_id, worker=generate_scenarios.request.hostname or "")

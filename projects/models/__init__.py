@@ -35,6 +35,7 @@ from projects.models.runs import (
     StepMetrics,
     Trajectory,
 )
+from projects.models.scenarios import ScenarioJob, ScenarioJobStatus
 from projects.models.teams import ApiKey, Invitation, JudgeEndpoint, Membership, Role, Team
 from projects.models.training_jobs import (
     ClientLog,
@@ -76,6 +77,8 @@ __all__ = [
     "RunEvent",
     "RunKind",
     "RunStatus",
+    "ScenarioJob",
+    "ScenarioJobStatus",
     "Split",
     "StepMetrics",
     "TaskRow",

@@ -1,28 +1,33 @@
 """Scenario generation for a project: an LLM behind a team endpoint writes task rows for one of the
 project's environments; the valid rows become a new task set whose ``source`` holds the report.
 
-Synchronous by design, and bounded: at most ``training.scenarios.MAX_ROWS`` rows, a few requests
-and ``GENERATION_DEADLINE_S`` seconds (each request also limited by the endpoint's own timeout), so
-a web request never hangs on a slow model.
+Bounded: at most ``training.scenarios.MAX_ROWS`` rows, a few requests and ``GENERATION_DEADLINE_S``
+seconds (each request also limited by the endpoint's own timeout). The API calls
+``task_set_generate`` synchronously; the dashboard makes a ScenarioJob (``scenario_job_create``,
+its input checked at once) that a worker runs (``scenarios.generate`` → ``scenario_job_run``),
+recording rows accepted so far for the job's page.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
 
 from projects import secrets
 from projects.errors import ValidationFailed
-from projects.models import Environment, JudgeEndpoint, Project, TaskSet
+from projects.models import Environment, JudgeEndpoint, Project, ScenarioJob, ScenarioJobStatus, TaskSet
 from projects.outbound import outbound_policy
 from projects.services._common import check_slug
 from projects.services.environments import environment_build
 from projects.services.task_sets import parse_rows, task_set_create
 from training.remote import ChatEndpoint
-from training.scenarios import MAX_ROWS, generate_rows
+from training.scenarios import MAX_ROWS, ScenarioReport, generate_rows
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +65,7 @@ def environment_tool_schemas(*, environment: Environment) -> list[dict[str, Any]
         return [tool for tool in environment.tools if isinstance(tool, dict)]
 
 
-def task_set_generate(
+def _checked_input(
     *,
     project: Project,
     environment: Environment,
@@ -68,12 +73,11 @@ def task_set_generate(
     name: str,
     instruction: str,
     n: int,
-    model: str = "",
-    validation_fraction: float = 0.0,
-    seed: int = 0,
-) -> TaskSet:
-    """Generate ``n`` rows and save the valid ones as task set ``name``; raises ValidationFailed
-    (listing the per-row errors) when no row is valid."""
+    model: str,
+    validation_fraction: float,
+) -> str:
+    """What generation needs, checked before any request (ValidationFailed on the field); the model
+    to call (the endpoint's default when none is named)."""
     check_slug(name, "name")
     if environment.project_id != project.id:
         raise ValidationFailed("must belong to the project", field="environment")
@@ -90,6 +94,35 @@ def task_set_generate(
     model = model or endpoint.default_model
     if not model:
         raise ValidationFailed("name the model to call (the endpoint has no default model)", field="model")
+    return model
+
+
+def task_set_generate(
+    *,
+    project: Project,
+    environment: Environment,
+    endpoint: JudgeEndpoint,
+    name: str,
+    instruction: str,
+    n: int,
+    model: str = "",
+    validation_fraction: float = 0.0,
+    seed: int = 0,
+    on_progress: Callable[[ScenarioReport], None] | None = None,
+) -> TaskSet:
+    """Generate ``n`` rows and save the valid ones as task set ``name``; raises ValidationFailed
+    (listing the per-row errors) when no row is valid. ``on_progress`` gets the report after each
+    request to the endpoint."""
+    model = _checked_input(
+        project=project,
+        environment=environment,
+        endpoint=endpoint,
+        name=name,
+        instruction=instruction,
+        n=n,
+        model=model,
+        validation_fraction=validation_fraction,
+    )
     report = generate_rows(
         ChatEndpoint(
             base_url=endpoint.base_url,
@@ -105,6 +138,7 @@ def task_set_generate(
         environment=environment.kind,
         system_prompt=environment.system_prompt,
         deadline_s=GENERATION_DEADLINE_S,
+        on_progress=on_progress,
     )
     source = {
         "type": "generated",
@@ -132,3 +166,115 @@ def task_set_generate(
         task_set.source = source
         task_set.save(update_fields=["source"])
     return task_set
+
+
+# --- background jobs (the dashboard) ---------------------------------------------------------
+
+
+def _enqueue_job(job_id: int) -> None:
+    from projects.jobs.tasks import generate_scenarios
+
+    transaction.on_commit(lambda: generate_scenarios.delay(job_id))
+
+
+def scenario_job_create(
+    *,
+    project: Project,
+    environment: Environment,
+    endpoint: JudgeEndpoint,
+    name: str,
+    instruction: str,
+    n: int,
+    model: str = "",
+    validation_fraction: float = 0.0,
+    created_by: Any = None,
+) -> ScenarioJob:
+    """Queue a generation: the input is checked now (ValidationFailed on its field, nothing
+    queued), the rows are asked for by a worker (``scenario_job_run``)."""
+    model = _checked_input(
+        project=project,
+        environment=environment,
+        endpoint=endpoint,
+        name=name,
+        instruction=instruction,
+        n=n,
+        model=model,
+        validation_fraction=validation_fraction,
+    )
+    with transaction.atomic():
+        job = ScenarioJob.objects.create(
+            project=project,
+            environment=environment,
+            endpoint=endpoint,
+            name=name,
+            instruction=instruction,
+            model=model,
+            validation_fraction=validation_fraction,
+            rows_total=n,
+            created_by=created_by,
+        )
+        _enqueue_job(job.pk)
+    return job
+
+
+def _job_finish(job_id: int, **fields: Any) -> None:
+    ScenarioJob.objects.filter(pk=job_id, status=ScenarioJobStatus.RUNNING).update(
+        finished_at=timezone.now(), **fields
+    )
+
+
+def scenario_job_run(*, job_id: int, worker: str = "") -> str:
+    """Run a queued job once: claim it (a conditional UPDATE, so a duplicate delivery is a
+    no-op), generate with progress written after each request, end succeeded with the task set
+    or failed with the reason (and, when no row was valid, the per-row errors)."""
+    claimed = ScenarioJob.objects.filter(pk=job_id, status=ScenarioJobStatus.QUEUED).update(
+        status=ScenarioJobStatus.RUNNING, started_at=timezone.now(), worker=worker, attempts=F("attempts") + 1
+    )
+    if not claimed:
+        return "not claimed"
+    job = ScenarioJob.objects.select_related("project", "environment", "endpoint").get(pk=job_id)
+    if job.endpoint is None:
+        _job_finish(
+            job_id, status=ScenarioJobStatus.FAILED, error="the endpoint was deleted before the job ran"
+        )
+        return ScenarioJobStatus.FAILED
+
+    def progress(report: ScenarioReport) -> None:
+        ScenarioJob.objects.filter(pk=job_id).update(rows_done=report.accepted, requests_done=report.requests)
+
+    try:
+        task_set = task_set_generate(
+            project=job.project,
+            environment=job.environment,
+            endpoint=job.endpoint,
+            name=job.name,
+            instruction=job.instruction,
+            n=job.rows_total,
+            model=job.model,
+            validation_fraction=job.validation_fraction,
+            on_progress=progress,
+        )
+    except ValidationFailed as exc:
+        problems = [
+            [where, message] for where, message in exc.problems if where.startswith(("rows[", "requests["))
+        ]
+        error = (
+            exc.message if problems else "; ".join(f"{where}: {message}" for where, message in exc.problems)
+        )
+        _job_finish(job_id, status=ScenarioJobStatus.FAILED, error=error, problems=problems)
+        return ScenarioJobStatus.FAILED
+    except Exception as exc:  # the job must end readably, whatever broke
+        logger.exception("scenario job %s failed", job_id)
+        _job_finish(
+            job_id, status=ScenarioJobStatus.FAILED, error=f"generation failed: {type(exc).__name__}: {exc}"
+        )
+        return ScenarioJobStatus.FAILED
+    source = task_set.source or {}
+    _job_finish(
+        job_id,
+        status=ScenarioJobStatus.SUCCEEDED,
+        task_set=task_set,
+        rows_done=source.get("accepted", task_set.row_count),
+        requests_done=source.get("requests", 0),
+    )
+    return ScenarioJobStatus.SUCCEEDED

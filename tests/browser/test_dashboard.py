@@ -251,7 +251,8 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
     assert page.locator("button:has-text('Generate task set')").is_disabled()
     browser.screenshot("20-generate-needs-endpoint")
     # With a team endpoint (a scripted OpenAI-compatible stub on loopback, tests/openai_stub.py)
-    # the web process generates the rows; the new task set's page shows the report.
+    # a worker generates the rows (a ScenarioJob on the default queue) while the job's page polls
+    # its progress; when the task set is made the page moves on to it, which shows the report.
     reply = "\n".join(
         [
             '{"prompt": "Say maybe", "item": ',  # malformed
@@ -270,7 +271,9 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
         page.fill("#id_instruction", "one-word answers")
         page.fill("#id_name", "generated")
         page.click("button:has-text('Generate task set')")
-        page.wait_for_url(f"{url}/task-sets/*/")
+        page.wait_for_url(f"{url}/scenario-jobs/*/")
+        assert page.locator("#scenario-job-live .rows-progress").inner_text().endswith("/ 2 rows accepted")
+        page.wait_for_url(f"{url}/task-sets/*/", timeout=90_000)
     assert page.locator(".generation-report dd.accepted").inner_text() == "2"
     assert page.locator(".generation-report dd.rejected").inner_text() == "2"
     assert page.locator("table.row-errors tbody tr").count() == 2

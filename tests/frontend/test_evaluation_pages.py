@@ -54,6 +54,14 @@ def writer(cast):
         context.__exit__(None, None, None)
 
 
+@pytest.fixture(autouse=True)
+def _scenario_jobs_run_at_once(monkeypatch):
+    """The form queues a ScenarioJob for a worker; here the job runs as soon as it is queued."""
+    from projects.services import scenarios
+
+    monkeypatch.setattr(scenarios, "_enqueue_job", lambda job_id: scenarios.scenario_job_run(job_id=job_id))
+
+
 def generate_form(setup, endpoint, **changes):
     data = {
         "environment": setup.environment.pk,
@@ -86,10 +94,13 @@ def test_generate_saves_valid_rows_and_shows_the_report_on_the_new_task_set(cast
     response = client.post(url, generate_form(alpha_setup, endpoint))
     assert response.status_code == 302, response.content.decode()[:3000]
     created = TaskSet.objects.get(name="generated")
-    assert response["Location"] == f"/task-sets/{created.pk}/"
+    # The form goes to the job's page; its polled part sends htmx on to the new task set.
+    assert response["Location"].startswith("/scenario-jobs/")
+    live = client.get(response["Location"] + "live", headers={"HX-Request": "true"})
+    assert live["HX-Redirect"] == f"/task-sets/{created.pk}/"
     assert stub.requests[0]["model"] == "writer-model"
     assert created.row_count == 3
-    html = client.get(response["Location"]).content.decode()
+    html = client.get(live["HX-Redirect"]).content.decode()
     assert "Generated task set generated: 3 rows accepted, 2 rejected." in html
     assert '<dd class="accepted">3</dd>' in html and '<dd class="rejected">2</dd>' in html
     assert "malformed JSON" in html and "duplicate of accepted row 1" in html
@@ -102,11 +113,11 @@ def test_generate_shows_the_reason_next_to_the_field_and_every_row_error(cast, a
     stub, endpoint = writer(["[1, 2]", "nothing useful", '{"item": {}}'])
     client = client_for(cast.alice)
     url = f"/projects/{alpha_setup.project.pk}/task-sets/generate"
-    response = client.post(url, generate_form(alpha_setup, endpoint))
+    response = client.post(url, generate_form(alpha_setup, endpoint), follow=True)
     assert response.status_code == 200
-    errors = response.context["form"].errors
-    assert "no valid task rows" in errors["instruction"][0]
-    assert [where for where, _ in response.context["row_errors"]][:2] == ["rows[1.1]", "rows[1.2]"]
+    job = response.context["job"]
+    assert job.status == "failed" and "no valid task rows" in job.error
+    assert [where for where, _ in job.problems][:2] == ["rows[1.1]", "rows[1.2]"]
     assert "Why no row was accepted" in response.content.decode()
     assert not TaskSet.objects.filter(name="generated").exists()
     # Input the service refuses up front is reported on its field and nothing is generated.
