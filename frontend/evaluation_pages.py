@@ -26,6 +26,7 @@ from projects.models import (
     EvaluationStatus,
     Project,
     TaskSet,
+    TrainableModel,
 )
 from projects.secrets import url_public
 
@@ -73,17 +74,28 @@ def _model_choices(team: Any) -> tuple[list[tuple[str, str]], list[tuple[str, st
     return checkpoints, base_models
 
 
-def _choices(team: Any) -> dict[str, list[Any]]:
+def _choices(team: Any, subject_model: TrainableModel | None = None) -> dict[str, list[Any]]:
     """Every choice across the team's projects, labelled with the project (the service checks that
-    the task set, environment and reward definition share one)."""
+    the task set, environment and reward definition share one). With ``subject_model`` the model
+    to evaluate is one of its checkpoints or its base model (the reference stays any)."""
     checkpoints, base_models = _model_choices(team)
+    subject = [("Checkpoints", checkpoints), ("Base models", base_models)]
+    if subject_model is not None:
+        own = {
+            f"checkpoint:{pk}"
+            for pk in Checkpoint.objects.filter(model=subject_model).values_list("pk", flat=True)
+        }
+        subject = [
+            (f"Checkpoints of {subject_model.name}", [c for c in checkpoints if c[0] in own]),
+            ("Its base model", [b for b in base_models if b[0] == f"base:{subject_model.base_model_id}"]),
+        ]
     endpoints = [
         (f"endpoint:{e.pk}", f"{e.name} ({url_public(e.base_url)})")
         for e in selectors.judge_endpoints(team=team)
     ]
     projects = list(selectors.scoped(Project, team).order_by("name"))
     return {
-        "subject": [("Checkpoints", checkpoints), ("Base models", base_models)],
+        "subject": subject,
         "task_set": [
             (t.pk, f"{t.project.name} / {t.name} ({t.train_count} train / {t.validation_count} validation)")
             for t in selectors.scoped(TaskSet, team)
@@ -153,20 +165,40 @@ def _initial(request: TeamHttpRequest) -> dict[str, Any]:
 
 
 def evaluation_form(
-    request: TeamHttpRequest, data: Any = None, initial: dict[str, Any] | None = None
+    request: TeamHttpRequest,
+    data: Any = None,
+    initial: dict[str, Any] | None = None,
+    subject_model: TrainableModel | None = None,
 ) -> f.EvaluationForm:
-    return f.EvaluationForm(data, initial=initial or {}, choices=_choices(request.team))
+    return f.EvaluationForm(data, initial=initial or {}, choices=_choices(request.team, subject_model))
 
 
 @team_view(write=True)
 def evaluation_new(request: TeamHttpRequest) -> HttpResponse:
-    form = evaluation_form(request, request.POST or None, _initial(request))
+    """``?model=<id>`` narrows the model to evaluate to that model's checkpoints (the filter form
+    above the form; htmx swaps only the field when the select changes)."""
+    model_id = request.GET.get("model", "")
+    subject_model = (
+        get_scoped(TrainableModel, request, int(model_id))
+        if model_id.isdecimal() and not request.POST
+        else None
+    )
+    form = evaluation_form(request, request.POST or None, _initial(request), subject_model)
     if request.method == "POST" and form.is_valid():
         evaluation = _create(request, form)
         if evaluation is not None:
             messages.success(request, f"Evaluation {evaluation.pk} queued.")
             return redirect("frontend:evaluation", evaluation_id=evaluation.pk)
-    return render(request, "frontend/evaluation_new.html", {"form": form})
+    models = (
+        selectors.scoped(TrainableModel, request.team)
+        .select_related("project")
+        .order_by("project__name", "name")
+    )
+    return render(
+        request,
+        "frontend/evaluation_new.html",
+        {"form": form, "models": models, "subject_model": subject_model},
+    )
 
 
 def _model_choice(value: str, endpoint_model: str = "") -> selectors.ModelChoice:
