@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from training.engines.base import Choice, FinishReason, OnToken, SamplingParams, TextDeltas, TokenDelta
 from training.engines.grammar import BatchMatchers
@@ -161,7 +161,7 @@ class DecodeBatch:
         self._mask = torch.cat([self._mask, self._mask.new_ones((len(rows), 1))], dim=1)
         out = self.engine.model(
             input_ids=tokens,
-            attention_mask=self._mask,
+            attention_mask=_unless_full(self._mask),
             position_ids=positions,
             use_cache=True,
             **{self.engine.cache_argument: self._cache},
@@ -195,9 +195,15 @@ class DecodeBatch:
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         device = self.engine.device
         input_ids, mask, position_ids = (t.to(device) for t in (input_ids, mask, position_ids))
-        extra = {"logits_to_keep": 1} if self.engine.can_keep_last_logits else {}
+        extra: dict[str, Any] = {self.engine.cache_argument: self._new_cache()}
+        if self.engine.can_keep_last_logits:
+            extra["logits_to_keep"] = 1
         out = self.engine.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True, **extra
+            input_ids=input_ids,
+            attention_mask=_unless_full(mask),
+            position_ids=position_ids,
+            use_cache=True,
+            **extra,
         )
         cache = self.engine.returned_cache(out)
         logits = out.logits[:, -1, :]
@@ -211,6 +217,13 @@ class DecodeBatch:
         self._join(cache, mask, rows)
         return logits
 
+    def _new_cache(self) -> DynamicCache:
+        """The model's own dynamic cache, with growing layers where all its layers are plain."""
+        cache = DynamicCache(config=self.engine.model.config)
+        if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
+            cache.layers = [GrowingLayer() for _ in cache.layers]
+        return cache
+
     def _join(self, cache: Any, mask: torch.Tensor, rows: list[_Row]) -> None:
         if not self._rows:
             self._cache, self._mask, self._rows = cache, mask, rows
@@ -218,7 +231,7 @@ class DecodeBatch:
         assert self._mask is not None
         length = max(self._mask.shape[1], mask.shape[1])
         for mine, theirs in zip(self._cache.layers, cache.layers, strict=True):
-            if type(mine) is not DynamicLayer or type(theirs) is not DynamicLayer:
+            if type(mine) not in _PLAIN_LAYERS or type(theirs) not in _PLAIN_LAYERS:
                 raise NotImplementedError(
                     f"rows can join a running batch only with a plain dynamic KV cache, not {type(mine).__name__}"
                 )
@@ -243,7 +256,7 @@ class DecodeBatch:
         self._mask = self._mask[index]
         self._rows = [self._rows[position] for position in positions]
         first = int(self._mask.any(dim=0).to(torch.int8).argmax())  # first column still attended to
-        if first > 0 and all(type(layer) is DynamicLayer for layer in self._cache.layers):
+        if first > 0 and all(type(layer) in _PLAIN_LAYERS for layer in self._cache.layers):
             for layer in self._cache.layers:
                 if layer.is_initialized:
                     layer.keys = layer.keys[:, :, first:]
@@ -353,6 +366,57 @@ class DecodeBatch:
                 row.text = text if text is not None else self.engine.decode(row.token_ids)
             piece = row.deltas.finish(row.text)
         row.on_token(TokenDelta(row.index, token, logprob, tops, piece, row.finish))
+
+
+class GrowingLayer(DynamicLayer):
+    """A DynamicLayer whose keys and values are the leading positions of buffers with room to spare:
+    a decode step writes one position instead of copying the layer's whole cache (which
+    DynamicLayer.update does by concatenation). Anything that replaces `keys`/`values` (row
+    selection, trimming, a join) leaves them outside the buffer; the next update starts a new one."""
+
+    spare = 32  # positions allocated ahead
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.keys, self.values
+        if not self.is_initialized or keys is None or values is None or keys.numel() == 0:
+            return super().update(key_states, value_states, *args, **kwargs)
+        self._key_buffer, keys = _append(getattr(self, "_key_buffer", None), keys, key_states, self.spare)
+        self._value_buffer, values = _append(
+            getattr(self, "_value_buffer", None), values, value_states, self.spare
+        )
+        self.keys, self.values = keys, values
+        return keys, values
+
+
+_PLAIN_LAYERS = (DynamicLayer, GrowingLayer)
+
+
+def _append(
+    buffer: torch.Tensor | None, view: torch.Tensor, new: torch.Tensor, spare: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, view of its first positions) after appending `new` along the sequence dim."""
+    length, extra = view.shape[-2], new.shape[-2]
+    inside = (
+        buffer is not None
+        and buffer.data_ptr() == view.data_ptr()
+        and buffer.shape[:2] == view.shape[:2]
+        and buffer.stride() == view.stride()
+        and buffer.shape[-2] >= length + extra
+    )
+    if not inside:
+        buffer = view.new_empty((*view.shape[:2], length + extra + spare, view.shape[-1]))
+        buffer[:, :, :length] = view
+    assert buffer is not None
+    buffer[:, :, length : length + extra] = new
+    return buffer, buffer[:, :, : length + extra]
+
+
+def _unless_full(mask: torch.Tensor) -> torch.Tensor | None:
+    """No mask when no row has padding: attention then needs no mask tensor, and grouped-query
+    attention runs without copying the keys and values per query head (transformers' SDPA path)."""
+    return None if bool(mask.all()) else mask
 
 
 def _pad_left(tensor: Any, length: int, dim: int) -> torch.Tensor:

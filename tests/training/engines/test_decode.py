@@ -227,3 +227,20 @@ def test_generate_reports_each_row_when_it_finishes(engine, prompts):
         handle.remove()
     assert choices[1].finish_reason == "stop" and len(choices[1].token_ids) == 2
     assert order[0] == 1 and sorted(order) == [0, 1, 2]
+
+
+def test_decode_steps_append_to_the_kv_cache_in_place(engine, prompts):
+    batch = DecodeBatch(engine, None)
+    batch.add(prompts[:2], SamplingParams(max_new_tokens=20, seed=0))
+    finished = dict(batch.step())
+    finished.update(batch.step())  # the first decode pass moves the prefill's keys into a buffer
+    layer = batch._cache.layers[0]
+    address, length = layer.keys.data_ptr(), layer.keys.shape[2]
+    for _ in range(5):
+        finished.update(batch.step())
+    assert not finished and batch.live == 2
+    assert layer.keys.shape[2] == length + 5
+    assert layer.keys.data_ptr() == address  # no copy of the whole cache per step
+    choices = run(batch)
+    expected = engine.generate_from_tokens(prompts[:2], SamplingParams(max_new_tokens=20, seed=0))
+    assert [c.token_ids for c in choices.values()] == [c.token_ids for c in expected]
