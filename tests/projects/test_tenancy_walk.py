@@ -112,6 +112,12 @@ def world(cast, alpha_setup, alice_client, settings, tmp_path):
     ).endpoint
     delivery = webhooks.webhook_test(endpoint=webhook)  # enqueued on commit: this test never commits
     invitation = services.invitation_create(team=cast.alpha, invitee="dora", role="member", by=cast.alice)
+    from projects.models import ScenarioJob
+
+    scenario_job = ScenarioJob.objects.create(
+        project=alpha_setup.project, environment=alpha_setup.environment, endpoint=judge,
+        name="generated", instruction="x", model="m", rows_total=1,
+    )  # fmt: skip
     objects = {
         "project": alpha_setup.project,
         "model": alpha_setup.model,
@@ -129,6 +135,7 @@ def world(cast, alpha_setup, alice_client, settings, tmp_path):
         "invitation": invitation.invitation,
         "membership": Membership.objects.get(team=cast.alpha, user=cast.bob),
         "base_model": alpha_setup.base,
+        "scenario_job": scenario_job,
     }
     return type("World", (), {**objects, "objects": objects, "setup": alpha_setup})
 
@@ -148,6 +155,7 @@ KWARGS = {
     "webhook_id": "webhook",
     "endpoint_id": "judge",  # the judge-endpoints pages
     "delivery_id": "delivery",
+    "job_id": "scenario_job",  # a scenario generation job's page
 }
 # A router's ``pk`` → the world's object, by the view's model.
 PK_OF_MODEL = {
