@@ -261,6 +261,8 @@ WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 10.0)
 METRICS_TOKEN = env_str("METRICS_TOKEN")
 WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0, minimum=0)
 METRICS_BIND_ADDRESS = env_str("METRICS_BIND_ADDRESS", "127.0.0.1")
+# prometheus_client reads this itself, at import; named here so the deploy files' check knows it.
+PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR")
 GRADER_MAX_ERROR_FRACTION = env_float("GRADER_MAX_ERROR_FRACTION", 0.5)
 RUN_REAPER_INTERVAL_S = env_float("RUN_REAPER_INTERVAL_S", 60.0)
 # The tasks live in projects.jobs.tasks; their names keep the "training." prefix they were queued under.

@@ -210,7 +210,7 @@ def test_worker_runs_one_task_at_a_time():
     words = _command(compose()["services"]["worker"])
     assert words[words.index("-c") + 1] == "1"
     assert words[words.index("--prefetch-multiplier") + 1] == "1"
-    queues = words[words.index("-Q") + 1].split(",")
+    queues = interpolated(words[words.index("-Q") + 1]).split(",")
     from projects.queues import Queue
 
     assert set(queues) == {q.value for q in Queue}

@@ -80,3 +80,21 @@ def test_model_labels_drop_the_step():
     assert metrics.model_label("math/agent:17") == "math/agent"
     assert metrics.model_label("math/agent:latest") == "math/agent"
     assert metrics.model_label("smollm2-135m") == "smollm2-135m"
+
+
+def test_a_starting_worker_clears_only_dead_processes_samples(tmp_path, monkeypatch):
+    import os
+    import subprocess
+
+    from artweb import celery
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f"counter_{dead.pid}.db").write_bytes(b"old run")
+    (tmp_path / f"histogram_{os.getpid()}.db").write_bytes(b"a live process's samples")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing-then-made"))
+    celery._fresh_metrics_folder()
+    assert (tmp_path / "missing-then-made").is_dir()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    celery._fresh_metrics_folder()
+    assert sorted(p.name for p in tmp_path.glob("*.db")) == [f"histogram_{os.getpid()}.db"]
