@@ -395,6 +395,11 @@ PRICE_PER_CPU_HOUR = env_float("PRICE_PER_CPU_HOUR", 0.0)
 PRICE_PER_1K_TOKENS = env_float("PRICE_PER_1K_TOKENS", 0.0)  # tokens sampled + tokens trained
 PRICE_PER_1K_JUDGE_TOKENS = env_float("PRICE_PER_1K_JUDGE_TOKENS", 0.0)  # judge prompt + completion
 COST_CURRENCY = env_str("COST_CURRENCY", "USD")
-for _price in ("PRICE_PER_GPU_HOUR", "PRICE_PER_CPU_HOUR", "PRICE_PER_1K_TOKENS", "PRICE_PER_1K_JUDGE_TOKENS"):
+for _price in (
+    "PRICE_PER_GPU_HOUR",
+    "PRICE_PER_CPU_HOUR",
+    "PRICE_PER_1K_TOKENS",
+    "PRICE_PER_1K_JUDGE_TOKENS",
+):
     if not 0 <= globals()[_price] < float("inf"):  # also refuses nan
         raise ImproperlyConfigured(f"{_price}={globals()[_price]} must be a number >= 0")
