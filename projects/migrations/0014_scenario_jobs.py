@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("projects", "0015_costs"),
+        ("projects", "0013_webhooks"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

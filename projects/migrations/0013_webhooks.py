@@ -5,7 +5,7 @@ import projects.models.base
 
 
 class Migration(migrations.Migration):
-    dependencies = [("projects", "0013_indexes")]
+    dependencies = [("projects", "0012_queues")]
 
     operations = [
         migrations.CreateModel(
