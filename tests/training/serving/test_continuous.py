@@ -170,6 +170,26 @@ def test_cancelling_a_request_frees_its_slot_and_the_next_waiting_request_starts
     assert ("finish", 1) not in kinds  # the cancelled row never decoded to its end
 
 
+def test_a_saturated_batch_takes_latecomers_in_groups_not_one_per_step():
+    recorder = Recorder()
+    scheduler = ContinuousScheduler(recorder.new_batch, window_s=0.0, max_batch_size=4, join_min_free=2)
+
+    async def body():
+        running = [asyncio.create_task(scheduler.submit([[token]], tokens(n), None))
+                   for token, n in ((1, 5), (2, 8), (3, 60), (4, 60))]  # fmt: skip
+        await until(lambda: recorder.batches and recorder.batches[0].steps >= 1 and scheduler.live_rows == 4)
+        late = [asyncio.create_task(scheduler.submit([[token]], tokens(3), None)) for token in (5, 6, 7)]
+        await asyncio.gather(*running, *late)
+
+    scenario(scheduler, body)
+    joined = {
+        token: step for kind, (token, step) in (e for e in recorder.events if e[0] == "add") if token > 4
+    }
+    # One slot free after step 5 is not enough while three wait; two free after step 8 are.
+    assert joined[5] == joined[6] == 8 and joined[7] > 8
+    assert max(recorder.batches[0].live_per_step) == 4
+
+
 def test_a_request_cancelled_while_waiting_is_never_decoded():
     recorder = Recorder()
     scheduler = ContinuousScheduler(recorder.new_batch, window_s=0.0, max_batch_size=1)
