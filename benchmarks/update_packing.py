@@ -111,7 +111,11 @@ def prefix_kv(trainer: Trainer, samples: list[TrainSample]) -> tuple[torch.Tenso
             attention[row, len(prompt) : len(prompt) + len(completion)] = 1
         position_ids = torch.arange(len(prompt), len(prompt) + width)[None].expand(len(members), -1)
         rest = model(
-            input_ids=ids, attention_mask=attention, position_ids=position_ids, past_key_values=cache, use_cache=True
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
         )
         logits = torch.cat([first.logits.expand(len(members), -1, -1), rest.logits[:, :-1]], dim=1)
         logits = logits.float() / temperature
@@ -127,14 +131,18 @@ def prefix_kv(trainer: Trainer, samples: list[TrainSample]) -> tuple[torch.Tenso
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=30)
     parser.add_argument("--model", default=BUNDLED_MODEL)
-    parser.add_argument("--cache-dir", type=Path, default=Path(os.environ.get("ARTWEB_DATA_DIR", "data")) / "models")
+    parser.add_argument(
+        "--cache-dir", type=Path, default=Path(os.environ.get("ARTWEB_DATA_DIR", "data")) / "models"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_base_model(args.model, args.cache_dir, dtype=torch.float32)
@@ -159,12 +167,16 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
     reference = results["padded (before)"][0]
     base = statistics.median(times["padded (before)"][1:])
-    print(f"{'layout':<32} {'s fwd+bwd':>10} {'÷ padded':>9} {'positions':>10} {'padding':>8} {'max |dlogp|':>12}")
+    print(
+        f"{'layout':<32} {'s fwd+bwd':>10} {'÷ padded':>9} {'positions':>10} {'padding':>8} {'max |dlogp|':>12}"
+    )
     for name in layouts:
         median = statistics.median(times[name][1:])
         logprobs, positions, pad = results[name]
         diff = float((logprobs - reference).abs().max())
-        print(f"{name:<32} {median:>10.3f} {median / base:>8.2f}x {positions:>10} {pad / positions:>7.1%} {diff:>12.2e}")
+        print(
+            f"{name:<32} {median:>10.3f} {median / base:>8.2f}x {positions:>10} {pad / positions:>7.1%} {diff:>12.2e}"
+        )
     with open("/proc/loadavg") as f:
         print(f"load average at end: {' '.join(f.read().split()[:3])}")
 
