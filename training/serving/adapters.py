@@ -14,6 +14,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from training.serving import metrics
 from training.serving.protocol import RequestError
 
 
@@ -60,11 +61,15 @@ class AdapterCache:
             with self._lock:
                 del self._loaded[oldest]
             self.evictions += 1
+            metrics.ADAPTER_EVICTIONS.inc()
+            metrics.LOADED_ADAPTERS.set(len(self._loaded))
         name = adapter_name(path)
         self.engine.load_adapter(name, path)
         with self._lock:
             self._loaded[path] = name
         self.loads += 1
+        metrics.ADAPTER_LOADS.inc()
+        metrics.LOADED_ADAPTERS.set(len(self._loaded))
         return name
 
     def loaded(self) -> list[str]:

@@ -1,4 +1,4 @@
-"""The inference server's ASGI application: `/v1/chat/completions`, `/v1/models`, `/health`, `/stats`.
+"""The inference server's ASGI application: `/v1/chat/completions`, `/v1/models`, `/health`, `/stats`, `/metrics`.
 
 A plain ASGI callable (no framework): the routes are few and the hot path stays short. Requests
 are validated and rendered on the event loop's side (rendering in a helper thread), sampled by the
@@ -30,6 +30,7 @@ from training.agent import template_supports_tools
 from training.engines.base import Choice, Engine, OnToken, SamplingParams, TokenDelta
 from training.engines.grammar import json_grammar
 from training.openai_errors import error_object
+from training.serving import metrics
 from training.serving.adapters import AdapterCache, check_adapter_path
 from training.serving.chunks import (
     ChunkContext,
@@ -147,44 +148,55 @@ class InferenceApp:
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
         method, path = scope["method"], scope["path"]
         started = False
+        status = 0
         send_to_client = send
 
         async def send_tracked(message: dict[str, Any]) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+            nonlocal started, status
+            if message["type"] == "http.response.start":
+                started, status = True, int(message["status"])
             await send_to_client(message)
 
         send = send_tracked
         try:
-            if path == "/health":
-                await _json(send, 200, {"status": "ok", "model": self.config.model_name})
-                return
-            if not self._authorized(headers):
-                raise RequestError("a valid server token is required", code="invalid_api_key", status=401)
-            if path == "/v1/chat/completions" and method == "POST":
-                await self._chat(headers, await _read_body(receive), send, receive)
-            elif path == "/v1/models" and method == "GET":
-                created = int(self.started_at)
-                model = {
-                    "id": self.config.model_name,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "artweb",
-                }
-                await _json(send, 200, {"object": "list", "data": [model]})
-            elif path == "/stats" and method == "GET":
-                await _json(send, 200, self.stats())
-            else:
-                raise RequestError(f"no route {method} {path}", code="not_found", status=404)
-        except RequestError as exc:
-            await _json(send, exc.status, exc.body())
-        except Exception:
-            # Anything unforeseen is still OpenAI's error object (the gateway relays it), unless a
-            # stream had begun: then the connection is cut, as a half-sent stream cannot turn into one.
-            log.exception("unhandled error on %s %s", method, path)
-            if started:
-                raise
-            await _json(send, 500, error_object(500, "The inference server had an error; see its log."))
+            try:
+                if path == "/health":
+                    await _json(send, 200, {"status": "ok", "model": self.config.model_name})
+                    return
+                if not self._authorized(headers):
+                    raise RequestError("a valid server token is required", code="invalid_api_key", status=401)
+                if path == "/v1/chat/completions" and method == "POST":
+                    await self._chat(headers, await _read_body(receive), send, receive)
+                elif path == "/metrics" and method == "GET":
+                    body, content_type = metrics.exposition()
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": [(b"content-type", content_type.encode())]})  # fmt: skip
+                    await send({"type": "http.response.body", "body": body})
+                elif path == "/v1/models" and method == "GET":
+                    created = int(self.started_at)
+                    model = {
+                        "id": self.config.model_name,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "artweb",
+                    }
+                    await _json(send, 200, {"object": "list", "data": [model]})
+                elif path == "/stats" and method == "GET":
+                    await _json(send, 200, self.stats())
+                else:
+                    raise RequestError(f"no route {method} {path}", code="not_found", status=404)
+            except RequestError as exc:
+                await _json(send, exc.status, exc.body())
+            except Exception:
+                # Anything unforeseen is still OpenAI's error object (the gateway relays it), unless a
+                # stream had begun: then the connection is cut, as a half-sent stream cannot turn into one.
+                log.exception("unhandled error on %s %s", method, path)
+                if started:
+                    raise
+                await _json(send, 500, error_object(500, "The inference server had an error; see its log."))
+        finally:
+            if path == "/v1/chat/completions":  # 499: the client left before any response
+                metrics.REQUESTS.labels(str(status or 499)).inc()
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -306,6 +318,7 @@ class InferenceApp:
             prompt_token_ids=prompt, token_text=self._token_text,
         )  # fmt: skip
         usage = response["usage"]
+        metrics.TOKENS.inc(usage["completion_tokens"])
         await _json(
             send, 200, response, {USAGE_HEADER: f"{usage['prompt_tokens']} {usage['completion_tokens']}"}
         )
@@ -367,8 +380,17 @@ class InferenceApp:
         # chunks are sent when it is complete.
         live = not request.uses_tools
         tokens: asyncio.Queue[TokenDelta | None] = asyncio.Queue()
+        arrived, first_token = time.perf_counter(), True
+
+        def on_token(delta: TokenDelta) -> None:
+            nonlocal first_token
+            if first_token:
+                first_token = False
+                metrics.TIME_TO_FIRST_TOKEN.observe(time.perf_counter() - arrived)
+            tokens.put_nowait(delta)
+
         sampled = asyncio.ensure_future(
-            self._sample(request, prompt, sampling, adapter, tokens.put_nowait if live else None, grammar)
+            self._sample(request, prompt, sampling, adapter, on_token if live else None, grammar)
         )
         sampled.add_done_callback(lambda _: tokens.put_nowait(None))
         # A client that goes away (the gateway closes the connection when its own client does)
@@ -401,6 +423,7 @@ class InferenceApp:
                 ):
                     await _event(send, sse_event(chunk))
         usage = usage_body(len(prompt), choices)
+        metrics.TOKENS.inc(usage["completion_tokens"])
         if request.include_usage:
             await _event(send, sse_event(context.chunk([], usage=usage)))
         await _event(send, usage_comment(usage["prompt_tokens"], usage["completion_tokens"]))

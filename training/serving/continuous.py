@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from training.engines.base import Choice, OnToken, SamplingParams, TokenDelta
+from training.serving import metrics
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +272,7 @@ class ContinuousScheduler:
             running.steps += 1
             self.stats.steps += 1
             self.stats.row_steps += running.batch.live + len(finished)
+            metrics.BATCH_SIZE.observe(running.batch.live + len(finished))
             completed = []
             for handle, choice in finished:
                 owner = running.owners.pop(handle, None)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from training.engines.base import Choice, OnToken, SamplingParams, TokenDelta
+from training.serving import metrics
 
 # generate(prompts, sampling, adapter path or None, on_token or None, grammars or None) -> one
 # Choice per prompt; runs in the worker thread and calls on_token there, for every sequence, if it
@@ -199,6 +200,7 @@ class BatchScheduler:
         finally:
             self.running = 0
             self.stats.record(len(batch), len(prompts), time.perf_counter() - started)
+            metrics.BATCH_SIZE.observe(len(prompts))
         offset = 0
         for job in batch:
             if not job.future.done():
