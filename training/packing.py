@@ -32,7 +32,7 @@ import torch
 from training.trajectory import TrainSample
 
 # Rows longer than this pay for a mostly-masked attention (the mask is dense on CPU): units are
-# combined into one row only up to it. See benchmarks/README.md, "helper-b: packed update".
+# combined into one row only up to it. See benchmarks/README.md, "The packed update, and threads for two torch processes".
 ROW_TOKENS = 512
 
 
