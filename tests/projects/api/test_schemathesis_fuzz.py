@@ -45,6 +45,7 @@ from projects.models import (
     StepMetrics,
     Trajectory,
     UsageRecord,
+    WebhookEndpoint,
 )
 
 pytestmark = pytest.mark.django_db
@@ -129,6 +130,9 @@ def world(alpha_setup, cast) -> dict[str, int]:
         "/api/v1/evaluations/": evaluation.pk,
         "/api/v1/checkpoints/": checkpoint.pk,
         "/api/v1/exports/": Export.objects.create(checkpoint=checkpoint).pk,
+        "/api/v1/webhooks/": WebhookEndpoint.objects.create(
+            team=cast.alpha, name="hook", url="http://127.0.0.1:9/hook", events=["*"], secret_encrypted="x"
+        ).pk,
     }
 
 
