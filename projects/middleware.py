@@ -79,6 +79,8 @@ def with_request_id(response: Any, request_id: str) -> Any:
     if isinstance(error, dict) and "request_id" not in error:
         error["request_id"] = request_id
         response.content = json.dumps(body).encode()
+        if response.has_header("Content-Length"):  # set by CommonMiddleware for the old body
+            response["Content-Length"] = str(len(response.content))
     return response
 
 

@@ -100,6 +100,10 @@ def test_a_failing_request_logs_with_its_id_and_the_error_body_names_it(cast, al
     assert response.json()["error"]["request_id"] == request_id
     line = json.loads(stream.getvalue().splitlines()[-1])
     assert line["request_id"] == request_id and "database on fire" in line["exc_info"]
-    # A plain 4xx error object names the id too.
+    # A plain 4xx error object names the id too, and its Content-Length is the new body's (a
+    # stale one makes servers cut the connection: clients then read nothing at all).
     missing = client.get("/api/v1/runs/999999/")
     assert missing.status_code == 404 and missing.json()["error"]["request_id"] == missing["X-Request-Id"]
+    assert int(missing["Content-Length"]) == len(missing.content)
+    refused = APIClient().get("/api/v1/projects/", HTTP_AUTHORIZATION="Bearer aw_wrong")
+    assert refused.status_code == 401 and int(refused["Content-Length"]) == len(refused.content)
