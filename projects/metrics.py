@@ -141,21 +141,26 @@ def queue_depths() -> dict[str, int]:
         return {}
 
 
-_state_collector_registered = False
+class _ThisProcess(Collector):
+    """The default registry's samples, read through another registry (the default one itself
+    never gets the database-reading StateCollector: other code scrapes it without a database)."""
+
+    def collect(self) -> Iterator[Any]:
+        yield from REGISTRY.collect()
 
 
-def registry() -> CollectorRegistry:
-    """What a scrape reads: every process's samples in multiprocess mode, else this process's."""
-    global _state_collector_registered
+def registry(*, with_state: bool = True) -> CollectorRegistry:
+    """What a scrape reads: every process's samples in multiprocess mode, else this process's;
+    plus, for the web only (``with_state``), what PostgreSQL and the broker know, so that those
+    series come from one scrape target and a dashboard's sum does not count them twice."""
+    combined = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        combined = CollectorRegistry()
         multiprocess.MultiProcessCollector(combined)
+    else:
+        combined.register(_ThisProcess())
+    if with_state:
         combined.register(StateCollector())
-        return combined
-    if not _state_collector_registered:
-        REGISTRY.register(StateCollector())
-        _state_collector_registered = True
-    return REGISTRY
+    return combined
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
@@ -211,5 +216,5 @@ def start_worker_metrics_server() -> None:
         # the parent that serves /metrics, and the endpoint would show zeros that look like data.
         logger.error("WORKER_METRICS_PORT is set but PROMETHEUS_MULTIPROC_DIR is not: worker metrics are off")
         return
-    start_http_server(port, addr=settings.METRICS_BIND_ADDRESS, registry=registry())
+    start_http_server(port, addr=settings.METRICS_BIND_ADDRESS, registry=registry(with_state=False))
     logger.info("worker metrics on http://%s:%d/metrics", settings.METRICS_BIND_ADDRESS, port)
