@@ -76,12 +76,21 @@ def test_a_deep_document_is_refused_quickly_and_a_large_one_parses_at_json_speed
     rows = json.dumps(
         [{"messages": [{"role": "user", "content": "hi " * 20}], "item": {"a": [1, 2]}}] * 20_000
     )
-    started = time.perf_counter()
-    plain = json.loads(rows)
-    plain_s = time.perf_counter() - started
-    started = time.perf_counter()
-    assert loads(rows) == plain
-    assert time.perf_counter() - started < 10 * plain_s + 0.5
+    assert loads(rows) == json.loads(rows)
+
+    def best_of_two(parse) -> float:
+        times = []
+        for _ in range(2):
+            started = time.perf_counter()
+            parse(rows)
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    # Linear like json's own reader, not quadratic (which over 20k rows would take minutes): a
+    # generous bound, as a loaded CI machine may pause either measurement (seen: 0.88 s against
+XX
+    plain_s, ours_s = best_of_two(json.loads), best_of_two(loads)
+    assert ours_s < 30 * plain_s + 1.5, (ours_s, plain_s)
 
 
 @pytest.mark.parametrize(
