@@ -88,7 +88,7 @@ def test_a_deep_document_is_refused_quickly_and_a_large_one_parses_at_json_speed
 
     # Linear like json's own reader, not quadratic (which over 20k rows would take minutes): a
     # generous bound, as a loaded CI machine may pause either measurement (seen: 0.88 s against
-XX
+    # json's 0.034 s once in CI; 0.10 s against 0.035 s on a quiet machine).
     plain_s, ours_s = best_of_two(json.loads), best_of_two(loads)
     assert ours_s < 30 * plain_s + 1.5, (ours_s, plain_s)
 
