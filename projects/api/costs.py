@@ -18,7 +18,7 @@ from rest_framework.response import Response
 
 from projects import selectors
 from projects.api.base import TeamViewSet
-from projects.api.pagination import list_body
+from projects.api.pagination import group_by_fields, list_body
 from projects.models import Evaluation, Run, StepMetrics, TrainableModel
 from projects.selectors.costs import GROUPS
 
@@ -33,11 +33,7 @@ class CostQuery(serializers.Serializer):
     )
 
     def validate_group_by(self, value: str) -> list[str]:
-        fields = [part.strip() for part in value.split(",") if part.strip()]
-        unknown = [field for field in fields if field not in GROUPS]
-        if unknown:
-            raise serializers.ValidationError(f"unknown group {unknown[0]!r} (use {', '.join(GROUPS)})")
-        return fields
+        return group_by_fields(value, GROUPS)
 
     def validate(self, attrs: dict) -> dict:
         if "start" in attrs and "end" in attrs and attrs["start"] > attrs["end"]:

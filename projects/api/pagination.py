@@ -8,9 +8,11 @@ ordering columns rather than an offset, so a page stays right while rows are add
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import Q, QuerySet
+from rest_framework import serializers
 from rest_framework.pagination import BasePagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -35,6 +37,17 @@ def int_query_param(request: Request, name: str, default: int | None) -> int | N
     if not INT_MIN <= value <= INT_MAX:
         raise ValidationFailed("must be a 64-bit integer", field=name)
     return value
+
+
+def group_by_fields(value: str, groups: Iterable[str]) -> list[str]:
+    """``?group_by=day,model`` as its names, each one of ``groups``; for a query serializer's
+    ``validate_group_by`` (the usage and cost reports share it)."""
+    allowed = list(groups)
+    fields = [part.strip() for part in value.split(",") if part.strip()]
+    unknown = [field for field in fields if field not in allowed]
+    if unknown:
+        raise serializers.ValidationError(f"unknown group {unknown[0]!r} (use {', '.join(allowed)})")
+    return fields
 
 
 def list_body(items: list[Any], *, has_more: bool = False, **extra: Any) -> dict[str, Any]:

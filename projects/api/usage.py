@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from projects.api.base import TeamViewSet
-from projects.api.pagination import list_body
+from projects.api.pagination import group_by_fields, list_body
 from projects.api.views import _valid
 from projects.models import UsageRecord
 
@@ -31,11 +31,7 @@ class UsageQuery(serializers.Serializer):
     )
 
     def validate_group_by(self, value: str) -> list[str]:
-        fields = [part.strip() for part in value.split(",") if part.strip()]
-        unknown = [field for field in fields if field not in GROUPS]
-        if unknown:
-            raise serializers.ValidationError(f"unknown group {unknown[0]!r} (use {', '.join(GROUPS)})")
-        return fields
+        return group_by_fields(value, GROUPS)
 
 
 class UsageOut(serializers.Serializer):
