@@ -9,8 +9,11 @@ A script, not a timed test. In one process it measures:
    per second, decode steps per second, and achieved bytes/s = weight bytes read per decode step ×
    decode steps per second (each step reads every weight once, whatever the batch; the KV cache
    is small next to 540 MB of weights and is not counted) ÷ the measured bandwidth;
-3. the reference in the same run: transformers' `model.generate` with the same prompts and
-   settings (left-padded static batch, KV cache, sampling), printed as ours ÷ reference;
+3. the references in the same run: our decode with the model's own linears (`pack_weights=False`:
+   no prepacked oneDNN weights, see training/engines/packed.py), printed as packed ÷ unpacked
+   decode steps/s; transformers' `model.generate` with the same prompts and settings (left-padded
+   static batch, KV cache, sampling; it runs the model's own linears too), printed as ours ÷
+   reference;
 4. the sampler alone (batch 8 × vocabulary): ours against the one it replaced (log_softmax +
    torch.multinomial, and a full sort for top-p);
 5. a GRPO group (8 rows, one prompt): prefill shared once against once per row.
@@ -210,6 +213,8 @@ def main() -> None:
 
     model, tokenizer = load_base_model(BUNDLED_MODEL, args.cache_dir, dtype=torch.float32)
     engine = TransformersEngine(model.eval(), tokenizer)
+    unpacked = TransformersEngine(model, tokenizer, pack_weights=False)
+    print(f"linears through prepacked oneDNN weights: {engine.linear_packs is not None}")
     weights = weight_bytes(model)
     print(f"weights {weights / 1e6:.0f} MB; roofline {bandwidth / weights:.1f} decode steps/s")
     engine.generate_from_tokens(prompts_for(engine, 1), SamplingParams(max_new_tokens=4, seed=0))  # warm-up
@@ -218,23 +223,28 @@ def main() -> None:
     # The roofline table: no row stops early (stop tokens off in both), so both do the same work.
     stop_token_ids, eos = engine.stop_token_ids, model.generation_config.eos_token_id
     engine.stop_token_ids, model.generation_config.eos_token_id = frozenset(), None
+    unpacked.stop_token_ids = frozenset()
     print(f"fixed length: {args.new_tokens} new tokens per row, temperature 1, no early stop")
     print(
         f"{'batch':>5} {'tok/s':>7} {'decode steps/s':>14} {'of roofline':>11}"
-        f" {'ref tok/s':>9} {'ours/ref':>8}"
+        f" {'unpacked steps/s':>16} {'packed/unpacked':>15} {'ref tok/s':>9} {'ours/ref':>8}"
     )
     for size in args.batches:
         prompts = prompts_for(engine, size)
-        mine_runs, their_runs = [], []
+        mine_runs, their_runs, plain_runs = [], [], []
         for _ in range(args.repeats):  # interleaved, best of each: the machine's load drifts
             mine_runs.append(ours(engine, prompts, sampling))
+            plain_runs.append(ours(unpacked, prompts, sampling))
             if not args.no_reference:
                 their_runs.append(reference(engine, prompts, sampling))
         mine = fastest(mine_runs)
         steps_per_s = mine["decode_steps"] / mine["decode_seconds"]
+        plain = min(plain_runs, key=lambda run: run["decode_seconds"])
+        plain_steps_per_s = plain["decode_steps"] / plain["decode_seconds"]
         line = (
             f"{size:>5} {mine['tokens'] / mine['seconds']:>7.2f} {steps_per_s:>14.2f}"
-            f" {weights * steps_per_s / bandwidth:>11.1%}"
+            f" {weights * steps_per_s / bandwidth:>11.1%} {plain_steps_per_s:>16.2f}"
+            f" {steps_per_s / plain_steps_per_s:>14.2f}x"
         )
         if not args.no_reference:
             theirs = fastest(their_runs)

@@ -28,6 +28,7 @@ from training.engines.base import (
 )
 from training.engines.decode import DecodeBatch
 from training.engines.grammar import GrammarCompiler
+from training.engines.packed import LinearPacks, packed_linears, packing_available
 from training.engines.sampling import sample_tokens, uniform_draws
 
 
@@ -53,7 +54,9 @@ class TransformersEngine(Engine):
     `device` first.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, device: str | torch.device = "cpu", *, pack_weights: bool = True
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -69,6 +72,10 @@ class TransformersEngine(Engine):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad)
         self._grammars: GrammarCompiler | None = None
+        # Decoding on the CPU computes linears through prepacked oneDNN weights (see packed.py).
+        self.linear_packs = (
+            LinearPacks() if pack_weights and self.device.type == "cpu" and packing_available() else None
+        )
 
     @property
     def grammars(self) -> GrammarCompiler:
@@ -129,10 +136,18 @@ class TransformersEngine(Engine):
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), self._adapter_scope(adapter):
+            with torch.no_grad(), self._adapter_scope(adapter), self._packed():
                 yield
         finally:
             self.model.train(was_training)
+
+    @contextmanager
+    def _packed(self) -> Iterator[None]:
+        if self.linear_packs is None:
+            yield
+            return
+        with packed_linears(self.model, self.linear_packs):
+            yield
 
     def check_adapter(self, adapter: str | None) -> None:
         """Raise ValueError unless `adapter` can be sampled from (None always can)."""
