@@ -46,7 +46,9 @@ class LinearPacks:
 
     def pack(self, modules: tuple[torch.nn.Linear, ...]) -> tuple[Any, torch.Tensor | None]:
         """(packed weight, bias) of these linears side by side along the output dimension."""
-        key = tuple((m.weight.data_ptr(), m.weight._version, m.weight.dtype, m.weight.shape) for m in modules)
+        key: tuple[Any, ...] = tuple(
+            (m.weight.data_ptr(), m.weight._version, m.weight.dtype, m.weight.shape) for m in modules
+        )
         key += tuple((m.bias.data_ptr(), m.bias._version) for m in modules if m.bias is not None)
         held = self._packs.get(modules[0])
         if held is not None and held[0] == key:
@@ -84,7 +86,7 @@ def packed_linears(model: torch.nn.Module, packs: LinearPacks) -> Iterator[int]:
     """Within this scope, the model's plain CPU linears compute through packed weights (yields how
     many linears); inputs of another dtype or device, or with gradients on, use the module's own
     forward."""
-    patched: list[torch.nn.Module] = []
+    patched: list[torch.nn.Linear] = []
     try:
         for group in _groups(model, packs.fuse_siblings):
             packed, bias = packs.pack(group)
@@ -97,8 +99,8 @@ def packed_linears(model: torch.nn.Module, packs: LinearPacks) -> Iterator[int]:
                 patched.append(module)
         yield len(patched)
     finally:
-        for module in patched:
-            del module.forward  # the class's forward again
+        for linear in patched:
+            del linear.forward  # the class's forward again
 
 
 def _groups(model: torch.nn.Module, fuse: bool) -> list[tuple[torch.nn.Linear, ...]]:
