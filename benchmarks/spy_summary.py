@@ -48,10 +48,10 @@ def classify(frames: list[str], lora_base_lines: set[str]) -> str:
         return "update: other"
     if "TransformersEngine.render" in stack:
         return "generation: prompt rendering"
-    if "TransformersEngine._sample" not in stack:
+    if "DecodeBatch.step" not in stack:  # the one decode core (training/engines/decode.py)
         return "other"
-    if "sample_next_token" in stack:
-        return "generation: sampling (log_softmax, multinomial)"
+    if "sample_tokens" in stack or "DecodeBatch._sample" in stack:
+        return "generation: sampling (training/engines/sampling.py)"
     if "LlamaForCausalLM.forward" in stack and "LlamaModel.forward" not in stack:
         return "generation: lm_head (vocabulary logits)"
     lora_frames = [frame for frame in frames if "peft/tuners/lora/layer.py" in frame]
@@ -61,7 +61,7 @@ def classify(frames: list[str], lora_base_lines: set[str]) -> str:
         return "generation: attention (sdpa)"
     if "cache_utils.py" in stack:
         return "generation: KV cache update"
-    if "torch/nn/modules/linear.py" in stack:
+    if "torch/nn/modules/linear.py" in stack or "engines/packed.py" in stack:
         return "generation: base linear layers"
     if "transformers/" in stack or "peft/" in stack:
         return "generation: other model code (norms, rotary, masks, module calls)"

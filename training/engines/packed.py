@@ -36,37 +36,51 @@ def packing_available() -> bool:
 
 class LinearPacks:
     """Packed weights of a model's linears (one per linear, or one per sibling group), made at
-    first use and remade when a weight changes. Costs one extra copy of those weights in memory."""
+    first use and remade when a weight changes, with the forwards that use them. Costs one extra
+    copy of those weights in memory. Which linears a model has is read once per model: call
+    `forget` after changing a model's modules (the engine does when it loads or unloads adapters)."""
 
     def __init__(self, *, fuse_siblings: bool = True) -> None:
         self.fuse_siblings = fuse_siblings
-        self._packs: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[Any, ...], Any, Any]] = (
+        self._groups: weakref.WeakKeyDictionary[torch.nn.Module, list[tuple[torch.nn.Linear, ...]]] = (
+            weakref.WeakKeyDictionary()
+        )
+        # first module of a group -> (weights key, [forward per member])
+        self._forwards: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[Any, ...], list[Any]]] = (
             weakref.WeakKeyDictionary()
         )
 
-    def pack(self, modules: tuple[torch.nn.Linear, ...]) -> tuple[Any, torch.Tensor | None]:
-        """(packed weight, bias) of these linears side by side along the output dimension."""
-        key: tuple[Any, ...] = tuple(
-            (m.weight.data_ptr(), m.weight._version, m.weight.dtype, m.weight.shape) for m in modules
-        )
-        key += tuple((m.bias.data_ptr(), m.bias._version) for m in modules if m.bias is not None)
-        held = self._packs.get(modules[0])
+    def groups(self, model: torch.nn.Module) -> list[tuple[torch.nn.Linear, ...]]:
+        groups = self._groups.get(model)
+        if groups is None:
+            groups = self._groups[model] = _groups(model, self.fuse_siblings)
+        return groups
+
+    def forget(self) -> None:
+        self._groups.clear()
+
+    def forwards(self, group: tuple[torch.nn.Linear, ...]) -> list[Callable[..., Any]]:
+        """Each member's packed forward, packing (again) when the weights are not those packed."""
+        key: tuple[Any, ...] = tuple((m.weight.data_ptr(), m.weight._version, m.weight.shape) for m in group)
+        key += tuple((m.bias.data_ptr(), m.bias._version) for m in group if m.bias is not None)
+        held = self._forwards.get(group[0])
         if held is not None and held[0] == key:
-            return held[1], held[2]
+            return held[1]
         with torch.no_grad():
-            weight = (
-                torch.cat([m.weight.detach() for m in modules]) if len(modules) > 1 else modules[0].weight
-            )
+            weight = torch.cat([m.weight.detach() for m in group]) if len(group) > 1 else group[0].weight
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-            biases = [m.bias for m in modules]
             bias = None
-            if all(b is not None for b in biases):
-                bias = torch.cat([b.detach() for b in biases if b is not None])
-        self._packs[modules[0]] = (key, packed, bias)
-        return packed, bias
+            if all(m.bias is not None for m in group):
+                bias = torch.cat([m.bias.detach() for m in group if m.bias is not None])
+        if len(group) == 1:
+            forwards = [_single_forward(group[0], packed, bias)]
+        else:
+            forwards = _sibling_forwards(group, packed, bias)
+        self._forwards[group[0]] = (key, forwards)
+        return forwards
 
     def __len__(self) -> int:
-        return len(self._packs)
+        return len(self._forwards)
 
 
 def packable(name: str, module: torch.nn.Module) -> bool:
@@ -88,19 +102,15 @@ def packed_linears(model: torch.nn.Module, packs: LinearPacks) -> Iterator[int]:
     forward."""
     patched: list[torch.nn.Linear] = []
     try:
-        for group in _groups(model, packs.fuse_siblings):
-            packed, bias = packs.pack(group)
-            if len(group) == 1:
-                forwards = [_single_forward(group[0], packed, bias)]
-            else:
-                forwards = _sibling_forwards(group, packed, bias)
-            for module, forward in zip(group, forwards, strict=True):
-                module.forward = forward  # type: ignore[method-assign]
+        for group in packs.groups(model):
+            for module, forward in zip(group, packs.forwards(group), strict=True):
+                # Straight into the instance dict: nn.Module.__setattr__ costs ~10x more, per step.
+                module.__dict__["forward"] = forward
                 patched.append(module)
         yield len(patched)
     finally:
         for linear in patched:
-            del linear.forward  # the class's forward again
+            linear.__dict__.pop("forward", None)  # the class's forward again
 
 
 def _groups(model: torch.nn.Module, fuse: bool) -> list[tuple[torch.nn.Linear, ...]]:

@@ -72,6 +72,7 @@ class TransformersEngine(Engine):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad)
         self._grammars: GrammarCompiler | None = None
+        self._scope: tuple[str | None] | None = None  # the adapter of the inference scope we are in
         # Decoding on the CPU computes linears through prepacked oneDNN weights (see packed.py).
         self.linear_packs = (
             LinearPacks() if pack_weights and self.device.type == "cpu" and packing_available() else None
@@ -123,27 +124,39 @@ class TransformersEngine(Engine):
         handles = batch.add(prompt_token_ids, sampling, on_token=on_token, grammars=grammars)
         index = {handle: position for position, handle in enumerate(handles)}
         finished: dict[int, Choice] = {}
-        while batch.live:
-            for handle, choice in batch.step():
-                finished[handle] = choice
-                if on_finished is not None:
-                    on_finished(index[handle])
+        with self.inference(adapter):  # once for the whole loop, not per step
+            while batch.live:
+                for handle, choice in batch.step():
+                    finished[handle] = choice
+                    if on_finished is not None:
+                        on_finished(index[handle])
         return [finished[handle] for handle in handles]
 
     @contextmanager
     def inference(self, adapter: str | None) -> Iterator[None]:
-        """The model in eval mode without gradients, switched to `adapter`; restored after."""
+        """The model in eval mode without gradients, switched to `adapter`; restored after.
+        Re-entering it for the same adapter costs nothing (a decode loop enters it once per call,
+        its batch once per step: ~10 ms of mode switching and weight patching each time)."""
+        if self._scope is not None and self._scope[0] == adapter:
+            with torch.no_grad():
+                yield
+            return
         was_training = self.model.training
-        self.model.eval()
+        if was_training:
+            self.model.eval()
+        outer = self._scope
         try:
             with torch.no_grad(), self._adapter_scope(adapter), self._packed():
+                self._scope = (adapter,)
                 yield
         finally:
-            self.model.train(was_training)
+            self._scope = outer
+            if was_training:
+                self.model.train(True)
 
     @contextmanager
     def _packed(self) -> Iterator[None]:
-        if self.linear_packs is None:
+        if self.linear_packs is None or self._scope is not None:  # none, or an outer scope's
             yield
             return
         with packed_linears(self.model, self.linear_packs):
@@ -203,6 +216,7 @@ class TransformersEngine(Engine):
                     self.model, str(path), adapter_name=name, is_trainable=False
                 )
         self._loaded.add(name)
+        self._forget_linears()
 
     def unload_adapter(self, name: str) -> None:
         if name not in self._loaded:
@@ -219,6 +233,11 @@ class TransformersEngine(Engine):
                 model.set_adapter(previous)
             _restore_requires_grad(model, flags)
         self._loaded.discard(name)
+        self._forget_linears()
+
+    def _forget_linears(self) -> None:
+        if self.linear_packs is not None:
+            self.linear_packs.forget()
 
 
 def _requires_grad_flags(model: torch.nn.Module) -> dict[str, bool]:

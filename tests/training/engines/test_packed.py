@@ -129,3 +129,36 @@ def test_a_lora_adapter_samples_the_same_with_packed_base_weights(tiny_model):
     again = plain_engine.generate_from_tokens([prompt], sampling)[0]
     assert changed.token_ids == again.token_ids
     assert changed.logprobs == pytest.approx(again.logprobs, abs=1e-4)
+
+
+def test_a_decode_loop_enters_the_inference_scope_once(tiny_model, monkeypatch):
+    import training.engines.transformers_engine as module
+
+    model, tokenizer = tiny_model
+    engine = TransformersEngine(model.train(), tokenizer)
+    entered = []
+    real = module.packed_linears
+
+    def counting(*args, **kwargs):
+        entered.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "packed_linears", counting)
+    choice = engine.generate_from_tokens([engine.render(PROMPT)], SamplingParams(max_new_tokens=6, seed=1))[0]
+    assert len(choice.token_ids) == 6 or choice.finish_reason == "stop"
+    assert entered == [1]  # not once per decode step
+    assert model.training  # restored after
+    assert all("forward" not in m.__dict__ for m in linears(model))
+
+
+def test_a_nested_scope_keeps_the_outer_scopes_packed_forwards(tiny_model):
+    model, tokenizer = tiny_model
+    trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec())
+    engine = TransformersEngine(trainer.policy, tokenizer)
+    base = linears(trainer.policy)
+    with engine.inference(None):
+        assert all("forward" in m.__dict__ for m in base)
+        with engine.inference("default"):  # another adapter scope inside
+            pass
+        assert all("forward" in m.__dict__ for m in base)
+    assert all("forward" not in m.__dict__ for m in base)
