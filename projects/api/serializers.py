@@ -3,9 +3,17 @@ projects.services (which raise ValidationFailed naming the field)."""
 
 from __future__ import annotations
 
+import datetime
+from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
-from rest_framework import serializers
+from django.conf import settings
+from django.utils import timezone
+from rest_framework import ISO_8601, serializers
+from rest_framework.fields import SkipField
+from rest_framework.relations import PKOnlyObject
+from rest_framework.settings import api_settings
 
 from projects import selectors
 from projects.environment_config import MASK, config_public
@@ -28,6 +36,105 @@ from projects.models import (
 )
 
 # --- output ---------------------------------------------------------------------------------
+
+
+class RowOut(serializers.ModelSerializer):
+    """A ModelSerializer that renders each row through a plan of one function per field, built once
+    per serializer: DRF's generic per-field dispatch (get_attribute, None checks, timezone lookups)
+    was most of the time of a 100-run page (benchmarks/api_pg.py). The output is ModelSerializer's,
+    key for key and type for type (tests/projects/api/test_row_serializers.py compares them); a
+    field it has no fast form for is rendered by DRF's own path."""
+
+    def to_representation(self, instance: Any) -> dict[Any, Any]:
+        plan = self.__dict__.get("_row_plan")
+        if plan is None:
+            plan = self._row_plan = [
+                (field.field_name, self._renderer(field)) for field in self._readable_fields
+            ]
+        row = {}
+        for name, render in plan:
+            try:  # noqa: SIM105 (contextlib.suppress is a with block per field: slower)
+                row[name] = render(instance)
+            except SkipField:  # what DRF does too: the key is left out
+                pass
+        return row
+
+    def _renderer(self, field: serializers.Field) -> Callable[[Any], Any]:
+        if isinstance(field, serializers.SerializerMethodField):
+            return getattr(self, field.method_name)  # DRF passes the instance itself
+        model_field = _concrete_field(self.Meta.model, field.source_attrs)
+        if model_field is None:
+            return _drf_renderer(field)
+        if model_field.is_relation:
+            if type(field) is serializers.PrimaryKeyRelatedField and field.pk_field is None:
+                return attrgetter(model_field.attname)  # the id column; DRF's PKOnlyObject's pk
+            return _drf_renderer(field)
+        read = attrgetter(model_field.attname)
+        if type(field) is serializers.JSONField and not field.binary:
+            return read  # its to_representation returns the value as it is
+        if type(field) is serializers.DateTimeField:
+            return _datetime_renderer(field, read)
+        convert = _CONVERSIONS.get(type(field), field.to_representation)
+
+        def render(instance: Any) -> Any:
+            value = read(instance)
+            return None if value is None else convert(value)
+
+        return render
+
+
+_CONVERSIONS: dict[type, Callable[[Any], Any]] = {
+    # These fields' to_representation, exactly (rest_framework.fields).
+    serializers.IntegerField: int,
+    serializers.CharField: str,
+    serializers.FloatField: float,
+}
+
+
+def _concrete_field(model: Any, source_attrs: list[str]) -> Any:
+    """The model's own column that ``source_attrs`` names, or None (a property, a dotted path)."""
+    if len(source_attrs) != 1:
+        return None
+    field = next((f for f in model._meta.concrete_fields if f.name == source_attrs[0]), None)
+    if field is None or (field.is_relation and not (field.many_to_one or field.one_to_one)):
+        return None
+    return field
+
+
+def _drf_renderer(field: serializers.Field) -> Callable[[Any], Any]:
+    """DRF's Serializer.to_representation for one field."""
+
+    def render(instance: Any) -> Any:
+        attribute = field.get_attribute(instance)
+        check_for_none = attribute.pk if isinstance(attribute, PKOnlyObject) else attribute
+        return None if check_for_none is None else field.to_representation(attribute)
+
+    return render
+
+
+def _datetime_renderer(field: serializers.DateTimeField, read: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """DateTimeField.to_representation with its time zone looked up once, not per value: an aware
+    datetime (what the database returns) in that zone, ISO 8601 with ``Z`` for UTC. Anything else
+    (a naive value, another format) goes through the field itself."""
+    output_format = getattr(field, "format", api_settings.DATETIME_FORMAT)
+    zone: datetime.tzinfo | None
+    if hasattr(field, "timezone"):
+        zone = field.timezone
+    else:
+        zone = timezone.get_current_timezone() if settings.USE_TZ else None
+    if zone is None or not isinstance(output_format, str) or output_format.lower() != ISO_8601:
+        return _drf_renderer(field)
+
+    def render(instance: Any) -> Any:
+        value = read(instance)
+        if value is None:
+            return None
+        if type(value) is not datetime.datetime or value.utcoffset() is None:
+            return field.to_representation(value)
+        text = value.astimezone(zone).isoformat()
+        return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+    return render
 
 
 class ProjectOut(serializers.ModelSerializer):
@@ -104,7 +211,7 @@ class EnvironmentOut(serializers.ModelSerializer):
         return config_public(obj.config)
 
 
-class RunOut(serializers.ModelSerializer):
+class RunOut(RowOut):
     object = serializers.SerializerMethodField()
     steps_done = serializers.IntegerField(read_only=True)
 
@@ -121,7 +228,7 @@ class RunOut(serializers.ModelSerializer):
         return "run"
 
 
-class RunEventOut(serializers.ModelSerializer):
+class RunEventOut(RowOut):
     object = serializers.SerializerMethodField()
 
     class Meta:
@@ -132,13 +239,13 @@ class RunEventOut(serializers.ModelSerializer):
         return "run.event"
 
 
-class StepMetricsOut(serializers.ModelSerializer):
+class StepMetricsOut(RowOut):
     class Meta:
         model = StepMetrics
         fields = ["id", "step", "reward_mean", "reward_std", "loss", "metrics", "created_at"]
 
 
-class CheckpointOut(serializers.ModelSerializer):
+class CheckpointOut(RowOut):
     model_id = serializers.SerializerMethodField()
 
     class Meta:
@@ -150,7 +257,7 @@ class CheckpointOut(serializers.ModelSerializer):
         return f"{obj.model.project.name}/{obj.model.name}:{obj.step}"
 
 
-class TrajectoryOut(serializers.ModelSerializer):
+class TrajectoryOut(RowOut):
     class Meta:
         model = Trajectory
         fields = [

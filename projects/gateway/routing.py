@@ -164,19 +164,20 @@ def available_models(*, team: Team) -> list[dict]:
         }
         for base in BaseModel.objects.order_by("name")
     ]
-    latest: dict[int, dict] = {}
+    # Per trainable model (and, negated, its ART name) the last row, which is its newest checkpoint.
+    latest: dict[int, tuple[dict, str]] = {}
     aliases: list[dict] = []
     client_models = set(scoped(Run, team).filter(kind=RunKind.CLIENT).values_list("model_id", flat=True))
-    for model_id, project_name, model_name, step, created_at in team_checkpoint_names(team=team):
+    for model_id, project_name, model_name, step, created in team_checkpoint_names(team=team):
         item = {
             "id": f"{project_name}/{model_name}:{step}",
             "object": "model",
-            "created": int(created_at.timestamp()),
+            "created": created,
             "owned_by": team.name,
         }
         data.append(item)
-        latest[model_id] = {**item, "id": f"{project_name}/{model_name}:latest"}
+        latest[model_id] = (item, f"{project_name}/{model_name}:latest")
         if model_id in client_models:  # trained through /v1/preview/: ART's names too
             aliases.append({**item, "id": art_alias(team, project_name, model_name, step)})
-            latest[-model_id] = {**item, "id": art_alias(team, project_name, model_name)}
-    return data + aliases + list(latest.values())
+            latest[-model_id] = (item, art_alias(team, project_name, model_name))
+    return data + aliases + [{**item, "id": name} for item, name in latest.values()]

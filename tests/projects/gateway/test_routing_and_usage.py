@@ -12,7 +12,7 @@ from projects import services
 from projects.gateway import routing
 from projects.gateway.ratelimit import rate_limit_hit
 from projects.gateway.services import inference_server_deregister, inference_server_heartbeat, usage_record
-from projects.models import InferenceServer, UsageRecord
+from projects.models import Checkpoint, InferenceServer, UsageRecord
 
 
 @pytest.fixture
@@ -50,6 +50,21 @@ def test_another_teams_checkpoint_reads_as_not_found(checkpoints, cast):
     assert ids == ["tiny"]  # base models are shared; alpha's checkpoints are not listed
     alpha_ids = {model["id"] for model in routing.available_models(team=cast.alpha)}
     assert {"math/agent:0", "math/agent:2", "math/agent:latest"} <= alpha_ids
+
+
+def test_model_list_gives_each_checkpoint_its_created_second(checkpoints, cast):
+    """``created`` is the checkpoint's Unix second (PostgreSQL computes it; see team_checkpoint_names),
+    and ``:latest`` is the newest checkpoint's."""
+    moment = timezone.now().replace(microsecond=999_999)
+    for step in (0, 1, 2):
+        Checkpoint.objects.filter(model=checkpoints.model, step=step).update(
+            created_at=moment + timedelta(days=step)
+        )
+    created = {model["id"]: model["created"] for model in routing.available_models(team=cast.alpha)}
+    expected = {f"math/agent:{step}": int((moment + timedelta(days=step)).timestamp()) for step in (0, 1, 2)}
+    assert {key: created[key] for key in expected} == expected
+    assert created["math/agent:latest"] == expected["math/agent:2"]
+    assert all(type(value) is int for value in created.values())
 
 
 def test_only_servers_with_a_fresh_heartbeat_are_routed_to(checkpoints, settings):
