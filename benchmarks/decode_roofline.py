@@ -187,6 +187,27 @@ def shared_prefill_seconds(engine: TransformersEngine) -> tuple[float, float]:
     return best_seconds(lambda: prefill(True), 3), best_seconds(lambda: prefill(False), 3)
 
 
+def linears_alone_seconds(engine: TransformersEngine, rows: int) -> float:
+    """One decode step's linears alone (every packed linear of the model, in layer order, on a
+    [rows, 1, width] input; nothing else of the forward): the bound our fp32 forward cannot beat
+    while it reads its weights through these kernels."""
+    from training.engines.packed import packed_linears
+
+    assert engine.linear_packs is not None
+    groups = engine.linear_packs.groups(engine.model)
+    inputs = {}
+    for group in groups:
+        width = group[0].weight.shape[1]
+        inputs.setdefault(width, torch.randn(rows, 1, width, dtype=group[0].weight.dtype))
+
+    def sweep() -> None:
+        for group in groups:
+            group[0](inputs[group[0].weight.shape[1]])  # the first member computes the group's
+
+    with torch.no_grad(), packed_linears(engine.model, engine.linear_packs):
+        return best_seconds(sweep, 5)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -195,6 +216,12 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--no-reference", action="store_true")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the model's weights (training uses fp32 on CPU)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="interleaved runs of each; the fastest counts")
     args = parser.parse_args()
 
@@ -211,7 +238,7 @@ def main() -> None:
         f"memory bandwidth {bandwidth / 1e9:.2f} GB/s (copy), matmul {flops / 1e9:.1f} GFLOP/s (fp32 2048^3)"
     )
 
-    model, tokenizer = load_base_model(BUNDLED_MODEL, args.cache_dir, dtype=torch.float32)
+    model, tokenizer = load_base_model(BUNDLED_MODEL, args.cache_dir, dtype=getattr(torch, args.dtype))
     engine = TransformersEngine(model.eval(), tokenizer)
     unpacked = TransformersEngine(model, tokenizer, pack_weights=False)
     print(f"linears through prepacked oneDNN weights: {engine.linear_packs is not None}")
@@ -274,6 +301,13 @@ def main() -> None:
         theirs = fastest(their_runs)
         line += f"; reference {theirs['tokens']} tokens in {theirs['seconds']:.1f} s"
     print(line, flush=True)
+    if engine.linear_packs is not None:
+        for size in args.batches:
+            seconds = linears_alone_seconds(engine, size)
+            print(
+                f"linears alone, batch {size}: {seconds * 1e3:.1f} ms a step = {1 / seconds:.1f} steps/s,"
+                f" {weights / seconds / bandwidth:.1%} of the roofline (the bound for this forward)"
+            )
     vocabulary = model.get_output_embeddings().weight.shape[0]
     for top_p in (1.0, 0.9):
         new, old = sampler_seconds(vocabulary, top_p)
