@@ -148,6 +148,8 @@ def _beat(run_id: int, worker: str) -> bool:
 
 
 def _train(claimed: Claimed[Run]) -> str:
+    if claimed.row.current_step > claimed.row.start_step:  # taken over: finish the last worker's step
+        services.run_checkpoints_settle(run=claimed.row)
     spec = build_run_spec(claimed.row)
     return run_training(spec, DjangoRunHooks(claimed.row, claimed.worker, claimed.heartbeat))
 

@@ -35,6 +35,7 @@ from projects.services.checkpoints import (
     model_files_remove_on_commit,
     retention_after_step,
     retention_check,
+    run_checkpoints_settle,
 )
 from projects.services.environments import (
     environment_build,
@@ -224,6 +225,7 @@ __all__ = [
     "checkpoints_prune",
     "model_files_remove_on_commit",
     "retention_after_step",
+    "run_checkpoints_settle",
     "retention_check",
     "export_create",
     "export_claim",

@@ -234,6 +234,21 @@ def retention_after_step(*, run: Run, step: int) -> None:
         _prune_locked(run.model, retention_check(policy), exclude_step=step)
 
 
+def run_checkpoints_settle(*, run: Run) -> int:
+    """What a worker that takes a run over does first: the run's checkpoints older than the one it
+    resumes from lose their resume state, and each row gets the digest and size of what is stored.
+    Dropping the state after a step changes the stored folder and then its row; a worker killed
+    between the two left a row whose digest names files that are gone (serving that checkpoint
+    would fail its check). Idempotent; returns how many checkpoints it looked at."""
+    older = list(
+        Checkpoint.objects.filter(run=run, step__lt=run.current_step).exclude(path="").order_by("step")
+    )
+    for checkpoint in older:
+        if key := selectors.checkpoint_key(checkpoint):
+            _drop_resume_state(checkpoint.pk, key)
+    return len(older)
+
+
 def _drop_resume_state(checkpoint_id: int, key: str) -> None:
     try:
         stored = selectors.checkpoint_store().remove_files(key, RESUME_STATE_FILES)

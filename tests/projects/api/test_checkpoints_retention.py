@@ -263,6 +263,44 @@ def test_optimizer_state_stays_only_on_each_runs_latest_checkpoint(
     assert set(RESUME_STATE_FILES) == {"optimizer.pt", "rng_state.pt"}
 
 
+def test_a_worker_taking_a_run_over_settles_a_half_dropped_resume_state(
+    alpha_setup, store_root, django_capture_on_commit_callbacks
+):
+    """A worker killed after a step dropped the previous checkpoint's resume state in the store but
+    before it wrote the new digest to the row: the next worker's settle makes row and store agree."""
+    model = alpha_setup.model
+    run = finished_run(alpha_setup)
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, start_step=0, current_step=0)
+    with django_capture_on_commit_callbacks(execute=True):
+        record(model, run, 0, store_root)
+        write_step(run, 1, store_root)
+    with django_capture_on_commit_callbacks(execute=False):  # killed: step 2's callbacks never ran
+        write_step(run, 2, store_root)
+    store = storage.checkpoint_store()
+    step_1 = Checkpoint.objects.get(model=model, step=1)
+    key = selectors.checkpoint_key(step_1)
+    full = store.stat(key)  # the row as a stored checkpoint's: key, digest and size of its folder
+    Checkpoint.objects.filter(pk=step_1.pk).update(
+        storage_key=key, sha256=full.sha256, size_bytes=full.size_bytes
+    )
+    store.remove_files(key, RESUME_STATE_FILES)  # the half the killed worker did
+    assert store.stat(key).sha256 != Checkpoint.objects.get(pk=step_1.pk).sha256  # names gone files
+
+    Run.objects.filter(pk=run.pk).update(current_step=2)  # what step_record keeps (not step_rows_write)
+    run.refresh_from_db()
+    assert services.run_checkpoints_settle(run=run) == 2  # steps 0 and 1, not the one resumed from
+    for step in (0, 1):
+        settled = Checkpoint.objects.get(model=model, step=step)
+        stored = store.stat(selectors.checkpoint_key(settled))
+        assert stored.size_bytes == settled.size_bytes, step
+        if settled.storage_key:  # (a row recorded without a key keeps no digest)
+            assert stored.sha256 == settled.sha256, step
+        assert settled.size_bytes < ADAPTER_BYTES + 200  # its resume state is gone
+    latest = store_root / f"model-{model.pk}" / "step-000002"
+    assert (latest / "optimizer.pt").is_file()  # the checkpoint the run resumes from keeps it
+    assert services.run_checkpoints_settle(run=run) == 2  # idempotent
+
+
 def test_a_models_retention_policy_runs_after_every_step(
     alpha_setup, store_root, alice_client, django_capture_on_commit_callbacks
 ):
