@@ -38,6 +38,7 @@ import torch
 from training.base_models import BUNDLED_MODEL, load_base_model
 from training.engines.base import SamplingParams
 from training.engines.decode import DecodeBatch
+from training.engines.packed import packed_linears
 from training.engines.sampling import sample_tokens, uniform_draws
 from training.engines.transformers_engine import TransformersEngine
 
@@ -189,10 +190,8 @@ def shared_prefill_seconds(engine: TransformersEngine) -> tuple[float, float]:
 
 def linears_alone_seconds(engine: TransformersEngine, rows: int) -> float:
     """One decode step's linears alone (every packed linear of the model, in layer order, on a
-    [rows, 1, width] input; nothing else of the forward): the bound our fp32 forward cannot beat
+    [rows, 1, width] input; nothing else of the forward): the bound our forward cannot beat
     while it reads its weights through these kernels."""
-    from training.engines.packed import packed_linears
-
     assert engine.linear_packs is not None
     groups = engine.linear_packs.groups(engine.model)
     inputs = {}

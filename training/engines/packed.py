@@ -40,8 +40,7 @@ class LinearPacks:
     copy of those weights in memory. Which linears a model has is read once per model: call
     `forget` after changing a model's modules (the engine does when it loads or unloads adapters)."""
 
-    def __init__(self, *, fuse_siblings: bool = True) -> None:
-        self.fuse_siblings = fuse_siblings
+    def __init__(self) -> None:
         self._groups: weakref.WeakKeyDictionary[torch.nn.Module, list[tuple[torch.nn.Linear, ...]]] = (
             weakref.WeakKeyDictionary()
         )
@@ -53,7 +52,7 @@ class LinearPacks:
     def groups(self, model: torch.nn.Module) -> list[tuple[torch.nn.Linear, ...]]:
         groups = self._groups.get(model)
         if groups is None:
-            groups = self._groups[model] = _groups(model, self.fuse_siblings)
+            groups = self._groups[model] = _groups(model)
         return groups
 
     def forget(self) -> None:
@@ -113,7 +112,7 @@ def packed_linears(model: torch.nn.Module, packs: LinearPacks) -> Iterator[int]:
             linear.__dict__.pop("forward", None)  # the class's forward again
 
 
-def _groups(model: torch.nn.Module, fuse: bool) -> list[tuple[torch.nn.Linear, ...]]:
+def _groups(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, ...]]:
     """The packable linears, siblings together: a sibling set is fused only when all of it is
     packable with one dtype and one input width, and either all or none of it has a bias."""
     by_parent: dict[str, dict[str, torch.nn.Linear]] = {}
@@ -128,13 +127,12 @@ def _groups(model: torch.nn.Module, fuse: bool) -> list[tuple[torch.nn.Linear, .
         parent, _, role = path.rpartition(".")
         by_parent.setdefault(parent, {})[role] = module
     fused: dict[torch.nn.Module, tuple[torch.nn.Linear, ...]] = {}
-    if fuse:
-        for children in by_parent.values():
-            for roles in SIBLINGS:
-                members = tuple(children[role] for role in roles if role in children)
-                if len(members) == len(roles) and _fusable(members):
-                    for member in members:
-                        fused[member] = members
+    for children in by_parent.values():
+        for roles in SIBLINGS:
+            members = tuple(children[role] for role in roles if role in children)
+            if len(members) == len(roles) and _fusable(members):
+                for member in members:
+                    fused[member] = members
     groups, seen = [], set()
     for module in order:
         group = fused.get(module, (module,))

@@ -50,7 +50,7 @@ def test_packed_forward_matches_the_model_and_is_undone_after_the_scope(tiny_mod
     # Siblings share one pack: per layer q/k/v and gate/up, plus o, down; then the head.
     layers = model.config.num_hidden_layers
     assert len(packs) == 4 * layers + 1
-    assert [len(g) for g in _groups(model, True)][:4] == [3, 1, 2, 1]
+    assert [len(g) for g in _groups(model)][:4] == [3, 1, 2, 1]
 
 
 def test_a_weight_changed_in_place_is_repacked(tiny_model):
