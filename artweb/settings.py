@@ -363,11 +363,29 @@ GRADER_SANDBOX_CPU_S = env_int("GRADER_SANDBOX_CPU_S", 5, minimum=1)
 GRADER_SANDBOX_MEMORY_MB = env_int("GRADER_SANDBOX_MEMORY_MB", 512, minimum=64)
 GRADER_SANDBOX_ALLOW_UNSANDBOXED = env_bool("GRADER_SANDBOX_ALLOW_UNSANDBOXED", False)
 
+# Sandboxes at once on this host (python graders and MCP stdio servers together), per team and in
+# total: a slot is a lock file in SANDBOX_SLOT_DIR, which every process of the host must share.
+# Workers wait up to SANDBOX_WAIT_S for a slot; the web (grader runs, tool listings) waits
+# SANDBOX_WEB_WAIT_S and then answers 429.
+SANDBOX_SLOT_DIR = Path(env_str("SANDBOX_SLOT_DIR", str(DATA_DIR / "sandbox-slots"))).resolve()
+SANDBOX_MAX_TOTAL = env_int("SANDBOX_MAX_TOTAL", 16, minimum=1)
+SANDBOX_MAX_PER_TEAM = env_int("SANDBOX_MAX_PER_TEAM", 4, minimum=1)
+SANDBOX_WAIT_S = env_float("SANDBOX_WAIT_S", 600.0)
+SANDBOX_WEB_WAIT_S = env_float("SANDBOX_WEB_WAIT_S", 2.0)
+
 # --- environments ---------------------------------------------------------------------------
 # An MCP environment's stdio command runs a program on the worker: besides the shipped demo server
-# only these programs (exact match of config.command[0], comma-separated) may run. Listing an
-# interpreter lets teams run any script with it.
+# (exactly `python -m training.environments.mcp_demo.server`) only these commands may run, each
+# matched whole, arguments included (comma-separated; a command's words split as a shell would).
+# Listing an interpreter with a script names that script only.
 MCP_STDIO_PROGRAMS: tuple[str, ...] = tuple(env_list("MCP_STDIO_PROGRAMS", []))
+# Environment variable names (or patterns such as GITHUB_*) a stdio config.env may set; none by
+# default. Names that steer an interpreter, the loader or a shell (PYTHON*, LD_*, PATH, BROWSER, ...)
+# are refused even when listed.
+MCP_STDIO_ENV: tuple[str, ...] = tuple(env_list("MCP_STDIO_ENV", []))
+# The operator's own stdio commands keep the host's network (the demo server never does).
+MCP_STDIO_NETWORK = env_bool("MCP_STDIO_NETWORK", False)
+MCP_STDIO_MEMORY_MB = env_int("MCP_STDIO_MEMORY_MB", 1024, minimum=128)
 
 # --- outbound calls -------------------------------------------------------------------------
 # Judge endpoints, remote policies, scenario generation and MCP server URLs reach public addresses

@@ -14,18 +14,44 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.views.decorators.debug import sensitive_variables
 
 from projects import secrets
 from projects.errors import ValidationFailed
+from training.environments import StdioPolicy
+from training.slots import SlotPolicy
 
 MASK = secrets.MASK
 ENCRYPTED_HEADERS = "headers_encrypted"
 
 
 def mcp_allowed_programs() -> tuple[str, ...]:
-    """Programs an MCP stdio command (`config.command[0]`) may run besides the shipped demo server:
+    """Commands an MCP stdio config may run besides the shipped demo server, each matched whole:
     the operator's `MCP_STDIO_PROGRAMS` setting."""
     return tuple(settings.MCP_STDIO_PROGRAMS)
+
+
+def sandbox_slots(*, interactive: bool = False) -> SlotPolicy:
+    """The host's sandbox caps; a web request (`interactive`) waits briefly for a slot, a worker long."""
+    return SlotPolicy(
+        directory=str(settings.SANDBOX_SLOT_DIR),
+        total=settings.SANDBOX_MAX_TOTAL,
+        per_team=settings.SANDBOX_MAX_PER_TEAM,
+        wait_seconds=settings.SANDBOX_WEB_WAIT_S if interactive else settings.SANDBOX_WAIT_S,
+    )
+
+
+def mcp_stdio_policy(*, team_id: Any = None, interactive: bool = False) -> StdioPolicy:
+    """The operator's rules for MCP stdio servers; `team_id` names whose sandbox slot one takes."""
+    return StdioPolicy(
+        commands=mcp_allowed_programs(),
+        env_names=tuple(settings.MCP_STDIO_ENV),
+        network=settings.MCP_STDIO_NETWORK,
+        memory_bytes=settings.MCP_STDIO_MEMORY_MB * 1024 * 1024,
+        allow_unsandboxed=settings.GRADER_SANDBOX_ALLOW_UNSANDBOXED,
+        slots=sandbox_slots(interactive=interactive),
+        team=str(team_id or ""),
+    )
 
 
 def config_public(config: dict[str, Any]) -> dict[str, Any]:
@@ -39,6 +65,7 @@ def config_public(config: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
+@sensitive_variables("plain")  # decrypted header values
 def config_for_build(config: dict[str, Any]) -> dict[str, Any]:
     """The config with plaintext headers, for the worker that connects to the server.
     Raises ValueError when a stored value cannot be decrypted (SECRET_KEY changed)."""
@@ -103,6 +130,7 @@ def config_for_storage(config: dict[str, Any]) -> dict[str, Any]:
     return stored
 
 
+@sensitive_variables()
 def _stored_headers(stored: dict[str, Any]) -> dict[str, str]:
     try:
         return {**(stored.get("headers") or {}), **_decrypted(stored)}
@@ -110,6 +138,7 @@ def _stored_headers(stored: dict[str, Any]) -> dict[str, str]:
         raise ValidationFailed(f"{exc}: give the header values again", field="config.headers") from exc
 
 
+@sensitive_variables()
 def _decrypted(config: dict[str, Any]) -> dict[str, str]:
     # An empty value encrypts to "" (projects.secrets), which decrypts back to "".
     return {name: secrets.decrypt(token) for name, token in (config.get(ENCRYPTED_HEADERS) or {}).items()}

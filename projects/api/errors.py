@@ -18,6 +18,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from projects.errors import DomainError, ValidationFailed
 from training.openai_errors import error_object
+from training.slots import SlotsBusy
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -62,6 +63,13 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         return error_response(exc.status_code, str(exc), code=exc.code, param=exc.field, fields=fields)
     if isinstance(exc, DomainError):
         return error_response(exc.status_code, exc.message, code=exc.code, param=exc.field)
+    if isinstance(exc, SlotsBusy):  # the host's sandbox caps (training.slots): come back shortly
+        return error_response(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            str(exc),
+            code="sandbox_busy",
+            headers={"Retry-After": str(exc.retry_after)},
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

@@ -84,7 +84,9 @@ class GraderRunView(TeamViewSet):
             samples = [_sample(data["model_sample"], "model_sample")]
         judge = judges.judge_client(team=self.team, name=data.get("judge_endpoint"))
         try:
-            grader = build_grader(spec, judge=judge, sandbox=judges.sandbox_config())
+            grader = build_grader(
+                spec, judge=judge, sandbox=judges.sandbox_config(team_id=self.team.pk, interactive=True)
+            )
             results = grade_group(grader, samples, data["item"])
         except GraderSetupError as exc:
             raise ValidationFailed(str(exc), field="grader") from exc

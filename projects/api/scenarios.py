@@ -53,5 +53,6 @@ class TaskSetGenerateView(TeamViewSet):
             name=data["name"],
             validation_fraction=data["validation_fraction"],
             seed=data["seed"],
+            interactive=True,
         )
         return Response(GeneratedTaskSetOut(task_set).data, status=status.HTTP_201_CREATED)

@@ -43,7 +43,7 @@ def _evaluate(claimed: Claimed[Evaluation]) -> str:
         seed=int(config.get("seed", 0)),
     )
     team = evaluation.project.team
-    grading = {"judge": services.judge_client(team=team), "sandbox": services.sandbox_config()}
+    grading = {"judge": services.judge_client(team=team), "sandbox": services.sandbox_config(team_id=team.pk)}
     environment = services.environment_build(environment=evaluation.environment)
     common: dict[str, Any] = {
         "samples_per_row": evaluation.samples_per_row,

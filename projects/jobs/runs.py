@@ -134,7 +134,7 @@ def build_run_spec(run: Run) -> RunSpec:
         unsloth=settings.TRAINING_UNSLOTH,
         reward_name=f"{reward.name!r} v{reward.version}",
         judge=services.judge_client(team=run.project.team),
-        sandbox=services.sandbox_config(),
+        sandbox=services.sandbox_config(team_id=run.project.team_id),
         validation_rows=selectors.task_set_rows(task_set=task_set, split=Split.VALIDATION),
     )
 

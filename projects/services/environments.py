@@ -45,7 +45,8 @@ def _environment_fields(
         check_storable(value, field=name)
     if isinstance(config, dict) and isinstance(config.get("url"), str):
         secrets.url_credentials_refused(config["url"], field="config.url")
-        outbound_url_checked(config["url"], field="config.url")
+        # Before the stored headers are matched to it: the URL in the form it is stored and called.
+        config = {**config, "url": outbound_url_checked(config["url"], field="config.url")}
     config = environment_config.config_with_kept_headers(config, stored=stored_config or {})
     try:
         checked = validate_environment(
@@ -54,7 +55,7 @@ def _environment_fields(
             tools=tools,
             max_turns=max_turns,
             tool_timeout_s=tool_timeout_s,
-            allowed_programs=environment_config.mcp_allowed_programs(),
+            stdio=environment_config.mcp_stdio_policy(),
         )
     except ConfigError as exc:
         raise ValidationFailed(exc.message, field=exc.field) from exc
@@ -135,10 +136,11 @@ def environment_delete(*, environment: Environment) -> None:
     delete_unless_used(environment, "environment")
 
 
-def environment_build(*, environment: Environment) -> Any:
+def environment_build(*, environment: Environment, interactive: bool = False) -> Any:
     """The environment a run trains in, an evaluation drives and whose tools scenario generation
     shows, built from the registry with the stored MCP header values decrypted. Close it when done
-    (an MCP session)."""
+    (an MCP session). `interactive`: for a web request, which waits only briefly for a sandbox slot
+    (training.slots.SlotsBusy, a 429) where a worker queues."""
     from training.environments import build_environment
 
     return build_environment(
@@ -148,6 +150,8 @@ def environment_build(*, environment: Environment) -> Any:
         system_prompt=environment.system_prompt,
         max_turns=environment.max_turns,
         tool_timeout_s=environment.tool_timeout_s,
-        allowed_programs=environment_config.mcp_allowed_programs(),
+        stdio=environment_config.mcp_stdio_policy(
+            team_id=environment.project.team_id, interactive=interactive
+        ),
         outbound=outbound_policy(),
     )

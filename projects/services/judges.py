@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.views.decorators.debug import sensitive_variables
 
 from projects import secrets
+from projects.environment_config import sandbox_slots
 from projects.errors import ValidationFailed
 from projects.models import JudgeEndpoint, Team
 from projects.outbound import outbound_policy, outbound_url_checked
@@ -19,12 +21,15 @@ from training.rewards import GradingError, JudgeClient, SandboxConfig
 DEFAULT_JUDGE = "default"
 
 
-def _validate(name: str, base_url: str, timeout_s: float) -> None:
+def _validate(name: str, base_url: str, timeout_s: float) -> str:
+    """The checked ``base_url`` as it is stored and called (an internationalised host IDNA-encoded)."""
     from django.core.exceptions import ValidationError
     from django.core.validators import URLValidator
 
     check_slug(name, "name")
-    outbound_url_checked(base_url, field="base_url")  # internal addresses, with the reason
+    max_length = JudgeEndpoint._meta.get_field("base_url").max_length
+    # Internal addresses refused with the reason; a non-ASCII host stored as the IDNA name it calls.
+    base_url = outbound_url_checked(base_url, field="base_url", max_length=max_length)
     try:
         URLValidator(schemes=["http", "https"])(base_url)
     except ValidationError as exc:
@@ -34,6 +39,7 @@ def _validate(name: str, base_url: str, timeout_s: float) -> None:
     secrets.url_credentials_refused(base_url, field="base_url")
     if not 0 < timeout_s <= 600:
         raise ValidationFailed("must be in (0, 600] seconds", field="timeout_s")
+    return base_url
 
 
 def judge_endpoint_create(
@@ -45,7 +51,7 @@ def judge_endpoint_create(
     default_model: str = "",
     timeout_s: float = 60.0,
 ) -> JudgeEndpoint:
-    _validate(name, base_url, timeout_s)
+    base_url = _validate(name, base_url, timeout_s)
     return create_unique(
         lambda: JudgeEndpoint.objects.create(
             team=team,
@@ -64,7 +70,7 @@ def judge_endpoint_update(*, endpoint: JudgeEndpoint, **changes: Any) -> JudgeEn
     name = changes.get("name", endpoint.name)
     base_url = changes.get("base_url", endpoint.base_url)
     timeout_s = changes.get("timeout_s", endpoint.timeout_s)
-    _validate(name, base_url, timeout_s)
+    base_url = _validate(name, base_url, timeout_s)  # compared in the form it is stored
     secrets.secret_follows_url(
         stored_url=endpoint.base_url,
         url=base_url,
@@ -94,6 +100,7 @@ def judge_client(*, team: Team, name: str | None = None) -> JudgeClient | None:
     return _client_of(endpoint)
 
 
+@sensitive_variables("settings_of_endpoint")  # the decrypted key
 def _client_of(endpoint: JudgeEndpoint, **overrides: Any) -> JudgeClient:
     settings_of_endpoint: dict[str, Any] = {
         "base_url": endpoint.base_url,
@@ -137,11 +144,14 @@ def judge_endpoint_test(*, endpoint: JudgeEndpoint, model: str = "") -> JudgeEnd
     return JudgeEndpointCheck(ok=True, latency_ms=latency, model=reply.sampled_model_name, detail=text[:200])
 
 
-def sandbox_config() -> SandboxConfig:
-    """The operator's limits for python graders (settings, from the environment)."""
+def sandbox_config(*, team_id: Any = None, interactive: bool = False) -> SandboxConfig:
+    """The operator's limits for python graders (settings, from the environment), taking a slot of
+    `team_id`'s; a web request (`interactive`) waits only briefly for one (SlotsBusy: a 429)."""
     return SandboxConfig(
         timeout_seconds=settings.GRADER_SANDBOX_TIMEOUT_S,
         cpu_seconds=settings.GRADER_SANDBOX_CPU_S,
         memory_bytes=settings.GRADER_SANDBOX_MEMORY_MB * 1024 * 1024,
         allow_unsandboxed=settings.GRADER_SANDBOX_ALLOW_UNSANDBOXED,
+        slots=sandbox_slots(interactive=interactive),
+        team=str(team_id or ""),
     )

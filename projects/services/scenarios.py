@@ -28,6 +28,7 @@ from projects.services.environments import environment_build
 from projects.services.task_sets import parse_rows, task_set_create
 from training.remote import ChatEndpoint
 from training.scenarios import MAX_ROWS, ScenarioReport, generate_rows
+from training.slots import SlotsBusy
 
 logger = logging.getLogger(__name__)
 
@@ -47,17 +48,20 @@ def row_problems(row: Any) -> list[tuple[str, str]]:
     return []
 
 
-def environment_tool_schemas(*, environment: Environment) -> list[dict[str, Any]]:
+def environment_tool_schemas(*, environment: Environment, interactive: bool = False) -> list[dict[str, Any]]:
     """The tools the environment shows the model, as OpenAI schemas. Built through the registry
-    (an MCP environment lists its server's tools); when that fails, the stored definitions."""
+    (an MCP environment lists its server's tools, in its sandbox); when that fails, the stored
+    definitions. A host with no free sandbox slot is SlotsBusy, not a fallback."""
     try:
-        built = environment_build(environment=environment)
+        built = environment_build(environment=environment, interactive=interactive)
         try:
             return [tool.schema() for tool in built.tools]
         finally:
             close = getattr(built, "close", None)
             if close is not None:
                 close()
+    except SlotsBusy:
+        raise
     except Exception:
         logger.warning(
             "environment %s: tools not built; using the stored definitions", environment.pk, exc_info=True
@@ -109,6 +113,7 @@ def task_set_generate(
     validation_fraction: float = 0.0,
     seed: int = 0,
     on_progress: Callable[[ScenarioReport], None] | None = None,
+    interactive: bool = False,
 ) -> TaskSet:
     """Generate ``n`` rows and save the valid ones as task set ``name``; raises ValidationFailed
     (listing the per-row errors) when no row is valid. ``on_progress`` gets the report after each
@@ -131,7 +136,7 @@ def task_set_generate(
             outbound=outbound_policy(),
         ),
         model,
-        tools=environment_tool_schemas(environment=environment),
+        tools=environment_tool_schemas(environment=environment, interactive=interactive),
         instruction=instruction,
         n=n,
         validate=row_problems,

@@ -21,7 +21,7 @@ from tests.openai_stub import LOOPBACK
 from training.agent import rollout_groups
 from training.engines.base import Choice, Engine, SamplingParams
 from training.environments import build_environment
-from training.environments.mcp import DEMO_MODULE
+from training.environments.mcp import DEMO_MODULE, StdioPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLING = SamplingParams(max_new_tokens=64, seed=0)
@@ -201,7 +201,7 @@ def test_a_hanging_tool_is_cut_off_by_its_timeout_and_the_trajectory_records_it(
         config={"command": [sys.executable, str(server)]},
         max_turns=3,
         tool_timeout_s=1.0,
-        allowed_programs=(sys.executable,),
+        stdio=StdioPolicy(commands=(f"{sys.executable} {server}",)),
     )
     engine = ScriptEngine(tokenizer, [call("hang", seconds=30) + call("echo", text="hi"), "It timed out."])
     started = time.monotonic()

@@ -30,6 +30,7 @@ from training.environments.base import (
     Reply,
     build_messages,
 )
+from training.environments.mcp import StdioPolicy
 from training.environments.registry import (
     ENVIRONMENT_KINDS,
     build_environment,
@@ -45,6 +46,7 @@ __all__ = [
     "EnvironmentSpec",
     "EpisodeState",
     "Reply",
+    "StdioPolicy",
     "build_environment",
     "build_messages",
     "describe_kinds",

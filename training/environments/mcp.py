@@ -15,21 +15,36 @@ left by one task. One background thread runs an event loop with one task that ow
 session; the sync agent loop submits calls to it with `run_coroutine_threadsafe` and waits with a
 timeout, so a hung server can delay a turn by at most the tool timeout, never block it forever.
 
-Safety: a stdio command runs a program on the worker, so only the shipped demo server
-(`python -m training.environments.mcp_demo.server`, "python" meaning the worker's interpreter) and
-programs in `allowed_programs` (the operator's list) are accepted. A URL is reached through the
-`outbound` policy (``training.outbound``: public addresses only unless the operator allow-lists the
-host; the connection goes to the checked address; redirects are not followed).
+Safety invariant: nothing a team writes reaches a child process except through an allow-list.
+A stdio command is either exactly the shipped demo server (`python -m
+training.environments.mcp_demo.server`, no further arguments) or exactly one of the operator's
+commands (`StdioPolicy.commands`); `config.env` may only set names the operator allows
+(`StdioPolicy.env_names`), never one that steers an interpreter, the loader or a shell
+(`PYTHON*`, `LD_*`, `BROWSER`, `PATH`, ...), with short single-line values. The child's argv,
+working directory and the rest of its environment come from code. It runs in the python grader's OS
+boundary (`stdio_child.py`): fresh namespaces (no network unless the operator allows it for its
+own commands), a root made of read-only binds of the interpreter, its packages and `training/`
+only, uid nobody, resource limits; and it holds a sandbox slot (``training.slots``) for its life.
+A URL is reached through the `outbound` policy (``training.outbound``: public addresses only
+unless the operator allow-lists the host; the connection goes to the checked address; redirects are
+not followed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fnmatch
+import json
 import os
+import re
+import shlex
+import shutil
 import sys
+import tempfile
 import threading
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
@@ -44,7 +59,8 @@ from training.environments.base import (
     known_keys,
     number,
 )
-from training.outbound import PUBLIC_ONLY, OutboundPolicy
+from training.outbound import PUBLIC_ONLY, OutboundPolicy, OutboundRefused, ascii_url
+from training.slots import SlotHolder, SlotPolicy
 from training.tools import Tool
 
 DEMO_MODULE = "training.environments.mcp_demo.server"
@@ -52,10 +68,161 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_HELP = {
     "command": f'stdio server: the command as a list, e.g. ["python", "-m", "{DEMO_MODULE}"]',
     "url": "streamable HTTP server: its URL, e.g. https://mcp.example.com/mcp (a public address, or a host the operator allows)",
-    "env": "stdio server: extra environment variables (object of strings)",
+    "env": "stdio server: environment variables the operator allows (MCP_STDIO_ENV), as an object of strings",
     "headers": "HTTP server: extra request headers (object of strings)",
     "connect_timeout_s": "seconds to connect and list the tools (default 30)",
 }
+
+
+# Names that steer an interpreter, the dynamic loader, a shell or where things are looked up:
+# refused in `config.env` even when the operator's allow-list would match them.
+STEERING_NAMES = frozenset(
+    [
+        "PATH",
+        "HOME",
+        "SHELL",
+        "ENV",
+        "BASH_ENV",
+        "BROWSER",
+        "IFS",
+        "CDPATH",
+        "PS4",
+        "PROMPT_COMMAND",
+        "TMPDIR",
+        "TMP",
+        "TEMP",
+        "EDITOR",
+        "VISUAL",
+        "PAGER",
+        "CLASSPATH",
+        "GCONV_PATH",
+        "LOCPATH",
+        "NLSPATH",
+        "HOSTALIASES",
+        "RESOLV_HOST_CONF",
+        "LOCALDOMAIN",
+        "RES_OPTIONS",
+        "GLIBC_TUNABLES",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "TERMINFO",
+        "TZDIR",
+        "USER",
+        "LOGNAME",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+        "FTP_PROXY",
+        "LANG",
+        "LANGUAGE",
+    ]
+)
+STEERING_PREFIXES = (
+    "PYTHON",
+    "LD_",
+    "DYLD_",
+    "NODE_",
+    "NPM_",
+    "PERL",
+    "RUBY",
+    "GEM_",
+    "BUNDLE_",
+    "JAVA",
+    "_JAVA",
+    "JDK_",
+    "LUA_",
+    "MALLOC_",
+    "LC_",
+    "GIT_",
+    "XDG_",
+    "UV_",
+    "PIP_",
+    "CONDA",
+    "VIRTUAL_ENV",
+    "TCL",
+    "OPENSSL_",
+    "DOTNET_",
+    "GOFLAGS",
+    "R_",
+    "BASH_FUNC_",
+)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+MAX_ENV_VARIABLES = 32
+MAX_ENV_VALUE_CHARS = 4096
+FIXED_ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+# What a stdio server sees of the host besides the interpreter and `training/` (read-only).
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_PATHS = (
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/hosts",
+    "/etc/resolv.conf",
+    "/etc/localtime",
+    "/etc/ld.so.cache",
+    "/etc/ssl/certs",
+    "/etc/ca-certificates",
+    "/etc/alternatives",
+)
+UNPRIVILEGED_UID = 65534  # nobody, as for the python grader
+CHILD_PROGRAM = (Path(__file__).parent / "stdio_child.py").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class StdioPolicy:
+    """The operator's rules and limits for MCP stdio servers (settings, from the environment); a
+    team's config never changes them."""
+
+    commands: tuple[str, ...] = ()  # exact commands (shell words) allowed besides the demo server
+    env_names: tuple[str, ...] = ()  # names, or patterns like GITHUB_*, a config.env may set
+    network: bool = False  # the operator's own commands keep the host's network
+    memory_bytes: int = 1024 * 1024 * 1024  # RLIMIT_AS
+    cpu_seconds: int = 3600  # RLIMIT_CPU over the server's life
+    open_files: int = 256  # RLIMIT_NOFILE
+    processes: int = 1024  # RLIMIT_NPROC for uid nobody (threads included), all sandboxes together
+    file_size_bytes: int = 8 * 1024 * 1024  # RLIMIT_FSIZE
+    disk_bytes: int = 16 * 1024 * 1024  # its private /tmp
+    unshare: str = "unshare"
+    allow_unsandboxed: bool = False  # development only, as GRADER_SANDBOX_ALLOW_UNSANDBOXED
+    slots: SlotPolicy = field(default_factory=SlotPolicy)
+    team: str = ""  # whose slot a server takes
+
+
+def is_demo_command(command: list[str]) -> bool:
+    return command[0] in ("python", "python3", sys.executable) and command[1:] == ["-m", DEMO_MODULE]
+
+
+def operator_command(command: list[str], policy: StdioPolicy) -> bool:
+    return any(shlex.split(allowed) == command for allowed in policy.commands)
+
+
+def check_environment_variables(env: Any, policy: StdioPolicy) -> None:
+    """ConfigError naming the key unless every variable is allowed and its value plain."""
+    if not isinstance(env, dict):
+        raise ConfigError("config.env", "must be an object of strings")
+    if len(env) > MAX_ENV_VARIABLES:
+        raise ConfigError("config.env", f"at most {MAX_ENV_VARIABLES} variables")
+    for name, value in env.items():
+        where = f"config.env.{name}"
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+            raise ConfigError("config.env", f"{name!r} is not a variable name (letters, digits, _)")
+        upper = name.upper()
+        if upper in STEERING_NAMES or upper.startswith(STEERING_PREFIXES):
+            raise ConfigError(
+                where, "steers the interpreter, the loader or a shell and is never passed to a server"
+            )
+        if not any(fnmatch.fnmatchcase(name, pattern) for pattern in policy.env_names):
+            allowed = ", ".join(policy.env_names) or "none"
+            raise ConfigError(
+                where, f"not a variable the operator allows (MCP_STDIO_ENV; allowed: {allowed})"
+            )
+        if not isinstance(value, str):
+            raise ConfigError(where, "must be a string")
+        if len(value) > MAX_ENV_VALUE_CHARS or any(c in value for c in "\0\n\r"):
+            raise ConfigError(where, f"must be one line of at most {MAX_ENV_VALUE_CHARS} characters")
 
 
 class MCPToolError(RuntimeError):
@@ -79,6 +246,7 @@ class MCPEnvironment(Environment):
         self._lock = threading.Lock()
         self.tool_names: list[str] = settings.pop("tool_names", [])
         self.outbound: OutboundPolicy = settings.pop("outbound", PUBLIC_ONLY)
+        self.stdio: StdioPolicy = settings.pop("stdio", None) or StdioPolicy()
         super().__init__(**settings)
 
     @property  # type: ignore[override]
@@ -92,8 +260,9 @@ class MCPEnvironment(Environment):
 
     @classmethod
     def validate(
-        cls, config: Any, tools: Any, max_turns: int | None, *, allowed_programs: tuple[str, ...] = ()
+        cls, config: Any, tools: Any, max_turns: int | None, *, stdio: StdioPolicy | None = None
     ) -> dict[str, Any]:
+        stdio = stdio or StdioPolicy()
         config = _object(config, "config")
         known_keys(config, CONFIG_HELP)
         if ("command" in config) == ("url" in config):
@@ -106,26 +275,32 @@ class MCPEnvironment(Environment):
                 or not all(isinstance(p, str) and p for p in command)
             ):
                 raise ConfigError("config.command", "must be a non-empty list of strings")
-            if not stdio_allowed(command, allowed_programs):
+            if not (is_demo_command(command) or operator_command(command, stdio)):
                 raise ConfigError(
                     "config.command",
-                    f"only the demo server (python -m {DEMO_MODULE}) and programs the operator allows may run",
+                    f"only the demo server (exactly python -m {DEMO_MODULE}) and the commands the "
+                    "operator allows (MCP_STDIO_PROGRAMS, matched whole, arguments included) may run",
                 )
         else:
             url = config["url"]
+            try:  # kept as it is called: a non-ASCII host as its IDNA name (http.client sends no other)
+                url = config["url"] = ascii_url(url) if isinstance(url, str) else url
+            except OutboundRefused as exc:
+                raise ConfigError("config.url", str(exc)) from None
             parsed = urlparse(url) if isinstance(url, str) else None
             if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
                 raise ConfigError("config.url", "must be an http:// or https:// URL")
-        for key in ("env", "headers"):
-            value = config.get(key, {})
-            if not isinstance(value, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-            ):
-                raise ConfigError(f"config.{key}", "must be an object of strings")
+        headers = config.get("headers", {})
+        if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
+            raise ConfigError("config.headers", "must be an object of strings")
         if "env" in config and "command" not in config:
             raise ConfigError("config.env", "only for a stdio server (config.command)")
         if "headers" in config and "url" not in config:
             raise ConfigError("config.headers", "only for an HTTP server (config.url)")
+        if "env" in config:
+            check_environment_variables(config["env"], stdio)
         number(config, "connect_timeout_s", 30.0, minimum=1)
         if tools is None:
             tools = []
@@ -142,7 +317,7 @@ class MCPEnvironment(Environment):
         with self._lock:
             if self._session is not None:
                 return
-            session = _Session(self.config, self.outbound)
+            session = _Session(self.config, self.outbound, self.stdio)
             try:
                 listed = session.tools
                 by_name = {tool.name: tool for tool in listed}
@@ -174,18 +349,19 @@ class MCPEnvironment(Environment):
         return Tool(name, listed.description or "", schema, call)
 
 
-def stdio_allowed(command: list[str], allowed_programs: tuple[str, ...]) -> bool:
-    if command[0] in ("python", "python3", sys.executable) and command[1:3] == ["-m", DEMO_MODULE]:
-        return True
-    return command[0] in allowed_programs
-
-
 class _Session:
     """One MCP client session, owned by a task on a private event loop in a daemon thread."""
 
-    def __init__(self, config: dict[str, Any], outbound: OutboundPolicy = PUBLIC_ONLY) -> None:
+    def __init__(
+        self, config: dict[str, Any], outbound: OutboundPolicy = PUBLIC_ONLY, stdio: StdioPolicy | None = None
+    ) -> None:
         self.config = config
         self.outbound = outbound
+        self.stdio = stdio or StdioPolicy()
+        self.slot = SlotHolder()
+        self.root: str | None = None  # the empty directory a stdio server's new root is mounted on
+        if "command" in config:
+            self.slot.acquire(self.stdio.slots, self.stdio.team)  # SlotsBusy propagates: nothing started
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="mcp-client")
         self.thread.start()
@@ -232,19 +408,13 @@ class _Session:
     async def _transport(self, stack: AsyncExitStack) -> Any:
         if "command" in self.config:
             from mcp import StdioServerParameters
-            from mcp.client.stdio import get_default_environment, stdio_client
+            from mcp.client.stdio import stdio_client
 
-            command = list(self.config["command"])
-            if command[0] in ("python", "python3"):
-                command[0] = sys.executable
-            # Not configuration: the child inherits this process's import path, as
-            # get_default_environment() hands on PATH and HOME.
-            pythonpath = os.pathsep.join(p for p in [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")] if p)
-            env = {**get_default_environment(), "PYTHONPATH": pythonpath, **self.config.get("env", {})}
+            command, environment = self._sandboxed_command()
             parameters = StdioServerParameters(
-                command=command[0], args=command[1:], env=env, cwd=str(REPO_ROOT)
+                command=command[0], args=command[1:], env=environment, cwd=self.root or "/"
             )
-            return stdio_client(parameters)
+            return stdio_client(parameters, errlog=sys.stderr)  # now: the default is bound at import
         import httpx
         from mcp.client.streamable_http import streamable_http_client
 
@@ -260,6 +430,63 @@ class _Session:
             )
         )
         return streamable_http_client(self.config["url"], http_client=client)
+
+    def _sandboxed_command(self) -> tuple[list[str], dict[str, str]]:
+        """The launcher's command line and environment: every part from code and the operator's
+        policy; a team's config contributes only its allowed, checked `env` values."""
+        from training.rewards.sandbox import SandboxConfig, SandboxUnavailable, sandbox_mode
+
+        policy = self.stdio
+        command = list(self.config["command"])
+        demo = is_demo_command(command)
+        if not demo and not operator_command(command, policy):  # a config that skipped validation
+            raise RuntimeError("this stdio command is not allowed")
+        try:
+            mode = sandbox_mode(
+                SandboxConfig(unshare=policy.unshare, allow_unsandboxed=policy.allow_unsandboxed)
+            )
+        except SandboxUnavailable as error:
+            raise RuntimeError(str(error).replace("python grader", "MCP stdio server")) from None
+        isolate = mode == "namespaces"
+        as_root = os.geteuid() == 0
+        self.root = tempfile.mkdtemp(prefix="artweb-mcp-")
+        program = "" if demo else (shutil.which(command[0], path=FIXED_ENVIRONMENT["PATH"]) or command[0])
+        read_only, links = _visible_paths([] if demo else [program, *command[1:]])
+        user_environment = dict(self.config.get("env") or {})
+        environment = {**FIXED_ENVIRONMENT, **user_environment}
+        child = {
+            "isolate": isolate,
+            "root": self.root,
+            "directory": self.root,
+            "read_only": read_only,
+            "links": links,
+            "uid": UNPRIVILEGED_UID if as_root and isolate else None,
+            "limits": {
+                "memory_bytes": policy.memory_bytes,
+                "cpu_seconds": policy.cpu_seconds,
+                "open_files": policy.open_files,
+                "processes": policy.processes,
+                "file_size_bytes": policy.file_size_bytes,
+                "disk_bytes": policy.disk_bytes,
+            },
+            "environment": sorted(environment),
+            "module": DEMO_MODULE if demo else "",
+            "sys_path": [
+                str(REPO_ROOT),
+                *(p for p in sys.path if p and os.path.exists(p) and p != str(REPO_ROOT)),
+            ],
+            "program": program,
+            "argv": command,
+        }
+        launcher = [sys.executable, "-I", "-S", "-B", "-c", CHILD_PROGRAM, json.dumps(child)]
+        if isolate:
+            flags = ["--pid", "--fork", "--kill-child", "--mount", "--ipc", "--uts"]
+            if demo or not policy.network:
+                flags.append("--net")
+            if not as_root:
+                flags.insert(0, "--map-root-user")
+            launcher = [shutil.which(policy.unshare) or policy.unshare, *flags, "--", *launcher]
+        return launcher, environment
 
     def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> Any:
         if self.session is None:
@@ -298,6 +525,10 @@ class _Session:
         self.thread.join(timeout=10)
         if not self.thread.is_alive():
             self.loop.close()
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)  # empty on the host: the tmpfs was the child's
+            self.root = None
+        self.slot.release()
 
 
 def _describe(exc: BaseException) -> str:
@@ -305,3 +536,32 @@ def _describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return f"{type(exc).__name__}: {exc}"
+
+
+def _visible_paths(named: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """What a stdio server's root holds, read-only: system libraries, a few /etc files, this
+    interpreter with its packages, `training/`, and the files an operator's command names. Top
+    level symlinks (a merged /usr's /bin -> usr/bin) are recreated, not bound."""
+    read_only: list[str] = []
+    links: list[tuple[str, str]] = []
+    for path in SYSTEM_PATHS:
+        if os.path.islink(path):
+            links.append((path, os.readlink(path)))
+        elif os.path.isdir(path):
+            read_only.append(path)
+    candidates = [*ETC_PATHS, sys.base_prefix, sys.prefix, os.path.realpath(sys.base_prefix)]
+    candidates += [p for p in sys.path if p and os.path.isdir(p) and p != str(REPO_ROOT)]
+    candidates.append(str(REPO_ROOT / "training"))
+    for path in named:
+        if os.path.isabs(path) and os.path.exists(path):
+            real = os.path.realpath(path)
+            candidates.append(os.path.dirname(real) if os.path.isfile(real) and path == named[0] else real)
+    for path in candidates:
+        path = os.path.normpath(path)
+        if not os.path.exists(path) or os.path.islink(path):
+            continue
+        covered = any(path == kept or path.startswith(kept.rstrip("/") + "/") for kept in read_only)
+        if not covered:
+            read_only = [kept for kept in read_only if not kept.startswith(path.rstrip("/") + "/")]
+            read_only.append(path)
+    return sorted(read_only, key=len), links

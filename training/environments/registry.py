@@ -13,7 +13,7 @@ from training.config import ConfigError
 from training.environments.base import Environment
 from training.environments.chat import ChatEnvironment
 from training.environments.game_2048 import Game2048Environment
-from training.environments.mcp import MCPEnvironment
+from training.environments.mcp import MCPEnvironment, StdioPolicy
 from training.environments.python_tools import PythonToolsEnvironment
 from training.environments.tic_tac_toe import TicTacToeEnvironment
 from training.outbound import PUBLIC_ONLY, OutboundPolicy
@@ -40,11 +40,11 @@ def validate_environment(
     tools: Any,
     max_turns: int | None,
     tool_timeout_s: float = 10.0,
-    allowed_programs: tuple[str, ...] = (),
+    stdio: StdioPolicy | None = None,
 ) -> dict[str, Any]:
     """`{"config", "tools", "max_turns"}` normalised for `kind` (defaults filled in), or ConfigError
     naming the field. Connects to nothing (an MCP server is only reached when a run starts).
-    `allowed_programs`: the operator's list of programs an MCP stdio command may run."""
+    `stdio`: the operator's rules for MCP stdio servers (which commands, which env names)."""
     if (
         isinstance(tool_timeout_s, bool)
         or not isinstance(tool_timeout_s, int | float)
@@ -53,7 +53,7 @@ def validate_environment(
         raise ConfigError("tool_timeout_s", "must be a number of seconds greater than 0, at most 600")
     environment = get_environment(kind)
     if environment is MCPEnvironment:
-        return MCPEnvironment.validate(config, tools, max_turns, allowed_programs=allowed_programs)
+        return MCPEnvironment.validate(config, tools, max_turns, stdio=stdio)
     return environment.validate(config, tools, max_turns)
 
 
@@ -65,18 +65,19 @@ def build_environment(
     system_prompt: str = "",
     max_turns: int | None = None,
     tool_timeout_s: float = 10.0,
-    allowed_programs: tuple[str, ...] = (),
+    stdio: StdioPolicy | None = None,
     outbound: OutboundPolicy = PUBLIC_ONLY,
 ) -> Environment:
     """A ready environment of `kind` (validated first). Close it when done (`with` works).
-    `outbound`: which hosts an MCP server URL may reach (``training.outbound``)."""
+    `outbound`: which hosts an MCP server URL may reach (``training.outbound``); `stdio`: how an
+    MCP stdio server is allowed and confined."""
     settings = validate_environment(
         kind,
         config=config,
         tools=tools,
         max_turns=max_turns,
         tool_timeout_s=tool_timeout_s,
-        allowed_programs=allowed_programs,
+        stdio=stdio,
     )
     return get_environment(kind).from_settings(
         config=settings["config"],
@@ -84,7 +85,7 @@ def build_environment(
         system_prompt=system_prompt,
         max_turns=settings["max_turns"],
         tool_timeout_s=float(tool_timeout_s),
-        **({"outbound": outbound} if kind == MCPEnvironment.kind else {}),
+        **({"outbound": outbound, "stdio": stdio} if kind == MCPEnvironment.kind else {}),
     )
 
 

@@ -17,6 +17,7 @@ from training.rewards.errors import GraderSpecError, GradingError
 from training.rewards.judge import JudgeClient
 from training.rewards.sandbox import SandboxConfig
 from training.rewards.templates import Template, TemplateSyntaxError
+from training.slots import SlotsBusy
 
 
 @dataclass
@@ -387,6 +388,8 @@ def attempt(score: Callable[..., float | Score], *args: Any) -> float | Score | 
         return score(*args)
     except GradingError as error:
         return error
+    except SlotsBusy:
+        raise  # the host is full, not this sample's doing: the caller queues or answers 429
     except Exception as error:  # a bug in a grader must not stop a training step either
         return GradingError("grader_internal_error", f"{type(error).__name__}: {error}")
 

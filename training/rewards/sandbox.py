@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from training.rewards.errors import GradingError
+from training.slots import SlotHolder, SlotPolicy
 
 # The stdlib a grader may import: preloaded before the chroot, so these (and what they import)
 # are all that `import` can find afterwards. Pure computation only: no os, io, socket, subprocess.
@@ -132,6 +133,8 @@ class SandboxConfig:
     unshare: str = "unshare"  # a name on PATH or an absolute path
     allow_unsandboxed: bool = False  # development only: see the module docstring
     extra_modules: tuple[str, ...] = field(default=())  # preloaded besides ALLOWED_MODULES
+    slots: SlotPolicy = field(default_factory=SlotPolicy)  # the host's sandbox caps (training.slots)
+    team: str = ""  # whose slot a child takes
 
 
 class SandboxUnavailable(RuntimeError):
@@ -191,6 +194,7 @@ class PythonSandbox:
         self._cpu_used = 0.0
         self._load_failure: GradingError | None = None
         self._request_id = 0  # the last request's id, rising across children; a child's ready reply has id 0
+        self._slot = SlotHolder()  # held while a child lives; SlotsBusy (not a GradingError) when none frees
 
     def __enter__(self) -> PythonSandbox:
         return self
@@ -254,6 +258,7 @@ class PythonSandbox:
             raise GradingError(SERVER_ERROR, str(error)) from None
         as_root = os.geteuid() == 0
         isolate = mode == "namespaces"
+        self._slot.acquire(self.config.slots, self.config.team)
         self._directory = tempfile.mkdtemp(prefix="artweb-grader-")
         if as_root and not isolate:
             os.chown(self._directory, UNPRIVILEGED_UID, UNPRIVILEGED_UID)  # its cwd once it drops to nobody
@@ -410,6 +415,7 @@ class PythonSandbox:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
         self._buffer = b""
+        self._slot.release()
 
 
 # The child's program (`sandbox_child.py`), passed with -c: read once, never imported here.

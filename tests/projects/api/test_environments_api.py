@@ -105,15 +105,22 @@ def test_environment_kinds_lists_every_kind_with_its_help(alpha_setup, alice_cli
 # --- the operator's stdio allow-list ------------------------------------------------------
 
 
-def test_an_mcp_command_runs_only_a_program_the_operator_allows(alpha_setup, alice_client):
+def test_an_mcp_command_runs_only_a_command_the_operator_allows_matched_whole(alpha_setup, alice_client):
     project = alpha_setup.project.pk
     allowed = {"command": ["/opt/mcp/bin/warehouse", "--stdio"]}
     refused = create(alice_client, project, kind="mcp", config=allowed)  # the default allows only the demo
     assert refused.status_code == 400 and error_of(refused)["param"] == "config.command"
-    with override_settings(MCP_STDIO_PROGRAMS=("/opt/mcp/bin/warehouse",)):
+    with override_settings(MCP_STDIO_PROGRAMS=("/opt/mcp/bin/warehouse --stdio",)):
         accepted = create(alice_client, project, kind="mcp", config=allowed)
         assert accepted.status_code == 201, accepted.content
         assert accepted.json()["config"]["command"] == allowed["command"]
+        for other in (["/opt/mcp/bin/warehouse"], ["/opt/mcp/bin/warehouse", "--stdio", "--plugin=/tmp/x.so"]):
+            extra = alice_client.post(
+                "/api/v1/environments/",
+                {"project": project, "name": "extra", "kind": "mcp", "config": {"command": other}},
+                format="json",
+            )
+            assert extra.status_code == 400 and error_of(extra)["param"] == "config.command", other
         unlisted = alice_client.post(
             "/api/v1/environments/",
             {
@@ -126,7 +133,7 @@ def test_an_mcp_command_runs_only_a_program_the_operator_allows(alpha_setup, ali
         )
         assert unlisted.status_code == 400
         assert error_of(unlisted)["param"] == "config.command"
-        assert "programs the operator allows" in error_of(unlisted)["message"]
+        assert "commands the operator allows" in error_of(unlisted)["message"]
 
 
 # --- write-only MCP headers ---------------------------------------------------------------

@@ -4,7 +4,13 @@ and builds an environment the agent loop can drive."""
 import pytest
 
 from training.config import ConfigError
-from training.environments import ENVIRONMENT_KINDS, build_environment, describe_kinds, validate_environment
+from training.environments import (
+    ENVIRONMENT_KINDS,
+    StdioPolicy,
+    build_environment,
+    describe_kinds,
+    validate_environment,
+)
 from training.environments.base import Environment
 
 
@@ -85,7 +91,7 @@ def test_an_operator_allowed_program_may_run_as_an_mcp_server():
         config={"command": command},
         tools=[],
         max_turns=None,
-        allowed_programs=("/usr/local/bin/weather-mcp",),
+        stdio=StdioPolicy(commands=("/usr/local/bin/weather-mcp --stdio",)),
     )
     assert settings["config"]["command"] == command
 
