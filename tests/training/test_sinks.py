@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import pickle
+import socket
+import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,7 @@ import torch
 
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import validate_environment
+from training.outbound import OutboundPolicy
 from training.rewards import validate_grader
 from training.rewards.base import Sample
 from training.rewards.errors import GraderSpecError, GradingError
@@ -197,3 +202,60 @@ def test_the_demo_mcp_servers_product_lookup_binds_the_id():
 
     with pytest.raises(ToolError, match="no product with id"):
         asyncio.run(build_server().call_tool("get_product", {"product_id": "P-101' OR '1'='1"}))
+
+
+# --- outbound headers: a team's header value (MCP config.headers, a judge's API key) ---------------
+
+
+class _Listener:
+    """A loopback socket that records whatever a client sends on its first connection."""
+
+    def __init__(self) -> None:
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}/mcp"
+        self.received = bytearray()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.socket.settimeout(5)
+        try:
+            connection, _ = self.socket.accept()
+        except OSError:
+            return
+        connection.settimeout(0.5)
+        with connection, contextlib.suppress(OSError):
+            while chunk := connection.recv(65536):
+                self.received += chunk
+
+
+INJECTED = "k\r\nX-Injected: 1"
+
+
+def test_an_mcp_header_with_a_line_break_is_refused_before_anything_is_sent():
+    import httpx
+
+    listener = _Listener()
+
+    async def get() -> None:
+        transport = OutboundPolicy(allow=("127.0.0.1",)).httpx_transport()
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            await client.get(listener.url, headers={"Authorization": INJECTED})
+
+    with pytest.raises(httpx.LocalProtocolError, match="Illegal header value"):
+        asyncio.run(get())
+    listener.socket.close()
+    listener.thread.join(5)
+    assert b"X-Injected" not in listener.received
+
+
+def test_a_judge_api_key_with_a_line_break_is_refused_before_anything_is_sent():
+    listener = _Listener()
+    request = urllib.request.Request(
+        listener.url, data=b"{}", headers={"Authorization": f"Bearer {INJECTED}"}
+    )
+    with pytest.raises(ValueError, match="Invalid header value"):
+        OutboundPolicy(allow=("127.0.0.1",)).opener().open(request, timeout=5)
+    listener.socket.close()
+    listener.thread.join(5)
+    assert b"X-Injected" not in listener.received
