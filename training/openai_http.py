@@ -143,6 +143,8 @@ def _post_once(
         raise _Retryable(f"{label} unreachable: {reason}") from None
     except http.client.HTTPException as error:  # a reply cut short or garbled: not an OSError
         raise _Retryable(f"{label} unreachable: {type(error).__name__}") from None
+    except ValueError as error:  # e.g. UnicodeEncodeError: a header http.client cannot write in Latin-1
+        raise ChatCompletionError(f"{label} request could not be sent ({type(error).__name__})") from None
     if len(raw) > MAX_RESPONSE_BYTES:
         raise ChatCompletionError(f"{label} response larger than 4 MiB")
     try:

@@ -13,9 +13,11 @@ Redirects are refused, and proxies from the environment are ignored (a proxy wou
     policy.opener().open(request)         # urllib, pinned, no redirects, no proxies
     policy.create_connection((host, port), timeout)   # a checked socket for any client
     policy.httpx_transport()              # httpx (MCP's client), pinned the same way
+    ascii_url(url)                        # at every write: an internationalised host as IDNA
 
-Standard library only; httpx and httpcore are imported only by ``httpx_transport``. No Django:
-the operator's allow-list is passed in (``projects.outbound`` builds the policy from settings).
+Standard library plus ``idna`` (IDNA 2008; the stdlib codec is IDNA 2003); httpx and httpcore are
+imported only by ``httpx_transport``. No Django: the operator's allow-list is passed in
+(``projects.outbound`` builds the policy from settings).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import socket
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import idna
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -276,11 +280,56 @@ def normalise_host(host: str) -> str:
     if any(ord(char) < 0x21 or char in "\x7f\\" for char in host):  # C would cut at a NUL
         raise OutboundRefused("the host is not a valid name")
     if host and not host.isascii():
-        try:
-            host = host.encode("idna").decode("ascii")
-        except UnicodeError:
-            raise OutboundRefused("the host is not a valid name") from None
+        host = idna_host(host)
     return host
+
+
+def idna_host(host: str) -> str:
+    """An internationalised host name in its ASCII form (IDNA 2008 with UTS 46 mapping: lower case,
+    ``。`` as a dot); OutboundRefused saying why when it is not a valid one (a label over 63
+    characters, a code point IDNA 2008 disallows such as ``☃``). One function for the check, the
+    stored URL and the connection, so that all three agree on the name."""
+    try:
+        return idna.encode(host, uts46=True).decode("ascii")
+    except (idna.IDNAError, UnicodeError) as exc:  # the message names the label, never more
+        raise OutboundRefused(f"the host is not a valid name (IDNA: {exc})") from None
+
+
+def ascii_url(url: str) -> str:
+    """``url`` as HTTP can carry it: a non-ASCII host name IDNA-encoded (``https://例え.テスト/v1`` →
+    ``https://xn--r8jz45g.xn--zckzah/v1``) and any other non-ASCII character percent-encoded as
+    UTF-8. http.client writes the Host header in Latin-1 and the request line in ASCII, so a URL kept
+    as typed raises UnicodeEncodeError at every call. Every URL write stores this form (a team sees
+    what is called); the opener applies it again to rows stored before. An ASCII URL comes back
+    unchanged. OutboundRefused when the host is not a valid IDNA name."""
+    if url.isascii():
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a bad IPv6 literal, a netloc that NFKC turns into "/" or "@"
+        raise OutboundRefused("must be an http:// or https:// URL with a valid host and port") from None
+    userinfo, at, host_port = parts.netloc.rpartition("@")
+    host, colon, port = host_port, "", ""
+    if not host_port.startswith("["):  # an IPv6 literal's colons are not the port's
+        host, colon, port = host_port.partition(":")
+    if not port.isascii() or (host.startswith("[") and not host.isascii()):
+        raise OutboundRefused("must be an http:// or https:// URL with a valid host and port")
+    if not host.isascii():
+        host = idna_host(host)
+    netloc = f"{_percent_encoded(userinfo)}{at}{host}{colon}{port}"
+    return urlunsplit(
+        parts._replace(
+            netloc=netloc,
+            path=_percent_encoded(parts.path),
+            query=_percent_encoded(parts.query),
+            fragment=_percent_encoded(parts.fragment),
+        )
+    )
+
+
+def _percent_encoded(text: str) -> str:
+    """Only the non-ASCII runs encoded: what was ASCII (escapes included) stays as it was written."""
+    return re.sub(r"[^\x00-\x7f]+", lambda match: quote(match.group(), safe=""), text)
 
 
 def addresses_to_judge(ip: IPAddress) -> list[IPAddress]:
@@ -417,10 +466,23 @@ def _pinned(connection_class: type[_PinnedConnection], policy: OutboundPolicy) -
     return connection
 
 
+def _ascii_request(req: urllib.request.Request) -> urllib.request.Request:
+    """The request with its URL in ASCII (``ascii_url``) before urllib derives the Host header
+    from it: a row stored before writes were normalised is called, or refused with
+    OutboundRefused, instead of raising UnicodeEncodeError inside http.client."""
+    url = ascii_url(req.full_url)
+    if url != req.full_url:
+        req.full_url = url  # the setter parses again: host and selector follow
+    return req
+
+
 class _PinnedHTTPHandler(urllib.request.HTTPHandler):
     def __init__(self, policy: OutboundPolicy) -> None:
         super().__init__()
         self.policy = policy
+
+    def http_request(self, req: urllib.request.Request) -> urllib.request.Request:
+        return super().http_request(_ascii_request(req))
 
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         return self.do_open(_pinned(_PinnedConnection, self.policy), req)
@@ -430,6 +492,9 @@ class _PinnedHTTPSHandler(urllib.request.HTTPSHandler):
     def __init__(self, policy: OutboundPolicy) -> None:
         super().__init__()
         self.policy = policy
+
+    def https_request(self, req: urllib.request.Request) -> urllib.request.Request:
+        return super().https_request(_ascii_request(req))
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         return self.do_open(_pinned(_PinnedHTTPSConnection, self.policy), req)

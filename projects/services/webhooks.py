@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import json
 import secrets as stdlib_secrets
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_variables
 
 from projects.errors import ValidationFailed
 from projects.models import (
@@ -62,7 +64,7 @@ ERROR_LIMIT = 500
 @dataclass(frozen=True)
 class CreatedWebhook:
     endpoint: WebhookEndpoint
-    secret: str  # shown once
+    secret: str = field(repr=False)  # shown once; never in a repr (an error page's locals)
 
 
 def _check_events(events: Any) -> list[str]:
@@ -81,14 +83,17 @@ def _check_url(url: Any) -> str:
         raise ValidationFailed("must be an http:// or https:// URL", field="url")
     url = url.strip()
     url_credentials_refused(url, field="url")
-    outbound_url_checked(url, field="url")  # loopback, link-local and private ranges: refused
-    return url
+    # Loopback, link-local and private ranges refused; a non-ASCII host stored as its IDNA name.
+    return outbound_url_checked(
+        url, field="url", max_length=WebhookEndpoint._meta.get_field("url").max_length
+    )
 
 
 def _new_secret() -> str:
     return f"{SECRET_PREFIX}{stdlib_secrets.token_urlsafe(32)}"
 
 
+@sensitive_variables("secret")  # the signing secret, in plaintext
 def webhook_endpoint_create(*, team: Team, name: str, url: str, events: list[str]) -> CreatedWebhook:
     check_slug(name, "name")
     url, events = _check_url(url), _check_events(events)
@@ -120,6 +125,7 @@ def webhook_endpoint_update(
     return endpoint
 
 
+@sensitive_variables("secret")  # the signing secret, in plaintext
 def webhook_secret_rotate(*, endpoint: WebhookEndpoint) -> str:
     """A new signing secret, effective for the next attempt; returned once."""
     secret = _new_secret()
@@ -255,6 +261,7 @@ def _enqueue(delivery_id: int) -> None:
     transaction.on_commit(lambda: deliver_webhook.delay(delivery_id))
 
 
+@sensitive_variables("secret")  # the signing secret, in plaintext
 def signature(secret: str, timestamp: int, body: bytes) -> str:
     """``v1=<hex>``: HMAC-SHA256 of ``b"<timestamp>." + body`` under ``secret``."""
     digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
@@ -272,6 +279,7 @@ def retry_delay(attempts: int) -> float:
     return float(min(settings.WEBHOOK_RETRY_BASE_S * 2 ** (attempts - 1), settings.WEBHOOK_RETRY_MAX_S))
 
 
+@sensitive_variables("secret")  # the signing secret, in plaintext
 def webhook_attempt(*, delivery_id: int) -> Attempt:
     """POST the delivery once and record the outcome. A delivery already settled is left alone
     (a duplicate task message); a URL the policy refuses fails at once, with no retry."""
@@ -322,6 +330,10 @@ def webhook_attempt(*, delivery_id: int) -> Attempt:
         error = f"HTTP {exc.code}: {upstream_reason(exc.read(4096))}"
     except (urllib.error.URLError, OSError) as exc:
         error = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+    except (http.client.HTTPException, ValueError) as exc:
+        # A garbled reply, or a request http.client cannot write: an error like any other, retried
+        # up to the cap, never an exception that leaves the delivery pending with no next attempt.
+        error = f"{type(exc).__name__}: {exc}"
     latency_ms = (time.monotonic() - started) * 1000
     delivered = status_code is not None and 200 <= status_code < 300
     give_up = refused or attempt_number >= settings.WEBHOOK_MAX_ATTEMPTS
