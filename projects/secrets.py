@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
+from django.views.decorators.debug import sensitive_variables
 
 from projects.errors import ValidationFailed
 
@@ -30,10 +31,14 @@ def _fernet() -> Fernet:
     return Fernet(base64.urlsafe_b64encode(digest))
 
 
+# sensitive_variables: an error report (the DEBUG page included, artweb.error_reports) never shows
+# a plaintext secret held by these frames or the frames they call.
+@sensitive_variables("plaintext")
 def encrypt(plaintext: str) -> str:
     return _fernet().encrypt(plaintext.encode()).decode() if plaintext else ""
 
 
+@sensitive_variables()  # all: the frames below it hold the plaintext
 def decrypt(token: str) -> str:
     if not token:
         return ""
