@@ -9,7 +9,8 @@ anything for ``/v1/``: its views authenticate API keys themselves, are CSRF-exem
 session, serve no static files and return JSON. What ``/v1/`` gives up is SecurityMiddleware's
 headers and HTTPS redirect: terminate TLS (and set HSTS) in the proxy in front, as usual for an API.
 It keeps one middleware, the async request-id one (projects.middleware), so a body over the upload
-limit or an unhandled exception is still a JSON error object with an ``X-Request-Id``.
+limit or an unhandled exception is still a JSON error object with an ``X-Request-Id``. In front of
+both handlers, projects.body_limits refuses a body too large or without credentials unread.
 """
 
 from __future__ import annotations
@@ -41,9 +42,16 @@ class BareASGIHandler(ASGIHandler):
 django_application = get_asgi_application()  # sets Django up before the bare handler is built
 gateway_application = BareASGIHandler()
 
+from projects.body_limits import with_body_limits  # noqa: E402  (imports models: needs Django set up)
 
-async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+
+async def route(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PREFIX):
         await gateway_application(scope, receive, send)
     else:
         await django_application(scope, receive, send)
+
+
+# Both handlers spool a whole body before anything checks it: on /api/ and /v1/ the gate refuses
+# one over the route's limit, or without credentials, before it is read (projects.body_limits).
+application = with_body_limits(route)
