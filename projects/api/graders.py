@@ -18,6 +18,7 @@ from projects.api.views import _valid
 from projects.errors import ValidationFailed
 from projects.models import JudgeEndpoint
 from projects.services import grader_problems, judges
+from projects.services.judges import API_KEY_MAX_CHARS
 from training.rewards import GraderSetupError, Sample, build_grader, grade_group
 
 
@@ -113,7 +114,9 @@ class JudgeEndpointOut(serializers.ModelSerializer):
 class JudgeEndpointIn(serializers.Serializer):
     name = serializers.CharField(max_length=63)
     base_url = serializers.CharField(max_length=500)
-    api_key = serializers.CharField(required=False, allow_blank=True, default="", write_only=True)
+    api_key = serializers.CharField(
+        max_length=API_KEY_MAX_CHARS, required=False, allow_blank=True, default="", write_only=True
+    )
     default_model = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     timeout_s = serializers.FloatField(
         min_value=0.0, max_value=600.0, required=False, default=60.0, help_text="seconds, more than 0"

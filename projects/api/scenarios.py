@@ -26,7 +26,9 @@ class GenerateIn(serializers.Serializer):
     n = serializers.IntegerField(
         min_value=1, max_value=MAX_ROWS, help_text=f"rows to generate, 1 to {MAX_ROWS}"
     )
-    instruction = serializers.CharField(help_text="what the tasks should be about")
+    instruction = serializers.CharField(
+        max_length=scenarios.MAX_INSTRUCTION_CHARS, help_text="what the tasks should be about"
+    )
     name = serializers.CharField(max_length=63, help_text="name of the new task set")
     validation_fraction = s.fraction_field(required=False, default=0.0)
     seed = s.seed_field(required=False, default=0)

@@ -34,6 +34,8 @@ from projects.models import (
     TrainableModel,
     Trajectory,
 )
+from projects.services.environments import SYSTEM_PROMPT_MAX_CHARS
+from projects.services.projects import DESCRIPTION_MAX_CHARS
 
 # --- output ---------------------------------------------------------------------------------
 
@@ -304,12 +306,14 @@ def fraction_field(**kwargs: Any) -> serializers.FloatField:
 
 class ProjectIn(serializers.Serializer):
     name = serializers.CharField(max_length=63)
-    description = serializers.CharField(required=False, allow_blank=True, default="")
+    description = serializers.CharField(
+        max_length=DESCRIPTION_MAX_CHARS, required=False, allow_blank=True, default=""
+    )
 
 
 class ProjectUpdateIn(serializers.Serializer):
     name = serializers.CharField(max_length=63, required=False)
-    description = serializers.CharField(required=False, allow_blank=True)
+    description = serializers.CharField(max_length=DESCRIPTION_MAX_CHARS, required=False, allow_blank=True)
 
 
 class TrainableModelIn(serializers.Serializer):
@@ -367,7 +371,13 @@ class EnvironmentIn(serializers.Serializer):
     project = id_field()
     name = serializers.CharField(max_length=63)
     kind = serializers.CharField(max_length=32, required=False, default="chat")
-    system_prompt = serializers.CharField(required=False, allow_blank=True, default="", trim_whitespace=False)
+    system_prompt = serializers.CharField(
+        max_length=SYSTEM_PROMPT_MAX_CHARS,
+        required=False,
+        allow_blank=True,
+        default="",
+        trim_whitespace=False,
+    )
     max_turns = serializers.IntegerField(
         min_value=1,
         max_value=1000,
@@ -384,7 +394,9 @@ class EnvironmentIn(serializers.Serializer):
 
 class EnvironmentUpdateIn(serializers.Serializer):
     kind = serializers.CharField(max_length=32, required=False)
-    system_prompt = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+    system_prompt = serializers.CharField(
+        max_length=SYSTEM_PROMPT_MAX_CHARS, required=False, allow_blank=True, trim_whitespace=False
+    )
     max_turns = serializers.IntegerField(min_value=1, max_value=1000, required=False, allow_null=True)
     tools = serializers.ListField(child=serializers.JSONField(), required=False)
     config = serializers.DictField(required=False, help_text=CONFIG_UPDATE_HELP)

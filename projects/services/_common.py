@@ -1,5 +1,6 @@
 """Helpers every service module uses: names users put in URLs, unique-name races, deletes that
-runs protect, text that PostgreSQL can store, and the reason claimed work gives up on workers."""
+runs protect, text that PostgreSQL can store (and how long free text may be), and the reason
+claimed work gives up on workers."""
 
 from __future__ import annotations
 
@@ -36,6 +37,14 @@ def check_storable(value: Any, *, field: str) -> None:
         strict_json.check(value, allow_nul=False, path=field)
     except strict_json.JSONError as exc:
         raise ValidationFailed(exc.message, field=exc.path or field) from None
+
+
+def check_text_length(value: Any, *, field: str, max_chars: int) -> None:
+    """ValidationFailed on ``field`` when the text ``value`` is longer than ``max_chars``: every
+    free-text field has a stated maximum (a TextField has none in PostgreSQL, so a 3 MB project
+    description was stored). Values that are not text are left to the caller's own checks."""
+    if isinstance(value, str) and len(value) > max_chars:
+        raise ValidationFailed(f"must be at most {max_chars} characters (got {len(value)})", field=field)
 
 
 def json_text_read(text: str | bytes, *, field: str = "") -> Any:

@@ -13,6 +13,7 @@ from projects.outbound import outbound_policy, outbound_url_checked
 from projects.services._common import (
     check_slug,
     check_storable,
+    check_text_length,
     config_invalid,
     create_unique,
     delete_unless_used,
@@ -20,6 +21,9 @@ from projects.services._common import (
 from training.config import ConfigError, TrainConfig
 
 _SAMPLING_KEYS = {"temperature", "top_p", "max_new_tokens", "stop"}
+# Long enough for a detailed prompt with examples (~25k tokens), far below what the body limit lets
+# through; it is sent with every rollout.
+SYSTEM_PROMPT_MAX_CHARS = 100_000
 
 
 def _environment_fields(
@@ -43,6 +47,7 @@ def _environment_fields(
     for name, value in (("system_prompt", system_prompt), ("tools", tools), ("sampling", sampling),
                         ("config", config)):  # fmt: skip
         check_storable(value, field=name)
+    check_text_length(system_prompt, field="system_prompt", max_chars=SYSTEM_PROMPT_MAX_CHARS)
     if isinstance(config, dict) and isinstance(config.get("url"), str):
         secrets.url_credentials_refused(config["url"], field="config.url")
         # Before the stored headers are matched to it: the URL in the form it is stored and called.

@@ -15,10 +15,11 @@ from projects.environment_config import sandbox_slots
 from projects.errors import ValidationFailed
 from projects.models import JudgeEndpoint, Team
 from projects.outbound import outbound_policy, outbound_url_checked
-from projects.services._common import check_slug, create_unique
+from projects.services._common import check_slug, check_text_length, create_unique
 from training.rewards import GradingError, JudgeClient, SandboxConfig
 
 DEFAULT_JUDGE = "default"
+API_KEY_MAX_CHARS = 4_096  # a judge endpoint's API key: provider keys are tens to hundreds of characters
 
 
 def _validate(name: str, base_url: str, timeout_s: float) -> str:
@@ -52,6 +53,7 @@ def judge_endpoint_create(
     timeout_s: float = 60.0,
 ) -> JudgeEndpoint:
     base_url = _validate(name, base_url, timeout_s)
+    check_text_length(api_key, field="api_key", max_chars=API_KEY_MAX_CHARS)
     return create_unique(
         lambda: JudgeEndpoint.objects.create(
             team=team,
@@ -83,6 +85,7 @@ def judge_endpoint_update(*, endpoint: JudgeEndpoint, **changes: Any) -> JudgeEn
     if "default_model" in changes:
         endpoint.default_model = changes["default_model"]
     if "api_key" in changes:
+        check_text_length(changes["api_key"], field="api_key", max_chars=API_KEY_MAX_CHARS)
         endpoint.api_key_encrypted = secrets.encrypt(changes["api_key"])
     # A rename onto another endpoint's name is a 400 on name, not an IntegrityError.
     create_unique(endpoint.save, field="name", message=f"a judge endpoint named {name!r} already exists")

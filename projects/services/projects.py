@@ -12,6 +12,7 @@ from projects.queues import queue_name_problem
 from projects.services._common import (
     check_slug,
     check_storable,
+    check_text_length,
     config_invalid,
     create_unique,
     delete_unless_used,
@@ -20,9 +21,12 @@ from projects.services.checkpoints import model_files_remove_on_commit, retentio
 from projects.services.runs import ACTIVE_STATUSES
 from training.config import ConfigError, LoraSpec
 
+DESCRIPTION_MAX_CHARS = 10_000  # a project's description: a paragraph or a few, not a document
+
 
 def project_create(*, team: Team, name: str, description: str = "") -> Project:
     check_slug(name, "name")
+    check_text_length(description, field="description", max_chars=DESCRIPTION_MAX_CHARS)
     return create_unique(
         lambda: Project.objects.create(team=team, name=name, description=description),
         field="name",
@@ -35,6 +39,7 @@ def project_update(*, project: Project, name: str | None = None, description: st
         check_slug(name, "name")
         project.name = name
     if description is not None:
+        check_text_length(description, field="description", max_chars=DESCRIPTION_MAX_CHARS)
         project.description = description
     create_unique(project.save, field="name", message=f"a project named {name!r} already exists in this team")
     return project

@@ -7,11 +7,12 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from projects.errors import ValidationFailed
 from projects.models import Project, TaskRow, TaskSet
-from projects.services._common import check_slug, create_unique, delete_unless_used
+from projects.services._common import check_slug, check_text_length, create_unique, delete_unless_used
 from training import strict_json
 
 MAX_ERRORS_REPORTED = 20
@@ -118,6 +119,8 @@ def task_set_create(
     seed: int = 0,
 ) -> TaskSet:
     check_slug(name, "name")
+    # The same bound as an uploaded file's (in characters, which are never more than its bytes).
+    check_text_length(jsonl, field="jsonl", max_chars=settings.MAX_TASKSET_BYTES)
     if not 0.0 <= validation_fraction < 1.0:
         raise ValidationFailed("must be in [0, 1)", field="validation_fraction")
     parsed = parse_rows(jsonl=jsonl, rows=rows)
