@@ -72,9 +72,12 @@ def vllm_serve_command(
         "--max-cpu-loras", str(options.max_cpu_loras),
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     ]  # fmt: skip
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if options.api_key:
-        command += ["--api-key", options.api_key]
-    return command, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        # In the environment, not on the command line: any local process reads /proc/<pid>/cmdline,
+        # and the command line is logged. vLLM takes VLLM_API_KEY when --api-key is absent.
+        env["VLLM_API_KEY"] = options.api_key
+    return command, env
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ completions:
 - `POST /v1/chat/completions`: `model` must be the served name or a loaded adapter (else 404
   "The model `x` does not exist."); the reply is "canned reply from <model>", streamed as one
   chunk per word with vLLM's final usage chunk when `stream_options.include_usage` is set.
-- `--api-key`: every /v1 route needs it, as in vLLM.
+- `--api-key`, else the VLLM_API_KEY variable: every /v1 route needs it, as in vLLM.
 
 Test hooks, which vLLM does not have: `GET /fake/calls` (every /v1 call received, in order),
 `GET /fake/info` (argv, pid, environment flag), `POST /fake/die` (exit with status 3, as a
@@ -95,7 +95,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
     def _authorized(self) -> bool:
-        key = self.state.options.api_key
+        key = self.state.options.api_key or os.environ.get("VLLM_API_KEY", "")
         return not key or self.headers.get("Authorization") == f"Bearer {key}"
 
     def _record(self, body: Any) -> None:
