@@ -151,6 +151,8 @@ STEERING_PREFIXES = (
 )
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_ENV_VARIABLES = 32
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")  # an HTTP token (RFC 9110)
+MAX_HEADER_VALUE_CHARS = 8192
 MAX_ENV_VALUE_CHARS = 4096
 FIXED_ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 # What a stdio server sees of the host besides the interpreter and `training/` (read-only).
@@ -295,6 +297,14 @@ class MCPEnvironment(Environment):
             isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
         ):
             raise ConfigError("config.headers", "must be an object of strings")
+        for name, value in headers.items():
+            if not HEADER_NAME.fullmatch(name):
+                raise ConfigError("config.headers", f"{name!r} is not a header name")
+            if len(value) > MAX_HEADER_VALUE_CHARS or any(c in value for c in "\0\r\n"):
+                raise ConfigError(
+                    f"config.headers.{name}",
+                    f"must be one line of at most {MAX_HEADER_VALUE_CHARS} characters",
+                )
         if "env" in config and "command" not in config:
             raise ConfigError("config.env", "only for a stdio server (config.command)")
         if "headers" in config and "url" not in config:

@@ -89,7 +89,9 @@ def test_only_names_the_operator_allows_may_be_set_with_plain_values():
             )
         assert (caught.value.field, words in caught.value.message) == (field, True), env
     with pytest.raises(ConfigError) as caught:  # no operator list: no variable at all
-        validate_environment("mcp", config={"command": DEMO, "env": {"REGION": "eu"}}, tools=[], max_turns=None)
+        validate_environment(
+            "mcp", config={"command": DEMO, "env": {"REGION": "eu"}}, tools=[], max_turns=None
+        )
     assert caught.value.field == "config.env.REGION"
 
 
@@ -115,7 +117,12 @@ def test_an_operator_command_is_matched_whole_arguments_included():
     policy = StdioPolicy(commands=("/opt/mcp/warehouse --stdio --db '/srv/stock db'",))
     exact = ["/opt/mcp/warehouse", "--stdio", "--db", "/srv/stock db"]
     assert validate_environment("mcp", config={"command": exact}, tools=[], max_turns=None, stdio=policy)
-    for other in (exact[:1], exact[:2], [*exact, "--plugin", "/tmp/evil.so"], ["/opt/mcp/warehouse2", *exact[1:]]):
+    for other in (
+        exact[:1],
+        exact[:2],
+        [*exact, "--plugin", "/tmp/evil.so"],
+        ["/opt/mcp/warehouse2", *exact[1:]],
+    ):
         with pytest.raises(ConfigError):
             validate_environment("mcp", config={"command": other}, tools=[], max_turns=None, stdio=policy)
 
@@ -153,10 +160,16 @@ def test_the_attack_payloads_run_nothing_even_past_validation(tmp_path, capfd, s
     }
     # Unsandboxed (the development opt-out) shares the host's files: -I and the fixed environment
     # are then what stops the payloads, so the marker on the host would show a failure.
-    policy = StdioPolicy() if sandboxed else StdioPolicy(unshare="/nonexistent/unshare", allow_unsandboxed=True)
+    policy = (
+        StdioPolicy() if sandboxed else StdioPolicy(unshare="/nonexistent/unshare", allow_unsandboxed=True)
+    )
     environment = _unvalidated({"command": DEMO, "env": env}, policy)
     with environment:
-        assert [tool.name for tool in environment.tools] == ["search_products", "get_product", "list_categories"]
+        assert [tool.name for tool in environment.tools] == [
+            "search_products",
+            "get_product",
+            "list_categories",
+        ]
         assert "P-101" in environment.tools[1].function(product_id="P-101")
     captured = capfd.readouterr()
     assert "PWNED" not in captured.err + captured.out
@@ -268,3 +281,20 @@ def test_the_demo_server_files_it_needs_are_all_it_sees_of_the_repository():
         Path(path).is_relative_to(REPO_ROOT / "training") or Path(path).is_relative_to(sys.prefix)
         for path in inside
     ), inside
+
+
+@pytest.mark.parametrize(
+    "headers, field",
+    [
+        ({"Authorization": "Bearer t\r\nX-Evil: 1"}, "config.headers.Authorization"),
+        ({"X-Token": "a\nb"}, "config.headers.X-Token"),
+        ({"Bad Name": "x"}, "config.headers"),
+        ({"X-Long": "x" * 9000}, "config.headers.X-Long"),
+    ],
+)
+def test_a_header_that_could_split_a_request_is_refused_when_written(headers, field):
+    with pytest.raises(ConfigError) as caught:
+        validate_environment(
+            "mcp", config={"url": "https://mcp.example.com/mcp", "headers": headers}, tools=[], max_turns=None
+        )
+    assert caught.value.field == field
