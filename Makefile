@@ -52,7 +52,30 @@ $(ART_STAMP):
 	$(ART_VENV)/bin/pip install -q openpipe-art==0.5.18 wandb 'openai<3' mcp==1.30.0  # mcp: examples/mcp_tools
 	rm -f $(ART_VENV)/.installed-* && touch $@
 
-install: $(STAMP) $(VENDOR_STAMP) $(ART_STAMP)
+# The newest ART client, 0.5.23, which the integration tests drive artweb with too: test-only. It needs
+# Python >= 3.12 (these machines have 3.11) for PEP 695 syntax alone, so its wheel from PyPI is
+# rewritten to 3.11 forms (typing_extensions.TypeAliasType, TypeVar + Generic; Requires-Python
+# relaxed) by tests/integration/art_wheel_py311.py, which compiles every file it converts, then
+# installed with its declared dependencies (all have 3.11 wheels). openai<3 is ART's own pin here.
+ART23_VENV := .venv-art23
+ART23_VERSION := 0.5.23
+ART23_STAMP := $(ART23_VENV)/.installed-openpipe-art-$(ART23_VERSION)-$(shell cat tests/integration/art_wheel_py311.py | sha1sum | cut -c1-12)
+
+$(ART23_STAMP): tests/integration/art_wheel_py311.py
+	test -x $(ART23_VENV)/bin/python || $(PYTHON) -m venv $(ART23_VENV)
+	rm -rf $(ART23_VENV)/wheels && mkdir -p $(ART23_VENV)/wheels/pypi
+	$(ART23_VENV)/bin/pip download -q --no-deps --only-binary :all: --python-version 3.12 \
+		openpipe-art==$(ART23_VERSION) -d $(ART23_VENV)/wheels/pypi
+	$(PYTHON) tests/integration/art_wheel_py311.py -o $(ART23_VENV)/wheels/py311 \
+		$(ART23_VENV)/wheels/pypi/openpipe_art-$(ART23_VERSION)-py3-none-any.whl >/dev/null
+	# Its dependencies, then the converted wheel itself again: a converter change replaces it.
+	$(ART23_VENV)/bin/pip install -q $(ART23_VENV)/wheels/py311/openpipe_art-$(ART23_VERSION)-py3-none-any.whl
+	$(ART23_VENV)/bin/pip install -q --force-reinstall --no-deps \
+		$(ART23_VENV)/wheels/py311/openpipe_art-$(ART23_VERSION)-py3-none-any.whl
+	$(ART23_VENV)/bin/python -c "import art; from art.serverless.backend import ServerlessBackend"
+	rm -f $(ART23_VENV)/.installed-* && touch $@
+
+install: $(STAMP) $(VENDOR_STAMP) $(ART_STAMP) $(ART23_STAMP)
 
 # The Python environment alone (no npm, no ART client): what a GPU host needs for `make test-gpu`.
 install-python: $(STAMP)
