@@ -34,8 +34,14 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings; the text is cut before them
     seed: int | None = None  # None = draw from torch's global RNG (so a resumed run continues it)
     top_logprobs: int = 0  # most likely alternatives reported per sampled token (0-20; 0 = none)
+    top_k: int = 0  # keep only the k most likely tokens (0 = off)
+    min_p: float = 0.0  # keep tokens at least this fraction as likely as the most likely (0 = off)
 
     def __post_init__(self) -> None:
+        if self.top_k < 0:
+            raise ValueError("top_k must be 0 (off) or more")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
         if self.temperature < 0:
             raise ValueError("temperature must be 0 or more")
         if not 0 < self.top_p <= 1:
@@ -214,14 +220,18 @@ def render_chat(
     *,
     tools: list[dict] | None = None,
     add_generation_prompt: bool = True,
+    variables: dict[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of `messages` rendered with the tokenizer's chat template.
 
     `tools` (OpenAI-style function schemas) go to the template only when given, so a template
     without tool support renders exactly as before. With `add_generation_prompt` the ids end with
-    the assistant header, ready for the model's turn.
+    the assistant header, ready for the model's turn. `variables` are extra template variables (a
+    request's `chat_template_kwargs`, e.g. `enable_thinking`), checked by the protocol.
     """
-    extra = {"tools": tools} if tools else {}
+    extra: dict[str, Any] = {**(variables or {})}
+    if tools:
+        extra["tools"] = tools
     text = tokenizer.apply_chat_template(
         messages, add_generation_prompt=add_generation_prompt, tokenize=False, **extra
     )

@@ -286,6 +286,8 @@ class DecodeBatch:
             [row.sampling.temperature for row in rows],
             [row.sampling.top_p for row in rows],
             torch.tensor(uniforms, dtype=torch.float64, device=logits.device),
+            top_ks=[row.sampling.top_k for row in rows],
+            min_ps=[row.sampling.min_p for row in rows],
         )
         tokens = sampled.tokens.tolist()
         logprobs = sampled.logprobs.tolist()

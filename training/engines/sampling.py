@@ -8,8 +8,13 @@ entry (the exponential race) and cost ~6× more per step at 49k tokens. The cumu
 in float64 so rounding cannot shift mass between neighbours. Top-p (nucleus) rows sort only the
 most likely tokens (`topk`, widened until the nucleus fits) instead of the whole vocabulary.
 
+Top-k and min-p (vLLM's sampling extensions) truncate a row first: only its k most likely tokens
+(ties at the k-th weight kept), and only tokens at least min_p times as likely as the most likely
+one; top-p then applies to what is left, renormalised, as in vLLM.
+
 The reported logprob of a token follows `engines/base.py`: `log_softmax(logits / temperature)`
-at that token, before any top-p truncation (greedy rows: the untempered distribution).
+at that token, before any top-k, min-p or top-p truncation (greedy rows: the untempered
+distribution).
 """
 
 from __future__ import annotations
@@ -42,12 +47,15 @@ def sample_tokens(
     temperatures: Sequence[float],
     top_ps: Sequence[float],
     uniforms: torch.Tensor,
+    top_ks: Sequence[int] | None = None,
+    min_ps: Sequence[float] | None = None,
 ) -> Sampled:
     """Draw one token per row of `logits` [B, V].
 
     `temperatures[row] == 0` is greedy; `top_ps[row] < 1` keeps the smallest set of most likely
-    tokens whose mass reaches it (the most likely token always). `uniforms` [B] (float64, in
-    (0, 1]) is each row's random number; greedy rows ignore theirs.
+    tokens whose mass reaches it (the most likely token always). `top_ks[row] > 0` and
+    `min_ps[row] > 0` truncate first (module doc). `uniforms` [B] (float64, in (0, 1]) is each
+    row's random number; greedy rows ignore theirs.
     """
     logits = logits.float()
     batch, width = logits.shape
@@ -60,6 +68,17 @@ def sample_tokens(
     weights = (scaled - shift).exp_()
     total = weights.sum(dim=-1, keepdim=True)
     log_normaliser = shift + total.log()
+    truncated = [
+        row
+        for row in range(batch)
+        if temperatures[row] > 0
+        and ((top_ks is not None and 0 < top_ks[row] < width) or (min_ps is not None and min_ps[row] > 0))
+    ]
+    if truncated:
+        weights = weights.clone()  # `scaled` and the logprobs keep the whole distribution
+        for row in truncated:
+            _truncate(weights[row], top_ks[row] if top_ks is not None else 0, min_ps[row] if min_ps else 0.0)
+        total = weights.sum(dim=-1, keepdim=True)
 
     greedy = [row for row in range(batch) if temperatures[row] == 0]
     plain = [row for row in range(batch) if temperatures[row] > 0 and top_ps[row] >= 1.0]
@@ -81,6 +100,16 @@ def sample_tokens(
             tokens[index] = _nucleus(weights[index], total[index], limits, uniforms[index])
     logprobs = (scaled.gather(-1, tokens[:, None]) - log_normaliser).squeeze(-1)
     return Sampled(tokens, logprobs, scaled, log_normaliser)
+
+
+def _truncate(weights: torch.Tensor, top_k: int, min_p: float) -> None:
+    """Zero, in place, the weights [V] of one row outside its top-k and its min-p set (the most
+    likely token has weight 1 after the shift by the row's maximum, so min-p compares with 1)."""
+    if 0 < top_k < weights.shape[-1]:
+        kth = weights.topk(top_k).values[-1]
+        weights[weights < kth] = 0.0
+    if min_p > 0:
+        weights[weights < min_p] = 0.0
 
 
 def uniform_draws(count: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:

@@ -97,10 +97,10 @@ def max_lora_rank_for(rank: int) -> int:
 
 def check_logprob_convention(sampling: SamplingParams) -> None:
     """Refuse sampling settings for which vLLM's logprobs differ from the trainer's."""
-    if sampling.temperature > 0 and sampling.top_p < 1:
+    if sampling.temperature > 0 and (sampling.top_p < 1 or sampling.top_k > 0 or sampling.min_p > 0):
         raise ValueError(
-            "the vLLM engine cannot report logprobs without top-p truncation, which the trainer "
-            "expects (engines/base.py): use top_p=1 with it, or the transformers engine"
+            "the vLLM engine cannot report logprobs without top-p, top-k or min-p truncation, which "
+            "the trainer expects (engines/base.py): use top_p=1 (and no top_k or min_p) with it, or the transformers engine"
         )
 
 

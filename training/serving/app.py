@@ -296,6 +296,8 @@ class InferenceApp:
             stop=list(request.stop),
             seed=request.seed,
             top_logprobs=request.top_logprobs if request.logprobs else 0,
+            top_k=request.top_k,
+            min_p=request.min_p,
         )
         if request.stream:
             await self._stream(request, model, prompt, sampling, adapter, send, receive, grammar)

@@ -51,7 +51,7 @@ def render_prompt(tokenizer: Any, request: ChatRequest, *, native_tools: bool) -
             )
             message["content"] = f"{message['content']}\n{written}" if message["content"] else written
     try:
-        ids = render_chat(tokenizer, messages, tools=schemas)
+        ids = render_chat(tokenizer, messages, tools=schemas, variables=request.chat_template_kwargs)
     except Exception as exc:  # jinja raises whatever the template author chose
         raise RequestError(
             f"the chat template cannot render these messages: {exc}", param="messages"

@@ -11,6 +11,15 @@ Differences from OpenAI, on purpose:
   (engines/base.py); an engine that cannot report alternatives lists only the sampled token.
 - Extension (vLLM's name for it): `"return_token_ids": true` adds `prompt_token_ids` to the
   response and `token_ids` (the sampled completion tokens) to each choice / stream delta.
+  `"return_tokens_as_token_ids": true` (vLLM's too) writes each logprob entry's `token` (and its
+  alternatives') as `token_id:<id>`, so a client can map logprobs to ids without the tokenizer.
+- vLLM's request extensions OpenPipe ART sends or passes on are accepted: `chat_template_kwargs`
+  (variables for the chat template, e.g. Qwen3's `enable_thinking`; scalar values, and never one
+  of the template call's own arguments), `nvext` (accepted and ignored), and the sampling
+  parameters `top_k`, `min_p`, `repetition_penalty`, `frequency_penalty`, `presence_penalty`,
+  `logit_bias`. A server applies those its engine honours (`Limits.sampling_extras`: the CPU
+  engine does `top_k` and `min_p`; vLLM all of them) and answers 400 naming any other one asked
+  for with a non-default value, never ignoring it; the gateway checks only their shape.
 - `response_format` `{"type": "json_object"}` (any JSON object) and `{"type": "json_schema",
   "json_schema": {"name", "schema", "strict"}}` are honoured by constrained decoding
   (training.engines.grammar): every token is sampled under a mask of what the grammar allows, and a
@@ -90,10 +99,13 @@ class Limits:
     max_tokens: int = 4096  # the largest max_tokens a request may ask for
     default_max_tokens: int = 256  # when the request gives none
     json_mode: bool = True  # whether response_format json_object / json_schema may be asked for
+    # The sampling extensions (SAMPLING_EXTRAS) the engine applies; others with a non-default value
+    # are a 400. The CPU engine's sampler (training.engines.sampling) does these two.
+    sampling_extras: frozenset[str] = frozenset({"top_k", "min_p"})
 
     @classmethod
     def shape_only(cls) -> Limits:
-        return cls(max_n=128, max_tokens=10**9, json_mode=True)
+        return cls(max_n=128, max_tokens=10**9, json_mode=True, sampling_extras=SAMPLING_EXTRAS)
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,14 @@ class ChatRequest:
     include_usage: bool = False
     return_token_ids: bool = False
     response_format: ResponseFormat | None = None  # None: free text
+    return_tokens_as_token_ids: bool = False
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    top_k: int = 0  # 0: off (vLLM's -1 is read as 0)
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     @property
     def uses_tools(self) -> bool:
@@ -139,13 +159,25 @@ class ChatRequest:
         return '<tool_call>{"name": "'
 
 
-# Accepted and ignored: they change nothing about what is sampled.
-_IGNORED = {"user", "metadata", "store", "parallel_tool_calls", "service_tier", "prompt_cache_key"}
+# Accepted and ignored: they change nothing about what is sampled. `nvext` is NVIDIA Dynamo's
+# extension object (OpenPipe ART 0.5.23 sends {"extra_fields": ["engine_data"]}).
+_IGNORED = {"user", "metadata", "store", "parallel_tool_calls", "service_tier", "prompt_cache_key", "nvext"}
+SAMPLING_EXTRAS = frozenset(
+    {"top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias"}
+)
 _KNOWN = {
     "model", "messages", "tools", "tool_choice", "n", "temperature", "top_p", "max_tokens",
     "max_completion_tokens", "stop", "seed", "logprobs", "top_logprobs", "stream", "stream_options",
-    "return_token_ids", "response_format", "frequency_penalty", "presence_penalty", "logit_bias",
-} | _IGNORED  # fmt: skip
+    "return_token_ids", "response_format", "return_tokens_as_token_ids", "chat_template_kwargs",
+} | _IGNORED | SAMPLING_EXTRAS  # fmt: skip
+# The chat template call's own arguments (transformers' apply_chat_template): never a template variable.
+_TEMPLATE_ARGUMENTS = {
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs",
+}  # fmt: skip
+_TEMPLATE_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+MAX_TEMPLATE_VARIABLES = 16
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -189,13 +221,7 @@ def parse_chat_request(body: Any, limits: Limits) -> ChatRequest:
         if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
             raise RequestError('stream_options must be {"include_usage": true|false}', param="stream_options")
         include_usage = bool(options.get("include_usage", False))
-    for penalty in ("frequency_penalty", "presence_penalty"):
-        if body.get(penalty) not in (None, 0, 0.0):
-            raise RequestError(f"{penalty} is not supported by this server", param=penalty,
-                               code="unsupported_parameter")  # fmt: skip
-    if body.get("logit_bias") not in (None, {}):
-        raise RequestError("logit_bias is not supported by this server", param="logit_bias",
-                           code="unsupported_parameter")  # fmt: skip
+    extras = _sampling_extras(body, limits)
     response_format = _response_format(body.get("response_format"), limits)
     tools = _tools(body.get("tools"))
     tool_choice, tool_choice_name = _tool_choice(body.get("tool_choice"), tools)
@@ -220,7 +246,70 @@ def parse_chat_request(body: Any, limits: Limits) -> ChatRequest:
         include_usage=include_usage,
         return_token_ids=_bool(body, "return_token_ids"),
         response_format=response_format,
+        return_tokens_as_token_ids=_bool(body, "return_tokens_as_token_ids"),
+        chat_template_kwargs=_template_variables(body.get("chat_template_kwargs")),
+        **extras,
     )
+
+
+def _sampling_extras(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """vLLM's sampling extensions, checked for shape; a non-default value the engine cannot apply
+    is a 400 naming it (a request is never sampled differently from what it asked)."""
+    top_k = _optional_int(body, "top_k", -1, 1_000_000)
+    values: dict[str, Any] = {
+        "top_k": 0 if top_k in (None, -1) else top_k,
+        "min_p": _number(body, "min_p", 0.0, 0.0, 1.0),
+        "repetition_penalty": _number(body, "repetition_penalty", 1.0, 0.0, 2.0),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        "presence_penalty": _number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        "logit_bias": _logit_bias(body.get("logit_bias")),
+    }
+    if values["repetition_penalty"] == 0.0:
+        raise RequestError("repetition_penalty must be greater than 0", param="repetition_penalty")
+    defaults = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
+                "presence_penalty": 0.0, "logit_bias": {}}  # fmt: skip
+    for name, value in values.items():
+        if value != defaults[name] and name not in limits.sampling_extras:
+            raise RequestError(f"{name} is not supported by this server's engine", param=name,
+                               code="unsupported_parameter")  # fmt: skip
+    return values
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > 300:
+        raise RequestError("logit_bias must be an object of up to 300 token ids", param="logit_bias")
+    bias = {}
+    for key, weight in value.items():
+        if not isinstance(key, str) or not key.isdecimal() or len(key) > 9:
+            raise RequestError(f"logit_bias key {key!r} is not a token id", param="logit_bias")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not -100 <= weight <= 100:
+            raise RequestError("logit_bias values must be numbers from -100 to 100", param="logit_bias")
+        bias[int(key)] = float(weight)
+    return bias
+
+
+def _template_variables(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_TEMPLATE_VARIABLES:
+        raise RequestError(f"chat_template_kwargs must be an object of up to {MAX_TEMPLATE_VARIABLES} "
+                           "variables", param="chat_template_kwargs")  # fmt: skip
+    for name, variable in value.items():
+        param = f"chat_template_kwargs.{name}"
+        if not isinstance(name, str) or not _TEMPLATE_VARIABLE.fullmatch(name):
+            raise RequestError(
+                "a template variable name is letters, digits and _", param="chat_template_kwargs"
+            )
+        if name in _TEMPLATE_ARGUMENTS:
+            raise RequestError(f"{name} is an argument of the template call, not a template variable",
+                               param=param, code="unsupported_parameter")  # fmt: skip
+        if variable is not None and not isinstance(variable, str | bool | int | float):
+            raise RequestError("template variables must be strings, numbers, booleans or null", param=param)
+        if isinstance(variable, str) and len(variable) > 10_000:
+            raise RequestError("at most 10000 characters", param=param)
+    return dict(value)
 
 
 def _bool(body: dict[str, Any], name: str) -> bool:

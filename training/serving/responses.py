@@ -61,6 +61,8 @@ def logprobs_content(
     top: Sequence[Sequence[tuple[int, float]]] | None = None,
 ) -> list[dict[str, Any]]:
     """OpenAI's `logprobs.content`; `top` holds the engine's alternatives per token, if any."""
+    if request.return_tokens_as_token_ids:  # vLLM's extension: `token_id:<id>` for every token
+        token_text = _token_id_text
     entries = []
     for position, (token_id, logprob) in enumerate(zip(token_ids, logprobs, strict=True)):
         entry = _logprob_entry(token_text(token_id), logprob)
@@ -76,6 +78,10 @@ def logprobs_content(
         entry["top_logprobs"] = alternatives
         entries.append(entry)
     return entries
+
+
+def _token_id_text(token_id: int) -> str:
+    return f"token_id:{token_id}"
 
 
 def _logprob_entry(text: str, logprob: float) -> dict[str, Any]:
