@@ -220,7 +220,7 @@ def test_a_symlink_in_a_checkpoint_folder_is_never_stored_or_served(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["chat_template", "chat_template_kwargs", "logits_processors", "guided_json"]
+    "name", ["chat_template", "logits_processors", "guided_json"]
 )
 def test_the_gateway_refuses_engine_parameters_before_any_upstream(name):
     raw = json.dumps({"model": "p/m:1", "messages": [{"role": "user", "content": "hi"}], name: "{{ 7*7 }}"})

@@ -142,7 +142,6 @@ def test_a_template_path_walks_only_keys_and_indices(text):
     "name",
     [
         "chat_template",  # a Jinja template of the client's, rendered by vLLM
-        "chat_template_kwargs",
         "logits_processors",  # vLLM imports these by qualified name
         "guided_regex",
         "guided_grammar",
