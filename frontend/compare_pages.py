@@ -53,27 +53,75 @@ def run_label(run: Run) -> str:
     return f"#{run.pk} {run.model.name}"
 
 
+def evaluated_on(run: Run, data: dict[str, Any]) -> list[str]:
+    """What each of a run's charted evaluations ran on, in words ("24 validation rows of
+    one-word-answers"), without repeats: the row count (else the sample count), split and task set."""
+    described: list[str] = []
+    for evaluated in data["validation"].get("evaluated", []):
+        split = evaluated["split"]
+        if evaluated["rows"] is not None:
+            size = f"{evaluated['rows']} {split} rows"
+        elif evaluated["n"] is not None:
+            size = f"{evaluated['n']} {split} samples"
+        else:
+            size = f"{split} rows"
+        task_set = f"task set #{evaluated['task_set']}"
+        if run.task_set is not None and run.task_set.pk == evaluated["task_set"]:
+            task_set = run.task_set.name
+        text = f"{size} of {task_set}"
+        if text not in described:
+            described.append(text)
+    return described
+
+
+def validation_comparability(runs: list[Run], charts: dict[int, dict[str, Any]]) -> str:
+    """Why the runs' validation rewards cannot be read against each other ("" when they can):
+    a mean over 24 rows and one over 8 (or over another task set or split) are different measures."""
+    measured_on = {
+        (
+            evaluated["task_set"],
+            evaluated["split"],
+            evaluated["rows"] if evaluated["rows"] is not None else evaluated["n"],
+        )
+        for run in runs
+        for evaluated in charts[run.pk]["validation"].get("evaluated", [])
+    }
+    if len(measured_on) <= 1:
+        return ""
+    described = {run.pk: evaluated_on(run, charts[run.pk]) for run in runs}
+    return (
+        "Not comparable: these evaluations ran on different rows ("
+        + "; ".join(f"{run_label(run)}: {', '.join(described[run.pk])}" for run in runs if described[run.pk])
+        + "). Each series is labelled with what it measured."
+    )
+
+
 def compare_series(runs: list[Run], charts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per COMPARED_CHARTS chart: per run its ``points`` ({x: step, y: value}; an
     unmeasured step is y null, drawn as a gap) and the run page's note for that series. A
-    chart no run measured is ``not_measured``."""
+    chart no run measured is ``not_measured``. The validation chart says when its runs evaluated
+    on different rows (``not_comparable``, the reason) and then labels each series with them."""
     out = []
+    not_comparable = validation_comparability(runs, charts)
     for key, caption in COMPARED_CHARTS:
         datasets = []
         for run in runs:
             data = charts[run.pk]
+            label = run_label(run)
             if key == "reward":
                 steps, values, note = data["steps"], data["reward_mean"], ""
             elif key == "validation":
                 steps, values = data["validation"]["steps"], data["validation"]["reward_mean"]
                 note = "" if steps else "No evaluation yet."
+                if not_comparable and steps:
+                    label += f" ({', '.join(evaluated_on(run, data))})"
             else:
                 series = data["series"][key]
                 steps, values, note = data["steps"], series["values"], series["note"]
             datasets.append(
                 {
                     "run": run.pk,
-                    "label": run_label(run),
+                    "label": label,
                     "points": [{"x": step, "y": value} for step, value in zip(steps, values, strict=True)],
                     "measured": any(value is not None for value in values),
                     "note": note,
@@ -86,6 +134,7 @@ def compare_series(runs: list[Run], charts: dict[int, dict[str, Any]]) -> list[d
                 "datasets": datasets,
                 "not_measured": not any(dataset["measured"] for dataset in datasets),
                 "notes": [(dataset["label"], dataset["note"]) for dataset in datasets if dataset["note"]],
+                "not_comparable": not_comparable if key == "validation" else "",
             }
         )
     return out

@@ -248,6 +248,7 @@ def _context(request: TeamHttpRequest, evaluation: Evaluation) -> dict[str, Any]
         "results": evaluation_results(
             evaluation.results, has_reference=selectors.evaluation_reference(evaluation) is not None
         ),
+        "passes": selectors.evaluation_passes(evaluation=evaluation),
         "events": selectors.evaluation_recent_events(evaluation=evaluation),
         "page": page,
         "sample_rows": evaluation_sample_rows(list(samples)),

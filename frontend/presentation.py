@@ -52,13 +52,16 @@ def chart_data(
     config: dict[str, Any] | None = None,
     sample_means: dict[int, dict[str, Any]] | None = None,
     evaluations: Sequence[Any] = (),
+    reward_range: tuple[tuple[float, float], str] | None = None,
 ) -> dict[str, Any]:
     """The run page's chart series (``/runs/<id>/metrics.json``). What was not measured is null,
     never 0, and a series with a reason to read it carefully carries a ``note``: KL with
     ``kl_coef`` 0 is not computed at all, a step without an update measured no loss, grad norm,
     entropy, KL or clip fraction. ``sample_means`` (selectors.run_step_sample_means) gives the
     completion length and the per-sub-reward means; ``evaluations`` the validation reward per
-    evaluated step."""
+    evaluated step, with what each evaluated (task set, split, rows, samples: evaluations of
+    different rows are not one trend); ``reward_range`` (selectors.run_reward_range) the bounds
+    the mean ± std band is clipped to, with their source."""
     config = config or {}
     sample_means = sample_means or {}
     steps = [row.step for row in step_metrics]
@@ -98,21 +101,39 @@ def chart_data(
         for name in names
     }
     validation = [
-        (evaluation.step, _number((evaluation.results or {}).get("reward_mean")))
+        (evaluation, _number((evaluation.results or {}).get("reward_mean")))
         for evaluation in evaluations
         if evaluation.step is not None and evaluation.status == EvaluationStatus.SUCCEEDED
     ]
-    validation = [(step, value) for step, value in validation if value is not None]
+    validation = [(evaluation, value) for evaluation, value in validation if value is not None]
+    band = None
+    if reward_range is not None:
+        (low, high), source = reward_range
+        band = {"low": low, "high": high, "source": source}
     return {
         "steps": steps,
         "reward_mean": [_number(row.reward_mean) for row in step_metrics],
         "reward_std": [_number(row.reward_std) for row in step_metrics],
+        "reward_range": band,
         "series": series,
         "sub_rewards": sub_rewards,
         "validation": {
-            "steps": [step for step, _ in validation],
+            "steps": [evaluation.step for evaluation, _ in validation],
             "reward_mean": [value for _, value in validation],
+            "evaluated": [evaluated_rows(evaluation) for evaluation, _ in validation],
         },
+    }
+
+
+def evaluated_rows(evaluation: Any) -> dict[str, Any]:
+    """What an evaluation measured on: its task set, split and how many rows and samples (its
+    results' ``rows`` and ``n``). Two evaluations compare only when these agree."""
+    results = evaluation.results or {}
+    return {
+        "task_set": evaluation.task_set_id,
+        "split": evaluation.split,
+        "rows": results.get("rows") if isinstance(results.get("rows"), int) else None,
+        "n": results.get("n") if isinstance(results.get("n"), int) else None,
     }
 
 

@@ -31,6 +31,7 @@ from frontend.presentation import (
 )
 from projects import selectors, services
 from projects.errors import DomainError, ValidationFailed
+from projects.formatting import step_label
 from projects.gateway import routing
 from projects.models import (
     Checkpoint,
@@ -192,6 +193,10 @@ def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
         "phase": selectors.run_phase(run=run) if run.status == RunStatus.RUNNING else None,
         "signal_warnings": selectors.run_signal_warnings(run=run),
         "start": _run_start(run),
+        # The model's step, as its checkpoints and the events number it.
+        "step_text": step_label(
+            run.current_step, start_step=run.start_step, final_step=run.start_step + run.total_steps
+        ),
         "checkpoints": selectors.run_checkpoints(run=run),
         "cost": selectors.run_cost(run=run),  # device-hours, tokens and price (projects.selectors.costs)
         "can_cancel": can_write(request)
@@ -244,6 +249,7 @@ def run_chart_data(run: Run) -> dict[str, Any]:
         config=run.config,
         sample_means=selectors.run_step_sample_means(run=run),
         evaluations=list(selectors.run_evaluations(run=run)),
+        reward_range=selectors.run_reward_range(run=run),
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from training.config import TrainConfig
+from training.rewards import GraderSetupError, GraderSpecError, build_grader
 
 
 def hyperparameters() -> dict[str, dict[str, Any]]:
@@ -21,3 +22,12 @@ def environment_kinds() -> list[dict[str, Any]]:
     from training.environments import describe_kinds
 
     return describe_kinds()
+
+
+def reward_range(spec: dict[str, Any]) -> tuple[float, float] | None:
+    """The [low, high] a grader spec declares for its reward (a python grader's ``range``), or
+    None when it declares none. A spec that needs a judge to be built declares none here."""
+    try:
+        return build_grader(spec).reward_range()
+    except (GraderSpecError, GraderSetupError):
+        return None

@@ -23,7 +23,7 @@ from training.cost import device_usage, sampled_tokens
 from training.environments import Environment
 from training.evaluation import evaluate_during_run, is_evaluation_step
 from training.learning_signal import SignalWatch
-from training.progress import phase, progress_events
+from training.progress import phase, progress_events, step_label
 from training.rewards import grade_trajectories
 from training.trajectory import Trajectory, to_train_group
 
@@ -236,6 +236,7 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
         if reason:
             return reason
         step_started = time.monotonic()
+        label = step_label(step, start_step=spec.start_step, final_step=final_step)
         rows = rows_for_step(spec.train_rows, seed=config.seed, step=step, count=config.groups_per_step)
         sampling = SamplingParams(
             temperature=config.temperature,
@@ -247,7 +248,7 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
         phase(
             hooks,
             "rollouts",
-            f"Step {step}/{final_step}: rollouts, {len(rows)} groups × {config.group_size} samples",
+            f"{label}: rollouts, {len(rows)} groups × {config.group_size} samples",
             step=step,
             groups=len(rows),
         )
@@ -258,10 +259,10 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
             sampling,
             config.group_size,
             adapter=sampler.adapter,
-            on_progress=progress_events(hooks, "rollouts", f"Step {step}/{final_step}: rollouts", step=step),
+            on_progress=progress_events(hooks, "rollouts", f"{label}: rollouts", step=step),
         )
         rollout_seconds = time.monotonic() - step_started
-        phase(hooks, "grading", f"Step {step}/{final_step}: grading", step=step)
+        phase(hooks, "grading", f"{label}: grading", step=step)
         grading = grade_trajectories(
             spec.grader_spec,
             groups,
@@ -273,13 +274,13 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
         )
         if hooks.should_stop() == "cancelled":
             return "cancelled"
-        phase(hooks, "updating", f"Step {step}/{final_step}: updating the policy", step=step)
+        phase(hooks, "updating", f"{label}: updating the policy", step=step)
         sampler.before_update()
         metrics = trainer.train_step([to_train_group(group) for group in groups])
         sync_started = time.monotonic()  # sync: save, wake the sampler, load and check the adapter
         completion_tokens = sum(sampled_tokens(t) for group in groups for t in group)
         path = checkpoint_path(spec.checkpoint_root, step)
-        phase(hooks, "saving", f"Step {step}/{final_step}: saving checkpoint", step=step)
+        phase(hooks, "saving", f"{label}: saving checkpoint", step=step)
         if path.exists():
             shutil.rmtree(path)
         trainer.save_checkpoint(path, step=step, metrics=metrics)

@@ -15,6 +15,16 @@ from training.agent import RolloutProgress
 PROGRESS_INTERVAL_S = 5.0
 
 
+def step_label(step: int, *, start_step: int, final_step: int) -> str:
+    """A step as every run line names it: the model's step, the number its checkpoint has.
+    "Step 3/20" for a run from the base model; a run that continues a model from step 20 for 3
+    steps says "Step 23 (3 of 3 in this run)", not "Step 23/23" in one line and "Step 3/3" in the
+    next (the run page once showed both)."""
+    if not start_step:
+        return f"Step {step}/{final_step}"
+    return f"Step {step} ({step - start_step} of {final_step - start_step} in this run)"
+
+
 def phase(hooks: Any, name: str, message: str, **data: Any) -> None:
     """Say what the run is doing now: a message event with ``data.phase``."""
     hooks.event(message, data={"phase": name, **data})
@@ -29,7 +39,8 @@ def progress_events(
     clock: Callable[[], float] = time.monotonic,
     **data: Any,
 ) -> Callable[[RolloutProgress], None]:
-    """An ``on_progress`` for ``rollout_groups`` that reports ``label`` (e.g. "Step 3/20: rollouts")
+    """An ``on_progress`` for ``rollout_groups`` that reports ``label`` (e.g. "Step 3/20: rollouts",
+    ``step_label``'s words)
     with k/N groups done as a ``name`` phase event, at most once per ``interval_s``. The moment every
     group is done is not reported: the next phase's event says it."""
     interval = PROGRESS_INTERVAL_S if interval_s is None else interval_s

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Count, Max, Q, QuerySet
 
 from projects.errors import NotFound, ValidationFailed
 from projects.models import (
@@ -47,6 +47,16 @@ def evaluations_list(
     if status is not None:
         evaluations = evaluations.filter(status=status)
     return evaluations.order_by("-id")
+
+
+def evaluation_passes(*, evaluation: Evaluation) -> dict[str, Any]:
+    """How the model's samples stand against the evaluation's pass threshold: ``n`` samples,
+    ``passed`` (reward ≥ threshold) and the ``best`` reward (None without samples); a pass rate
+    of 0 reads differently when the best reward is 0.5 than when it is 0.99."""
+    counts = EvaluationSample.objects.filter(evaluation=evaluation, side="subject").aggregate(
+        n=Count("id"), passed=Count("id", filter=Q(reward__gte=evaluation.pass_threshold)), best=Max("reward")
+    )
+    return {"n": counts["n"], "passed": counts["passed"], "best": counts["best"]}
 
 
 def evaluation_get(*, team: Team, evaluation_id: int) -> Evaluation:
@@ -149,7 +159,9 @@ def evaluation_results_summary(results: dict[str, Any]) -> str:
     def show(value: Any) -> str:
         return "n/a" if value is None else f"{value:.3f}"
 
-    text = f"reward {show(results.get('reward_mean'))}, pass rate {show(results.get('pass_rate'))} (n={results.get('n')})"
+    threshold = results.get("pass_threshold")
+    at = f", reward ≥ {threshold:g}" if isinstance(threshold, int | float) else ""
+    text = f"reward {show(results.get('reward_mean'))}, pass rate {show(results.get('pass_rate'))} (n={results.get('n')}{at})"
     comparison = results.get("comparison")
     if comparison:
         text += f"; win rate vs reference {show(comparison.get('win_rate'))}"

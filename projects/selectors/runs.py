@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from django.db.models import Q, QuerySet
+from django.db.models import Max, Min, Q, QuerySet
 
+from projects import catalog
 from projects.errors import NotFound
-from projects.models import Run, RunEvent, RunStatus, Team
+from projects.models import Run, RunEvent, RunStatus, Team, Trajectory
 from projects.selectors._scoping import scoped
 
 
@@ -31,6 +32,19 @@ def run_signal_warnings(*, run: Run) -> list[RunEvent]:
     """The run's "no learning signal" warnings (``data.signal``; training.learning_signal), oldest
     first: the run page shows them as a banner."""
     return list(RunEvent.objects.filter(run=run, level="warn", data__has_key="signal").order_by("id"))
+
+
+def run_reward_range(*, run: Run) -> tuple[tuple[float, float], str] | None:
+    """The range the run's rewards can take, and where it comes from: the grader's declared range
+    ("declared"), else the lowest and highest reward of the run's trajectories ("observed"); None
+    before any trajectory. Charts keep a mean ± std band inside it (a 0/1 reward never reads -0.2)."""
+    declared = catalog.reward_range(run.reward.spec) if run.reward is not None else None
+    if declared is not None:
+        return (float(declared[0]), float(declared[1])), "declared"
+    bounds = Trajectory.objects.filter(run=run).aggregate(low=Min("reward"), high=Max("reward"))
+    if bounds["low"] is None or bounds["high"] is None:
+        return None
+    return (float(bounds["low"]), float(bounds["high"])), "observed"
 
 
 def runs_search(

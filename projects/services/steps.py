@@ -20,6 +20,7 @@ from projects.services._common import jsonb_safe
 from projects.services.checkpoints import retention_after_step
 from projects.services.runs import run_event_add
 from projects.storage import StoredObject
+from training.progress import step_label
 
 
 def checkpoint_record(
@@ -92,7 +93,12 @@ def step_record(
         locked.save(update_fields=["current_step", "heartbeat_at"])
         run_event_add(
             run=locked,
-            message=_step_message(step - locked.start_step, locked.total_steps, metrics),
+            message=_step_message(
+                step_label(
+                    step, start_step=locked.start_step, final_step=locked.start_step + locked.total_steps
+                ),
+                metrics,
+            ),
             type=EventType.METRICS,
             data={"step": step, **metrics},
         )
@@ -129,10 +135,11 @@ def step_rows_write(
     retention_after_step(run=run, step=step)
 
 
-def _step_message(done: int, total: int, metrics: dict[str, Any]) -> str:
-    """A step's event line, e.g. "Step 3/20: reward 0.625, loss 1.3e-6" (numbers by magnitude); a
-    step without an update (every group had one reward) says so instead of its placeholder loss 0."""
+def _step_message(label: str, metrics: dict[str, Any]) -> str:
+    """A step's event line, e.g. "Step 3/20: reward 0.625, loss 1.3e-6" (numbers by magnitude; the
+    step named as the worker's phase events name it, ``step_label``); a step without an update
+    (every group had one reward) says so instead of its placeholder loss 0."""
     reward = format_number(metrics.get("reward_mean"))
     if metrics.get("trainable_tokens") == 0:
-        return f"Step {done}/{total}: reward {reward}, no update (every group had the same reward)"
-    return f"Step {done}/{total}: reward {reward}, loss {format_number(metrics.get('loss'))}"
+        return f"{label}: reward {reward}, no update (every group had the same reward)"
+    return f"{label}: reward {reward}, loss {format_number(metrics.get('loss'))}"

@@ -139,13 +139,13 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
     for row in range(2):
         cells = evaluations.nth(row)
         assert cells.locator("td.samples").inner_text() == "2"
-        for column in ("reward-mean", "pass-rate"):
-            assert NUMBER.match(cells.locator(f"td.{column}").inner_text()), cells.inner_text()
+        assert NUMBER.match(cells.locator("td.reward-mean").inner_text()), cells.inner_text()
+        assert NUMBER.match(cells.locator("td.pass-rate .rate").inner_text()), cells.inner_text()
     assert re.match(r"^\d\.\d{3} vs step 0$", evaluations.nth(1).locator("td.win-rate").inner_text())
     # Charts that tell the truth: validation reward per evaluated step, grad norm and completion
     # length drawn; KL with kl_coef 0 not drawn at all but labelled; smoothing redraws.
     page.wait_for_function(
-        "() => Chart.getChart('chart-validation') && Chart.getChart('chart-validation').data.labels.length === 2"
+        "() => Chart.getChart('chart-validation') && Chart.getChart('chart-validation').data.datasets[0].data.length === 2"
     )
     for chart in ("chart-validation", "chart-grad_norm", "chart-completion_tokens", "chart-sub_rewards"):
         assert page.evaluate(CANVAS_HAS_INK, chart) > 100, chart

@@ -341,3 +341,64 @@ def test_generated_task_set_rows_are_stored(cast, alpha_setup, writer):
     created = TaskSet.objects.get(name="generated")
     assert created.source["type"] == "generated" and created.source["endpoint"] == "writer"
     assert [r.data["prompt"] for r in TaskRow.objects.filter(task_set=created)] == ["Say one"]
+
+
+def _finished_evaluation(setup, checkpoint, rewards, *, pass_threshold=1.0):
+    """A succeeded evaluation of ``checkpoint`` whose subject samples got ``rewards`` (one per row)."""
+    passed = sum(reward >= pass_threshold for reward in rewards)
+    evaluation = Evaluation.objects.create(
+        project=setup.project, checkpoint=checkpoint, task_set=setup.task_set,
+        environment=setup.environment, reward=setup.reward, status=EvaluationStatus.SUCCEEDED,
+        pass_threshold=pass_threshold,
+        results={
+            "n": len(rewards), "rows": len(rewards), "reward_mean": sum(rewards) / len(rewards),
+            "pass_rate": passed / len(rewards), "pass_threshold": pass_threshold,
+        },
+    )  # fmt: skip
+    for index, reward in enumerate(rewards):
+        _sample(evaluation, "subject", index, reward, "Paris")
+    return evaluation
+
+
+def test_evaluation_page_says_when_no_sample_reached_the_pass_threshold_and_the_best_reward(
+    cast, alpha_setup, checkpoint
+):
+    # The demo's case: correct answers in a sentence earn 0.5, the threshold is 1.0.
+    evaluation = _finished_evaluation(alpha_setup, checkpoint, [0.5] * 17 + [0.0] * 7)
+    html = client_for(cast.alice).get(f"/evaluations/{evaluation.pk}/").content.decode()
+    summary = html.split('class="pass-summary"')[1].split("</p>")[0]
+    assert "No sample passed" in summary
+    assert "0 of 24 samples reached the pass threshold (reward ≥ 1); the best reward was 0.5." in summary
+    assert "Pass rate (reward ≥ 1)" in html  # the threshold beside the pass rate in the table
+
+
+def test_evaluation_page_counts_the_samples_that_passed(cast, alpha_setup, checkpoint):
+    evaluation = _finished_evaluation(alpha_setup, checkpoint, [1.0, 0.5, 0.5, 0.0], pass_threshold=0.5)
+    html = client_for(cast.alice).get(f"/evaluations/{evaluation.pk}/").content.decode()
+    summary = html.split('class="pass-summary"')[1].split("</p>")[0]
+    assert 'data-passed="3"' in summary
+    assert "3 of 4 samples reached the pass threshold (reward ≥ 0.5)." in summary
+    assert "No sample passed" not in summary
+
+
+def test_evaluation_tables_show_each_pass_rate_with_its_threshold(cast, alpha_setup, checkpoint):
+    strict = _finished_evaluation(alpha_setup, checkpoint, [0.5, 0.5], pass_threshold=1.0)
+    lenient = _finished_evaluation(alpha_setup, checkpoint, [0.5, 0.5], pass_threshold=0.5)
+    html = client_for(cast.alice).get("/evaluations/").content.decode()
+    cells = {
+        evaluation.pk: html.split(f'data-evaluation="{evaluation.pk}"')[1]
+        .split('class="pass-rate"')[1]
+        .split("</td>")[0]
+        for evaluation in (strict, lenient)
+    }
+    assert '<span class="rate">0.000</span>' in cells[strict.pk] and "at reward ≥ 1<" in cells[strict.pk]
+    assert '<span class="rate">1.000</span>' in cells[lenient.pk] and "at reward ≥ 0.5<" in cells[lenient.pk]
+
+
+def test_evaluation_event_names_the_pass_threshold():
+    from projects.selectors import evaluation_results_summary
+
+    line = evaluation_results_summary(
+        {"reward_mean": 0.354, "pass_rate": 0.0, "n": 24, "pass_threshold": 1.0}
+    )
+    assert line == "reward 0.354, pass rate 0.000 (n=24, reward ≥ 1)"

@@ -91,7 +91,9 @@ def test_chart_data_has_completion_length_sub_rewards_and_validation(cast, alpha
     assert data["series"]["kl"]["values"] == [0.02] and data["series"]["kl"]["note"] == ""
     assert data["series"]["completion_tokens"]["values"] == [20.0]
     assert data["sub_rewards"] == {"brevity": [0.375], "exact": [0.5]}
-    assert data["validation"] == {"steps": [0, 1], "reward_mean": [0.2, 0.6]}
+    assert data["validation"]["steps"] == [0, 1] and data["validation"]["reward_mean"] == [0.2, 0.6]
+    evaluated = {"task_set": alpha_setup.task_set.pk, "split": "validation", "rows": None, "n": 4}
+    assert data["validation"]["evaluated"] == [evaluated, evaluated]
 
 
 def test_run_page_has_a_figure_per_series_and_the_smoothing_toggle(cast, alpha_setup):
@@ -179,3 +181,33 @@ def test_viewer_of_another_team_is_404(cast, alpha_setup):
     run = make_run(alpha_setup, cast.alice)
     assert client_for(cast.charlie).get(f"/runs/{run.pk}/trajectories").status_code == 404
     assert client_for(cast.charlie).get(f"/runs/{run.pk}/metrics.json").status_code == 404
+
+
+def test_reward_band_range_is_the_observed_rewards_without_a_declared_one(cast, alpha_setup):
+    run = make_run(alpha_setup, cast.alice)
+    StepMetrics.objects.create(run=run, step=1, reward_mean=0.25, reward_std=0.43, metrics=UPDATED)
+    for sample, reward in enumerate([0.0, 0.0, 0.0, 1.0]):
+        trajectory(run, 1, 0, sample, reward)
+    data = client_for(cast.alice).get(f"/runs/{run.pk}/metrics.json").json()
+    assert data["reward_range"] == {"low": 0.0, "high": 1.0, "source": "observed"}
+
+
+def test_reward_band_range_is_the_graders_declared_range(cast, alpha_setup):
+    python = services.reward_definition_create(
+        project=alpha_setup.project,
+        name="scaled",
+        spec={"type": "python", "source": "def grade(sample, item):\n    return 2.0\n", "range": [0, 10]},
+    )
+    run = services.run_create(
+        model=alpha_setup.model, task_set=alpha_setup.task_set, environment=alpha_setup.environment,
+        reward=python, config={"steps": 3}, created_by=cast.alice,
+    )  # fmt: skip
+    StepMetrics.objects.create(run=run, step=1, reward_mean=2.0, reward_std=0.0, metrics=UPDATED)
+    trajectory(run, 1, 0, 0, 2.0)
+    data = client_for(cast.alice).get(f"/runs/{run.pk}/metrics.json").json()
+    assert data["reward_range"] == {"low": 0.0, "high": 10.0, "source": "declared"}
+
+
+def test_reward_band_range_is_unknown_before_any_sample(cast, alpha_setup):
+    run = make_run(alpha_setup, cast.alice)
+    assert client_for(cast.alice).get(f"/runs/{run.pk}/metrics.json").json()["reward_range"] is None

@@ -41,3 +41,14 @@ def test_reward_wants_the_whole_word_and_pays_brevity_only_with_it():
     ]
     grade_trajectories(REWARD_SPEC, groups, rows, max_error_fraction=0.0)
     assert [[t.reward for t in group] for group in groups] == [[1.0, 0.5, 0.0, 0.0], [1.0, 0.5, 0.0, 0.0]]
+
+
+def test_demo_evaluations_pass_a_correct_answer_and_fail_a_wrong_one():
+    # The base model answers in sentences ("The capital is Paris.", 0.5) and 20 steps do not
+    # teach it the bare answer (README "The demo"): at the default threshold 1.0 both of the
+    # demo's evaluations read pass rate 0 whatever the model learned.
+    rows = [{"index": 0, "data": {"item": {"answer": "Paris", "accept": "Paris"}}}]
+    groups = [[reply("Paris"), reply("The capital is Paris."), reply("Lyon.")]]
+    grade_trajectories(REWARD_SPEC, groups, rows, max_error_fraction=0.0)
+    threshold = RUN_CONFIG["eval_pass_threshold"]
+    assert [t.reward >= threshold for t in groups[0]] == [True, True, False]

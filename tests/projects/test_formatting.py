@@ -38,10 +38,10 @@ def test_more_digits_on_request():
 
 
 def test_step_event_shows_a_tiny_loss_without_rounding_it_to_minus_zero():
-    message = _step_message(3, 20, {"reward_mean": 0.5, "loss": -2.4e-7, "trainable_tokens": 12.0})
+    message = _step_message("Step 3/20", {"reward_mean": 0.5, "loss": -2.4e-7, "trainable_tokens": 12.0})
     assert message == "Step 3/20: reward 0.5, loss -2.4e-7"
 
 
 def test_step_event_says_when_a_step_made_no_update():
-    message = _step_message(1, 20, {"reward_mean": 0.0, "loss": 0.0, "trainable_tokens": 0.0})
+    message = _step_message("Step 1/20", {"reward_mean": 0.0, "loss": 0.0, "trainable_tokens": 0.0})
     assert message == "Step 1/20: reward 0, no update (every group had the same reward)"

@@ -109,3 +109,34 @@ def test_the_loop_reports_rollout_and_evaluation_progress(tiny_model_dir, tmp_pa
     ]
     assert {e["data"]["step"] for e in evaluating} == {0, 1}
     assert all(e["message"].startswith(f"Evaluating step {e['data']['step']}: ") for e in evaluating)
+
+
+def test_a_step_is_named_by_the_models_step_and_its_place_in_a_continuing_run():
+    assert progress.step_label(3, start_step=0, final_step=20) == "Step 3/20"
+    assert progress.step_label(23, start_step=20, final_step=23) == "Step 23 (3 of 3 in this run)"
+    assert progress.step_label(20, start_step=20, final_step=23) == "Step 20 (0 of 3 in this run)"
+
+
+def test_a_run_that_continues_a_model_names_every_phase_by_the_models_step(tiny_model_dir, tmp_path):
+    spec = RunSpec(
+        base_model_source=str(tiny_model_dir),
+        model_cache_dir=tiny_model_dir.parent,
+        checkpoint_root=tmp_path,
+        config=TrainConfig(steps=2, group_size=2, groups_per_step=1, max_new_tokens=2),
+        lora=LoraSpec(rank=2, alpha=4),
+        environment=build_environment("chat"),
+        grader_spec={"type": "regex", "pattern": "a"},
+        train_rows=ROWS,
+        start_step=20,  # the model's checkpoints so far are steps 0..20
+        resume_step=None,
+    )
+    hooks = Hooks()
+    assert run_training(spec, hooks) == "succeeded"
+    assert hooks.steps == [21, 22]
+    phases = [
+        e for e in hooks.events if e["data"].get("phase") in {"rollouts", "grading", "updating", "saving"}
+    ]
+    assert {e["data"]["phase"] for e in phases} == {"rollouts", "grading", "updating", "saving"}
+    for event in phases:
+        step = event["data"]["step"]
+        assert event["message"].startswith(f"Step {step} ({step - 20} of 2 in this run): "), event["message"]

@@ -164,8 +164,18 @@
     const weight = smoothing();
     const mean = smooth(data.reward_mean, weight);
     const std = smooth(data.reward_std, weight);
-    const upper = mean.map(function (m, i) { return m === null ? null : m + (std[i] || 0); });
-    const lower = mean.map(function (m, i) { return m === null ? null : m - (std[i] || 0); });
+    // The band stays inside the rewards' range (the grader's declared one, else the lowest and
+    // highest reward sampled): a 0/1 reward's mean - std below 0 is no reward anyone got.
+    const range = data.reward_range;
+    let clipped = false;
+    const clip = function (v) {
+      if (!range) return v;
+      const inside = Math.min(range.high, Math.max(range.low, v));
+      if (inside !== v) clipped = true;
+      return inside;
+    };
+    const upper = mean.map(function (m, i) { return m === null ? null : clip(m + (std[i] || 0)); });
+    const lower = mean.map(function (m, i) { return m === null ? null : clip(m - (std[i] || 0)); });
     const rewardSets = [
       { label: "_upper", data: upper, borderWidth: 0, pointRadius: 0, backgroundColor: "rgba(37,99,235,0.15)", fill: "+1" },
       { label: "_lower", data: lower, borderWidth: 0, pointRadius: 0, fill: false },
@@ -173,10 +183,11 @@
     if (weight) rewardSets.push({ label: "_raw", data: data.reward_mean, borderColor: "#2563eb40", backgroundColor: "#2563eb40", pointRadius: 2 });
     rewardSets.push({ label: weight ? "mean reward (EMA " + weight + ")" : "mean reward", data: mean, borderColor: "#2563eb", backgroundColor: "#2563eb", pointRadius: weight ? 0 : 3 });
     lineChart("chart-reward", rewardSets, data.steps);
+    showNote("reward", clipped ? "The ± std band is cut at " + formatNumber(range.low) + " and " + formatNumber(range.high) + (range.source === "declared" ? ", the grader's declared range." : ", the lowest and highest reward this run's samples got.") : "");
 
-    const validation = data.validation || { steps: [], reward_mean: [] };
-    lineChart("chart-validation", [{ label: "validation reward", data: validation.reward_mean, borderColor: "#16a34a", backgroundColor: "#16a34a", pointRadius: 4 }], validation.steps);
-    showNote("validation", validation.steps.length ? "" : "No evaluation yet: the run evaluates its validation rows at step 0, every eval_interval steps and at the end.");
+    const validation = data.validation || { steps: [], reward_mean: [], evaluated: [] };
+    validationChart(validation);
+    showNote("validation", validation.steps.length ? validationNote(validation) : "No evaluation yet: the run evaluates its validation rows at step 0, every eval_interval steps and at the end.");
 
     const subs = Object.entries(data.sub_rewards || {});
     let subSets = [];
@@ -194,6 +205,38 @@
       showNote(key, series.note);
       if (canvas && !canvas.hidden) lineChart("chart-" + key, seriesDatasets(series.label, series.values, "#0f766e"), data.steps);
     }
+  }
+
+  // One point per evaluation on a step axis, never joined: two evaluations steps apart say
+  // where the run was at each, not how it went in between.
+  function validationChart(validation) {
+    const canvas = document.getElementById("chart-validation");
+    if (!canvas) return;
+    const points = validation.steps.map(function (step, i) {
+      const evaluated = (validation.evaluated || [])[i] || {};
+      return { x: step, y: validation.reward_mean[i], n: evaluated.n };
+    });
+    if (charts["chart-validation"]) charts["chart-validation"].destroy();
+    charts["chart-validation"] = new window.Chart(canvas, {
+      type: "line",
+      data: { datasets: [{ label: "validation reward", data: points, showLine: false, borderColor: "#16a34a", backgroundColor: "#16a34a", pointRadius: 5 }] },
+      options: {
+        responsive: true,
+        maintainAspectRatio: false,
+        animation: false,
+        plugins: {
+          legend: { display: false },
+          tooltip: { callbacks: { label: function (ctx) { return "step " + ctx.raw.x + ": " + formatNumber(ctx.raw.y) + (ctx.raw.n ? " over " + ctx.raw.n + " samples" : ""); } } },
+        },
+        scales: { x: { type: "linear", title: { display: true, text: "step" }, ticks: { precision: 0 } }, y: { ticks: { callback: formatTick } } },
+      },
+    });
+  }
+
+  function validationNote(validation) {
+    const sizes = Array.from(new Set((validation.evaluated || []).map(function (e) { return e.n; }).filter(function (n) { return n; })));
+    const each = sizes.length === 1 ? " (" + sizes[0] + " samples each)" : sizes.length > 1 ? " (" + sizes.join(", ") + " samples: not the same rows, so not comparable)" : "";
+    return "One point per evaluation" + each + ", not joined: two evaluations are not a trend.";
   }
 
   function refreshCharts() {

@@ -13,7 +13,9 @@
       if (!canvas || canvas.hidden) return;
       const datasets = chart.datasets.map(function (dataset, i) {
         const color = PALETTE[i % PALETTE.length];
-        return { label: dataset.label, data: dataset.points, borderColor: color, backgroundColor: color, pointRadius: 3 };
+        // Evaluations are points, not joined (as on the run page): two of them are not a trend.
+        const points = chart.key === "validation";
+        return { label: dataset.label, data: dataset.points, borderColor: color, backgroundColor: color, pointRadius: points ? 5 : 3, showLine: !points };
       });
       new window.Chart(canvas, {
         type: "line",
