@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make up    — the platform on embedded defaults (SQLite, filesystem broker, bundled CPU model) + a demo run
-#   make test  — lint, type check and the whole test suite (needs PostgreSQL and Redis on 127.0.0.1)
+#   make test  — lint, type check and the whole test suite (needs PostgreSQL and Redis on 127.0.0.1),
+#                then the database-facing suites again on SQLite (TEST_SQLITE_PATHS)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,6 +19,13 @@ STAMP := $(VENV)/.installed-$(shell { cat pyproject.toml Makefile $(LOCK); echo 
 
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/artweb
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
+# The embedded default (`make up`) runs on SQLite, so `make test` runs these suites a second time
+# on an SQLite file: the REST API, ART's preview protocol, the gateway (its child processes too),
+# services, jobs and the dashboard, which between them call the selectors in-process (all but a
+# few unused ones and two plain filters only the evaluation job's integration test reaches). A
+# query PostgreSQL accepts and SQLite refuses fails here. The rest (training core, browser, integration, platform)
+# does not depend on the database's dialect and runs once, on PostgreSQL.
+TEST_SQLITE_PATHS ?= tests/projects tests/frontend
 
 .PHONY: up test test-gpu install install-python lint typecheck demo lock audit
 
@@ -125,6 +133,12 @@ test: install lint typecheck
 	CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
 	DEBUG=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
 	$(PY) -m pytest $(PYTEST_ARGS)
+	# The SQLite pass: a database file of its own (tests/conftest.py puts the test database beside it).
+	sqlite_dir=$$(mktemp -d) && trap 'rm -rf "$$sqlite_dir"' EXIT && \
+	DATABASE_URL=sqlite:///$$sqlite_dir/artweb.sqlite3 \
+	CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
+	DEBUG=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+	$(PY) -m pytest $(PYTEST_ARGS) $(TEST_SQLITE_PATHS)
 
 # On a GPU host (see benchmarks/gpu_smoke.sh): the tests that need CUDA and vLLM.
 test-gpu: install-python

@@ -13,6 +13,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    """On SQLite (make test's second pass: the embedded default) the test database is a file beside
+    DATABASE_URL's, ``test_<name>``, opened with the embedded default's settings (WAL, IMMEDIATE
+    writes, a busy timeout), instead of Django's shared in-memory one: that one locks whole tables
+    against the gateway's database threads ("database table is locked", which a file in WAL mode
+    never does) and child processes cannot open it (tests.processes.test_database_url)."""
+    from django.conf import settings
+
+    database = settings.DATABASES["default"]
+    test = database.setdefault("TEST", {})
+    if database["ENGINE"] == "django.db.backends.sqlite3" and not test.get("NAME"):
+        name = Path(database["NAME"])
+        if database["NAME"] != ":memory:" and not database["NAME"].startswith("file:"):
+            test["NAME"] = str(name.with_name(f"test_{name.name}"))
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random-init causal LM with a local tokenizer (seconds to build, a few MB)."""
     from training.base_models import build_tiny_model

@@ -16,11 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_database_url() -> str:
-    """A DATABASE_URL for child processes pointing at the test database (PostgreSQL only: SQLite
-    test databases live in memory and cannot be shared)."""
+    """A DATABASE_URL for child processes pointing at the test database: PostgreSQL's, or SQLite's
+    file (tests/conftest.py puts SQLite's test database in a file; an in-memory one cannot be
+    shared)."""
     db = connection.settings_dict
+    if db["ENGINE"] == "django.db.backends.sqlite3" and Path(db["NAME"]).is_absolute():
+        return f"sqlite:///{db['NAME']}"
     if db["ENGINE"] != "django.db.backends.postgresql":
-        pytest.fail("these tests need DATABASE_URL pointing at PostgreSQL (make test sets it)")
+        pytest.fail("these tests need DATABASE_URL on PostgreSQL or an SQLite file (make test sets it)")
     password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
     return f"postgres://{db['USER'] or 'postgres'}{password}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import UTC
 from typing import Any
 
-from django.db.models import BigIntegerField, Max, Min, QuerySet
-from django.db.models.functions import Cast, Extract, Floor
+from django.db.models import BigIntegerField, Func, Max, Min, QuerySet
 
 from projects.models import Checkpoint, Run, StepMetrics, TaskRow, Team, TrainableModel, Trajectory
 from projects.selectors._scoping import scoped
@@ -92,17 +90,39 @@ def trajectory_group(*, run: Run, step: int, group_index: int) -> list[Trajector
     )
 
 
+class UnixSeconds(Func):
+    """Whole seconds since 1970 (UTC) of a datetime column, computed by the database.
+
+    Django's ``Extract("epoch")`` is PostgreSQL's alone: on SQLite, the embedded default, its date
+    function raises and ``/v1/models`` answered 500. SQLite keeps a datetime as UTC text
+    (``YYYY-MM-DD HH:MM:SS.ffffff``); its ``strftime('%s', ...)`` reads the first 19 characters, the
+    whole seconds (given the fraction it rounds to milliseconds, so 12:00:00.999999 became 12:00:01)."""
+
+    arity = 1
+    output_field = BigIntegerField()
+    template = "CAST(FLOOR(EXTRACT(EPOCH FROM %(expressions)s)) AS bigint)"  # PostgreSQL
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> tuple[str, tuple]:
+        # '%s' goes in as a parameter: in the SQL text Django would read it as a placeholder.
+        sql, params = self.as_sql(
+            compiler,
+            connection,
+            template="CAST(strftime(%%s, substr(%(expressions)s, 1, 19)) AS INTEGER)",
+            **extra_context,
+        )
+        return sql, ("%s", *params)
+
+
 def team_checkpoint_names(*, team: Team) -> list[tuple[int, str, str, int, int]]:
     """``(model id, project name, model name, step, created)`` of every checkpoint of the team, by
     model then step, ``created`` in Unix seconds (OpenAI's ``created``): the gateway's model list.
-    Plain tuples, not instances, and the seconds from PostgreSQL rather than a parsed timestamp: the
-    list holds every checkpoint, and building model objects, then parsing a timestamp per row, was
-    most of its time (benchmarks/api_pg.py)."""
-    created = Cast(Floor(Extract("created_at", "epoch", tzinfo=UTC)), BigIntegerField())
+    Plain tuples, not instances, and the seconds from the database rather than a parsed timestamp:
+    the list holds every checkpoint, and building model objects, then parsing a timestamp per row,
+    was most of its time (benchmarks/api_pg.py)."""
     return list(
         scoped(Checkpoint, team)
         .order_by("model_id", "step")
-        .values_list("model_id", "model__project__name", "model__name", "step", created)
+        .values_list("model_id", "model__project__name", "model__name", "step", UnixSeconds("created_at"))
     )
 
 

@@ -1,7 +1,8 @@
 """Real processes for the gateway's integration tests: inference servers (`manage.py
 serve_inference`) on the tiny model and the web app under uvicorn, all on the pytest-django test
-database (PostgreSQL), which the tests use through transactional tests so rows are visible across
-processes. The processes live for one test module; each test re-creates the rows it needs.
+database (PostgreSQL, or the SQLite file of `make test`'s second pass), which the tests use
+through transactional tests so rows are visible across processes. The processes live for one test
+module; each test re-creates the rows it needs.
 """
 
 from __future__ import annotations
