@@ -158,6 +158,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Exports and ART's training jobs (/v1/preview/) share one set of states: one enum, one name.
+    "ENUM_NAME_OVERRIDES": {"JobStatusEnum": "projects.models.TrainingJobStatus"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "projects.api.schema.document_errors",  # every error response: OpenAI's error object

@@ -22,6 +22,8 @@ Protocol details the real client (openpipe-art 0.5.18, art/serverless/{client,ba
   ``gradient_step`` events that follow (one per job: one update), which the client reports as
   ``data/step_num_gradient_steps``. Right after ``training_ended`` it reads ``get_step``.
 - POST requests are not retried by the client (its override), other methods are (3 times).
+
+In the OpenAPI schema (``/api/v1/schema/``) beside the REST API, so the API fuzz covers it too.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from rest_framework import status
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
+from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
@@ -38,9 +42,17 @@ from rest_framework.response import Response
 
 from projects import selectors, services
 from projects.api.base import TeamViewSet
-from projects.api.pagination import list_body, page_of
+from projects.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, list_body, page_of
 from projects.errors import NotFound, ValidationFailed
-from projects.models import Checkpoint, Run, TrainableModel, TrainingJob, TrainingJobEvent
+from projects.models import (
+    Checkpoint,
+    Run,
+    TrainableModel,
+    TrainingJob,
+    TrainingJobEvent,
+    TrainingJobEventType,
+    TrainingJobStatus,
+)
 from training import strict_json
 
 
@@ -76,9 +88,141 @@ class PreviewJSONParser(BaseParser):
             raise ParseError(f"The body is not valid JSON: {exc}", code="invalid_json") from None
 
 
+# --- the protocol's shapes, for the OpenAPI schema (and DRF's OPTIONS) --------------------------
+# The views read their bodies by hand and the services check each field (a 400 naming its place),
+# as ART's client sends them; these serializers describe those bodies and the answers.
+
+
+class RegisterIn(serializers.Serializer):
+    entity = serializers.CharField(
+        required=False,
+        allow_null=True,
+        help_text="the team's name; null (ART's first call) for the key's team",
+    )
+    project = serializers.CharField()
+    name = serializers.CharField()
+    base_model = serializers.CharField(help_text="a base model's name in the catalogue")
+    return_existing = serializers.BooleanField(required=False, default=False)
+
+
+class PreviewModelOut(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField(default="model")
+    entity = serializers.CharField(help_text="the team's name: wandb-artifact:///{entity}/{project}/{name}")
+    project = serializers.CharField()
+    name = serializers.CharField()
+    base_model = serializers.CharField()
+    run_id = serializers.CharField(allow_null=True, help_text="the model's client run")
+
+
+class PreviewModelDeletedOut(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField(default="model")
+    deleted = serializers.BooleanField()
+
+
+class PreviewCheckpointOut(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField(default="checkpoint")
+    step = serializers.IntegerField()
+    metrics = serializers.DictField(child=serializers.FloatField())
+    created_at = serializers.IntegerField(help_text="Unix seconds")
+
+
+class CheckpointsDeleteIn(serializers.Serializer):
+    steps = serializers.ListField(child=serializers.IntegerField(), help_text="never the latest step")
+
+
+class CheckpointsDeletedOut(serializers.Serializer):
+    deleted_count = serializers.IntegerField()
+    not_found_steps = serializers.ListField(child=serializers.IntegerField())
+
+
+class TrajectoryGroupsField(serializers.ListField):
+    """ART's ``TrajectoryGroup`` objects as its client sends them (checked by the services)."""
+
+    child = serializers.DictField()
+
+
+class ModelLogIn(serializers.Serializer):
+    model_id = serializers.CharField(required=False, help_text="ART's client repeats the URL's")
+    trajectory_groups = TrajectoryGroupsField()
+    split = serializers.CharField(help_text="e.g. val or train")
+
+
+class ModelLogOut(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField(default="model.log")
+    split = serializers.CharField()
+    step = serializers.IntegerField(help_text="the model's latest step when it was logged")
+    trajectories = serializers.IntegerField()
+
+
+class TrainingJobIn(serializers.Serializer):
+    model_id = serializers.CharField(help_text="a model's id (a string of digits)")
+    trajectory_groups = TrajectoryGroupsField()
+    experimental_config = serializers.DictField(
+        required=False, allow_null=True, help_text="ART's TrainConfig fields: learning_rate, loss settings"
+    )
+
+
+class TrainingJobOut(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField(default="training_job")
+    model_id = serializers.CharField()
+    status = serializers.ChoiceField(choices=TrainingJobStatus.choices)
+    step = serializers.IntegerField(allow_null=True, help_text="the checkpoint step it saved")
+    error = serializers.CharField(allow_null=True)
+    created_at = serializers.IntegerField(help_text="Unix seconds")
+
+
+class TrainingJobEventOut(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField(default="training_job.event")
+    type = serializers.ChoiceField(choices=TrainingJobEventType.choices)
+    data = serializers.DictField()  # type: ignore[assignment]  # the field, not Serializer.data
+    message = serializers.CharField(allow_blank=True)
+    created_at = serializers.IntegerField(help_text="Unix seconds")
+
+
+@extend_schema_serializer(many=False)  # the list object itself, not an array of them
+class PreviewCheckpointListOut(serializers.Serializer):
+    """OpenAI's list object (projects.api.pagination.list_body) with ART's string ids."""
+
+    object = serializers.CharField(default="list")
+    data = PreviewCheckpointOut(many=True)  # type: ignore[assignment]  # the field, not Serializer.data
+    has_more = serializers.BooleanField()
+    first_id = serializers.CharField(allow_null=True)
+    last_id = serializers.CharField(allow_null=True)
+
+
+@extend_schema_serializer(many=False)
+class TrainingJobEventListOut(PreviewCheckpointListOut):
+    data = TrainingJobEventOut(many=True)  # type: ignore[assignment]
+
+
+PAGE_PARAMETERS = [
+    OpenApiParameter("after", int, description="id of the last item of the previous page"),
+    OpenApiParameter("limit", int, description=f"items per page, 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})"),
+]
+
+
+class BodyOnDelete(AutoSchema):
+    """ART deletes checkpoints with a JSON body (``{steps}``); drf-spectacular documents request
+    bodies on PUT, PATCH and POST only, so a DELETE's is built as a POST's would be."""
+
+    def _get_request_body(self, direction: str = "request") -> Any:
+        if self.method != "DELETE":
+            return super()._get_request_body(direction)
+        self.method = "POST"
+        try:
+            return super()._get_request_body(direction)
+        finally:
+            self.method = "DELETE"
+
+
 class PreviewViewSet(TeamViewSet):
     parser_classes = [PreviewJSONParser]
-    schema = None  # ART's protocol, documented in the README and above, not in the REST API's schema
 
     def body(self) -> dict[str, Any]:
         data = self.request.data
@@ -146,10 +290,12 @@ class ModelsView(PreviewViewSet):
 
     model = TrainableModel
     lookup_url_kwarg = "model_id"
+    serializer_class = RegisterIn  # what OPTIONS describes
 
     def base_queryset(self) -> Any:
         return TrainableModel.objects.select_related("project__team", "base_model")
 
+    @extend_schema(request=RegisterIn, responses={200: PreviewModelOut})
     def create(self, request: Request) -> Response:
         data = self.body()
         return_existing = data.get("return_existing", False)
@@ -165,10 +311,12 @@ class ModelsView(PreviewViewSet):
         )
         return Response(_model_body(model, run))
 
+    @extend_schema(responses=PreviewModelOut)
     def retrieve(self, request: Request, model_id: int) -> Response:
         model = self.get_object()
         return Response(_model_body(model, selectors.client_run(model=model)))
 
+    @extend_schema(responses={200: PreviewModelDeletedOut})
     def destroy(self, request: Request, model_id: int) -> Response:
         model = self.get_object()
         services.client_model_delete(model=model)
@@ -181,7 +329,15 @@ class CheckpointsView(PreviewViewSet):
 
     model = TrainableModel
     lookup_url_kwarg = "model_id"
+    schema = BodyOnDelete()
 
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("order", str, enum=["asc", "desc"], description="by step"),
+            *PAGE_PARAMETERS,
+        ],
+        responses=PreviewCheckpointListOut,
+    )
     def list(self, request: Request, model_id: int) -> Response:
         order = request.query_params.get("order", "asc")
         if order not in ("asc", "desc"):
@@ -190,6 +346,7 @@ class CheckpointsView(PreviewViewSet):
         rows, has_more = page_of(checkpoints, request)
         return Response(list_body([_checkpoint_body(c) for c in rows], has_more=has_more))
 
+    @extend_schema(request=CheckpointsDeleteIn, responses={200: CheckpointsDeletedOut})
     def remove(self, request: Request, model_id: int) -> Response:
         deleted, not_found = services.checkpoints_delete(
             model=self.get_object(), steps=self.body().get("steps")
@@ -202,7 +359,9 @@ class ModelLogView(PreviewViewSet):
 
     model = TrainableModel
     lookup_url_kwarg = "model_id"
+    serializer_class = ModelLogIn  # what OPTIONS describes
 
+    @extend_schema(request=ModelLogIn, responses={200: ModelLogOut})
     def create(self, request: Request, model_id: int) -> Response:
         data = self.body()
         log = services.client_log_record(
@@ -219,7 +378,9 @@ class TrainingJobsView(PreviewViewSet):
 
     model = TrainingJob
     lookup_url_kwarg = "job_id"
+    serializer_class = TrainingJobIn  # what OPTIONS describes
 
+    @extend_schema(request=TrainingJobIn, responses={200: TrainingJobOut})
     def create(self, request: Request) -> Response:
         data = self.body()
         raw = data.get("model_id")
@@ -241,6 +402,7 @@ class TrainingJobsView(PreviewViewSet):
         )
         return Response(_job_body(job))
 
+    @extend_schema(responses=TrainingJobOut)
     def retrieve(self, request: Request, job_id: int) -> Response:
         return Response(_job_body(self.get_object()))
 
@@ -251,6 +413,7 @@ class TrainingJobEventsView(PreviewViewSet):
     model = TrainingJob
     lookup_url_kwarg = "job_id"
 
+    @extend_schema(parameters=PAGE_PARAMETERS, responses=TrainingJobEventListOut)
     def list(self, request: Request, job_id: int) -> Response:
         rows, has_more = page_of(selectors.training_job_events(job=self.get_object()), request)
         return Response(list_body([_event_body(event) for event in rows], has_more=has_more))
