@@ -163,6 +163,7 @@ class ModelCheckpointsPruneView(TeamViewSet):
 
     model = TrainableModel
     lookup_url_kwarg = "model_id"
+    serializer_class = PruneIn  # what OPTIONS describes
 
     @extend_schema(request=PruneIn, responses=PruneOut)
     def create(self, request: Request, model_id: int) -> Response:

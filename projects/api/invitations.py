@@ -108,6 +108,8 @@ class InvitationAcceptView(SignedInViewSet):
     """Accept an invitation: the signed-in person joins its team with its role. Unknown tokens are
     404; revoked, used or expired ones 400 with a code saying which."""
 
+    serializer_class = InvitationAcceptIn  # what OPTIONS describes
+
     @extend_schema(request=InvitationAcceptIn, responses={201: InvitationAcceptedOut})
     def create(self, request: Request) -> Response:
         data = _valid(InvitationAcceptIn, request.data)

@@ -54,6 +54,12 @@ def both_ways(route: str, viewset: Any, actions: dict[str, str], name: str | Non
     ]
 
 
+# The docs page renders only through its HTML template, which DRF's OPTIONS answer has none of
+# (a 500): GET alone, so OPTIONS is a 405.
+docs_view = SpectacularSwaggerView.as_view(
+    url_name="schema", permission_classes=[], http_method_names=["get", "head"]
+)
+
 urlpatterns = [
     *both_ways("hyperparameters", views.HyperparametersView, {"get": "list"}, "hyperparameters"),
     *both_ways("environment-kinds", views.EnvironmentKindsView, {"get": "list"}, "environment-kinds"),
@@ -84,8 +90,8 @@ urlpatterns = [
     *both_ways("task-sets/generate", scenarios.TaskSetGenerateView, {"post": "create"}, "task-sets-generate"),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
     path("schema", SpectacularAPIView.as_view(permission_classes=[])),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[]), name="docs"),
-    path("docs", SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[])),
+    path("docs/", docs_view, name="docs"),
+    path("docs", docs_view),
     *router.urls,
     *without_slash(router.urls),
 ]

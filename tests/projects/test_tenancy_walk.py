@@ -9,16 +9,17 @@ reads every page, so the 404s are not an accident of a badly filled URL.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from django.test import Client
-from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from django.urls import URLPattern, URLResolver, get_resolver, resolve, reverse
 
 from frontend.access import TEAM_VIEWS
 from projects import services
 from projects.api.base import CatalogueViewSet, SignedInViewSet, TeamViewSet
-from projects.models import Membership
+from projects.models import Membership, TrainingJob
 from tests.factories import ApiKeyFactory, CheckpointFactory, RunFactory
 
 pytestmark = pytest.mark.django_db
@@ -307,3 +308,78 @@ def test_playground_resolves_the_session_team_and_finds_no_other_teams_model(wor
     )
     assert response.status_code == 404, response.content
     assert response.json()["error"]["code"] == "model_not_found"
+
+
+# --- OPTIONS on every route ---------------------------------------------------------------------
+
+# URL keywords outside the team's objects: the router's format suffix and the admin's own (whose
+# pages send anyone who is not staff to its sign-in page; none of the cast is staff).
+OTHER_KWARGS = {"format": "json", "app_label": "projects", "object_id": "1", "content_type_id": "1",
+                "id": "1", "url": "nowhere/"}  # fmt: skip
+_GROUP = re.compile(r"\(\?P<(\w+)>[^()]*\)")
+
+
+def every_pattern(patterns: list, prefix: str = "") -> list[tuple[str, URLPattern]]:
+    """Every URL pattern, named or not (the trailing-slash twins too), as (full regex, pattern)."""
+    found = []
+    for entry in patterns:
+        regex = entry.pattern.regex.pattern.lstrip("^")
+        if isinstance(entry, URLResolver):
+            found += every_pattern(entry.url_patterns, prefix + regex)
+        else:
+            found.append((prefix + regex, entry))
+    return found
+
+
+def _path_of(world: Any, regex: str, entry: URLPattern) -> str:
+    """The path that ``regex`` matches with each keyword filled by a real row's id: the view's
+    own model for its lookup keyword (a preview ``job_id`` is a training job, the dashboard's a
+    scenario job), else KWARGS; checked by resolving it back to the same view."""
+    view_class = getattr(entry.callback, "cls", None)
+    model = getattr(view_class, "model", None)
+
+    def value(match: re.Match) -> str:
+        key = match.group(1)
+        if model is not None and key in {"pk", getattr(view_class, "lookup_url_kwarg", None)}:
+            return str(world.by_model[model.__name__].pk)
+        if key in KWARGS:
+            return str(world.objects[KWARGS[key]].pk)
+        assert key in OTHER_KWARGS, f"{regex}: the walk does not know the URL keyword {key!r}; add it"
+        return OTHER_KWARGS[key]
+
+    path = "/" + _GROUP.sub(value, regex).removesuffix("$").removesuffix(r"\Z")
+    path = path.replace("/?", "").replace("\\", "")
+    assert resolve(path).func == entry.callback, f"{regex} filled as {path} resolves elsewhere"
+    return path
+
+
+def test_options_never_fails_on_any_route_for_any_caller(
+    world, cast, alice_client, bob_client, key_client, read_only_client, anonymous_client
+):
+    """DRF answers OPTIONS with its metadata, which asks the view for a serializer: views without
+    one (ART's preview protocol, the prune action) answered 500 to a caller allowed to write.
+    Every route, as every kind of caller, must answer 200 or an error that is the caller's (4xx),
+    or a redirect to sign in; never a server error."""
+    model, run = services.client_model_register(
+        team=cast.alpha, entity=None, project="math", name="client", base_model=world.setup.base.name
+    )
+    job = TrainingJob.objects.create(model=model, run=run)
+    world.by_model = {
+        **{world.objects[name]._meta.object_name: world.objects[name] for name in PK_OF_MODEL.values()},
+        "TrainingJob": job,
+        "ScenarioJob": world.scenario_job,
+    }
+    callers = {"owner session": alice_client, "viewer session": bob_client, "read-write key": key_client,
+               "read-only key": read_only_client, "anonymous": anonymous_client}  # fmt: skip
+    for client in callers.values():
+        client.raise_request_exception = False  # a 500 is collected, not raised on the first one
+    patterns = every_pattern(get_resolver().url_patterns)
+    problems = []
+    for regex, entry in patterns:
+        path = _path_of(world, regex, entry)
+        for who, client in callers.items():
+            status = client.options(path).status_code
+            if status >= 500:
+                problems.append(f"{who} OPTIONS {path} → {status}")
+    assert not problems, "\n".join(problems)
+    assert len(patterns) > 250, "the walk reached too few routes to mean anything"
