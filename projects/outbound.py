@@ -31,10 +31,21 @@ def outbound_url_checked(url: str, *, field: str, max_length: int | None = None)
         url = ascii_url(url)
         outbound_policy().check_url(url)
     except OutboundRefused as exc:
-        raise ValidationFailed(str(exc), field=field) from exc
+        raise ValidationFailed(refusal_text(exc), field=field) from exc
     if max_length is not None and len(url) > max_length:
         raise ValidationFailed(
             f"must be at most {max_length} characters once encoded for HTTP (IDNA host, %-escapes)",
             field=field,
         )
     return url
+
+
+def refusal_text(exc: OutboundRefused) -> str:
+    """The policy's reason and, for an internal address an operator may allow, how: a team saw
+    "only public addresses may be called" for its loopback judge and no way forward (issue 24)."""
+    if exc.allow_entry is None:
+        return str(exc)
+    return (
+        f"{exc}; an operator allows it by adding {exc.allow_entry} to the OUTBOUND_ALLOW setting "
+        "(comma-separated hosts, addresses or CIDRs, each with an optional :port) and restarting"
+    )

@@ -50,7 +50,13 @@ _UNIQUE_LOCAL = ipaddress.ip_network("fc00::/7")
 
 
 class OutboundRefused(ValueError):
-    """The policy refuses this URL or address; the message says why (for people, no secret)."""
+    """The policy refuses this URL or address; the message says why (for people, no secret).
+    ``allow_entry``: for a host refused only for being internal (loopback, private, …; never cloud
+    metadata), the allow-list entry that would admit it (``127.0.0.1:8000``), else None."""
+
+    def __init__(self, message: str, *, allow_entry: str | None = None) -> None:
+        super().__init__(message)
+        self.allow_entry = allow_entry
 
 
 @dataclass(frozen=True)
@@ -146,7 +152,14 @@ class OutboundPolicy:
             reason = forbidden_reason(judged)
             if reason:
                 shown = f"{host} is" if _is_literal(host, ip) else f"{host} resolves to"
-                raise OutboundRefused(f"{shown} {reason} address; only public addresses may be called")
+                message = f"{shown} {reason} address; only public addresses may be called"
+                if "metadata" in reason:
+                    raise OutboundRefused(message)
+                # The entry that admits it: the name, or the address judged (a mapped IPv6 form of
+                # an IPv4 address is judged, and allowed, as the IPv4 one).
+                allowed = str(judged) if _is_literal(host, ip) else host
+                entry = f"[{allowed}]:{port}" if ":" in allowed else f"{allowed}:{port}"
+                raise OutboundRefused(message, allow_entry=entry)
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -224,7 +237,10 @@ class OutboundPolicy:
         if host in METADATA_NAMES:
             raise OutboundRefused(f"{host} is a cloud metadata service")
         if host == "localhost" or host.endswith(".localhost"):
-            raise OutboundRefused(f"{host} is a loopback address; only public addresses may be called")
+            raise OutboundRefused(
+                f"{host} is a loopback address; only public addresses may be called",
+                allow_entry=f"{host}:{port}",
+            )
 
     def _host_allowed(self, host: str, port: int) -> bool:
         return any(rule.host == host and rule.port in (None, port) for rule in self._rules)

@@ -100,3 +100,15 @@ def test_viewers_read_but_cannot_write_and_outsiders_get_404(cast):
         )
     endpoint.refresh_from_db()
     assert secrets.decrypt(endpoint.api_key_encrypted) == "sk-old"
+
+
+def test_a_loopback_base_url_says_how_an_operator_allows_it(cast, settings):
+    settings.OUTBOUND_ALLOW = ()  # the tests' autouse fixture allows loopback
+    page = client_for(cast.alice).post(
+        "/team/judge-endpoints", {"name": "local", "base_url": "http://127.0.0.1:8000/v1", "timeout_s": "5"}
+    )
+    assert page.status_code == 200 and not JudgeEndpoint.objects.exists()
+    (error,) = page.context["form"].errors["base_url"]
+    assert "127.0.0.1 is a loopback address" in error
+    assert "adding 127.0.0.1:8000 to the OUTBOUND_ALLOW setting" in error, error
+    assert "OUTBOUND_ALLOW" in page.content.decode()  # shown next to the field

@@ -71,6 +71,39 @@ def test_a_judge_endpoint_on_an_internal_address_is_400_on_base_url(form, alice_
     )
 
 
+@pytest.mark.parametrize(
+    ("url", "entry"),
+    [
+        ("http://127.0.0.1:8000/v1", "127.0.0.1:8000"),
+        ("http://localhost:9/v1", "localhost:9"),
+        ("http://[::1]:8000/v1", "[::1]:8000"),
+        ("http://[::ffff:127.0.0.1]:8000/v1", "127.0.0.1:8000"),
+        ("http://loopback.test:8000/v1", "loopback.test:8000"),
+        ("http://10.0.0.8/v1", "10.0.0.8:80"),
+    ],
+)
+def test_an_internal_address_refusal_names_the_outbound_allow_entry_that_admits_it(
+    url, entry, alice_client, settings, public_only, dns
+):
+    refused = alice_client.post("/api/v1/judge-endpoints/", {"name": "j", "base_url": url}, format="json")
+    assert refused.status_code == 400
+    message = error_of(refused)["message"]
+    assert f"adding {entry} to the OUTBOUND_ALLOW setting" in message, message
+    # The entry it names is one that works.
+    settings.OUTBOUND_ALLOW = (entry,)
+    allowed = alice_client.post("/api/v1/judge-endpoints/", {"name": "j", "base_url": url}, format="json")
+    assert allowed.status_code == 201, allowed.json()
+
+
+@pytest.mark.parametrize(
+    "url", ["http://169.254.169.254/latest/meta-data", "http://metadata.google.internal/v1"]
+)
+def test_a_cloud_metadata_refusal_suggests_no_allow_list_entry(url, alice_client, public_only, dns):
+    refused = alice_client.post("/api/v1/judge-endpoints/", {"name": "j", "base_url": url}, format="json")
+    assert refused.status_code == 400
+    assert "OUTBOUND_ALLOW" not in error_of(refused)["message"]
+
+
 def test_a_judge_endpoint_patched_to_an_internal_address_is_400(alice_client, cast, public_only, dns):
     endpoint = judges.judge_endpoint_create(team=cast.alpha, name="j", base_url="https://judge.invalid/v1")
     for form in FORMS:
