@@ -25,8 +25,20 @@ def set_choices(form: forms.BaseForm, name: str, choices: list[tuple[Any, str]])
 HYPERPARAMETER_PREFIX = "hp_"
 
 
+def default_text(default: Any) -> str:
+    """A TrainConfig default as the form's help says it ("Default: 5e-05.")."""
+    if default is None:
+        return "empty"
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    return str(default)
+
+
 def _hyperparameter_field(spec: dict[str, Any]) -> forms.Field:
-    kind, default, help_text = spec["type"], spec["default"], spec["help"]
+    kind, default = spec["type"], spec["default"]
+    # Said on every field: the demo run and a fork use other values, and a newcomer could not tell
+    # which numbers the form had prefilled (issue 24).
+    help_text = f"{spec['help']} Default: {default_text(default)}."
     optional = "None" in kind.split(" | ")  # an empty box means None
     kind = kind.replace(" | None", "")
     if "choices" in spec:
@@ -69,7 +81,11 @@ class NewRunForm(forms.Form):
         help_text="Pins the start: refused unless it is still the model's latest checkpoint.",
     )
     task_set = forms.TypedChoiceField(coerce=int, required=False, label="Task set", empty_value=None)
-    task_file = forms.FileField(required=False, label="…or upload a JSONL task set")
+    task_file = forms.FileField(
+        required=False,
+        label="…or upload a JSONL task set",
+        help_text="A chosen file is used instead of the task set above.",
+    )
     task_set_name = forms.CharField(required=False, max_length=63, label="Name of the uploaded task set")
     validation_fraction = forms.FloatField(
         initial=0.0, min_value=0.0, max_value=0.99, label="Validation fraction of the upload"
@@ -88,7 +104,11 @@ class NewRunForm(forms.Form):
             self.fields[HYPERPARAMETER_PREFIX + name] = _hyperparameter_field(spec)
             self.fields[HYPERPARAMETER_PREFIX + name].label = name
 
+    upload_saved = False  # keep_uploaded: the uploaded file's task set exists now
+
     def clean(self) -> dict[str, Any]:
+        # A chosen file wins over the task set list, which is preselected (a newcomer's upload was
+        # silently dropped for it); upload_note says so after the run starts.
         data = super().clean() or {}
         if not data.get("task_set") and not data.get("task_file"):
             self.add_error("task_set", "choose a task set or upload a JSONL file")
@@ -103,11 +123,28 @@ class NewRunForm(forms.Form):
         self.data = self.data.copy()
         self.data["task_set"] = str(task_set_id)
         self.data["task_set_name"] = ""
+        self.upload_saved = True
 
     def ask_for_the_file_again(self) -> None:
         """After an error before the upload was saved, say so next to the (now empty) file input."""
-        if self.files.get("task_file") and not self.data.get("task_set"):
+        if self.files.get("task_file") and not self.upload_saved:
             self.add_error("task_file", "Not saved: a browser cannot keep a chosen file, so choose it again.")
+
+    def upload_note(self, task_set: Any) -> str:
+        """For the "run queued" message: the run's task set came from the uploaded file, and which
+        selected task set it took the place of."""
+        if not self.cleaned_data.get("task_file"):
+            return ""
+        note = (
+            f" on the uploaded task set “{task_set.name}” ({task_set.train_count} train / "
+            f"{task_set.validation_count} validation rows)"
+        )
+        selected = self.cleaned_data.get("task_set")
+        if selected and selected != task_set.pk:
+            label = dict(self.fields["task_set"].choices).get(selected, selected)  # type: ignore[attr-defined]
+            name = str(label).split(" (")[0]  # "<name> (N train / M validation rows)"; names have no space
+            note += f"; the selected task set “{name}” was not used"
+        return note
 
     def start(self) -> str | int:
         """``start_from`` for ``services.run_create``: a checkpoint id when one is given."""

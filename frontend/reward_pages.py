@@ -69,6 +69,7 @@ def reward(request: TeamHttpRequest, reward_id: int) -> HttpResponse:
         request.POST or None, initial={"name": definition.name, "spec": json.dumps(definition.spec, indent=2)}
     )
     form.fields["name"].disabled = True
+    example = selectors.reward_example(definition=definition)  # one its own grader can read
     if request.method == "POST" and form.is_valid():
         spec = _json_field(form, "spec")
         if spec is not None:
@@ -85,7 +86,8 @@ def reward(request: TeamHttpRequest, reward_id: int) -> HttpResponse:
             "definition": definition,
             "versions": selectors.reward_definition_versions(definition=definition),
             "form": form,
-            "example_item": json.dumps({"answer": "42"}),
+            "example": example,
+            "example_item": json.dumps(example.item, ensure_ascii=False),
         },
     )
 

@@ -126,7 +126,7 @@ def run_new(request: TeamHttpRequest, project_id: int) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         run = _create_run(request, project, form)
         if run is not None:
-            messages.success(request, f"Run {run.pk} queued.")
+            messages.success(request, f"Run {run.pk} queued{form.upload_note(run.task_set)}.")
             return redirect("frontend:run", run_id=run.pk)
     if request.method == "POST":
         form.ask_for_the_file_again()
@@ -137,7 +137,7 @@ def _create_run(request: TeamHttpRequest, project: Project, form: f.NewRunForm) 
     data = form.cleaned_data
     uploaded: TaskSet | None = None
     try:
-        if data["task_set"]:
+        if not data["task_file"]:  # a chosen file wins over the (preselected) list: NewRunForm.clean
             task_set = get_scoped(TaskSet, request, data["task_set"], project=project)
         else:
             upload = data["task_file"]

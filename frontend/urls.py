@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from frontend import (
+    checkpoint_pages,
     compare_pages,
     evaluation_pages,
     judge_pages,
@@ -68,6 +69,7 @@ urlpatterns = [
         "evaluations/<int:evaluation_id>/cancel", evaluation_pages.evaluation_cancel, name="evaluation-cancel"
     ),
     path("models/<int:model_id>/", views.model_detail, name="model"),
+    path("models/<int:model_id>/checkpoints", checkpoint_pages.model_checkpoints, name="model-checkpoints"),
     path("runs/", run_pages.runs, name="runs"),
     path("runs/compare", compare_pages.runs_compare, name="runs-compare"),
     path("runs/<int:run_id>/", run_pages.run_detail, name="run"),
@@ -81,5 +83,8 @@ urlpatterns = [
     path("rewards/<int:reward_id>/", reward_pages.reward, name="reward"),
     path("rewards/validate", reward_pages.grader_validate, name="grader-validate"),
     path("checkpoints/<int:checkpoint_id>/", run_pages.checkpoint, name="checkpoint"),
+    path(
+        "checkpoints/<int:checkpoint_id>/delete", checkpoint_pages.checkpoint_delete, name="checkpoint-delete"
+    ),
     path("playground/chat", playground.playground_chat, name="playground-chat"),
 ]

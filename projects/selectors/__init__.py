@@ -11,6 +11,7 @@ from projects.selectors._scoping import (
 )
 from projects.selectors.checkpoints import (
     checkpoint_key,
+    checkpoint_metric_names,
     checkpoint_metric_values,
     checkpoint_storage_bytes,
     checkpoint_store,
@@ -50,8 +51,11 @@ from projects.selectors.judges import (
     judge_endpoints,
 )
 from projects.selectors.rewards import (
+    RewardExample,
     reward_definition_versions,
     reward_definitions_latest,
+    reward_example,
+    reward_item_paths,
 )
 from projects.selectors.runs import (
     run_get,
@@ -93,6 +97,7 @@ from projects.selectors.training_jobs import (
 
 __all__ = [
     "checkpoint_key",
+    "checkpoint_metric_names",
     "checkpoint_metric_values",
     "checkpoint_storage_bytes",
     "checkpoint_store",
@@ -127,6 +132,9 @@ __all__ = [
     "checkpoint_exists",
     "reward_definitions_latest",
     "reward_definition_versions",
+    "RewardExample",
+    "reward_example",
+    "reward_item_paths",
     "task_set_rows",
     "judge_endpoints",
     "ModelChoice",

@@ -92,6 +92,25 @@ def checkpoint_metric_values(*, checkpoints: list[Checkpoint], metric: str) -> d
     }
 
 
+def checkpoint_metric_names(*, model: TrainableModel) -> list[str]:
+    """The metrics a retention policy can rank ``model``'s checkpoints by, as
+    ``checkpoint_metric_values`` reads them: ``eval.<result>`` of its succeeded evaluations, then
+    its step metrics, each sorted; numbers only."""
+
+    def numeric(mapping: Any) -> set[str]:
+        items = mapping.items() if isinstance(mapping, dict) else ()
+        return {k for k, v in items if isinstance(v, int | float) and not isinstance(v, bool)}
+
+    evaluated: set[str] = set()
+    results = Evaluation.objects.filter(checkpoint__model=model, status=EvaluationStatus.SUCCEEDED)
+    for row in results.values_list("results", flat=True):
+        evaluated |= numeric(row)
+    stepped: set[str] = set()
+    for row in Checkpoint.objects.filter(model=model).values_list("metrics", flat=True):
+        stepped |= numeric(row)
+    return [f"eval.{name}" for name in sorted(evaluated)] + sorted(stepped)
+
+
 def checkpoint_store() -> CheckpointStore:
     """The one checkpoint store (projects.storage): a local folder or an S3-compatible bucket."""
     return storage.checkpoint_store()

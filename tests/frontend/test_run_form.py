@@ -103,3 +103,43 @@ def test_the_playground_takes_the_environment_prompt_and_the_run_settings(cast, 
     assert 'id="pg-max-tokens" type="number" min="1" max="4096" value="48"' in html
     assert 'id="pg-temperature" type="number" min="0" max="2" step="0.1" value="0"' in html
     assert f"Prefilled as run #{run.pk}" in html
+
+
+def test_an_uploaded_file_wins_over_the_preselected_task_set_and_the_message_says_so(cast, alpha_setup):
+    client = client_for(cast.alice)
+    data = _run_form(alpha_setup, task_set_name="uploaded")  # the list keeps alpha's task set
+    data["task_file"] = SimpleUploadedFile("rows.jsonl", ROWS)
+    response = client.post(new_run_url(alpha_setup), data, follow=True)
+    run = Run.objects.get()
+    assert run.task_set == TaskSet.objects.get(name="uploaded") != alpha_setup.task_set
+    assert run.task_set.row_count == 2
+    (message,) = [str(m) for m in response.context["messages"]]
+    assert "on the uploaded task set “uploaded” (2 train / 0 validation rows)" in message
+    assert f"the selected task set “{alpha_setup.task_set.name}” was not used" in message
+
+
+def test_a_file_and_a_task_set_without_a_name_asks_for_the_name_and_the_file_again(cast, alpha_setup):
+    data = _run_form(alpha_setup, task_set_name="")  # a task set selected, a file, no name
+    data["task_file"] = SimpleUploadedFile("rows.jsonl", ROWS)
+    response = client_for(cast.alice).post(new_run_url(alpha_setup), data)
+    assert response.status_code == 200 and not Run.objects.exists()
+    errors = response.context["form"].errors
+    assert errors["task_set_name"] == ["name the uploaded task set"]
+    assert any("choose it again" in e for e in errors["task_file"])
+
+
+def test_every_hyperparameter_says_its_default_and_the_form_where_they_come_from(cast, alpha_setup):
+    from projects import catalog
+
+    response = client_for(cast.alice).get(new_run_url(alpha_setup))
+    form = response.context["form"]
+    for name, spec in catalog.hyperparameters().items():
+        field = form[f"hp_{name}"]
+        assert field.initial == spec["default"], name
+        default = spec["default"]
+        shown = {"None": "empty", "True": "on", "False": "off"}.get(str(default), str(default))
+        assert field.help_text.endswith(f"Default: {shown}."), (name, field.help_text)
+    assert "Default: 5e-05." in form["hp_learning_rate"].help_text  # what the newcomer saw prefilled
+    html = response.content.decode()
+    assert "training/config.py" in html and "GET /api/v1/hyperparameters" in html
+    assert "artweb/demo/__init__.py" in html  # the demo's own values, and where they are
