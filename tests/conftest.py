@@ -27,6 +27,11 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
         name = Path(database["NAME"])
         if database["NAME"] != ":memory:" and not database["NAME"].startswith("file:"):
             test["NAME"] = str(name.with_name(f"test_{name.name}"))
+            # Django deletes an old test database's file but not its WAL beside it (left when a
+            # gateway database thread still held a connection), which SQLite would replay into
+            # the new one.
+            for leftover in ("-wal", "-shm"):
+                Path(test["NAME"] + leftover).unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
