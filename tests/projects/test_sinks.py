@@ -219,9 +219,7 @@ def test_a_symlink_in_a_checkpoint_folder_is_never_stored_or_served(tmp_path):
 # --- what reaches vLLM: only the parameters the gateway validated ----------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name", ["chat_template", "logits_processors", "guided_json"]
-)
+@pytest.mark.parametrize("name", ["chat_template", "logits_processors", "guided_json"])
 def test_the_gateway_refuses_engine_parameters_before_any_upstream(name):
     raw = json.dumps({"model": "p/m:1", "messages": [{"role": "user", "content": "hi"}], name: "{{ 7*7 }}"})
     with pytest.raises(GatewayError) as caught:

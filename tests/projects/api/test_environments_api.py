@@ -114,7 +114,10 @@ def test_an_mcp_command_runs_only_a_command_the_operator_allows_matched_whole(al
         accepted = create(alice_client, project, kind="mcp", config=allowed)
         assert accepted.status_code == 201, accepted.content
         assert accepted.json()["config"]["command"] == allowed["command"]
-        for other in (["/opt/mcp/bin/warehouse"], ["/opt/mcp/bin/warehouse", "--stdio", "--plugin=/tmp/x.so"]):
+        for other in (
+            ["/opt/mcp/bin/warehouse"],
+            ["/opt/mcp/bin/warehouse", "--stdio", "--plugin=/tmp/x.so"],
+        ):
             extra = alice_client.post(
                 "/api/v1/environments/",
                 {"project": project, "name": "extra", "kind": "mcp", "config": {"command": other}},

@@ -50,12 +50,18 @@ def test_an_env_variable_that_steers_the_child_is_a_400_naming_the_key(alice_cli
 
 
 def test_extra_arguments_to_the_demo_server_are_a_400(alice_client, alpha_setup):
-    for command in ([*DEMO, "--http", "--port", "8765"], ["python", "-c", "print(1)"], ["python", "-I", *DEMO[1:]]):
+    for command in (
+        [*DEMO, "--http", "--port", "8765"],
+        ["python", "-c", "print(1)"],
+        ["python", "-I", *DEMO[1:]],
+    ):
         response = _environment(alice_client, alpha_setup.project, {"command": command})
         assert response.status_code == 400 and error_of(response)["param"] == "config.command", command
 
 
-def test_the_reported_attack_through_task_set_generation_runs_nothing(alice_client, alpha_setup, tmp_path, cast):
+def test_the_reported_attack_through_task_set_generation_runs_nothing(
+    alice_client, alpha_setup, tmp_path, cast
+):
     """The finding as reported: a stored environment with the payload, then generate (which lists
     the environment's tools in the web process). On the old code `touch` ran on the host."""
     marker = tmp_path / "pwned"
@@ -120,7 +126,11 @@ def test_tool_listing_on_a_full_host_is_429(alice_client, alpha_setup, cast, one
         project=alpha_setup.project, name="demo", kind="mcp", max_turns=2, config={"command": DEMO}
     )
     endpoint = judges.judge_endpoint_create(
-        team=cast.alpha, name="writer", base_url="https://judge.example.com/v1", api_key="sk", default_model="m"
+        team=cast.alpha,
+        name="writer",
+        base_url="https://judge.example.com/v1",
+        api_key="sk",
+        default_model="m",
     )
     with sandbox_slot(one_slot_per_team, "other-1"), sandbox_slot(one_slot_per_team, "other-2"):
         response = alice_client.post(
