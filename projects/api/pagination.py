@@ -4,6 +4,14 @@
 ``?limit=`` (1 to ``MAX_LIMIT``, default ``DEFAULT_LIMIT``) and ``?after=<id>``: the page starts
 after that item in the list's own order (by step, by name, newest first …), found by comparing the
 ordering columns rather than an offset, so a page stays right while rows are added behind it.
+
+``after=0`` (or any number below 1) is the start of every list: no row has such an id (ids start
+at 1), so it names no row, only "before the first"; a poller's first call is ``?after=0``, the next
+``?after=<last id seen>``. Any other id that is not in the list is a 400, because the list never
+handed it out: in an order by name, step or newest first it has no place at all, and in an order
+by id it is most likely another list's id (another run's event), which would silently skip rows.
+The one exception skips nothing: in a list ordered by id alone, oldest first (events), an id below
+the list's first one comes before every row, so the whole list follows it.
 """
 
 from __future__ import annotations
@@ -71,11 +79,16 @@ def _ordering(queryset: QuerySet) -> list[str]:
 
 
 def rows_after(queryset: QuerySet, after: int, *, field: str = "after") -> QuerySet:
-    """The rows of ``queryset`` that come after the row ``after`` in its ordering (keyset)."""
+    """The rows of ``queryset`` that come after the row ``after`` in its ordering (keyset); a
+    cursor before the whole list (the module docstring says which) gives every row."""
     fields = _ordering(queryset)
+    if after < 1:
+        return queryset.order_by(*fields)
     names = [name.lstrip("-") for name in fields]
     anchor = queryset.filter(pk=after).values(*names).first()
     if anchor is None:
+        if fields in (["id"], ["pk"]) and not queryset.filter(pk__lte=after).exists():
+            return queryset.order_by(*fields)  # below the first id of an id-ordered list
         raise ValidationFailed(f"no item with id {after} in this list", field=field)
     # A null ordering value has no "beyond" here (lists order by non-null columns, ending in id).
     condition = Q()
@@ -132,7 +145,7 @@ class OpenAIListPagination(BasePagination):
                 "name": "after",
                 "required": False,
                 "in": "query",
-                "description": "id of the last item of the previous page",
+                "description": "id of the last item of the previous page (0: from the start)",
                 "schema": {"type": "integer"},
             },
             {
