@@ -39,7 +39,7 @@ ARCHIVE_MEMORY_BYTES = 64 * 1024 * 1024  # archives larger than this spill to a 
 # --- serializers ------------------------------------------------------------------------------
 
 
-class PruneIn(serializers.Serializer):
+class PruneIn(s.InputSerializer):
     keep_last = serializers.JSONField(required=False, help_text="keep the newest N checkpoints")
     keep_best = serializers.JSONField(
         required=False, help_text='{"metric": "eval.mean_reward", "n": K, "mode": "max"}: keep the best K'
@@ -64,7 +64,7 @@ class PruneOut(serializers.Serializer):
         return [{"step": step, "reason": reason} for step, reason in sorted(result.in_use.items())]
 
 
-class ExportIn(serializers.Serializer):
+class ExportIn(s.InputSerializer):
     format = serializers.ChoiceField(
         choices=ExportFormat.choices, required=False, default=ExportFormat.MERGED
     )

@@ -39,7 +39,7 @@ from projects.services.evaluations import MAX_SAMPLES, MAX_SAMPLES_PER_ROW
 # --- serializers ------------------------------------------------------------------------------
 
 
-class ReferenceIn(serializers.Serializer):
+class ReferenceIn(s.InputSerializer):
     checkpoint = s.id_field(required=False, help_text="a checkpoint id")
     model = serializers.CharField(
         max_length=200,
@@ -49,7 +49,7 @@ class ReferenceIn(serializers.Serializer):
     endpoint = s.id_field(required=False, help_text="a team judge endpoint id (OpenAI-compatible)")
 
 
-class EvaluationIn(serializers.Serializer):
+class EvaluationIn(s.InputSerializer):
     model = serializers.CharField(
         max_length=300,
         required=False,
@@ -191,6 +191,7 @@ class EvaluationViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     @extend_schema(request=None, responses=EvaluationOut)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
+        _valid(s.NoBodyIn, request.data)
         evaluation = services.evaluation_cancel(evaluation=self.get_object())
         return Response(EvaluationOut(evaluation).data)
 
@@ -209,7 +210,7 @@ class EvaluationViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     )
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str) -> Response:
-        """Events after the id ``after`` (poll with the last id you saw), oldest first."""
+        """Events after the id ``after`` (``0`` from the start, then the last id you saw), oldest first."""
         return self.paginated(self.get_object().events.order_by("id"), EvaluationEventOut)
 
 

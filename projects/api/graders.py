@@ -14,6 +14,7 @@ from projects import secrets
 from projects.access import Permission
 from projects.api.base import TeamViewSet
 from projects.api.pagination import list_body
+from projects.api.serializers import InputSerializer
 from projects.api.views import _valid
 from projects.errors import ValidationFailed
 from projects.models import JudgeEndpoint
@@ -22,17 +23,17 @@ from projects.services.judges import API_KEY_MAX_CHARS
 from training.rewards import GraderSetupError, Sample, build_grader, grade_group
 
 
-class GraderValidateIn(serializers.Serializer):
+class GraderValidateIn(InputSerializer):
     grader = serializers.JSONField()
 
 
-class SampleIn(serializers.Serializer):
+class SampleIn(InputSerializer):
     output_text = serializers.CharField(allow_blank=True, trim_whitespace=False)
     messages = serializers.ListField(child=serializers.DictField(), required=False, default=list)
     output_tools = serializers.ListField(child=serializers.DictField(), required=False, default=list)
 
 
-class GraderRunIn(serializers.Serializer):
+class GraderRunIn(InputSerializer):
     grader = serializers.JSONField()
     model_sample = serializers.JSONField(
         required=False, help_text="the model's output: a string or a sample object"
@@ -111,7 +112,7 @@ class JudgeEndpointOut(serializers.ModelSerializer):
         return bool(obj.api_key_encrypted)
 
 
-class JudgeEndpointIn(serializers.Serializer):
+class JudgeEndpointIn(InputSerializer):
     name = serializers.CharField(max_length=63)
     base_url = serializers.CharField(max_length=500)
     api_key = serializers.CharField(

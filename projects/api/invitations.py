@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from projects import selectors, services
 from projects.access import Permission
 from projects.api.base import SignedInViewSet, TeamViewSet
+from projects.api.serializers import InputSerializer
 from projects.api.views import _user, _valid
 from projects.models import Invitation, Role
 
@@ -50,12 +51,12 @@ class InvitationCreatedOut(InvitationOut):
         fields = [*InvitationOut.Meta.fields, "token", "accept_url"]
 
 
-class InvitationIn(serializers.Serializer):
+class InvitationIn(InputSerializer):
     invitee = serializers.CharField(max_length=254, help_text="email or username, kept as typed")
     role = serializers.ChoiceField(choices=Role.choices, required=False, default=Role.MEMBER)
 
 
-class InvitationAcceptIn(serializers.Serializer):
+class InvitationAcceptIn(InputSerializer):
     token = serializers.CharField(max_length=200)
 
 

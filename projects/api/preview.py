@@ -43,6 +43,7 @@ from rest_framework.response import Response
 from projects import selectors, services
 from projects.api.base import TeamViewSet
 from projects.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, list_body, page_of
+from projects.api.serializers import refuse_unknown_fields
 from projects.errors import NotFound, ValidationFailed
 from projects.models import (
     Checkpoint,
@@ -224,10 +225,13 @@ class BodyOnDelete(AutoSchema):
 class PreviewViewSet(TeamViewSet):
     parser_classes = [PreviewJSONParser]
 
-    def body(self) -> dict[str, Any]:
+    def body(self, *fields: str) -> dict[str, Any]:
+        """The JSON object sent, with only ``fields`` (the keys ART's client sends): any other key
+        is a 400 naming it, as on every /api/v1 write."""
         data = self.request.data
         if not isinstance(data, dict):
             raise ValidationFailed("the body must be a JSON object")
+        refuse_unknown_fields(data, fields)
         return data
 
     def created_by(self) -> User | None:
@@ -297,7 +301,7 @@ class ModelsView(PreviewViewSet):
 
     @extend_schema(request=RegisterIn, responses={200: PreviewModelOut})
     def create(self, request: Request) -> Response:
-        data = self.body()
+        data = self.body("entity", "project", "name", "base_model", "return_existing")
         return_existing = data.get("return_existing", False)
         if not isinstance(return_existing, bool):
             raise ValidationFailed("must be a boolean", field="return_existing")
@@ -349,7 +353,7 @@ class CheckpointsView(PreviewViewSet):
     @extend_schema(request=CheckpointsDeleteIn, responses={200: CheckpointsDeletedOut})
     def remove(self, request: Request, model_id: int) -> Response:
         deleted, not_found = services.checkpoints_delete(
-            model=self.get_object(), steps=self.body().get("steps")
+            model=self.get_object(), steps=self.body("steps").get("steps")
         )
         return Response({"deleted_count": deleted, "not_found_steps": not_found})
 
@@ -363,7 +367,7 @@ class ModelLogView(PreviewViewSet):
 
     @extend_schema(request=ModelLogIn, responses={200: ModelLogOut})
     def create(self, request: Request, model_id: int) -> Response:
-        data = self.body()
+        data = self.body("model_id", "trajectory_groups", "split")  # ART repeats the URL's model_id
         log = services.client_log_record(
             model=self.get_object(), split=data.get("split"), trajectory_groups=data.get("trajectory_groups")
         )
@@ -382,7 +386,7 @@ class TrainingJobsView(PreviewViewSet):
 
     @extend_schema(request=TrainingJobIn, responses={200: TrainingJobOut})
     def create(self, request: Request) -> Response:
-        data = self.body()
+        data = self.body("model_id", "trajectory_groups", "experimental_config")
         raw = data.get("model_id")
         model = None
         if (

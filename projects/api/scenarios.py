@@ -16,7 +16,7 @@ from projects.services import scenarios
 from training.scenarios import MAX_ROWS
 
 
-class GenerateIn(serializers.Serializer):
+class GenerateIn(s.InputSerializer):
     project = s.id_field()
     environment = s.id_field(help_text="the environment whose tools the tasks use")
     endpoint = s.id_field(help_text="a team judge endpoint id (any OpenAI-compatible endpoint)")

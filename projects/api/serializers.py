@@ -4,7 +4,7 @@ projects.services (which raise ValidationFailed naming the field)."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter
 from typing import Any
 
@@ -17,6 +17,7 @@ from rest_framework.settings import api_settings
 
 from projects import selectors
 from projects.environment_config import MASK, config_public
+from projects.errors import ValidationFailed
 from projects.models import (
     ApiKey,
     BaseModel,
@@ -36,6 +37,7 @@ from projects.models import (
 )
 from projects.services.environments import SYSTEM_PROMPT_MAX_CHARS
 from projects.services.projects import DESCRIPTION_MAX_CHARS
+from training import names
 
 # --- output ---------------------------------------------------------------------------------
 
@@ -285,6 +287,51 @@ class ApiKeyOut(serializers.ModelSerializer):
 # --- input ----------------------------------------------------------------------------------
 # Every number has a range and every string the length of its column: a value PostgreSQL would
 # refuse (an id past bigint, a name longer than varchar(63)) is a 400 here, not a database error.
+# Every key is one the action reads: a misspelt one (max_new_tokns) is a 400 naming it, never a
+# default silently used instead.
+
+
+def unknown_fields(data: Mapping[str, Any], fields: Iterable[str]) -> list[tuple[str, str]]:
+    """``(key, reason)`` for each key of the body ``data`` that is none of ``fields``, worded as the
+    run config words an unknown hyperparameter (training.names: "...; did you mean max_new_tokens?")."""
+    known = sorted(set(fields))
+    if not known:
+        return [(str(key), "unknown field: this action takes no body") for key in data]
+    return [
+        (str(key), names.unknown("field", str(key), known, quoted=False)) for key in data if key not in known
+    ]
+
+
+def refuse_unknown_fields(data: Mapping[str, Any], fields: Iterable[str]) -> None:
+    """A 400 naming every unknown key of ``data`` (for bodies read without a serializer)."""
+    if problems := unknown_fields(data, fields):
+        (field, message), *_ = problems
+        raise ValidationFailed(message, field=field, problems=problems)
+
+
+class InputSerializer(serializers.Serializer):
+    """The base of every input serializer (nested ones too): a key that is none of its fields is a
+    400 naming it, reported together with the other fields' problems, unknown keys first."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        writable = [name for name, field in self.fields.items() if not field.read_only]
+        unknown = unknown_fields(data, writable) if isinstance(data, Mapping) else []
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if unknown and isinstance(exc.detail, dict):
+                raise serializers.ValidationError(
+                    {**{key: [reason] for key, reason in unknown}, **exc.detail}
+                ) from None
+            raise
+        if unknown:
+            raise serializers.ValidationError({key: [reason] for key, reason in unknown})
+        return value
+
+
+class NoBodyIn(InputSerializer):
+    """The body of an action that takes none (cancel, revoke …): ``{}`` or nothing at all."""
+
 
 ID_MAX = 2**63 - 1  # PostgreSQL's bigint
 SEED_MAX = 2**32 - 1  # what random number generators take (training.config.SEED_MAX)
@@ -304,19 +351,19 @@ def fraction_field(**kwargs: Any) -> serializers.FloatField:
     return serializers.FloatField(min_value=0.0, max_value=1.0, **kwargs)
 
 
-class ProjectIn(serializers.Serializer):
+class ProjectIn(InputSerializer):
     name = serializers.CharField(max_length=63)
     description = serializers.CharField(
         max_length=DESCRIPTION_MAX_CHARS, required=False, allow_blank=True, default=""
     )
 
 
-class ProjectUpdateIn(serializers.Serializer):
+class ProjectUpdateIn(InputSerializer):
     name = serializers.CharField(max_length=63, required=False)
     description = serializers.CharField(max_length=DESCRIPTION_MAX_CHARS, required=False, allow_blank=True)
 
 
-class TrainableModelIn(serializers.Serializer):
+class TrainableModelIn(InputSerializer):
     project = id_field()
     name = serializers.CharField(max_length=63)
     base_model = serializers.CharField(
@@ -325,7 +372,7 @@ class TrainableModelIn(serializers.Serializer):
     lora = serializers.DictField(required=False, default=dict)
 
 
-class TrainableModelUpdateIn(serializers.Serializer):
+class TrainableModelUpdateIn(InputSerializer):
     lora = serializers.DictField(required=False)
     retention = serializers.JSONField(
         required=False,
@@ -333,17 +380,17 @@ class TrainableModelUpdateIn(serializers.Serializer):
     )
 
 
-class RewardDefinitionIn(serializers.Serializer):
+class RewardDefinitionIn(InputSerializer):
     project = id_field()
     name = serializers.CharField(max_length=63)
     spec = serializers.JSONField(help_text="grader spec, e.g. {'type': 'string_check', ...}")
 
 
-class RewardDefinitionUpdateIn(serializers.Serializer):
+class RewardDefinitionUpdateIn(InputSerializer):
     spec = serializers.JSONField()
 
 
-class TaskSetIn(serializers.Serializer):
+class TaskSetIn(InputSerializer):
     project = id_field()
     name = serializers.CharField(max_length=63)
     rows = serializers.ListField(child=serializers.JSONField(), required=False, help_text="task rows")
@@ -364,7 +411,7 @@ CONFIG_UPDATE_HELP = (
 )
 
 
-class EnvironmentIn(serializers.Serializer):
+class EnvironmentIn(InputSerializer):
     """Kind, config, tools and max_turns are checked by the environment registry's per-kind rules
     (see GET /api/v1/environment-kinds); a bad value is a 400 naming the field."""
 
@@ -392,7 +439,7 @@ class EnvironmentIn(serializers.Serializer):
     sampling = serializers.DictField(required=False, default=dict)
 
 
-class EnvironmentUpdateIn(serializers.Serializer):
+class EnvironmentUpdateIn(InputSerializer):
     kind = serializers.CharField(max_length=32, required=False)
     system_prompt = serializers.CharField(
         max_length=SYSTEM_PROMPT_MAX_CHARS, required=False, allow_blank=True, trim_whitespace=False
@@ -416,7 +463,7 @@ class EnvironmentKindOut(serializers.Serializer):
     )
 
 
-class RunIn(serializers.Serializer):
+class RunIn(InputSerializer):
     model = id_field()
     task_set = id_field()
     environment = id_field()
@@ -439,7 +486,7 @@ class RunIn(serializers.Serializer):
         raise serializers.ValidationError('must be "latest", "base" or a checkpoint id of the model')
 
 
-class RunForkIn(serializers.Serializer):
+class RunForkIn(InputSerializer):
     from_step = serializers.IntegerField(
         min_value=0, max_value=ID_MAX, help_text="the checkpoint step of the run's model to fork from"
     )
@@ -451,10 +498,10 @@ class RunForkIn(serializers.Serializer):
     )
 
 
-class MemberRoleIn(serializers.Serializer):
+class MemberRoleIn(InputSerializer):
     role = serializers.ChoiceField(choices=Role.choices)
 
 
-class ApiKeyIn(serializers.Serializer):
+class ApiKeyIn(InputSerializer):
     name = serializers.CharField(max_length=100)
     read_only = serializers.BooleanField(required=False, default=False)  # type: ignore[assignment]

@@ -285,6 +285,7 @@ class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     @extend_schema(request=None, responses=s.RunOut)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
+        _valid(s.NoBodyIn, request.data)
         run = services.run_cancel(run=self.get_object())
         return Response(s.RunOut(run).data)
 
@@ -293,6 +294,7 @@ class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     def pause(self, request: Request, pk: str) -> Response:
         """A running run pauses after its current step (its worker is released); a queued one at
         once. 409 for a finished, paused or cancelling run."""
+        _valid(s.NoBodyIn, request.data)
         run = services.run_pause(run=self.get_object())
         return Response(s.RunOut(run).data)
 
@@ -300,6 +302,7 @@ class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str) -> Response:
         """A paused run is queued again and continues from its last checkpoint. 409 otherwise."""
+        _valid(s.NoBodyIn, request.data)
         run = services.run_resume(run=self.get_object())
         return Response(s.RunOut(run).data)
 
@@ -325,7 +328,7 @@ class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     )
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str) -> Response:
-        """Events after the id ``after`` (poll with the last id you saw), oldest first."""
+        """Events after the id ``after`` (``0`` from the start, then the last id you saw), oldest first."""
         return self.paginated(self.get_object().events.order_by("id"), s.RunEventOut)
 
     @extend_schema(responses=RunCostOut)
@@ -383,6 +386,7 @@ class ApiKeyViewSet(TeamViewSet, mixins.ListModelMixin):
     @extend_schema(request=None, responses=s.ApiKeyOut)
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str) -> Response:
+        _valid(s.NoBodyIn, request.data)
         api_key = services.api_key_revoke(api_key=self.get_object())
         return Response(s.ApiKeyOut(api_key).data)
 

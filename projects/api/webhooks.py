@@ -18,6 +18,7 @@ from rest_framework.response import Response
 
 from projects.access import Permission
 from projects.api.base import TeamViewSet
+from projects.api.serializers import InputSerializer, NoBodyIn
 from projects.api.views import _valid
 from projects.errors import NotFound
 from projects.models import WEBHOOK_EVENT_TYPES, WebhookDelivery, WebhookEndpoint
@@ -25,7 +26,7 @@ from projects.secrets import url_public
 from projects.services import webhooks
 
 
-class WebhookIn(serializers.Serializer):
+class WebhookIn(InputSerializer):
     name = serializers.CharField(max_length=63)
     url = serializers.CharField(max_length=1000)
     events = serializers.ListField(
@@ -34,7 +35,7 @@ class WebhookIn(serializers.Serializer):
     )
 
 
-class WebhookUpdateIn(serializers.Serializer):
+class WebhookUpdateIn(InputSerializer):
     url = serializers.CharField(max_length=1000, required=False)
     events = serializers.ListField(child=serializers.CharField(max_length=40), required=False)
     active = serializers.BooleanField(required=False)
@@ -105,6 +106,7 @@ class WebhookViewSet(TeamViewSet, mixins.ListModelMixin, mixins.RetrieveModelMix
     @action(detail=True, methods=["post"], url_path="rotate-secret")
     def rotate_secret(self, request: Request, pk: str) -> Response:
         """A new signing secret (returned once); the old one stops signing at once."""
+        _valid(NoBodyIn, request.data)
         endpoint = self.get_object()
         return Response(_with_secret(endpoint, webhooks.webhook_secret_rotate(endpoint=endpoint)))
 
@@ -112,6 +114,7 @@ class WebhookViewSet(TeamViewSet, mixins.ListModelMixin, mixins.RetrieveModelMix
     @action(detail=True, methods=["post"])
     def test(self, request: Request, pk: str) -> Response:
         """Send a ``webhook.test`` event now; poll the delivery for its outcome."""
+        _valid(NoBodyIn, request.data)
         delivery = webhooks.webhook_test(endpoint=self.get_object())
         return Response(WebhookDeliveryOut(delivery).data, status=status.HTTP_202_ACCEPTED)
 
@@ -128,6 +131,7 @@ class WebhookViewSet(TeamViewSet, mixins.ListModelMixin, mixins.RetrieveModelMix
     @action(detail=True, methods=["post"], url_path=r"deliveries/(?P<delivery_id>\d+)/redeliver")
     def redeliver(self, request: Request, pk: str, delivery_id: str) -> Response:
         """The same event (same id and body) again, as a new delivery."""
+        _valid(NoBodyIn, request.data)
         delivery = self.get_object().deliveries.filter(pk=int(delivery_id)).first()
         if delivery is None:
             raise NotFound(f"No delivery {delivery_id} of this webhook.")
