@@ -28,6 +28,7 @@ from typing import Any
 
 from training.engines.base import Choice, Engine, SamplingParams, render_chat
 from training.environments.base import Environment, EpisodeState
+from training.strict_json import loads_lenient
 from training.tools import Tool, ToolCall, parse_tool_calls, tools_system_prompt
 from training.trajectory import Trajectory
 
@@ -333,6 +334,6 @@ def _for_template(messages: list[dict]) -> list[dict]:
 
 def _loads(arguments: str) -> Any:
     try:
-        return json.loads(arguments)
+        return loads_lenient(arguments)
     except json.JSONDecodeError:
         return arguments

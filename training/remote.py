@@ -22,6 +22,7 @@ from typing import Any
 
 from training.environments import Environment
 from training.openai_http import ChatCompletionError, ChatCompletionsEndpoint, first_choice
+from training.strict_json import loads_lenient
 from training.tools import ToolCall, parse_tool_calls
 from training.trajectory import Trajectory
 
@@ -100,7 +101,7 @@ def _to_tool_call(call: Any, fallback_id: str) -> ToolCall:
         return ToolCall(call_id, name, raw, json.dumps(raw, ensure_ascii=False))
     text = raw if isinstance(raw, str) else ""
     try:
-        arguments = json.loads(text or "{}")
+        arguments = loads_lenient(text or "{}")
     except json.JSONDecodeError as exc:
         return ToolCall(call_id, name, {}, text, error=f"the arguments of {name!r} are not valid JSON: {exc}")
     if not isinstance(arguments, dict):

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from training.remote import ChatEndpoint, EndpointError
+from training.strict_json import loads_lenient
 
 MAX_ROWS = 100
 BATCH_SIZE = 10
@@ -126,7 +127,7 @@ def parse_candidates(text: str) -> tuple[list[Any], list[tuple[int | None, str]]
     if not body:
         return [], [(None, "the reply is empty")]
     try:
-        value = json.loads(body)
+        value = loads_lenient(body)
     except json.JSONDecodeError:
         value = None
     else:
@@ -141,7 +142,7 @@ def parse_candidates(text: str) -> tuple[list[Any], list[tuple[int | None, str]]
     lines = [line for line in lines if line and line not in ("[", "]")]
     for position, line in enumerate(lines, start=1):
         try:
-            candidates.append(json.loads(line))
+            candidates.append(loads_lenient(line))
         except json.JSONDecodeError as exc:
             candidates.append(_Malformed(f"malformed JSON: {exc.msg} (column {exc.colno})"))
             errors.append((position, candidates[-1].error))

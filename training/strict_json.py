@@ -15,6 +15,11 @@ It refuses, with the position, what would otherwise crash a later step or could 
 
 ``check`` applies the same rules to a value that did not come from text (rows a generator
 produced, a form's parsed field), naming the path instead of a position.
+
+``loads_lenient`` is for JSON that is read, not stored (model output, tool-call arguments, a stored
+trajectory's messages): ``json.loads``'s own rules, but what ``json.loads`` cannot hold (an integer
+past Python's 4,300-digit limit, nesting past the recursion limit) is ordinary bad JSON, a
+``json.JSONDecodeError``, instead of a ValueError or RecursionError no caller expects.
 """
 
 from __future__ import annotations
@@ -22,9 +27,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 MAX_DEPTH = 64
+# Far deeper than any real tool call, far enough below the recursion limit (json's decoder and the
+# indenting encoder recurse once per level) that the frames below the caller never matter.
+LENIENT_MAX_DEPTH = 512
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 _INT_DIGITS = len(str(INT_MIN))  # longer strings are out of range without converting them
 
@@ -163,6 +172,37 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH, allow_nul: bool = Tr
             message, _ = problem
             raise JSONError(message, _locate(text, message, allow_nul), text=text)
     return value
+
+
+def loads_lenient(text: str, *, max_depth: int = LENIENT_MAX_DEPTH) -> Any:
+    """``json.loads`` for text that is read, not stored: NaN, any integer and any float are kept as
+    ``json.loads`` keeps them. What it cannot hold raises ``json.JSONDecodeError`` like any other
+    malformed text, so a caller's ``except json.JSONDecodeError`` covers it."""
+    if not isinstance(text, str):  # what json.loads raises for a value that is not text
+        raise TypeError(f"the JSON object must be str, not {type(text).__name__}")
+    try:
+        _check_depth(text, max_depth)
+    except JSONError as refused:
+        raise json.JSONDecodeError(refused.message, text, refused.position or 0) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise  # already ordinary bad JSON (and a ValueError, so it must not reach the clause below)
+    except ValueError:  # int() refusing more digits than sys.get_int_max_str_digits()
+        message, position = _long_integer(text)
+        raise json.JSONDecodeError(message, text, position) from None
+    except RecursionError:  # the caller was already deep in its own stack
+        raise json.JSONDecodeError("nested too deeply to read", text, 0) from None
+
+
+def _long_integer(text: str) -> tuple[str, int]:
+    limit = sys.get_int_max_str_digits()
+    for match in _TOKENS.finditer(text):
+        token = match.group()
+        digits = token.lstrip("-")
+        if digits.isdigit() and len(digits) > limit:
+            return f"integer too long (more than {limit} digits)", match.start()
+    return "integer too long", 0
 
 
 def check(value: Any, *, max_depth: int = MAX_DEPTH, allow_nul: bool = False, path: str = "") -> None:

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from training.strict_json import loads_lenient
+
 # A call runs to its closing tag, or to the end of the text: a stop string such as
 # "</tool_call>" cuts the text before the tag, and the call before it is still meant.
 TOOL_CALL_PATTERN = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
@@ -98,7 +100,7 @@ def _parse_one(body: str, call_id: str) -> ToolCall:
         return ToolCall(id=call_id, name=name, arguments={}, arguments_json=body, error=message)
 
     try:
-        data = json.loads(body)
+        data = loads_lenient(body)
     except json.JSONDecodeError as exc:
         return invalid(f"the tool call is not valid JSON: {exc}")
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
@@ -108,7 +110,7 @@ def _parse_one(body: str, call_id: str) -> ToolCall:
     arguments = data.get("arguments", data.get("parameters", {}))
     if isinstance(arguments, str):  # some models write the arguments as a JSON string, as OpenAI does
         try:
-            arguments = json.loads(arguments)
+            arguments = loads_lenient(arguments)
         except json.JSONDecodeError as exc:
             return invalid(f"the arguments of {name!r} are not valid JSON: {exc}", name)
     if not isinstance(arguments, dict):

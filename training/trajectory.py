@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from training.strict_json import loads_lenient
+
 __all__ = ["TrainGroup", "TrainSample", "Trajectory", "to_train_group"]
 
 
@@ -55,7 +57,7 @@ class Trajectory:
             for call in message.get("tool_calls") or []:
                 function = call["function"]
                 try:
-                    arguments = json.loads(function["arguments"])
+                    arguments = loads_lenient(function["arguments"])
                 except json.JSONDecodeError:
                     arguments = function["arguments"]  # what the model wrote, unparseable
                 calls.append({"name": function["name"], "arguments": arguments})

@@ -11,12 +11,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from django.core.exceptions import ValidationError
 
 from projects import services
 from projects.gateway.errors import GatewayError
 from projects.gateway.views import _parse
 from projects.gateway.vllm import request_body
-from projects.models import Checkpoint, RunEvent, Trajectory, WebhookDelivery
+from projects.models import Checkpoint, Project, RunEvent, Trajectory, WebhookDelivery
+from projects.models.base import slug_validator
 from projects.services import webhooks
 from projects.storage import LocalCheckpointStore, StorageError
 from projects.storage.base import folder_digest
@@ -256,3 +258,36 @@ def test_the_task_queue_accepts_json_messages_only():
     assert app.conf.accept_content == ["json"] and app.conf.task_serializer == "json"
     assert app.conf.result_accept_content in (None, ["json"])
     assert app.conf.event_serializer == "json"
+
+
+# --- JSON a stored row holds that json.loads cannot read -------------------------------------------------
+
+
+# Past the recursion limit, past int()'s 4,300-digit limit: json.loads raises, and not JSONDecodeError.
+@pytest.mark.parametrize("arguments", ["[" * 5000, "1" * 5000])
+def test_a_stored_tool_call_the_json_reader_cannot_hold_still_shows_in_the_viewer(
+    alice_client, alpha_setup, _no_enqueue, arguments
+):
+    s = alpha_setup
+    run = services.run_create(model=s.model, task_set=s.task_set, environment=s.environment, reward=s.reward)
+    Trajectory.objects.create(run=run, step=1, group_index=0, sample_index=0, reward=0.0, messages=[
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]}])  # fmt: skip
+    response = alice_client.get(f"/runs/{run.pk}/trajectories?step=1", HTTP_X_TEAM="alpha")
+    assert response.status_code == 200
+    assert arguments[:50] in response.content.decode()  # shown as the text it is
+
+
+# --- names: "$" matches before a final newline ------------------------------------------------------------
+
+
+def test_a_slug_name_cannot_end_in_a_newline(key_client, alpha_setup):
+    with pytest.raises(ValidationError):
+        slug_validator("math\n")
+    response = key_client.post(
+        "/v1/preview/models", {"project": "math\n", "name": "agent2", "base_model": "tiny"}, format="json"
+    )
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["error"]["param"] == "project"
+    assert not Project.objects.filter(name="math\n").exists()

@@ -10,8 +10,10 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import io
 import pickle
 import socket
+import tarfile
 import threading
 import urllib.request
 from pathlib import Path
@@ -21,12 +23,14 @@ import torch
 
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import validate_environment
+from training.export import write_archive
 from training.outbound import OutboundPolicy
 from training.rewards import validate_grader
 from training.rewards.base import Sample
 from training.rewards.errors import GraderSpecError, GradingError
 from training.rewards.templates import Template, TemplateSyntaxError
 from training.serving.protocol import Limits, RequestError, parse_chat_request
+from training.tools import parse_tool_calls
 from training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -258,3 +262,37 @@ def test_a_judge_api_key_with_a_line_break_is_refused_before_anything_is_sent():
     listener.socket.close()
     listener.thread.join(5)
     assert b"X-Injected" not in listener.received
+
+
+# --- JSON a model writes: what json.loads cannot hold ----------------------------------------------
+
+LONG_NUMBER = "1" * 5000  # past Python's 4,300-digit int limit: json.loads raises ValueError
+DEEP = "[" * 5000  # past the recursion limit: json.loads raises RecursionError
+
+
+@pytest.mark.parametrize(
+    "body",
+    ['{"name": "calculator", "arguments": {"expression": ' + LONG_NUMBER, DEEP,
+     '{"name": "lookup", "arguments": "' + DEEP + '"}'],
+)  # fmt: skip
+def test_a_tool_call_the_json_reader_cannot_hold_is_an_invalid_call_not_an_exception(body):
+    (call,) = parse_tool_calls(f"<tool_call>{body}")
+    assert call.error and call.arguments == {}
+
+
+# --- the checkpoint archive a team downloads -------------------------------------------------------
+
+
+def test_an_archived_folder_leaves_out_its_symlinks(tmp_path):
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"r": 4}')
+    (folder / "passwd").symlink_to("/etc/passwd")  # a link entry would point the unpacker at its own file
+    for names in (None, ["adapter_config.json", "passwd"]):
+        buffer = io.BytesIO()
+        write_archive(buffer, folder, names=names, extra={"README.md": "card"})
+        buffer.seek(0)
+        with tarfile.open(fileobj=buffer, mode="r:gz") as archive:
+            members = archive.getmembers()
+        assert sorted(member.name for member in members) == ["README.md", "adapter_config.json"]
+        assert all(member.isfile() for member in members)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from training.strict_json import INT_MAX, INT_MIN, JSONError, check, loads
+from training.strict_json import INT_MAX, INT_MIN, JSONError, check, loads, loads_lenient
 
 
 @pytest.mark.parametrize(
@@ -118,3 +118,25 @@ def test_check_refuses_a_deep_value_without_recursing():
     with pytest.raises(JSONError, match="nested deeper than 64 levels"):
         check(deep)
     check({"ok": [1, 2.5, "text", None, True, {"x": [[]]}]})
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[NaN, Infinity, -Infinity]", "[1e400]", str(10**30), '"\\ud800"', '{"a":' * 100 + "1" + "}" * 100],
+)
+def test_the_lenient_reader_keeps_what_json_keeps(text):
+    assert repr(loads_lenient(text)) == repr(json.loads(text))
+
+
+@pytest.mark.parametrize(
+    ("text", "message", "position"),
+    [
+        ('{"a": [' + "1" * 5000 + "]}", "integer too long (more than 4300 digits)", 7),
+        ("[" * 5000, "nested deeper than 512 levels", 512),
+        ('{"a": 1,}', "Expecting property name enclosed in double quotes", 8),
+    ],
+)
+def test_what_json_cannot_hold_is_ordinary_bad_json_to_the_lenient_reader(text, message, position):
+    with pytest.raises(json.JSONDecodeError) as refused:
+        loads_lenient(text)
+    assert (refused.value.msg, refused.value.pos) == (message, position)

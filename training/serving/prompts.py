@@ -14,6 +14,7 @@ from typing import Any
 
 from training.engines.base import render_chat
 from training.serving.protocol import ChatRequest, RequestError
+from training.strict_json import loads_lenient
 from training.tools import Tool, tools_system_prompt
 
 
@@ -72,6 +73,6 @@ def _not_callable(**arguments: Any) -> None:
 
 def _loads(arguments: str) -> Any:
     try:
-        return json.loads(arguments)
+        return loads_lenient(arguments)
     except json.JSONDecodeError:
         return arguments

@@ -102,6 +102,15 @@ def test_lookup_reads_each_rows_own_facts_and_the_clock_is_fixed(policy_engine):
     assert missing.metrics == {"turns": 2, "tool_calls": 1, "tool_errors": 1, "tool_timeouts": 0}
 
 
+def test_a_policy_writing_a_huge_number_in_a_tool_call_gets_an_error_turn_not_a_failed_step(policy_engine):
+    env = build_environment("python_tools", tools=["calculator"], max_turns=2)
+    huge = "1" * 5000  # past Python's 4,300-digit int limit: json.loads raises ValueError
+    reply = '<tool_call>{"name": "calculator", "arguments": {"expression": ' + huge
+    engine = policy_engine(lambda text: reply)
+    ((trajectory,),) = rollout_groups(engine, [{"prompt": "1+1?", "item": {}}], env, SAMPLING, group_size=1)
+    assert trajectory.metrics["tool_errors"] >= 1
+
+
 def test_a_multi_turn_tool_episode_is_token_exact_and_graded_by_tool_use(policy_engine, token_exact):
     env = build_environment("python_tools", tools=["calculator"], max_turns=4)
     script = iter([call("calculator", expression="12 * 7"), call("calculator", expression="84 + 1"), "85"])

@@ -12,7 +12,9 @@ import pytest
 from training.serving.app import InferenceApp, ServerConfig
 
 
-def post(app: InferenceApp, data: bytes) -> tuple[int, dict[str, Any]]:
+def post(app: InferenceApp, data: bytes, *, generate: bool = False) -> tuple[int, dict[str, Any]]:
+    """One POST /v1/chat/completions; ``generate`` runs the scheduler too (a request that gets past
+    parsing waits on it forever otherwise)."""
     sent: list[dict[str, Any]] = []
     messages = [{"type": "http.request", "body": data, "more_body": False}]
 
@@ -26,7 +28,16 @@ def post(app: InferenceApp, data: bytes) -> tuple[int, dict[str, Any]]:
         sent.append(message)
 
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
-    asyncio.run(app(scope, receive, send))
+
+    async def request() -> None:
+        scheduler = asyncio.create_task(app.scheduler.run()) if generate else None
+        try:
+            await app(scope, receive, send)
+        finally:
+            if scheduler is not None:
+                scheduler.cancel()
+
+    asyncio.run(request())
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
 
@@ -58,6 +69,18 @@ def test_a_body_the_strict_reader_refuses_is_a_400(app, text, reason):
     status, body = post(app, text.encode())
     assert status == 400 and body["error"]["code"] == "invalid_json"
     assert reason in body["error"]["message"] and "line 1 column" in body["error"]["message"]
+
+
+# Past int()'s 4,300-digit limit, past the recursion limit: json.loads raises, and not JSONDecodeError.
+@pytest.mark.parametrize("arguments", ["1" * 5000, "[" * 5000])
+def test_an_assistant_tool_call_the_json_reader_cannot_hold_is_not_a_500(app, arguments):
+    body = {"model": "tiny", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "ok"}]}  # fmt: skip
+    status, reply = post(app, json.dumps(body).encode(), generate=True)
+    assert status == 200, reply  # the arguments reach the template as the text they are, like any bad JSON
 
 
 def test_an_unforeseen_exception_is_a_500_error_object(app, monkeypatch):
