@@ -18,13 +18,14 @@ class Queue(StrEnum):
 
 
 # What a queue name may be: a slug short enough for a column, and what Redis/AMQP keys take as is.
-QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+# Matched with fullmatch: with match and "$", a name ending in a newline would pass.
+QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 
 def queue_name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a work queue, or None. The default queue is refused: it carries the
     beat's housekeeping tasks, which an hour-long run in front of them would hold up."""
-    if not QUEUE_NAME.match(name):
+    if not QUEUE_NAME.fullmatch(name):
         return "use 1-63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
     if name == Queue.DEFAULT:
         return f"{Queue.DEFAULT.value!r} is the housekeeping queue; name a work queue such as 'gpu-small' or 'cpu'"

@@ -35,12 +35,13 @@ from projects.selectors import scoped
 from projects.selectors.steps import team_checkpoint_names
 from training.serving.protocol import ChatRequest
 
+# Matched with fullmatch: with match and "$", a model id ending in a newline would pass.
 CHECKPOINT_ID = re.compile(
-    r"^(?P<project>[a-z0-9][a-z0-9._-]{0,62})/(?P<model>[a-z0-9][a-z0-9._-]{0,62})(?::(?P<tag>latest|\d+))?$"
+    r"(?P<project>[a-z0-9][a-z0-9._-]{0,62})/(?P<model>[a-z0-9][a-z0-9._-]{0,62})(?::(?P<tag>latest|\d+))?"
 )
 ART_ALIAS = re.compile(
-    r"^wandb-artifact:///(?P<team>[^/]+)/(?P<project>[a-z0-9][a-z0-9._-]{0,62})/"
-    r"(?P<model>[a-z0-9][a-z0-9._-]{0,62})(?::(?:step(?P<step>\d+)|latest))?$"
+    r"wandb-artifact:///(?P<team>[^/]+)/(?P<project>[a-z0-9][a-z0-9._-]{0,62})/"
+    r"(?P<model>[a-z0-9][a-z0-9._-]{0,62})(?::(?:step(?P<step>\d+)|latest))?"
 )
 
 
@@ -54,7 +55,7 @@ def names_latest(model_id: str) -> bool:
     """Whether ``model_id`` names a model's latest checkpoint through ART's alias: such routes are
     never remembered (projects.gateway.lookups), so the step a training job has just recorded is
     what the client samples next, as ART expects right after ``training_ended``."""
-    match = ART_ALIAS.match(model_id)
+    match = ART_ALIAS.fullmatch(model_id)
     return match is not None and match["step"] is None
 
 
@@ -107,7 +108,7 @@ class Route:
 
 
 def resolve_model(*, team: Team, model_id: str) -> Target:
-    alias = ART_ALIAS.match(model_id)
+    alias = ART_ALIAS.fullmatch(model_id)
     if alias is not None:
         if alias["team"] != team.name:
             raise ModelNotFound(model_id)
@@ -116,7 +117,7 @@ def resolve_model(*, team: Team, model_id: str) -> Target:
             return resolve_model(team=team, model_id=f"{alias['project']}/{alias['model']}:{tag}")
         except ModelNotFound:
             raise ModelNotFound(model_id) from None
-    match = CHECKPOINT_ID.match(model_id)
+    match = CHECKPOINT_ID.fullmatch(model_id)
     if match:
         checkpoints = (
             scoped(Checkpoint, team)

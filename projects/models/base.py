@@ -4,11 +4,30 @@ no tables and no migrations; each concrete model keeps its own Meta where it dif
 
 from __future__ import annotations
 
+import re
+from typing import Any, cast
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
+from django.utils.deconstruct import deconstructible
 
-slug_validator = RegexValidator(
+
+# Deconstructs as the plain RegexValidator the migrations already hold, so matching the whole value
+# changed no migration (the pattern's "$" stays, and fullmatch makes it harmless).
+@deconstructible(path="django.core.validators.RegexValidator")
+class WholeValueRegexValidator(RegexValidator):
+    """A RegexValidator that the whole value must match: RegexValidator searches, and "$" also
+    matches before a final newline, so "math\\n" passed "^[a-z0-9]...$"."""
+
+    def __call__(self, value: Any) -> None:
+        regex = cast(re.Pattern[str], self.regex)  # compiled in __init__ (the stubs also allow str)
+        if regex.fullmatch(str(value)) is None:
+            raise ValidationError(self.message, code=self.code, params={"value": value})
+
+
+slug_validator = WholeValueRegexValidator(
     r"^[a-z0-9][a-z0-9._-]{0,62}$",
     "use 1-63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit",
 )

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Keys are relative POSIX paths of plain segments: they become object names and cache folders.
-_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
+# Matched with fullmatch: with match and "$", a segment ending in a newline would pass.
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")
 _CHUNK = 1024 * 1024
 
 
@@ -55,7 +56,7 @@ class FileEntry:
 def check_key(key: str) -> str:
     """``key`` if it is a relative path of plain segments ("model-3/step-000002"), else StorageError."""
     segments = key.split("/")
-    if not key or not all(_SEGMENT.match(segment) for segment in segments):
+    if not key or not all(_SEGMENT.fullmatch(segment) for segment in segments):
         raise StorageError(f"invalid storage key {key!r}: use relative segments of letters, digits and ._=+-")
     return key
 
