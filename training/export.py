@@ -117,13 +117,14 @@ def write_archive(
     extra: dict[str, str] | None = None,
 ) -> None:
     """A tar.gz of ``folder``'s files (only ``names`` when given; all, recursively, otherwise) plus
-    ``extra`` text files, every entry at the archive's top level (``tar xzf`` gives a loadable dir)."""
+    ``extra`` text files, every entry at the archive's top level (``tar xzf`` gives a loadable dir).
+    Symlinks are left out: archived as links they would point the unpacker at its own files."""
     with tarfile.open(fileobj=fileobj, mode="w:gz") as archive:
         if folder is not None:
             folder = Path(folder)
             paths = [folder / name for name in names] if names is not None else sorted(folder.rglob("*"))
             for path in paths:
-                if path.is_file() and path.name not in (extra or {}):
+                if path.is_file() and not path.is_symlink() and path.name not in (extra or {}):
                     archive.add(str(path), arcname=path.relative_to(folder).as_posix(), recursive=False)
         for name, text in (extra or {}).items():
             data = text.encode()

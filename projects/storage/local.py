@@ -35,14 +35,18 @@ class LocalCheckpointStore(CheckpointStore):
     def put_dir(self, key: str, local_dir: Path) -> StoredObject:
         target = self._path(key)
         source = Path(local_dir)
-        if source.resolve() != target.resolve():
+        if source.resolve() == target.resolve():
+            stored = folder_digest(target)
+        else:
             scratch = scratch_dir(target, "put")
             try:
                 shutil.copytree(source, scratch, dirs_exist_ok=True, symlinks=True)
+                # The digest refuses links: taken before the move, a refused folder never replaces
+                # the one stored under this key.
+                stored = folder_digest(scratch)
                 replace_dir(scratch, target)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
-        stored = folder_digest(target)
         return StoredObject(key, stored.sha256, stored.size_bytes)
 
     def fetch_dir(self, key: str, *, sha256: str) -> Path:

@@ -112,6 +112,18 @@ def test_local_store_keeps_the_trainers_folder_in_place(tmp_path):
     assert store.stat(KEY) == stored
 
 
+def test_a_folder_with_a_link_is_refused_and_leaves_the_stored_folder_as_it_was(tmp_path):
+    store = LocalCheckpointStore(tmp_path / "root")
+    stored = store.put_dir(KEY, checkpoint_folder(tmp_path / "good"))
+    linked = checkpoint_folder(tmp_path / "linked", seed=2)
+    (linked / "secrets.txt").symlink_to(tmp_path / "outside.txt")
+    (tmp_path / "outside.txt").write_text("not part of any checkpoint")
+    with pytest.raises(StorageError):
+        store.put_dir(KEY, linked)
+    assert store.fetch_dir(KEY, sha256=stored.sha256) == tmp_path / "root" / KEY
+    assert not (tmp_path / "root" / KEY / "secrets.txt").is_symlink()
+
+
 def test_local_store_copies_a_folder_from_elsewhere_and_lists_by_prefix(tmp_path):
     store = LocalCheckpointStore(tmp_path / "root")
     for model, step in ((3, 1), (3, 2), (30, 1)):
