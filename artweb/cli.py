@@ -1,6 +1,6 @@
 """``artweb``: the command line for CI pipelines, over the REST API (``/api/v1/``).
 
-    artweb login                                   # check and save ARTWEB_BASE_URL / ARTWEB_API_KEY
+    artweb login --base-url URL < key.txt          # check and save the base URL and API key
     artweb runs create -f run.json --wait          # start a run, follow it, exit with its outcome
     artweb runs watch 42                           # a progress bar with reward and loss per step
     artweb evaluations create -f eval.json --wait --fail-below 0.6
@@ -10,7 +10,8 @@ Credentials: ``ARTWEB_BASE_URL`` and ``ARTWEB_API_KEY`` from the environment (wh
 else what ``artweb login`` saved in ``$ARTWEB_CONFIG`` (default ``~/.config/artweb/credentials.json``,
 mode 0600). Exit codes, so a pipeline can branch on them: 0 done and passed; 1 the run or
 evaluation failed, was cancelled, or missed ``--fail-below``; 2 bad usage or input the API refused
-(its message is printed); 3 cannot reach or authenticate to artweb.
+(its message is printed); 3 cannot reach or authenticate to artweb; 141 standard output was closed
+before the command finished (``| head``), as for a Unix tool stopped by SIGPIPE; 130 interrupted.
 
 Plain standard library HTTP (urllib) and tqdm: nothing here sets up Django or imports torch, so
 the command starts in a fraction of a second.
@@ -19,8 +20,10 @@ the command starts in a fraction of a second.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import stat
 import sys
 import time
@@ -29,10 +32,15 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
 EXIT_OK, EXIT_OUTCOME, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+# What a shell reports for a tool killed by SIGPIPE (128 + 13), the status ``yes | head`` leaves:
+# not 0, since the command never said all it had to (``runs watch`` never printed the outcome).
+EXIT_CLOSED_OUTPUT = 141
+EXIT_INTERRUPTED = 130
 TERMINAL = {"succeeded", "failed", "cancelled"}
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
@@ -118,8 +126,11 @@ def api_error(exc: urllib.error.HTTPError) -> CliError:
     except (ValueError, AttributeError):
         error = {}
     message = error.get("message") or exc.reason
-    if error.get("param"):
-        message = f"{error['param']}: {message}"
+    param = error.get("param")
+    # The API's message usually names the field already ("config.group_size: must be ..."); a
+    # domain error's may not ("no such task set", param "task_set"). The field once, either way.
+    if param and param != "non_field_errors" and not message.startswith(f"{param}: "):
+        message = f"{param}: {message}"
     code = EXIT_UNREACHABLE if exc.code in (401, 403) else EXIT_USAGE
     return CliError(f"HTTP {exc.code}: {message}", code)
 
@@ -140,13 +151,7 @@ def read_json_file(path: str) -> Any:
 
 def cmd_login(args: argparse.Namespace) -> int:
     base_url = (args.base_url or os.environ.get("ARTWEB_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
-    api_key = args.api_key or os.environ.get("ARTWEB_API_KEY")
-    if not api_key:
-        if not sys.stdin.isatty():
-            raise CliError("no API key: pass --api-key or set ARTWEB_API_KEY", EXIT_USAGE)
-        import getpass
-
-        api_key = getpass.getpass("API key (aw_…): ").strip()
+    api_key = args.api_key or os.environ.get("ARTWEB_API_KEY") or read_api_key()
     credentials = Credentials(base_url, api_key)
     projects = Client(credentials).request("GET", "projects/", limit=1)  # fails loudly on a bad key
     path = config_path()
@@ -156,6 +161,22 @@ def cmd_login(args: argparse.Namespace) -> int:
     shown = "some" if projects.get("has_more") else len(projects.get("data", []))
     print(f"Signed in to {base_url} (the key sees {shown} project(s)); saved to {path}")
     return EXIT_OK
+
+
+def read_api_key() -> str:
+    """The key from standard input: its first line when piped (``echo "$KEY" | artweb login``, so
+    the key is in neither the command line nor the shell history), else asked without echo."""
+    if sys.stdin is None or not sys.stdin.isatty():
+        # One line, not up to end of file: a pipe whose writer stays open must not hang us.
+        key = sys.stdin.readline().strip() if sys.stdin is not None else ""
+        if not key:
+            raise CliError(
+                "no API key: pipe it on standard input, pass --api-key or set ARTWEB_API_KEY", EXIT_USAGE
+            )
+        return key
+    import getpass
+
+    return getpass.getpass("API key (aw_…): ").strip()
 
 
 def cmd_runs_create(args: argparse.Namespace) -> int:
@@ -178,39 +199,181 @@ def cmd_runs_get(args: argparse.Namespace) -> int:
 
 
 def watch_run(client: Client, run_id: int, *, interval: float) -> int:
-    """Follow a run to its end: a bar over its steps with the latest reward and loss, its warnings
-    and phase changes as timestamped lines. The exit code is the run's outcome."""
+    """Follow a run to its end: a bar over its steps with the latest reward and loss, its warnings,
+    phases and evaluations as timestamped lines, then every evaluation recorded for the run. The
+    exit code is the run's outcome.
+
+    What happened before the watch began is summarised, not replayed: fed to the bar at once, a
+    finished run's 20 steps read as 100 steps a second. Speed and time left come only from steps
+    seen finishing during the watch, timed by the server's clock (``StepRate``)."""
     from tqdm import tqdm
 
     run = client.request("GET", f"runs/{run_id}/")
+    history, last_event = read_list(client, f"runs/{run_id}/events/", after=None)
+    metrics, last_metric = read_list(client, f"runs/{run_id}/metrics/", after=None)
+    latest = metrics[-1] if metrics else None
+    rate = StepRate()
     bar = tqdm(
-        total=run["total_steps"], desc=f"run {run_id}", unit="step", file=sys.stderr, dynamic_ncols=True
+        total=run["total_steps"],
+        initial=run["steps_done"],
+        desc=f"run {run_id}",
+        unit="step",
+        bar_format=BAR_FORMAT,
+        file=sys.stderr,
+        dynamic_ncols=True,
     )
-    last_event: int | None = None
-    last_metric: int | None = None
     try:
+        for line in history_lines(run, history):
+            say(bar, line)
         while True:
-            events = client.request("GET", f"runs/{run_id}/events/", after=last_event, limit=1000)
-            for event in events["data"]:
-                if event["level"] != "info" or (event.get("data") or {}).get("phase"):
-                    stamp = event["created_at"][11:19]
-                    bar.write(f"{stamp} {event['level'].upper():5} {event['message']}")
-            last_event = events["last_id"] or last_event
-            metrics = client.request("GET", f"runs/{run_id}/metrics/", after=last_metric, limit=1000)
-            for row in metrics["data"]:
-                bar.set_postfix(step=row["step"], reward=_short(row["reward_mean"]), loss=_short(row["loss"]))
-            last_metric = metrics["last_id"] or last_metric
-            run = client.request("GET", f"runs/{run_id}/")
             bar.n = run["steps_done"]
-            bar.refresh()
+            bar.set_postfix_str(progress_text(run, latest, rate))  # refreshes the bar
             if run["status"] in TERMINAL:
                 break
             time.sleep(interval)
+            run = client.request("GET", f"runs/{run_id}/")
+            # Read after the run, so a run seen ending is followed by its last events and steps.
+            events, last_event = read_list(client, f"runs/{run_id}/events/", after=last_event)
+            for event in events:
+                if event_is_shown(event):
+                    say(bar, event_line(event))
+            metrics, last_metric = read_list(client, f"runs/{run_id}/metrics/", after=last_metric)
+            for row in metrics:
+                rate.add(row["created_at"])
+                latest = row
     finally:
         bar.close()
+    print_run_evaluations(client, run_id)
     line = f"Run {run_id} {run['status']} after {run['steps_done']}/{run['total_steps']} steps"
     print(line + (f": {run['error']}" if run.get("error") else ""), flush=True)
     return EXIT_OK if run["status"] == "succeeded" else EXIT_OUTCOME
+
+
+# tqdm's own rate and time left are left out: it would time the bar's jumps, not the run's steps.
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+
+
+class StepRate:
+    """Steps a second over the steps seen finishing while watching, from each step's metrics row
+    (``created_at``, the server's clock): the first only starts the clock, so a speed needs two."""
+
+    def __init__(self) -> None:
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.intervals = 0
+
+    def add(self, finished_at: str) -> None:
+        at = datetime.fromisoformat(finished_at).timestamp()
+        if self.first_at is None:
+            self.first_at = at
+        else:
+            self.intervals += 1
+        self.last_at = at
+
+    def per_second(self) -> float | None:
+        if self.first_at is None or self.last_at is None or self.last_at <= self.first_at:
+            return None
+        return self.intervals / (self.last_at - self.first_at)
+
+
+def progress_text(run: dict[str, Any], latest: dict[str, Any] | None, rate: StepRate) -> str:
+    """The bar's postfix: the latest step's reward and loss; speed and time left once known."""
+    parts = []
+    if latest is not None:
+        parts += [
+            f"step={latest['step']}",
+            f"reward={_short(latest['reward_mean'])}",
+            f"loss={_short(latest['loss'])}",
+        ]
+    speed = rate.per_second()
+    if speed:
+        from tqdm import tqdm
+
+        parts.append(f"{speed:.2f} step/s" if speed >= 1 else f"{1 / speed:.1f} s/step")
+        left = run["total_steps"] - run["steps_done"]
+        if left > 0 and run["status"] not in TERMINAL:
+            parts.append(f"{tqdm.format_interval(left / speed)} left")
+    return ", ".join(parts)
+
+
+def event_is_shown(event: dict[str, Any]) -> bool:
+    """Warnings and errors, phase changes and evaluation results get a line; other info does not."""
+    data = event.get("data") or {}
+    return event["level"] != "info" or "phase" in data or "evaluation" in data
+
+
+def event_line(event: dict[str, Any]) -> str:
+    return f"{event['created_at'][11:19]} {event['level'].upper():5} {event['message']}"
+
+
+def history_lines(run: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
+    """The events from before the watch began, in brief: its warnings, errors and evaluations, and
+    only the latest of its phases (what the run is doing now, or did last)."""
+
+    def is_phase(event: dict[str, Any]) -> bool:
+        return "phase" in (event.get("data") or {})
+
+    last_phase = next((event for event in reversed(events) if is_phase(event)), None)
+    kept = [
+        event for event in events if event is last_phase or (event_is_shown(event) and not is_phase(event))
+    ]
+    lines = [event_line(event) for event in kept]
+    if run["steps_done"] and len(kept) < len(events):
+        lines.insert(
+            0,
+            f"Run {run['id']} {run['status']}, {run['steps_done']}/{run['total_steps']} steps done before"
+            f" this watch; its warnings, evaluations and latest phase ({len(events) - len(kept)} other"
+            f" events: GET /api/v1/runs/{run['id']}/events/):",
+        )
+    return lines
+
+
+def print_run_evaluations(client: Client, run_id: int) -> None:
+    """The run's validation evaluations (at its first and last step, and every ``eval_interval``),
+    one line each. They are the run's result, but not its outcome: one that cannot be read is said
+    on stderr and the exit code stays the run's."""
+    try:
+        evaluations, _ = read_list(client, f"runs/{run_id}/evaluations/", after=None)
+    except CliError as exc:
+        print(f"artweb: cannot read run {run_id}'s evaluations: {exc}", file=sys.stderr)
+        return
+    if not evaluations:
+        print(f"No evaluations recorded for run {run_id} (none when its task set has no validation rows)")
+    for evaluation in evaluations:
+        print(evaluation_line(evaluation), flush=True)
+
+
+def evaluation_line(evaluation: dict[str, Any]) -> str:
+    results = evaluation.get("results") or {}
+    head = f"Evaluation {evaluation['id']} at step {evaluation['step']} ({evaluation['split']}"
+    if evaluation["status"] != "succeeded":
+        return f"{head}): {evaluation['status']} {evaluation.get('error') or ''}".rstrip()
+    text = (
+        f"{head}, n={results.get('n')}): reward_mean {_short(results.get('reward_mean'))}, pass_rate"
+        f" {_short(results.get('pass_rate'))} (reward >= {_short(evaluation['pass_threshold'])})"
+    )
+    baseline = results.get("comparison_to_baseline") or {}
+    if baseline.get("win_rate") is not None:
+        text += f", win rate vs step {results.get('baseline_step')} {_short(baseline['win_rate'])}"
+    return text
+
+
+def read_list(client: Client, path: str, *, after: int | None) -> tuple[list[dict[str, Any]], int | None]:
+    """Every item of an API list after the id ``after``, page by page, and the last id seen."""
+    items: list[dict[str, Any]] = []
+    while True:
+        page = client.request("GET", path, after=after, limit=1000)
+        items += page["data"]
+        after = page["last_id"] or after
+        if not page["has_more"]:
+            return items, after
+
+
+def say(bar: Any, line: str) -> None:
+    """A line on stdout above the bar, flushed: a CI log shows it now, and a closed pipe stops the
+    watch here rather than at exit."""
+    bar.write(line, file=sys.stdout)
+    sys.stdout.flush()
 
 
 def cmd_evaluations_create(args: argparse.Namespace) -> int:
@@ -265,15 +428,38 @@ def _short(value: Any) -> str:
 # --- parser ---------------------------------------------------------------------------------------
 
 
+def plain(text: str) -> str:
+    """The module docstring's reST as plain text for --help (````name```` is shown as name)."""
+    return re.sub(r"``([^`]*)``", r"\1", text)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="artweb", description=__doc__.split("\n\n")[0])
+    paragraphs = (__doc__ or "").split("\n\n")
+    parser = argparse.ArgumentParser(
+        prog="artweb",
+        description=plain(paragraphs[0]),
+        epilog=plain("\n\n".join(paragraphs[1:3])),
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the examples keep their lines
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
 
-    login = commands.add_parser("login", help="check an API key and save it with the base URL")
-    login.add_argument(
-        "--base-url", help=f"artweb's address (default $ARTWEB_BASE_URL or {DEFAULT_BASE_URL})"
+    login = commands.add_parser(
+        "login",
+        help="check an API key and save it with the base URL",
+        description="Check a team API key against artweb and save it with the base URL. The key is"
+        " --api-key, else $ARTWEB_API_KEY, else read from standard input: its first line when"
+        ' piped (echo "$KEY" | artweb login --base-url URL), asked without echo at a terminal.',
     )
-    login.add_argument("--api-key", help="a team API key (default $ARTWEB_API_KEY, else asked)")
+    login.add_argument(
+        "--base-url",
+        "--url",
+        help=f"artweb's address (default $ARTWEB_BASE_URL or {DEFAULT_BASE_URL})",
+    )
+    login.add_argument(
+        "--api-key",
+        help="a team API key (default $ARTWEB_API_KEY, else standard input; a key on the command"
+        " line is visible to other local users in the process list)",
+    )
     login.set_defaults(handler=cmd_login)
 
     runs = commands.add_parser("runs", help="start and follow training runs").add_subparsers(
@@ -321,6 +507,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return run_command(argv)
+        finally:
+            # Flushed here, where a closed pipe is caught, rather than by the interpreter at exit,
+            # where it is a traceback. argparse's --help and usage errors come through here too.
+            sys.stdout.flush()
+    except BrokenPipeError:  # `artweb runs get 1 | head`: the reader is gone; stop quietly
+        silence_closed_output()
+        return EXIT_CLOSED_OUTPUT
+
+
+def run_command(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))
@@ -328,7 +527,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"artweb: {exc}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+
+
+def silence_closed_output() -> None:
+    """Point stdout and stderr at /dev/null: what is still buffered for the closed pipe would
+    otherwise be flushed at exit and fail there ("Exception ignored ... BrokenPipeError")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # no descriptor (a test's capture)
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
 
 
 def run() -> NoReturn:  # the console script
