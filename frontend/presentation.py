@@ -15,7 +15,6 @@ from django.http import HttpRequest
 
 from projects import catalog
 from projects.models import EnvironmentKind, EvaluationStatus
-from training.strict_json import loads_lenient
 
 # The per-step series the run page charts (key, caption), read from StepMetrics.metrics
 # (training/loop.py and training/trainer.py write these keys), except completion length, the mean
@@ -171,8 +170,10 @@ def _tool_calls(message: dict[str, Any]) -> list[dict[str, str]]:
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, indent=2)
         else:
-            with contextlib.suppress(ValueError, TypeError):
-                arguments = json.dumps(loads_lenient(arguments), indent=2)
+            # Past the int-digit limit json raises ValueError, past the recursion limit
+            # RecursionError: either way the viewer shows the text as stored.
+            with contextlib.suppress(ValueError, TypeError, RecursionError):
+                arguments = json.dumps(json.loads(arguments), indent=2)
         calls.append(
             {"name": str(function.get("name", "?")), "arguments": arguments, "id": str(call.get("id", ""))}
         )
