@@ -117,7 +117,12 @@ def _job_context(job: ScenarioJob) -> dict[str, Any]:
 @team_view()
 def scenario_job(request: TeamHttpRequest, job_id: int) -> HttpResponse:
     job = get_scoped(ScenarioJob, request, job_id)
-    return render(request, "frontend/scenario_job.html", _job_context(job))
+    context = _job_context(job)
+    if job.status == ScenarioJobStatus.SUCCEEDED and job.task_set_id is not None:
+        # A job that finished before its page first rendered: one poll, whose HX-Redirect
+        # (scenario_job_live) opens the task set as it would have mid-run.
+        context["active"] = True
+    return render(request, "frontend/scenario_job.html", context)
 
 
 @require_GET

@@ -107,6 +107,9 @@ def test_the_worker_records_progress_per_request_and_ends_with_the_task_set(
     )
     page = client.get(f"/scenario-jobs/{job.pk}/")
     assert "HX-Redirect" not in page and 'id="scenario-task-set"' in page.content.decode()
+    # Opened only after the job had finished (a fast worker): the page still polls once, so the
+    # browser moves on to the task set as it does mid-run (it used to stay on this page).
+    assert f'hx-get="/scenario-jobs/{job.pk}/live"' in page.content.decode()
 
 
 def test_a_job_without_a_valid_row_fails_with_the_per_row_errors(cast, alpha_setup, monkeypatch):
