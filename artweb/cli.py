@@ -212,6 +212,7 @@ def watch_run(client: Client, run_id: int, *, interval: float) -> int:
     history, last_event = read_list(client, f"runs/{run_id}/events/", after=None)
     metrics, last_metric = read_list(client, f"runs/{run_id}/metrics/", after=None)
     latest = metrics[-1] if metrics else None
+    steps_seen = len(metrics)  # one metrics row per finished step of this run
     rate = StepRate()
     bar = tqdm(
         total=run["total_steps"],
@@ -226,7 +227,9 @@ def watch_run(client: Client, run_id: int, *, interval: float) -> int:
         for line in history_lines(run, history):
             say(bar, line)
         while True:
-            bar.n = run["steps_done"]
+            # The metrics are read after the run, so they may already hold a step the run's
+            # steps_done does not count yet: the bar shows the later of the two.
+            bar.n = min(run["total_steps"], max(run["steps_done"], steps_seen))
             bar.set_postfix_str(progress_text(run, latest, rate))  # refreshes the bar
             if run["status"] in TERMINAL:
                 break
@@ -241,6 +244,7 @@ def watch_run(client: Client, run_id: int, *, interval: float) -> int:
             for row in metrics:
                 rate.add(row["created_at"])
                 latest = row
+            steps_seen += len(metrics)
     finally:
         bar.close()
     print_run_evaluations(client, run_id)
