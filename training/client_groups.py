@@ -96,9 +96,10 @@ class ClientChoice:
     prompt_token_ids: list[int] | None = None
     sampled_by: str | None = None
 
-    @property
-    def trainable(self) -> bool:
-        return self.logprobs is not None
+    def trains(self, without_logprobs: bool = False) -> bool:
+        """Trained on: it has logprobs, or (``without_logprobs``: ART's
+        allow_training_without_logprobs) the sampled ids, trained with the learner's own logprobs."""
+        return self.logprobs is not None or (without_logprobs and self.token_ids is not None)
 
 
 Item = dict[str, Any] | ClientChoice  # a message dict, or a choice
@@ -110,9 +111,8 @@ class ClientHistory:
     items: list[Item]
     tools: list[dict[str, Any]] | None  # OpenAI tool params, as the client sent them
 
-    @property
-    def trainable(self) -> bool:
-        return any(isinstance(item, ClientChoice) and item.trainable for item in self.items)
+    def trainable(self, without_logprobs: bool = False) -> bool:
+        return any(isinstance(item, ClientChoice) and item.trains(without_logprobs) for item in self.items)
 
     def messages(self) -> list[dict[str, Any]]:
         return [item.message if isinstance(item, ClientChoice) else item for item in self.items]
@@ -126,6 +126,9 @@ class ClientTrajectory:
     metrics: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     logs: list[str] = field(default_factory=list)
+
+    def trainable(self, without_logprobs: bool = False) -> bool:
+        return any(history.trainable(without_logprobs) for history in self.histories)
 
     def messages(self) -> list[dict[str, Any]]:
         """The main conversation as OpenAI messages (choices as assistant messages): what is stored."""
@@ -145,15 +148,30 @@ class ClientGroup:
 
 
 def parse_groups(
-    value: Any, *, path: str = "trajectory_groups", for_training: bool = True
+    value: Any,
+    *,
+    path: str = "trajectory_groups",
+    for_training: bool = True,
+    allow_without_logprobs: bool = False,
 ) -> list[ClientGroup]:
     """The upload's groups, checked (see the module doc); raises GroupError on the first problem.
-    ``for_training=False`` (logged groups) does not ask for a choice with logprobs."""
+
+    For training, at least one trajectory must have a choice to train on (with logprobs, or with
+    token ids when ``allow_without_logprobs``); the others are kept, and skipped and counted by the
+    job, as ART's backends do. ``for_training=False`` (logged groups) asks for none."""
     if not isinstance(value, list) or not value:
         raise GroupError(path, "must be a non-empty list of trajectory groups")
-    groups = [_group(raw, f"{path}[{index}]", for_training) for index, raw in enumerate(value)]
-    if not any(trajectory for group in groups for trajectory in group.trajectories):
+    groups = [_group(raw, f"{path}[{index}]") for index, raw in enumerate(value)]
+    trajectories = [trajectory for group in groups for trajectory in group.trajectories]
+    if not trajectories:
         raise GroupError(path, "holds no trajectories")
+    if for_training and not any(t.trainable(allow_without_logprobs) for t in trajectories):
+        raise GroupError(
+            path,
+            "no trajectory has a choice with logprobs, so there is nothing to train on: sample with "
+            "logprobs=True and put the returned choice (not only its message) in messages_and_choices, "
+            "or capture the exchange (with art.Trajectory())",
+        )
     return groups
 
 
@@ -172,7 +190,7 @@ def _optional(raw: dict[str, Any], key: str, kind: type, path: str, default: Any
     return value
 
 
-def _group(raw: Any, path: str, for_training: bool) -> ClientGroup:
+def _group(raw: Any, path: str) -> ClientGroup:
     raw = _object(raw, path)
     trajectories = raw.get("trajectories")
     if not isinstance(trajectories, list):
@@ -180,8 +198,7 @@ def _group(raw: Any, path: str, for_training: bool) -> ClientGroup:
     return ClientGroup(
         path=path,
         trajectories=[
-            _trajectory(item, f"{path}.trajectories[{index}]", for_training)
-            for index, item in enumerate(trajectories)
+            _trajectory(item, f"{path}.trajectories[{index}]") for index, item in enumerate(trajectories)
         ],
         exceptions=len(_optional(raw, "exceptions", list, path, [])),
         metadata=_optional(raw, "metadata", dict, path, {}),
@@ -189,22 +206,23 @@ def _group(raw: Any, path: str, for_training: bool) -> ClientGroup:
     )
 
 
-def _trajectory(raw: Any, path: str, for_training: bool) -> ClientTrajectory:
+def _trajectory(raw: Any, path: str) -> ClientTrajectory:
     raw = _object(raw, path)
+    # openpipe-art 0.5.23 dumps leave out every field at its default: a reward of 0.0 too.
     reward = raw.get("reward", 0.0)
     if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
         raise GroupError(f"{path}.reward", "must be a finite number")
-    histories = [_history(raw, path, "messages_and_choices")]
+    exchanges = _optional(raw, "exchanges", dict, path, {})
+    if any(exchanges.get(kind) for kind in ("chat_completions", "completions", "responses", "messages")):
+        if raw.get("messages_and_choices") or raw.get("additional_histories"):
+            raise GroupError(path, "holds both captured exchanges and messages_and_choices: send one")
+        histories = exchange_histories(exchanges, f"{path}.exchanges")
+    else:
+        histories = [_history(raw, path, "messages_and_choices")]
     extra = _optional(raw, "additional_histories", list, path, [])
     for index, history in enumerate(extra):
         histories.append(_history(_object(history, f"{path}.additional_histories[{index}]"),
                                   f"{path}.additional_histories[{index}]", "messages_and_choices"))  # fmt: skip
-    if for_training and not any(history.trainable for history in histories):
-        raise GroupError(
-            path,
-            "has no choice with logprobs, so nothing to train on: sample with logprobs=True and put "
-            "the returned choice (not only its message) in messages_and_choices",
-        )
     logs = _optional(raw, "logs", list, path, [])
     return ClientTrajectory(
         path=path,
@@ -214,6 +232,74 @@ def _trajectory(raw: Any, path: str, for_training: bool) -> ClientTrajectory:
         metadata=_optional(raw, "metadata", dict, path, {}),
         logs=[str(line) for line in logs],
     )
+
+
+def exchange_histories(exchanges: dict[str, Any], path: str) -> list[ClientHistory]:
+    """A trajectory captured by openpipe-art 0.5.23 (``with art.Trajectory(): ...``): its recorded
+    chat-completion exchanges as histories of messages and choices, the form ``messages_and_choices``
+    has. An exchange whose request continues the history so far (its messages are the earlier
+    request's and that request's answer) extends it; another starts a history of its own. Each
+    choice keeps the ids the server returned (``token_ids``, and the response's
+    ``prompt_token_ids`` when the choice has none), so it trains on exactly what was sampled."""
+    for kind in ("completions", "responses", "messages"):
+        if exchanges.get(kind):
+            raise GroupError(
+                f"{path}.{kind}",
+                "artweb trains on captured chat completions only (exchanges.chat_completions)",
+            )
+    recorded = exchanges.get("chat_completions")
+    if not isinstance(recorded, list):
+        raise GroupError(f"{path}.chat_completions", "must be a list of exchanges")
+    histories: list[tuple[list[dict[str, Any]], ClientHistory]] = []  # (messages as sent, history)
+    for index, exchange in enumerate(recorded):
+        where = f"{path}.chat_completions[{index}]"
+        exchange = _object(exchange, where)
+        request = _object(exchange.get("request"), f"{where}.request")
+        response = _object(exchange.get("response"), f"{where}.response")
+        messages = request.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise GroupError(f"{where}.request.messages", "must be a non-empty list of messages")
+        choices = response.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise GroupError(f"{where}.response.choices", "must be a non-empty list of choices")
+        for number, choice in enumerate(choices):
+            choice = dict(_object(choice, f"{where}.response.choices[{number}]"))
+            if choice.get(PROMPT_TOKEN_IDS) is None and response.get(PROMPT_TOKEN_IDS) is not None:
+                choice[PROMPT_TOKEN_IDS] = response[PROMPT_TOKEN_IDS]
+            continued = next(
+                (h for sent, h in histories if len(choices) == 1 and _continues(messages, sent)), None
+            )
+            if continued is not None:
+                sent = next(sent for sent, h in histories if h is continued)
+                for message in messages[len(sent) :]:
+                    continued.items.append(dict(_object(message, f"{where}.request.messages")))
+                continued.items.append(_choice(choice, f"{where}.response.choices[{number}]"))
+                sent[:] = [*messages, {"role": "assistant"}]
+                _check_messages(continued, "exchanges")
+                continue
+            history = _history(
+                {"messages_and_choices": [*messages, choice], "tools": request.get("tools")},
+                where,
+                "messages_and_choices",
+            )
+            histories.append(([*messages, {"role": "assistant"}], history))
+    return [history for _, history in histories]
+
+
+def _continues(messages: list[Any], sent: list[dict[str, Any]]) -> bool:
+    """Whether ``messages`` begin with ``sent`` (a history's requests so far, its answers as bare
+    assistant placeholders: any assistant message stands for the answer the client carried over)."""
+    if len(messages) <= len(sent):
+        return False
+    for message, earlier in zip(messages, sent, strict=False):
+        if not isinstance(message, dict):
+            return False
+        if earlier == {"role": "assistant"}:
+            if message.get("role") != "assistant":
+                return False
+        elif message != earlier:
+            return False
+    return True
 
 
 def _history(raw: dict[str, Any], path: str, key: str) -> ClientHistory:
@@ -371,10 +457,12 @@ class TrajectoryTokenizer:
         *,
         accepts_model: Callable[[str], bool] | None = None,
         max_length: int | None = None,
+        allow_without_logprobs: bool = False,
     ) -> None:
         from training.agent import template_supports_tools
 
         self.tokenizer = tokenizer
+        self.without_logprobs = allow_without_logprobs
         self.accepts_model = accepts_model
         self.max_length = max_length
         self.native_tools = template_supports_tools(tokenizer)
@@ -402,13 +490,17 @@ class TrajectoryTokenizer:
 
     def _segments(self, history: ClientHistory, result: TokenizedTrajectory) -> list[_Segment]:
         last = max(
-            (i for i, item in enumerate(history.items) if isinstance(item, ClientChoice) and item.trainable),
+            (
+                i
+                for i, item in enumerate(history.items)
+                if isinstance(item, ClientChoice) and item.trains(self.without_logprobs)
+            ),
             default=-1,
         )
         segments: list[_Segment] = []
         current: _Segment | None = None
         for index, item in enumerate(history.items[: last + 1]):
-            if not isinstance(item, ClientChoice) or not item.trainable:
+            if not isinstance(item, ClientChoice) or not item.trains(self.without_logprobs):
                 continue  # context: it reaches the samples through the next choice's prompt
             prompt = self._sampler_prompt(history, index, item, result)
             ids, source = self._sampled_ids(item)
@@ -421,7 +513,8 @@ class TrajectoryTokenizer:
                     segments.append(current)
                     result.splits += 1
                 current = _Segment(prompt=prompt)
-            current.add(ids, item.logprobs)
+            # Trained without logprobs (allow_training_without_logprobs): NaN, the learner's own.
+            current.add(ids, item.logprobs if item.logprobs is not None else [math.nan] * len(ids))
         if current is not None:
             segments.append(current)
         return segments

@@ -1,6 +1,9 @@
-"""One training step on a client's scored trajectory groups (OpenPipe ART's protocol), top to bottom:
+"""One training job on a client's scored trajectory groups (OpenPipe ART's protocol), top to bottom:
 load the policy at the model's latest checkpoint, tokenize the groups on the exact ids that were
-sampled (training.client_groups), compute ART's group advantages, one update, save checkpoint N+1.
+sampled (training.client_groups), compute ART's group advantages, pack the trajectories into
+sequences by ART's rule and take one optimizer step per sequence with ART's loss
+(training.art_update, training.art_loss), save checkpoint N+1. A job is one *model* step (one
+checkpoint) made of ``num_sequences`` *optimizer* steps, as on ART's own backends.
 
 No Django: the caller (projects.jobs.training_jobs) records the checkpoint, the step's metrics and
 trajectories, and only then tells the client the step is over. The checkpoint files are complete
@@ -8,7 +11,8 @@ trajectories, and only then tells the client the step is over. The checkpoint fi
 
 Advantages as ART computes them: reward minus the group's mean, divided by the group's population
 std (+1e-6) unless ``scale_rewards`` is off; a trajectory whose advantage is zero (a zero-variance
-group, or one exactly at its group's mean) is dropped. The step advances even when nothing is
+group, or one exactly at its group's mean) is dropped, and so is one with no choice to train on
+(no logprobs; counted: ``num_trajectories_without_logprobs``). The step advances even when nothing is
 left to train on (``num_groups_trainable`` 0): the checkpoint is saved unchanged, as ART does.
 """
 
@@ -18,16 +22,19 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from training.art_config import ArtOptions
+from training.art_loss import art_shaped_advantages, art_token_weights
+from training.art_update import BASE_MODEL, Sequenced, art_update
 from training.client_groups import ClientGroup, ClientTrajectory, TokenizedTrajectory, TrajectoryTokenizer
-from training.config import LoraSpec, TrainConfig
+from training.config import ConfigError, LoraSpec, TrainConfig
 from training.cost import device_usage
 from training.grpo import compute_advantages
 from training.loop import checkpoint_path, load_policy_model
-from training.trajectory import TrainSample
+from training.packing import plan_sequences
 
 # An advantage this close to zero is zero: the trajectory carries no signal (ART drops it).
 ZERO_ADVANTAGE = 1e-9
@@ -44,6 +51,8 @@ class ClientStepSpec:
     from_step: int  # the model's latest checkpoint; this step saves from_step + 1
     resume_from: Path | None  # its directory; None: the untrained adapter (step 0 has no files)
     accepts_model: Callable[[str], bool] | None = None  # see TrajectoryTokenizer
+    options: ArtOptions = field(default_factory=ArtOptions)
+    reference_dir: Path | None = None  # the KL reference checkpoint's folder (options.reference_step > 0)
     device: str = "cpu"
     unsloth: str = "auto"
 
@@ -61,71 +70,14 @@ class ClientStepResult:
     step: int
     path: Path
     metrics: dict[str, float]  # artweb's names (StepMetrics: the dashboard's charts)
-    art_metrics: dict[str, float]  # ART's canonical names (the client's gradient_step event)
+    events: list[dict[str, float]]  # one per optimizer step: the client's gradient_step events (ART's names)
     trajectories: list[ScoredTrajectory]
 
 
 class ClientStepHooks(Protocol):
     def started(self, *, num_sequences: int) -> None:
-        """The groups tokenized: the update begins (the client's ``training_started``)."""
-
-
-# ART's experimental_config keys (art/serverless/client.py ExperimentalTrainingConfig). Each is
-# mapped onto TrainConfig or refused: a value artweb cannot honour is never silently ignored.
-EXPERIMENTAL_KEYS = (
-    "advantage_balance", "epsilon", "epsilon_high", "importance_sampling_level", "kimi_k2_tau",
-    "learning_rate", "mask_prob_ratio", "max_negative_advantage_importance_sampling_weight", "ppo",
-    "precalculate_logprobs", "scale_rewards",
-)  # fmt: skip
-# Off in ART by default; artweb's objective has no such term, so only the "off" value is accepted.
-_ONLY_OFF: dict[str, tuple[Any, str]] = {
-    "advantage_balance": (0.0, "0.0 (balanced)"),
-    "kimi_k2_tau": (None, "null"),
-    "mask_prob_ratio": (False, "false"),
-    "max_negative_advantage_importance_sampling_weight": (None, "null"),
-    "precalculate_logprobs": (False, "false (the sampler's logprobs are used)"),
-}
-
-
-def art_train_config(experimental: dict[str, Any] | None) -> TrainConfig:
-    """The TrainConfig of one client step for ART's ``experimental_config``.
-
-    None means "ART's default". ``ppo`` picks the objective with ART's clip defaults: PPO's
-    clipped surrogate (epsilon 0.2) or, ART's default, CISPO (clipped IS weight, epsilon 1.0,
-    epsilon_high 4.0). Raises training.config.ConfigError naming the key it cannot honour.
-    """
-    from training.config import ConfigError
-
-    experimental = experimental or {}
-    if not isinstance(experimental, dict):
-        raise ConfigError("experimental_config", "must be an object or null")
-    for key in experimental:
-        if key not in EXPERIMENTAL_KEYS:
-            raise ConfigError(str(key), "unknown experimental_config key")
-    for key, (off, shown) in _ONLY_OFF.items():
-        value = experimental.get(key)
-        if value is not None and value != off:
-            raise ConfigError(key, f"artweb cannot honour {value!r}: only {shown} is supported")
-    ppo = experimental.get("ppo")
-    if ppo is not None and not isinstance(ppo, bool):
-        raise ConfigError("ppo", "expected a boolean")
-    level = experimental.get("importance_sampling_level")
-    if level not in (None, "token", "sequence"):
-        raise ConfigError(
-            "importance_sampling_level", f"artweb cannot honour {level!r}: token and sequence are supported"
-        )
-    values: dict[str, Any] = {
-        "steps": 1,
-        "loss_type": "ppo" if ppo else "cispo",
-        "epsilon": 0.2 if ppo else 1.0,
-        "epsilon_high": None if ppo else 4.0,
-        "normalization": "sequence",
-    }
-    renamed = {"importance_sampling_level": "importance_level"}
-    for key in ("learning_rate", "epsilon", "epsilon_high", "scale_rewards", "importance_sampling_level"):
-        if experimental.get(key) is not None:
-            values[renamed.get(key, key)] = experimental[key]
-    return TrainConfig(**values)
+        """The groups tokenized and packed: ``num_sequences`` optimizer steps begin (the client's
+        ``training_started``)."""
 
 
 def art_advantages(rewards: list[list[float]], *, scale: bool) -> list[list[float]]:
@@ -152,21 +104,36 @@ def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientSte
     load_seconds = time.monotonic() - started
 
     started = time.monotonic()
-    max_length = getattr(getattr(base_model, "config", None), "max_position_embeddings", None)
-    tokenize = TrajectoryTokenizer(tokenizer, accepts_model=spec.accepts_model, max_length=max_length)
+    options = spec.options
+    model_max = getattr(getattr(base_model, "config", None), "max_position_embeddings", None)
+    tokenize = TrajectoryTokenizer(
+        tokenizer,
+        accepts_model=spec.accepts_model,
+        max_length=model_max,
+        allow_without_logprobs=options.allow_training_without_logprobs,
+    )
     rewards = [[t.reward for t in group.trajectories] for group in spec.groups]
     advantages = art_advantages(rewards, scale=spec.config.scale_rewards)
     scored: list[ScoredTrajectory] = []
-    samples: list[tuple[TrainSample, float]] = []
     for group_index, (group, group_advantages) in enumerate(zip(spec.groups, advantages, strict=True)):
         for trajectory, advantage in zip(group.trajectories, group_advantages, strict=True):
             # Every trajectory is tokenized, trained on or not: a bad one fails the job either way.
-            tokenized = tokenize.tokenize(trajectory)
-            scored.append(ScoredTrajectory(group_index, trajectory, tokenized, advantage))
-            if advantage != 0.0:
-                samples.extend((sample, advantage) for sample in tokenized.samples)
-    hooks.started(num_sequences=1)  # one update: the client counts gradient steps by it
-    update = trainer.train_samples(samples)
+            scored.append(ScoredTrajectory(group_index, trajectory, tokenize.tokenize(trajectory), advantage))
+    job, counts = _sequenced(scored, options, model_max)
+    rows = plan_sequences(job.samples, counts.sequence_length) if job.samples else []
+    hooks.started(num_sequences=len(rows))
+    reference_step = options.reference_step(spec.from_step)
+    reference: Path | str | None = None
+    if reference_step is not None:
+        reference = BASE_MODEL if reference_step == 0 else spec.reference_dir
+        if reference is None:
+            raise ConfigError(
+                "kl_penalty_reference_step", f"the model has no checkpoint at step {reference_step}"
+            )
+    update, sequence_metrics = art_update(
+        trainer, job, rows, options, learning_rate=spec.config.learning_rate,
+        reward_std=_mean_group_std(rewards), reference=reference,
+    )  # fmt: skip
     update_seconds = time.monotonic() - started
 
     started = time.monotonic()
@@ -175,13 +142,76 @@ def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientSte
     if path.exists():  # left by a worker that died before recording it
         shutil.rmtree(path)
     metrics = _step_metrics(spec, scored, rewards, advantages, update)
+    metrics.update(counts.metrics())
     trainer.save_checkpoint(path, step=step, metrics=metrics)
     metrics.update(load_seconds=load_seconds, update_seconds=update_seconds,
                    save_seconds=time.monotonic() - started)  # fmt: skip
     # The job's whole wall clock on this worker (load, update, save) is what the step cost.
     worker_seconds = load_seconds + update_seconds + metrics["save_seconds"]
     metrics.update(device_usage(spec.device, worker_seconds))
-    return ClientStepResult(step, path, metrics, art_metrics(metrics), scored)
+    events = [art_metrics(sequence) for sequence in sequence_metrics]
+    if events:  # the job's own figures ride on its last gradient_step, as ART's last one carries them
+        events[-1] = {**art_metrics(metrics), **events[-1]}
+    else:
+        events = [art_metrics(metrics)]
+    return ClientStepResult(step, path, metrics, events, scored)
+
+
+@dataclass
+class _Counts:
+    sequence_length: int = 0
+    without_logprobs: int = 0
+    too_long: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "packed_sequence_length": float(self.sequence_length),
+            "num_trajectories_without_logprobs": float(self.without_logprobs),
+            "num_trajectories_too_long": float(self.too_long),
+        }
+
+
+def _sequenced(
+    scored: list[ScoredTrajectory], options: ArtOptions, model_max: int | None
+) -> tuple[Sequenced, _Counts]:
+    """The job's trainable samples with ART's weights and shaped advantages (training.art_loss):
+    trajectories with a non-zero advantage and something to train on, none longer than the
+    packed sequence (ART drops those, as here, and says how many)."""
+    counts = _Counts()
+    kept: list[ScoredTrajectory] = []
+    for item in scored:
+        if not item.tokenized.samples:
+            counts.without_logprobs += 1
+        elif item.advantage != 0.0:
+            kept.append(item)
+    longest = max((len(s.prompt_token_ids) + len(s.completion_token_ids)
+                   for item in kept for s in item.tokenized.samples), default=1)  # fmt: skip
+    counts.sequence_length = options.sequence_length(longest, model_max)
+    fitting = []
+    for item in kept:
+        if any(len(s.prompt_token_ids) + len(s.completion_token_ids) > counts.sequence_length
+               for s in item.tokenized.samples):  # fmt: skip
+            counts.too_long += 1
+        else:
+            fitting.append(item)
+    lengths = [item.tokenized.trainable_tokens for item in fitting]
+    weights = art_token_weights(lengths)
+    shaped = art_shaped_advantages(
+        [item.advantage for item in fitting], lengths, weights, balance=options.advantage_balance
+    )
+    job = Sequenced(samples=[], advantages=[], weights=[], trajectory=[])
+    for index, (item, weight, advantage) in enumerate(zip(fitting, weights, shaped, strict=True)):
+        for sample in item.tokenized.samples:
+            job.samples.append(sample)
+            job.advantages.append(advantage)
+            job.weights.append(weight)
+            job.trajectory.append(index)
+    return job, counts
+
+
+def _mean_group_std(rewards: list[list[float]]) -> float:
+    stds = [statistics.pstdev(group) for group in rewards if len(group) > 1]
+    return statistics.fmean(stds) if stds else 0.0
 
 
 def _step_metrics(
@@ -225,8 +255,14 @@ ART_NAMES = {
     "num_groups_trainable": "num_groups_trainable",
     "num_trajectories": "num_trajectories",
     "trainable_tokens": "num_trainable_tokens",
-    "clip_fraction": "clip_fraction",
+    "kl_policy_ref": "kl_policy_ref",
+    "clip_fraction": "loss/clipped_token_fraction",
+    "ratio_mean": "loss/importance_ratio_mean",
     "exact_token_fraction": "exact_token_fraction",
+    "num_trajectories_without_logprobs": "data/step_num_trajectories_without_logprobs",
+    "num_trajectories_too_long": "data/step_num_trajectories_too_long",
+    "gradient_steps": "data/step_num_gradient_steps",
+    "packed_sequence_length": "data/packed_sequence_length",
 }
 # Names with a "/" pass through the client unchanged.
 ART_TIMES = {

@@ -224,3 +224,69 @@ def padded_positions(samples: Sequence[TrainSample], budget: int) -> tuple[int, 
     positions += width * count
     padding += width * count - used
     return positions, padding
+
+
+def plan_sequences(samples: Sequence[TrainSample], seq_len: int) -> list[list[int]]:
+    """ART's packing rule (art/preprocessing/pack.py, prefix-tree packing with results packed):
+    the samples' indices in packed sequences of at most ``seq_len`` tokens, one optimizer step each.
+
+    A sample costs its prompt once per sequence (samples with the same prompt share it) plus all
+    its completion tokens. Samples are taken group by group (a group: one prompt), groups with the
+    costliest sample first, each placed best-fit (the sequence it leaves the least room in), a new
+    sequence when none has room. A sample longer than ``seq_len`` is the caller's to drop (ART
+    drops it with a warning). The order of the sequences is ART's too: shuffled with the number
+    of sequences as the seed.
+    """
+    import random
+
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for index, sample in enumerate(samples):
+        by_prompt.setdefault(tuple(sample.prompt_token_ids), []).append(index)
+
+    def cost(index: int) -> int:
+        return len(samples[index].prompt_token_ids) + len(samples[index].completion_token_ids)
+
+    groups = sorted(by_prompt.items(), key=lambda item: max(cost(i) for i in item[1]), reverse=True)
+    rows: list[list[int]] = []
+    used: list[int] = []
+    prompts: list[set[tuple[int, ...]]] = []
+    for prompt, members in groups:
+        for index in members:
+            if cost(index) > seq_len:
+                raise ValueError(f"sample {index} is {cost(index)} tokens, over {seq_len}")
+            best, room = None, seq_len + 1
+            for row, count in enumerate(used):
+                delta = len(samples[index].completion_token_ids) + (
+                    0 if prompt in prompts[row] else len(prompt)
+                )
+                if count + delta <= seq_len and seq_len - count - delta < room:
+                    best, room = row, seq_len - count - delta
+            if best is None:
+                rows.append([])
+                used.append(0)
+                prompts.append(set())
+                best = len(rows) - 1
+            used[best] += len(samples[index].completion_token_ids) + (
+                0 if prompt in prompts[best] else len(prompt)
+            )
+            prompts[best].add(prompt)
+            rows[best].append(index)
+    random.Random(len(rows)).shuffle(rows)
+    return rows
+
+
+def build_sequence(
+    members: list[int],
+    samples: Sequence[TrainSample],
+    advantages: Sequence[float],
+    *,
+    mask_dtype: torch.dtype = torch.float32,
+) -> PackedRow:
+    """One packed sequence of ``plan_sequences`` as a PackedRow (a unit per prompt)."""
+    units: dict[tuple[int, ...], Unit] = {}
+    for index in members:
+        prompt = tuple(samples[index].prompt_token_ids)
+        unit = units.setdefault(prompt, Unit(list(prompt), [], []))
+        unit.members.append(index)
+        unit.lengths.append(completion_inputs(samples[index]))
+    return build_row(list(units.values()), samples, advantages, mask_dtype=mask_dtype)

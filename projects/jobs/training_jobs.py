@@ -18,6 +18,7 @@ from projects import selectors, services
 from projects.jobs.claimed import Claimed, Job, readable
 from projects.models import TrainableModel, TrainingJob
 from projects.storage import checkpoint_local_dir, checkpoint_upload
+from training.art_config import ArtOptions
 from training.client_groups import GroupError, parse_groups
 from training.client_step import ClientStepSpec, ScoredTrajectory, train_client_step
 from training.config import ConfigError, LoraSpec, TrainConfig
@@ -34,16 +35,32 @@ def accepts_model(model: TrainableModel) -> Callable[[str], bool]:
 def build_step_spec(job: TrainingJob) -> ClientStepSpec:
     model = job.model
     latest = selectors.checkpoint_latest(model=model)
+    config = dict(job.config)
+    options = ArtOptions.from_dict(config.pop(services.ART_OPTIONS, {}))
+    from_step = latest.step if latest else 0
+    reference_step = options.reference_step(from_step)
+    reference_dir = None
+    if reference_step:
+        reference = selectors.checkpoint_at(model=model, step=reference_step)
+        if reference is None:
+            raise ConfigError(
+                "kl_penalty_reference_step",
+                f"the model has no checkpoint at step {reference_step} (deleted, or not made yet) "
+                "to compare with",
+            )
+        reference_dir = checkpoint_local_dir(reference)
     return ClientStepSpec(
         base_model_source=model.base_model.source,
         model_cache_dir=settings.MODEL_CACHE_DIR,
         checkpoint_root=settings.CHECKPOINT_DIR / f"model-{model.pk}",
-        config=TrainConfig.from_dict(job.config),
+        config=TrainConfig.from_dict(config),
         lora=LoraSpec.from_dict(model.lora),
-        groups=parse_groups(job.groups),
-        from_step=latest.step if latest else 0,
+        groups=parse_groups(job.groups, allow_without_logprobs=options.allow_training_without_logprobs),
+        from_step=from_step,
         resume_from=checkpoint_local_dir(latest) if latest is not None else None,
         accepts_model=accepts_model(model),
+        options=options,
+        reference_dir=reference_dir,
         device=settings.TRAINING_DEVICE,
         unsloth=settings.TRAINING_UNSLOTH,
     )
@@ -118,7 +135,10 @@ def _train(claimed: Claimed[TrainingJob]) -> str:
         checkpoint_path=str(result.path),
         stored=stored,
         metrics=metrics,
-        art_metrics={**result.art_metrics, "time/step_queue_wait_s": metrics["queue_seconds"]},
+        events=[
+            *result.events[:-1],
+            {**result.events[-1], "time/step_queue_wait_s": metrics["queue_seconds"]},
+        ],
         trajectories=trajectory_records(result.trajectories),
     )
     return "succeeded" if recorded else "lost"

@@ -67,6 +67,7 @@ from projects.selectors.runs import (
     runs_search,
 )
 from projects.selectors.steps import (
+    checkpoint_at,
     checkpoint_exists,
     checkpoint_latest,
     run_checkpoints,
@@ -129,6 +130,7 @@ __all__ = [
     "run_task_row_items",
     "trajectory_group",
     "checkpoint_latest",
+    "checkpoint_at",
     "checkpoint_exists",
     "reward_definitions_latest",
     "reward_definition_versions",

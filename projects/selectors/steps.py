@@ -130,6 +130,10 @@ def checkpoint_latest(*, model: TrainableModel) -> Checkpoint | None:
     return Checkpoint.objects.filter(model=model).order_by("-step").first()
 
 
+def checkpoint_at(*, model: TrainableModel, step: int) -> Checkpoint | None:
+    return Checkpoint.objects.filter(model=model, step=step).first()
+
+
 def checkpoint_exists(*, model: TrainableModel, step: int) -> bool:
     """Whether checkpoint ``step`` has files to resume from (a client model's step 0 has none:
     it is the untrained adapter, see Checkpoint)."""

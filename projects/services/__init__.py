@@ -145,6 +145,7 @@ from projects.services.teams import (
     team_create,
 )
 from projects.services.training_jobs import (
+    ART_OPTIONS,
     TRAINING_JOB_TRANSITIONS,
     client_log_record,
     client_model_delete,
@@ -162,6 +163,7 @@ from projects.services.training_jobs import (
 )
 
 __all__ = [
+    "ART_OPTIONS",
     "check_slug",
     "json_text_read",
     "jsonb_safe",

@@ -53,13 +53,16 @@ from projects.services.projects import trainable_model_create
 from projects.services.runs import ACTIVE_STATUSES, run_event_add
 from projects.services.steps import TrajectoryRecord, checkpoint_record, step_rows_write
 from projects.storage import StoredObject
+from training.art_config import art_job_config
 from training.client_groups import GroupError, parse_groups
-from training.client_step import art_train_config
 from training.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
 UNFINISHED = (TrainingJobStatus.QUEUED, TrainingJobStatus.RUNNING)
+# A job's config: its TrainConfig's keys, and ART's options (training.art_config) under this one.
+ART_OPTIONS = "art"
+
 TRAINING_JOB_TRANSITIONS: dict[str, set[str]] = {
     TrainingJobStatus.QUEUED: {TrainingJobStatus.RUNNING, TrainingJobStatus.FAILED},
     # running → running: a worker taking over a job whose worker stopped heartbeating.
@@ -141,7 +144,7 @@ def _client_run(model: TrainableModel) -> Run:
         kind=RunKind.CLIENT,
         project=model.project,
         model=model,
-        config=art_train_config(None).to_dict(),
+        config=art_job_config(None)[0].to_dict(),
         status=RunStatus.RUNNING,
         start_step=step,
         current_step=step,
@@ -213,7 +216,7 @@ def training_job_create(
     """Queue one step on ``trajectory_groups`` (checked here: a bad upload is a 400 naming its
     place); 409 while a platform run trains the model."""
     try:
-        config = art_train_config(experimental_config)
+        config, options = art_job_config(experimental_config)
     except ConfigError as exc:
         field = (
             "experimental_config"
@@ -222,7 +225,9 @@ def training_job_create(
         )
         raise ValidationFailed(exc.message, field=field) from exc
     try:
-        groups = parse_groups(trajectory_groups)
+        groups = parse_groups(
+            trajectory_groups, allow_without_logprobs=options.allow_training_without_logprobs
+        )
     except GroupError as exc:
         raise ValidationFailed(exc.message, field=exc.path) from exc
     with transaction.atomic():
@@ -238,7 +243,7 @@ def training_job_create(
             model=model,
             run=client_run,
             groups=jsonb_safe(trajectory_groups),
-            config=config.to_dict(),
+            config={**config.to_dict(), ART_OPTIONS: options.to_dict()},
             created_by=created_by,
         )
         trajectories = sum(len(group.trajectories) for group in groups)
@@ -352,7 +357,7 @@ def training_job_finish(
     step: int,
     checkpoint_path: str,
     metrics: dict[str, Any],
-    art_metrics: dict[str, float],
+    events: list[dict[str, float]],
     stored: StoredObject | None = None,
     trajectories: list[TrajectoryRecord],
 ) -> bool:
@@ -377,7 +382,7 @@ def training_job_finish(
         run.current_step = step
         run.total_steps = step - run.start_step
         run.heartbeat_at = timezone.now()
-        run.config = locked.config
+        run.config = {k: v for k, v in locked.config.items() if k != ART_OPTIONS}
         run.save(update_fields=["current_step", "total_steps", "heartbeat_at", "config"])
         run_event_add(
             run=run,
@@ -392,9 +397,13 @@ def training_job_finish(
             to=TrainingJobStatus.SUCCEEDED,
             updates={"step": step, "metrics": metrics, "groups": []},  # the trajectories are stored now
         )
-        training_job_event_add(
-            job=locked, type=TrainingJobEventType.GRADIENT_STEP, message=f"Step {step}", data=art_metrics
-        )
+        for index, data in enumerate(events, start=1):  # one per optimizer step, as ART's backends send
+            training_job_event_add(
+                job=locked,
+                type=TrainingJobEventType.GRADIENT_STEP,
+                message=f"Step {step}: optimizer step {index} of {len(events)}",
+                data=data,
+            )
         training_job_event_add(
             job=locked,
             type=TrainingJobEventType.TRAINING_ENDED,

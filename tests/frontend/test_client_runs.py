@@ -38,7 +38,7 @@ def trained(cast):
     metrics = {"reward_mean": 0.5, "reward_std": 0.5, "loss": 0.1, "grad_norm": 0.2, "entropy": 1.0,
                "kl": 0.0, "clip_fraction": 0.0, "zero_variance_fraction": 0.0}  # fmt: skip
     assert services.training_job_finish(job=job, worker="w", step=1, checkpoint_path="/nowhere/step-000001",
-                                        metrics=metrics, art_metrics={"loss": 0.1}, trajectories=records)  # fmt: skip
+                                        metrics=metrics, events=[{"loss": 0.1}], trajectories=records)  # fmt: skip
     return model, run
 
 

@@ -283,8 +283,15 @@ MALFORMED = [
     ("a tool message without its call id", lambda g: _set(g, ["trajectories", 0, "messages_and_choices", 0],
                                                           {"role": "tool", "content": "5"}),
      f"{T0}.messages_and_choices[0].tool_call_id", "tool_call_id"),
-    ("no logprobs", lambda g: _set(g, ["trajectories", 0, "messages_and_choices", 1, "logprobs"], None),
-     T0, "no choice with logprobs"),
+    ("no logprobs anywhere", lambda g: _set(_set(g, ["trajectories", 0, "messages_and_choices", 1, "logprobs"], None)[0],
+                                            ["trajectories", 1, "messages_and_choices", 1, "logprobs"], None),
+     "trajectory_groups", "no trajectory has a choice with logprobs"),
+    ("two kinds of trajectory", lambda g: _set(g, ["trajectories", 0, "exchanges"],
+                                               {"chat_completions": [{"request": {}, "response": {}}]}),
+     T0, "both captured exchanges and messages_and_choices"),
+    ("an exchange of another protocol", lambda g: _set(_set(g, ["trajectories", 0, "messages_and_choices"], [])[0],
+                                                       ["trajectories", 0, "exchanges"], {"responses": [{}]}),
+     f"{T0}.exchanges.responses", "chat completions only"),
     ("a logprob that is not a number", lambda g: _set(
         g, ["trajectories", 0, "messages_and_choices", 1, "logprobs", "content", 0, "logprob"], None),
      f"{T0}.messages_and_choices[1].logprobs.content[0].logprob", "finite"),
@@ -368,3 +375,67 @@ def test_the_gateway_annotation_keeps_the_top_level_prompt_only_when_asked():
         1,
         2,
     ]
+
+
+# ------------------------------------------------------------------------------------ ART 0.5.23
+
+
+def test_a_trajectory_without_logprobs_is_kept_for_the_job_to_skip_and_with_arts_flag_is_trained(tokenizer):
+    sampler = Sampler(tokenizer)
+    prompt = [{"role": "user", "content": "Hi"}]
+    bare = sampler.choice(prompt, "hello")
+    bare["logprobs"] = None
+    raw = [group(trajectory([*prompt, bare], 1.0), trajectory([*prompt, sampler.choice(prompt, "bye")], 0.0))]
+    kept, trained = parse_groups(raw)[0].trajectories
+    assert not kept.trainable() and trained.trainable()
+    assert TrajectoryTokenizer(tokenizer).tokenize(kept).samples == []
+    # allow_training_without_logprobs: the sampled ids are trained, their old logprobs unknown (NaN).
+    (sample,) = TrajectoryTokenizer(tokenizer, allow_without_logprobs=True).tokenize(kept).samples
+    assert sample.completion_token_ids == sampler.sampled[0]["ids"]
+    assert sample.completion_mask == [1] * len(sampler.sampled[0]["ids"])
+    assert all(value != value for value in sample.completion_logprobs)  # NaN
+    with pytest.raises(GroupError, match="no trajectory has a choice"):
+        parse_groups([group(trajectory([*prompt, bare], 1.0))])
+    assert parse_groups([group(trajectory([*prompt, bare], 1.0))], allow_without_logprobs=True)
+
+
+def captured(requests_and_choices: list[tuple[list[dict], dict]], reward: float | None = None) -> dict:
+    """A trajectory as openpipe-art 0.5.23 dumps a captured one: exchanges, defaults left out."""
+    exchanges = [
+        {"start_time": "2026-12-01T00:00:00Z", "end_time": "2026-12-01T00:00:01Z", "model": MODEL,
+         "request": {"model": MODEL, "messages": messages, "logprobs": True, "return_token_ids": True},
+         "response": {"id": "chatcmpl-x", "object": "chat.completion", "created": 0, "model": MODEL,
+                      "choices": [{**choice, "art_completion_tokens": choice.get("token_ids")}]}}
+        for messages, choice in requests_and_choices
+    ]  # fmt: skip
+    return {"exchanges": {"chat_completions": exchanges}, **({} if reward is None else {"reward": reward})}
+
+
+def test_captured_exchanges_train_exactly_like_messages_and_choices(tokenizer):
+    sampler = Sampler(tokenizer)
+    prompt = [{"role": "user", "content": "Hi"}]
+    first = sampler.choice(prompt, "hello")
+    conversation = [*prompt, message_of(first), {"role": "user", "content": "Again"}]
+    second = sampler.choice(conversation, "hello again")
+    legacy = parse_groups([group(trajectory([*conversation[:1], first, conversation[2], second], 1.0))])
+    exchanged = parse_groups([{"trajectories": [captured([(prompt, first), (conversation, second)], 1.0)]}])
+    expected = TrajectoryTokenizer(tokenizer).tokenize(legacy[0].trajectories[0])
+    got = TrajectoryTokenizer(tokenizer).tokenize(exchanged[0].trajectories[0])
+    assert len(got.samples) == 1 and got.token_source == "gateway"
+    assert (
+        all_spans(got)
+        == all_spans(expected)
+        == [(sampled["prompt"], sampled["ids"], sampled["logprobs"]) for sampled in sampler.sampled]
+    )
+    # A default left out of the dump reads as its default: no "reward" is 0.0.
+    assert parse_groups([{"trajectories": [captured([(prompt, first)])]}])[0].trajectories[0].reward == 0.0
+
+
+def test_an_exchange_that_does_not_continue_the_history_starts_its_own(tokenizer):
+    sampler = Sampler(tokenizer)
+    one, two = [{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Other"}]
+    parsed = parse_groups([{"trajectories": [captured([(one, sampler.choice(one, "a")),
+                                                       (two, sampler.choice(two, "b"))], 1.0)]}])  # fmt: skip
+    (item,) = parsed[0].trajectories
+    assert len(item.histories) == 2
+    assert len(TrajectoryTokenizer(tokenizer).tokenize(item).samples) == 2

@@ -62,8 +62,9 @@ def test_a_client_step_counts_its_whole_wall_clock_as_device_seconds(tiny_model_
     from transformers import AutoTokenizer
 
     from tests.training.test_client_groups import Sampler, group, trajectory
+    from training.art_config import art_job_config
     from training.client_groups import parse_groups
-    from training.client_step import ClientStepSpec, art_train_config, train_client_step
+    from training.client_step import ClientStepSpec, train_client_step
 
     sampler = Sampler(AutoTokenizer.from_pretrained(str(tiny_model_dir)))
     prompt = [{"role": "user", "content": "Hi"}]
@@ -76,7 +77,7 @@ def test_a_client_step_counts_its_whole_wall_clock_as_device_seconds(tiny_model_
 
     spec = ClientStepSpec(
         base_model_source=str(tiny_model_dir), model_cache_dir=tmp_path / "cache",
-        checkpoint_root=tmp_path / "checkpoints", config=art_train_config({}), lora=LoraSpec(rank=2, alpha=4),
+        checkpoint_root=tmp_path / "checkpoints", config=art_job_config({})[0], lora=LoraSpec(rank=2, alpha=4),
         groups=parse_groups(raw), from_step=0, resume_from=None,
     )  # fmt: skip
     metrics = train_client_step(spec, ClientHooks()).metrics
