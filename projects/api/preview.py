@@ -239,13 +239,16 @@ class PreviewViewSet(TeamViewSet):
         return user if isinstance(user, User) else None
 
 
-def _model_body(model: TrainableModel, run: Run | None) -> dict[str, Any]:
+def _model_body(
+    model: TrainableModel, run: Run | None, *, project: str | None = None, name: str | None = None
+) -> dict[str, Any]:
+    """``project`` and ``name``: as the client sent them (stored as their slugs, projects.client_names)."""
     return {
         "id": str(model.pk),
         "object": "model",
         "entity": model.project.team.name,
-        "project": model.project.name,
-        "name": model.name,
+        "project": project or model.project.name,
+        "name": name or model.name,
         "base_model": model.base_model.name,
         "run_id": str(run.pk) if run is not None else None,
     }
@@ -313,7 +316,7 @@ class ModelsView(PreviewViewSet):
             base_model=data.get("base_model"),  # type: ignore[arg-type]
             return_existing=return_existing,
         )
-        return Response(_model_body(model, run))
+        return Response(_model_body(model, run, project=data.get("project"), name=data.get("name")))
 
     @extend_schema(responses=PreviewModelOut)
     def retrieve(self, request: Request, model_id: int) -> Response:

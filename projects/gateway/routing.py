@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
+from projects.client_names import client_slug
 from projects.errors import NotFound
 from projects.models import ApiKey, BaseModel, Checkpoint, InferenceServer, Run, RunKind, Team
 from projects.selectors import scoped
@@ -39,9 +40,10 @@ from training.serving.protocol import ChatRequest
 CHECKPOINT_ID = re.compile(
     r"(?P<project>[a-z0-9][a-z0-9._-]{0,62})/(?P<model>[a-z0-9][a-z0-9._-]{0,62})(?::(?P<tag>latest|\d+))?"
 )
+# ART's names may be any line without "/" (projects.client_names): stored as their slugs.
 ART_ALIAS = re.compile(
-    r"wandb-artifact:///(?P<team>[^/]+)/(?P<project>[a-z0-9][a-z0-9._-]{0,62})/"
-    r"(?P<model>[a-z0-9][a-z0-9._-]{0,62})(?::(?:step(?P<step>\d+)|latest))?"
+    r"wandb-artifact:///(?P<team>[^/]+)/(?P<project>[^/\n]{1,200})/"
+    r"(?P<model>[^/\n]{1,200}?)(?::(?:step(?P<step>\d+)|latest))?"
 )
 
 
@@ -113,10 +115,15 @@ def resolve_model(*, team: Team, model_id: str) -> Target:
         if alias["team"] != team.name:
             raise ModelNotFound(model_id)
         tag = alias["step"] or "latest"
+        project, model = client_slug(alias["project"]), client_slug(alias["model"])
         try:
-            return resolve_model(team=team, model_id=f"{alias['project']}/{alias['model']}:{tag}")
+            target = resolve_model(team=team, model_id=f"{project}/{model}:{tag}")
         except ModelNotFound:
             raise ModelNotFound(model_id) from None
+        if target.checkpoint is None:  # a base model that happens to be named like the pair
+            raise ModelNotFound(model_id)
+        # Replies name the model as the client did.
+        return replace(target, model_id=f"{alias['project']}/{alias['model']}:{target.checkpoint.step}")
     match = CHECKPOINT_ID.fullmatch(model_id)
     if match:
         checkpoints = (

@@ -7,7 +7,8 @@ commit), so a re-queued run follows an operator's later change of its base model
 
 The check (beat task ``training.warn_unserved_queues``): work still queued after
 ``QUEUE_NO_WORKER_TIMEOUT_S`` on a queue that no live worker answers for in a control ping gets one
-warning event, ``data.queue_unserved = <queue>``; once per item. A ping that fails (a broker without
+warning event, ``data.queue_unserved = <queue>``; once per item. A client's training job fails
+with that reason (``training_failed``: the client polling it stops with the message). A ping that fails (a broker without
 broadcast, say) warns nobody: "unknown" is not "no worker".
 """
 
@@ -17,7 +18,6 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Q
 from django.utils import timezone
 
 from projects.models import (
@@ -26,7 +26,6 @@ from projects.models import (
     EvaluationStatus,
     EventLevel,
     Run,
-    RunEvent,
     RunKind,
     RunStatus,
     TrainingJob,
@@ -101,12 +100,10 @@ def warn_unserved_queues(*, timeout_s: float | None = None) -> list[str]:
         .exclude(events__data__has_key=UNSERVED_KEY)
         .select_related("checkpoint__model__base_model", "base_model", "run__model__base_model")
     )
-    # A client's training job has ART's own event types: its warning goes on the client run.
-    warned_runs = RunEvent.objects.filter(data__has_key=UNSERVED_KEY).values("run_id")
     jobs = list(
         TrainingJob.objects.filter(status=TrainingJobStatus.QUEUED, created_at__lt=cutoff)
-        .exclude(Q(run_id__in=warned_runs))
         .select_related("model__base_model", "run")
+        .order_by("id")
     )
     waiting = {base_model_queue(run.model.base_model) for run in runs}
     waiting |= {base_model_queue(_evaluation_base_model(evaluation)) for evaluation in evaluations}
@@ -137,16 +134,15 @@ def warn_unserved_queues(*, timeout_s: float | None = None) -> list[str]:
                 level=EventLevel.WARN,
                 data={UNSERVED_KEY: queue},
             )
-    warned_client_runs: set[int] = set()
+    # A client polls its job and would wait forever (ART shows no dashboard): the job fails with
+    # the reason, its client sees training_failed, and the client run keeps the warning.
     for job in jobs:
-        if (
-            queue := base_model_queue(job.model.base_model)
-        ) in unserved and job.run_id not in warned_client_runs:
-            warned_client_runs.add(job.run_id)
+        if (queue := base_model_queue(job.model.base_model)) in unserved:
             services.run_event_add(
                 run=job.run,
                 message=message(queue, "training job"),
                 level=EventLevel.WARN,
                 data={UNSERVED_KEY: queue, "training_job": job.pk},
             )
+            services.training_job_fail(job_id=job.pk, error=message(queue, "training job"))
     return sorted(unserved)

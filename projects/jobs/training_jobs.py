@@ -8,13 +8,13 @@ with the job's end), so it is made once.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
 
 from projects import selectors, services
+from projects.client_names import client_slug
 from projects.jobs.claimed import Claimed, Job, readable
 from projects.models import TrainableModel, TrainingJob
 from projects.storage import checkpoint_local_dir, checkpoint_upload
@@ -26,10 +26,27 @@ from training.config import ConfigError, LoraSpec, TrainConfig
 
 def accepts_model(model: TrainableModel) -> Callable[[str], bool]:
     """Which ``artweb_model`` a choice may carry to train ``model``: any of its checkpoints (ART
-    trains off-policy on earlier steps' samples too) or its base model."""
-    own = re.compile(re.escape(f"{model.project.name}/{model.name}:") + r"\d+")
+    trains off-policy on earlier steps' samples too), named by their slugs or by the names the
+    client sampled them under (projects.client_names), or its base model."""
     base = model.base_model.name
-    return lambda name: name == base or own.fullmatch(name) is not None
+
+    def accepts(name: str) -> bool:
+        if name == base:
+            return True
+        pair, _, step = name.rpartition(":")
+        project, _, model_name = pair.partition("/")
+        return (
+            step.isdigit()
+            and (client_slug(project), client_slug(model_name))
+            == (
+                model.project.name,
+                model.name,
+            )
+            if project and model_name
+            else False
+        )
+
+    return accepts
 
 
 def build_step_spec(job: TrainingJob) -> ClientStepSpec:

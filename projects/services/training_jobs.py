@@ -26,6 +26,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from projects.client_names import check_client_name, client_slug
 from projects.errors import Conflict, InvalidTransition, NotFound, ValidationFailed
 from projects.formatting import format_number
 from projects.models import (
@@ -47,7 +48,7 @@ from projects.models import (
     TrainingJobStatus,
 )
 from projects.services import webhooks
-from projects.services._common import check_slug, error_text, jsonb_safe
+from projects.services._common import error_text, jsonb_safe
 from projects.services.checkpoints import model_files_remove_on_commit
 from projects.services.projects import trainable_model_create
 from projects.services.runs import ACTIVE_STATUSES, run_event_add
@@ -100,11 +101,11 @@ def client_model_register(
             f"no team named {entity!r} is yours: entity is your team's name ({team.name!r}) or null",
             field="entity",
         )
-    for value, field in ((project, "project"), (name, "name"), (base_model, "base_model")):
-        if not isinstance(value, str) or not value:
-            raise ValidationFailed("must be a non-empty string", field=field)
-    check_slug(project, "project")
-    check_slug(name, "name")
+    if not isinstance(base_model, str) or not base_model:
+        raise ValidationFailed("must be a non-empty string", field="base_model")
+    # Any name ART accepts; stored as its slug (projects.client_names), replies name it as sent.
+    project = client_slug(check_client_name(project, "project"))
+    name = client_slug(check_client_name(name, "name"))
     base = BaseModel.objects.filter(name=base_model).first()
     if base is None:
         registered = ", ".join(BaseModel.objects.order_by("name").values_list("name", flat=True)) or "none"

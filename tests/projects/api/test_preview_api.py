@@ -14,7 +14,15 @@ from django.urls import get_resolver
 
 from projects import services
 from projects.errors import Conflict
-from projects.models import Checkpoint, ClientLog, Run, RunKind, TrainingJob, TrainingJobEventType
+from projects.models import (
+    Checkpoint,
+    ClientLog,
+    Run,
+    RunKind,
+    TrainableModel,
+    TrainingJob,
+    TrainingJobEventType,
+)
 from tests.conftest import _client, error_of
 from tests.factories import BaseModelFactory, RunFactory
 
@@ -123,7 +131,9 @@ def test_register_names_what_is_wrong(cast, base, key_client):
     response = register(key_client, base_model="gpt-9")
     error = error_of(response)
     assert response.status_code == 400 and error["param"] == "base_model" and "tiny" in error["message"]
-    assert error_of(register(key_client, project="Not A Slug"))["param"] == "project"
+    assert error_of(register(key_client, project="a/b"))["param"] == "project"
+    assert error_of(register(key_client, project="x" * 201))["param"] == "project"
+    assert error_of(register(key_client, name="two\nlines"))["param"] == "name"
     assert error_of(register(key_client, name=None))["param"] == "name"
     assert error_of(register(key_client, return_existing="yes"))["param"] == "return_existing"
     for entity in ("beta", "nobody"):  # another team's name reads like a missing one
@@ -334,3 +344,17 @@ def test_every_preview_route_is_team_scoped(
                     problems.append(f"{who} {method.upper()} {url} → {answered}, not 403")
     assert not problems, "\n".join(problems)
     assert checked == 9
+
+
+def test_any_name_art_accepts_registers_and_replies_as_sent(cast, base, key_client):
+    response = register(key_client, project="My Games", name="Run #2 (α)")
+    assert response.status_code == 200, response.json()
+    body = response.json()
+    assert (body["project"], body["name"]) == ("My Games", "Run #2 (α)")
+    model = TrainableModel.objects.get(pk=int(body["id"]))
+    assert model.project.name.startswith("my-games-") and model.name.startswith("run-2-")
+    again = register(key_client, project="My Games", name="Run #2 (α)").json()
+    assert again["id"] == body["id"]  # the same name maps to the same model
+    other = register(key_client, project="My Games", name="Run #2 (β)").json()
+    assert other["id"] != body["id"]  # names that differ never share a model
+    assert register(key_client, project="games", name="agent").json()["name"] == "agent"  # slugs as they are

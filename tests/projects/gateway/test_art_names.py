@@ -37,6 +37,21 @@ def test_arts_names_are_aliases_of_the_teams_checkpoints(client_model, cast):
     assert latest.adapter_path.endswith("step-000001")
 
 
+def test_a_name_that_is_no_slug_resolves_and_is_echoed_as_the_client_sent_it(client_model, cast, tmp_path):
+    model, run = services.client_model_register(
+        team=cast.alpha, entity=None, project="My Games", name="Run #2 (α)", base_model="tiny"
+    )
+    services.checkpoint_record(model=model, run=run, step=1, path=str(tmp_path / "odd-1"))
+    target = routing.resolve_model(
+        team=cast.alpha, model_id="wandb-artifact:///alpha/My Games/Run #2 (α):step1"
+    )
+    assert (target.model_id, target.checkpoint.model_id) == ("My Games/Run #2 (α):1", model.pk)
+    latest = routing.resolve_model(team=cast.alpha, model_id="wandb-artifact:///alpha/My Games/Run #2 (α)")
+    assert latest.model_id == "My Games/Run #2 (α):1"
+    with pytest.raises(routing.ModelNotFound):
+        routing.resolve_model(team=cast.beta, model_id="wandb-artifact:///beta/My Games/Run #2 (α)")
+
+
 @pytest.mark.parametrize(
     "name",
     [

@@ -199,9 +199,10 @@ def test_a_failed_ping_warns_nobody(gpu_large, settings):
     assert len(_unserved_events(run)) == 1
 
 
-def test_a_client_training_job_warns_on_its_client_run(cast, gpu_large, settings):
+def test_a_client_training_job_no_worker_takes_fails_with_the_reason(cast, gpu_large, settings):
     settings.QUEUE_NO_WORKER_TIMEOUT_S = 60
     job = _client_job(cast.alpha, gpu_large)
+    young = TrainingJob.objects.create(model=job.model, run=job.run, groups=[], config={})
     _age(job, 120)
     with _workers_listening("train"):
         assert queues.warn_unserved_queues() == ["gpu-large"]
@@ -209,6 +210,12 @@ def test_a_client_training_job_warns_on_its_client_run(cast, gpu_large, settings
     (event,) = _unserved_events(job.run)
     assert event.data == {"queue_unserved": "gpu-large", "training_job": job.pk}
     assert "training job" in event.message
+    job.refresh_from_db()
+    assert job.status == "failed" and "No worker is listening on queue 'gpu-large'" in job.error
+    (failed,) = job.events.filter(type="training_failed")
+    assert "celery -A artweb worker -Q gpu-large" in failed.data["error_message"]
+    young.refresh_from_db()
+    assert young.status == "queued"  # it has not waited the timeout yet
 
 
 def test_the_beat_schedule_runs_the_check_on_the_housekeeping_queue(settings):
