@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
+from urllib.parse import quote
 
 from django.conf import settings
 from django.http import HttpResponse
@@ -104,7 +105,7 @@ class InferenceServerUpstream(Upstream):
         headers = {
             "Authorization": f"Bearer {settings.INFERENCE_SERVER_TOKEN}",
             "Content-Type": "application/json",
-            MODEL_HEADER: route.target.model_id,
+            MODEL_HEADER: quote(route.target.model_id, safe="/:@"),  # a header holds latin-1 at most
         }
         if route.target.adapter_path:
             headers[ADAPTER_HEADER] = route.target.adapter_path

@@ -1,11 +1,15 @@
-"""OpenPipe ART's own client (openpipe-art 0.5.18, its ``ServerlessBackend``, unchanged) trains on a
-live artweb: web under uvicorn, a real Celery worker, an inference server, the tiny model.
+"""OpenPipe ART's own clients (openpipe-art 0.5.18 and 0.5.23, their ``ServerlessBackend``,
+unchanged) train on a live artweb: web under uvicorn, a real Celery worker, an inference server,
+the tiny model.
 
-The client runs in its own virtualenv (``.venv-art``, made by ``make install``: ART's pins are not
-the project's) as a subprocess (tests/integration/art_client_script.py): register, step 0 at once,
-sampling with logprobs, ``gather_trajectory_groups``, ``backend.train`` three times with each new
-checkpoint served at once under both of ART's names, a multi-turn tool-call group, checkpoint
-listing and deletion, and another team's key refused on every path. No W&B account, no network.
+Each client runs in its own virtualenv (``.venv-art``, ``.venv-art23``, made by ``make install``:
+ART's pins are not the project's) as a subprocess. 0.5.18 (tests/integration/art_client_script.py):
+register, step 0 at once, sampling with logprobs, ``gather_trajectory_groups``, ``backend.train``
+three times with each new checkpoint served at once under both of ART's names, a multi-turn
+tool-call group, checkpoint listing and deletion, and another team's key refused on every path.
+0.5.23 (art23_client_script.py): ``run_name``, its default completion extras, captured exchanges,
+``loss_fn`` and the KL penalty, one gradient_step per packed sequence, any name ART accepts.
+No W&B account, no network.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,14 +38,43 @@ from tests.projects.gateway.conftest import (  # noqa: F401  (fixtures)
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 ART_PYTHON = ROOT / ".venv-art" / "bin" / "python"
+ART23_PYTHON = ROOT / ".venv-art23" / "bin" / "python"
 SCRIPT = Path(__file__).with_name("art_client_script.py")
+SCRIPT23 = Path(__file__).with_name("art23_client_script.py")
+
+
+def _python(path: Path) -> Path:
+    if not path.exists():
+        pytest.fail(f"{path} is missing: `make install` creates the ART client's virtualenv")
+    return path
 
 
 @pytest.fixture
 def art_python() -> Path:
-    if not ART_PYTHON.exists():
-        pytest.fail(f"{ART_PYTHON} is missing: `make install` creates the ART client's virtualenv")
-    return ART_PYTHON
+    return _python(ART_PYTHON)
+
+
+def run_client(python: Path, script: Path, arguments: list[str], *, home: Path, worker: Any) -> dict:
+    """Run an ART client script as an ART program runs (its own virtualenv, no W&B, no network);
+    what it saw (its ``RESULT`` line), or the test fails with its output and the worker's log."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(home),
+        "WANDB_MODE": "disabled",  # no W&B account, WANDB_API_KEY unset: ART logs nothing there
+        "WANDB_SILENT": "true",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm would fetch its price list otherwise
+        "NO_PROXY": "*",
+    }
+    done = subprocess.run([str(python), str(script), *arguments], cwd=home, env=env,
+                          capture_output=True, text=True, timeout=540)  # fmt: skip
+    if done.returncode != 0:
+        pytest.fail(
+            f"the ART client failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}\n"
+            f"worker log:\n{worker.output()[-4000:]}"
+        )
+    result = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
+    print(json.dumps(result, indent=1), file=sys.stderr)  # the figures, for the issue's note
+    return result
 
 
 def test_arts_serverless_backend_trains_on_artweb_unchanged(
@@ -56,26 +90,11 @@ def test_arts_serverless_backend_trains_on_artweb_unchanged(
     worker = start_worker(ARTWEB_DATA_DIR=str(serving.data_dir))  # the inference server's checkpoints
     alpha_key = services.api_key_create(team=cast.alpha, name="art").plaintext
     beta_key = services.api_key_create(team=cast.beta, name="outsider").plaintext
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(tmp_path),
-        "WANDB_MODE": "disabled",  # no W&B account, WANDB_API_KEY unset: ART logs nothing there
-        "WANDB_SILENT": "true",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm would fetch its price list otherwise
-        "NO_PROXY": "*",
-    }
-    command = [
-        str(art_python), str(SCRIPT), "--base-url", f"{gateway.url}/v1", "--key", alpha_key,
-        "--other-key", beta_key, "--project", "games", "--model", "agent", "--base-model", BASE_MODEL,
+    arguments = [
+        "--base-url", f"{gateway.url}/v1", "--key", alpha_key, "--other-key", beta_key,
+        "--project", "games", "--model", "agent", "--base-model", BASE_MODEL,
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540)
-    if done.returncode != 0:
-        pytest.fail(
-            f"the ART client failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}\n"
-            f"worker log:\n{worker.output()[-4000:]}"
-        )
-    result = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
-    print(json.dumps(result, indent=1), file=sys.stderr)  # the figures, for the issue's note
+    result = run_client(art_python, SCRIPT, arguments, home=tmp_path, worker=worker)
 
     assert result["entity"] == "alpha"
     assert {"artweb_model", "prompt_token_ids", "token_ids"} <= set(result["choice_fields"])
@@ -98,3 +117,45 @@ def test_arts_serverless_backend_trains_on_artweb_unchanged(
         url = f"{gateway.url}/v1/preview/training-jobs/{job.pk}/events"
         assert http("GET", url, key=beta_key)[0] == 404
         assert http("GET", url, key=alpha_key)[0] == 200
+
+
+def test_arts_newest_client_trains_on_artweb_unchanged(
+    serving,  # noqa: F811  (the fixtures imported above)
+    gateway,  # noqa: F811
+    start_worker,
+    cast,
+    tiny_model_dir,
+    tmp_path,
+):
+    register_base_model(tiny_model_dir)
+    worker = start_worker(ARTWEB_DATA_DIR=str(serving.data_dir))
+    alpha_key = services.api_key_create(team=cast.alpha, name="art23").plaintext
+    beta_key = services.api_key_create(team=cast.beta, name="outsider").plaintext
+    arguments = [
+        "--base-url", f"{gateway.url}/v1", "--key", alpha_key, "--other-key", beta_key,
+        "--project", "games", "--model", "agent", "--run-name", "agent-r1", "--base-model", BASE_MODEL,
+    ]  # fmt: skip
+    result = run_client(_python(ART23_PYTHON), SCRIPT23, arguments, home=tmp_path, worker=worker)
+
+    assert result["entity"] == "alpha" and result["stream_token_ids"] > 0
+    assert {"artweb_model", "prompt_token_ids", "token_ids", "art_completion_tokens"} <= set(
+        result["choice_fields"]
+    )
+    assert [item["step"] for item in result["train"]] == [1, 2]
+    assert (
+        result["events"]["num_sequences"] >= 1 and "loss/train" not in result["events"]["gradient_step_keys"]
+    )
+    assert result["steps_after_delete"] == [3] and "Run #2 (α)" in result["odd_name_reply_model"]
+    assert len(result["refused"]) == 7 and all("NotFoundError" in line for line in result["refused"])
+
+    run = Run.objects.get(kind=RunKind.CLIENT, model__name="agent-r1")
+    assert list(StepMetrics.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
+    second = StepMetrics.objects.get(run=run, step=2)
+    assert second.metrics["kl"] != 0.0, "the KL penalty against step 0 was computed"
+    stored = Trajectory.objects.filter(run=run)
+    assert stored.count() == 3 * 8
+    # Captured exchanges and messages_and_choices alike trained on the gateway's exact ids.
+    assert all(t.metrics["token_source"] == "gateway" for t in stored)
+    jobs = list(TrainingJob.objects.filter(model=run.model).order_by("id"))
+    assert [job.config["art"]["loss"]["ppo"] for job in jobs] == [False, True, False]
+    assert jobs[1].config["art"]["loss"]["kl_penalty_coef"] == 0.1

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from training import strict_json
 from training.agent import template_supports_tools
@@ -267,13 +268,14 @@ class InferenceApp:
             raise RequestError(f"the body is not valid JSON: {exc}", code="invalid_json") from None
         request = parse_chat_request(body, self.config.limits)
         adapter: Path | None = None
+        named = unquote(headers.get(MODEL_HEADER) or "")  # percent-encoded: a client's name may be any text
         if headers.get(ADAPTER_HEADER) or headers.get(ADAPTER_KEY_HEADER):
             adapter = await self._adapter_path(headers)
-            model = headers.get(MODEL_HEADER) or request.model
+            model = named or request.model
         elif request.model == self.config.model_name:
             model = request.model
-        elif headers.get(MODEL_HEADER):  # a checkpoint without an adapter (a client model's step 0)
-            model = headers[MODEL_HEADER]  # is the base model: the gateway names it, we answer
+        elif named:  # a checkpoint without an adapter (a client model's step 0)
+            model = named  # is the base model: the gateway names it, we answer
         else:
             raise RequestError(f"The model `{request.model}` does not exist on this server",
                                param="model", code="model_not_found", status=404)  # fmt: skip

@@ -51,7 +51,7 @@ from training.openai_errors import error_object
 
 # Wire extensions between the gateway and an inference server (never sent to end users).
 ADAPTER_HEADER = "x-artweb-adapter"  # absolute path of the LoRA checkpoint to apply
-MODEL_HEADER = "x-artweb-model"  # the public model id to echo in `model`
+MODEL_HEADER = "x-artweb-model"  # the public model id to echo in `model`, percent-encoded (RFC 3986)
 # A stored checkpoint (projects.storage): its key and content digest; a server given a fetcher
 # (ServerConfig.adapter_fetch) resolves them to a verified local copy instead of ADAPTER_HEADER's path.
 ADAPTER_KEY_HEADER = "x-artweb-adapter-key"
