@@ -36,6 +36,7 @@ class Sequenced:
     advantages: list[float]
     weights: list[float]
     trajectory: list[int]  # index of the sample's trajectory (counts trajectories per sequence)
+    group: list[int]  # index of its trajectory group (ART packs a group's samples together)
 
 
 def learning_rate_of(base: float, options: ArtOptions, *, trajectories: int, reward_std: float) -> float:

@@ -120,7 +120,7 @@ def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientSte
             # Every trajectory is tokenized, trained on or not: a bad one fails the job either way.
             scored.append(ScoredTrajectory(group_index, trajectory, tokenize.tokenize(trajectory), advantage))
     job, counts = _sequenced(scored, options, model_max)
-    rows = plan_sequences(job.samples, counts.sequence_length) if job.samples else []
+    rows = plan_sequences(job.samples, counts.sequence_length, groups=job.group) if job.samples else []
     hooks.started(num_sequences=len(rows))
     reference_step = options.reference_step(spec.from_step)
     reference: Path | str | None = None
@@ -199,13 +199,14 @@ def _sequenced(
     shaped = art_shaped_advantages(
         [item.advantage for item in fitting], lengths, weights, balance=options.advantage_balance
     )
-    job = Sequenced(samples=[], advantages=[], weights=[], trajectory=[])
+    job = Sequenced(samples=[], advantages=[], weights=[], trajectory=[], group=[])
     for index, (item, weight, advantage) in enumerate(zip(fitting, weights, shaped, strict=True)):
         for sample in item.tokenized.samples:
             job.samples.append(sample)
             job.advantages.append(advantage)
             job.weights.append(weight)
             job.trajectory.append(index)
+            job.group.append(item.group_index)
     return job, counts
 
 

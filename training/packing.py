@@ -226,53 +226,124 @@ def padded_positions(samples: Sequence[TrainSample], budget: int) -> tuple[int, 
     return positions, padding
 
 
-def plan_sequences(samples: Sequence[TrainSample], seq_len: int) -> list[list[int]]:
-    """ART's packing rule (art/preprocessing/pack.py, prefix-tree packing with results packed):
-    the samples' indices in packed sequences of at most ``seq_len`` tokens, one optimizer step each.
+# ART shares a common prefix between sequences in a packed row only when it is at least this long.
+MIN_SHARED_PREFIX = 64
 
-    A sample costs its prompt once per sequence (samples with the same prompt share it) plus all
-    its completion tokens. Samples are taken group by group (a group: one prompt), groups with the
-    costliest sample first, each placed best-fit (the sequence it leaves the least room in), a new
-    sequence when none has room. A sample longer than ``seq_len`` is the caller's to drop (ART
-    drops it with a warning). The order of the sequences is ART's too: shuffled with the number
-    of sequences as the seed.
+
+def plan_sequences(
+    samples: Sequence[TrainSample],
+    seq_len: int,
+    *,
+    groups: Sequence[int] | None = None,
+    min_shared: int = MIN_SHARED_PREFIX,
+) -> list[list[int]]:
+    """ART's packing rule (art/preprocessing/pack.py with results packed, as its Megatron backend and
+    ServerlessBackend pack): the samples' indices in packed sequences of at most ``seq_len`` tokens,
+    one optimizer step each.
+
+    Cost: the samples' token lists form a prefix tree over what may be shared (a sample's prompt
+    but its last token); a stretch common to several samples is laid out once per sequence when it
+    is at least ``min_shared`` tokens long, else each copies it. A sample costs the tree segments on
+    its path that its sequence does not hold yet. Placement: the samples of one group (``groups``,
+    default one group per distinct prompt) stay together, groups with the costliest sample first;
+    each sample goes best-fit (the sequence it leaves the least room in), a new sequence when none
+    has room. A sample longer than ``seq_len`` is the caller's to drop (ART drops it with a
+    warning). The sequences come out in ART's order: shuffled with their number as the seed.
+    ``tests/integration/test_art_packing_rule.py`` compares the counts with ART's own code.
     """
     import random
 
-    by_prompt: dict[tuple[int, ...], list[int]] = {}
-    for index, sample in enumerate(samples):
-        by_prompt.setdefault(tuple(sample.prompt_token_ids), []).append(index)
+    rows = [tuple(s.prompt_token_ids) + tuple(s.completion_token_ids) for s in samples]
+    shareable = [_shareable(sample) for sample in samples]
+    paths: list[list[tuple[int, int]]] = [[] for _ in samples]  # per sample: (segment id, length)
+    _segments(rows, shareable, min_shared, paths)
+    if groups is None:
+        first: dict[tuple[int, ...], int] = {}
+        groups = [first.setdefault(tuple(s.prompt_token_ids), len(first)) for s in samples]
+    by_group: dict[int, list[int]] = {}
+    for index, group in enumerate(groups):
+        by_group.setdefault(group, []).append(index)
 
     def cost(index: int) -> int:
-        return len(samples[index].prompt_token_ids) + len(samples[index].completion_token_ids)
+        return sum(length for _, length in paths[index])
 
-    groups = sorted(by_prompt.items(), key=lambda item: max(cost(i) for i in item[1]), reverse=True)
-    rows: list[list[int]] = []
+    ordered = sorted(by_group.values(), key=lambda members: max(cost(i) for i in members), reverse=True)
+    sequences: list[list[int]] = []
     used: list[int] = []
-    prompts: list[set[tuple[int, ...]]] = []
-    for prompt, members in groups:
+    held: list[set[int]] = []
+    for members in ordered:
         for index in members:
             if cost(index) > seq_len:
                 raise ValueError(f"sample {index} is {cost(index)} tokens, over {seq_len}")
             best, room = None, seq_len + 1
             for row, count in enumerate(used):
-                delta = len(samples[index].completion_token_ids) + (
-                    0 if prompt in prompts[row] else len(prompt)
-                )
-                if count + delta <= seq_len and seq_len - count - delta < room:
-                    best, room = row, seq_len - count - delta
+                total = count + sum(n for segment, n in paths[index] if segment not in held[row])
+                if total <= seq_len and seq_len - total < room:
+                    best, room = row, seq_len - total
             if best is None:
-                rows.append([])
+                sequences.append([])
                 used.append(0)
-                prompts.append(set())
-                best = len(rows) - 1
-            used[best] += len(samples[index].completion_token_ids) + (
-                0 if prompt in prompts[best] else len(prompt)
-            )
-            prompts[best].add(prompt)
-            rows[best].append(index)
-    random.Random(len(rows)).shuffle(rows)
-    return rows
+                held.append(set())
+                best = len(sequences) - 1
+            used[best] += sum(n for segment, n in paths[index] if segment not in held[best])
+            held[best].update(segment for segment, _ in paths[index])
+            sequences[best].append(index)
+    random.Random(len(sequences)).shuffle(sequences)
+    return sequences
+
+
+def _shareable(sample: TrainSample) -> int:
+    """How much of a sample may be shared with others: its prompt, but not the token before its
+    first trained one (that position's logits are the sample's own)."""
+    mask = sample.completion_mask or [1] * len(sample.completion_token_ids)
+    first = next((i for i, bit in enumerate(mask) if bit), len(mask))
+    return min(len(sample.prompt_token_ids), max(len(sample.prompt_token_ids) + first - 1, 0))
+
+
+def _segments(
+    rows: list[tuple[int, ...]], shareable: list[int], min_shared: int, paths: list[list[tuple[int, int]]]
+) -> None:
+    """Fill ``paths`` with each row's prefix-tree segments (see plan_sequences)."""
+    counter = iter(range(1 << 62))
+
+    def emit(indices: list[int], start: int, end: int) -> None:
+        segment = next(counter)
+        for index in indices:
+            paths[index].append((segment, end - start))
+
+    def split(indices: list[int], at: int) -> list[list[int]]:
+        branches: dict[int, list[int]] = {}
+        for index in indices:
+            branches.setdefault(rows[index][at], []).append(index)
+        return list(branches.values())
+
+    def walk(indices: list[int], start: int) -> None:
+        active = [i for i in indices if len(rows[i]) > start]
+        sharing = [i for i in active if shareable[i] > start]
+        for index in active:
+            if index not in sharing or len(sharing) == 1:
+                emit([index], start, len(rows[index]))
+        if len(sharing) < 2:
+            return
+        limit = min(min(len(rows[i]), shareable[i]) for i in sharing)
+        end = start
+        while end < limit and len({rows[i][end] for i in sharing}) == 1:
+            end += 1
+        if end == start:
+            for branch in split(sharing, start):
+                walk(branch, start)
+        elif end - start >= min_shared:
+            emit(sharing, start, end)
+            walk(sharing, end)
+        else:  # too short to share: every branch after it copies it
+            further = [i for i in sharing if len(rows[i]) > end and shareable[i] > end]
+            for index in sharing:
+                if index not in further:
+                    emit([index], start, len(rows[index]))
+            for branch in split(further, end):
+                walk(branch, start)
+
+    walk(list(range(len(rows))), 0)
 
 
 def build_sequence(

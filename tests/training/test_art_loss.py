@@ -132,19 +132,23 @@ def sample(prompt: list[int], completion: int) -> TrainSample:
 
 def test_arts_packing_rule_counts_the_optimizer_steps():
     a, b = [1, 2, 3], [4, 5, 6, 7, 8]
-    # B (5 + 4 = 9) first, alone; the three A completions share A's prompt: 3 + 2 + 2 + 2 = 9.
     samples = [sample(a, 2), sample(a, 2), sample(a, 2), sample(b, 4)]
-    assert sorted(sorted(row) for row in plan_sequences(samples, 10)) == [[0, 1, 2], [3]]
-    # Completions of 3: A's prompt + two of them is 9, the third needs a sequence of its own.
-    samples = [sample(a, 3), sample(a, 3), sample(a, 3), sample(b, 4)]
-    assert sorted(sorted(row) for row in plan_sequences(samples, 10)) == [[0, 1], [2], [3]]
-    # Best fit: a 1-token completion of A goes where it leaves the least room (the sequence holding 9).
-    samples = [sample(a, 3), sample(a, 3), sample(a, 3), sample(b, 4), sample(a, 1)]
-    rows = plan_sequences(samples, 10)
-    assert sorted(sorted(row) for row in rows) == [[0, 1, 4], [2], [3]]
+
+    def rows(seq_len: int, **kwargs) -> list[list[int]]:
+        return sorted(sorted(row) for row in plan_sequences(samples, seq_len, **kwargs))
+
+    # Sharing every common stretch: A's prompt but its last token ([1, 2]) is laid out once per
+    # sequence, each A sample then costs 1 + 2; B (9) goes first, alone.
+    assert rows(11, min_shared=1) == [[0, 1, 2], [3]]  # 2 + 3 + 3 + 3
+    assert rows(10, min_shared=1) == [[0, 1], [2], [3]]
+    # ART shares only stretches of 64 tokens or more: each A sample costs its 5 tokens.
+    assert rows(11) == [[0, 1], [2], [3]]
+    # Best fit: a sample of A with a 1-token completion (delta 2) goes where it leaves the least room.
+    samples.append(sample(a, 1))
+    assert rows(10, min_shared=1) == [[0, 1, 4], [2], [3]]
     assert len(plan_sequences(samples, 100)) == 1
     with pytest.raises(ValueError, match="over 8"):
         plan_sequences(samples, 8)
-    # Each sequence is one packed row holding its members once.
+    # Each sequence is one packed row holding its members once (a prompt once per row here).
     row = build_sequence([0, 1, 4], samples, [1.0] * 5)
-    assert sorted(row.members) == [0, 1, 4] and row.width == 3 + 2 + 2 + 0
+    assert sorted(row.members) == [0, 1, 4] and row.width == 3 + 1 + 1 + 0
