@@ -67,7 +67,7 @@ $(ART_STAMP):
 # installed with its declared dependencies (all have 3.11 wheels). openai<3 is ART's own pin here.
 ART23_VENV := .venv-art23
 ART23_VERSION := 0.5.23
-ART23_STAMP := $(ART23_VENV)/.installed-openpipe-art-$(ART23_VERSION)-$(shell cat tests/integration/art_wheel_py311.py | sha1sum | cut -c1-12)
+ART23_STAMP := $(ART23_VENV)/.installed-openpipe-art-$(ART23_VERSION)-pipeline-$(shell cat tests/integration/art_wheel_py311.py | sha1sum | cut -c1-12)
 
 $(ART23_STAMP): tests/integration/art_wheel_py311.py
 	test -x $(ART23_VENV)/bin/python || $(PYTHON) -m venv $(ART23_VENV)
@@ -80,7 +80,12 @@ $(ART23_STAMP): tests/integration/art_wheel_py311.py
 	$(ART23_VENV)/bin/pip install -q $(ART23_VENV)/wheels/py311/openpipe_art-$(ART23_VERSION)-py3-none-any.whl
 	$(ART23_VENV)/bin/pip install -q --force-reinstall --no-deps \
 		$(ART23_VENV)/wheels/py311/openpipe_art-$(ART23_VERSION)-py3-none-any.whl
-	$(ART23_VENV)/bin/python -c "import art; from art.serverless.backend import ServerlessBackend"
+	# ART's PipelineTrainer imports its LocalBackend (torch, transformers) and logs with pyarrow even
+	# over ServerlessBackend: ART's "backend" extra pins a CUDA torch; here the lock's CPU builds.
+	$(ART23_VENV)/bin/pip install -q -c $(LOCK) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+		torch transformers pyarrow
+	$(ART23_VENV)/bin/python -c "import art; from art.serverless.backend import ServerlessBackend; \
+		from art.pipeline_trainer.trainer import PipelineTrainer"
 	rm -f $(ART23_VENV)/.installed-* && touch $@
 
 install: $(STAMP) $(VENDOR_STAMP) $(ART_STAMP) $(ART23_STAMP)

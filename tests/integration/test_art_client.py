@@ -41,6 +41,7 @@ ART_PYTHON = ROOT / ".venv-art" / "bin" / "python"
 ART23_PYTHON = ROOT / ".venv-art23" / "bin" / "python"
 SCRIPT = Path(__file__).with_name("art_client_script.py")
 SCRIPT23 = Path(__file__).with_name("art23_client_script.py")
+PIPELINE23 = Path(__file__).with_name("art23_pipeline_script.py")
 
 
 def _python(path: Path) -> Path:
@@ -159,3 +160,27 @@ def test_arts_newest_client_trains_on_artweb_unchanged(
     jobs = list(TrainingJob.objects.filter(model=run.model).order_by("id"))
     assert [job.config["art"]["loss"]["ppo"] for job in jobs] == [False, True, False]
     assert jobs[1].config["art"]["loss"]["kl_penalty_coef"] == 0.1
+
+
+def test_arts_pipeline_trainer_overlaps_sampling_and_training_on_artweb(
+    serving,  # noqa: F811  (the fixtures imported above)
+    gateway,  # noqa: F811
+    start_worker,
+    cast,
+    tiny_model_dir,
+    tmp_path,
+):
+    register_base_model(tiny_model_dir)
+    worker = start_worker(ARTWEB_DATA_DIR=str(serving.data_dir))
+    key = services.api_key_create(team=cast.alpha, name="pipeline").plaintext
+    arguments = ["--base-url", f"{gateway.url}/v1", "--key", key, "--project", "games",
+                 "--run-name", "pipe-r1", "--base-model", BASE_MODEL, "--steps", "3"]  # fmt: skip
+    result = run_client(_python(ART23_PYTHON), PIPELINE23, arguments, home=tmp_path, worker=worker)
+
+    assert result["step"] == 3
+    # Every step stays callable after the run, each answering as itself.
+    assert result["answers"] == {str(step): f"games/pipe-r1:{step}" for step in range(4)}
+    # Rollouts sampled the latest step as each landed: more than one step was sampled from.
+    assert len(result["sampled_from"]) >= 2, result["sampled_from"]
+    jobs = list(TrainingJob.objects.filter(model__name="pipe-r1").order_by("id"))
+    assert [job.status for job in jobs] == ["succeeded"] * 3 and [job.step for job in jobs] == [1, 2, 3]
