@@ -42,7 +42,9 @@ async def setup(args: argparse.Namespace) -> tuple[art.ServerlessBackend, art.Tr
     if not args.api_key:
         raise SystemExit("--api-key (or ARTWEB_API_KEY) is required")
     backend = art.ServerlessBackend(api_key=args.api_key, base_url=args.base_url)
-    model = art.TrainableModel(name=args.model, project=args.project, base_model=args.base_model)
+    # openpipe-art 0.5.20+ names a model's checkpoints by its run_name (required there); 0.5.18 has none.
+    extra = {"run_name": args.model} if "run_name" in art.TrainableModel.model_fields else {}
+    model = art.TrainableModel(name=args.model, project=args.project, base_model=args.base_model, **extra)
     await model.register(backend)
     return backend, model
 
@@ -100,10 +102,13 @@ async def train(
             for k, v in result.metrics.items()
             if k.startswith("time/")
         }
+        # Optimizer steps in this train() call: one per packed sequence (ART's semantics).
+        gradient_steps = result.metrics.get("data/step_num_gradient_steps")
         figures["steps"].append({"step": result.step, "reward": reward, "rollout_s": rollout_seconds,
-                                 "train_s": train_seconds, "server": split})  # fmt: skip
+                                 "train_s": train_seconds, "server": split,
+                                 "gradient_steps": gradient_steps})  # fmt: skip
         print(f"step {result.step} reward {reward:.3f} (rollouts {rollout_seconds:.1f} s, "
-              f"backend.train {train_seconds:.1f} s {split})", flush=True)  # fmt: skip
+              f"backend.train {train_seconds:.1f} s {split}, {gradient_steps} optimizer steps)", flush=True)  # fmt: skip
     figures["eval_after"] = await evaluate(model, rollout, held_out)
     print(
         f"held-out reward after: {figures['eval_after']:.3f} (before {figures['eval_before']:.3f})",

@@ -89,7 +89,7 @@ def art_policy_loss(
     """The loss of one packed sequence and its metrics.
 
     Per-token tensors are [N, T] (N trajectories of the sequence, T positions, ``mask`` 1 on
-    trained tokens); ``advantages`` and ``weights`` are [N] (one per trajectory). ``old_logprobs``
+    trained tokens); ``advantages`` and ``weights`` are [N] (one per trajectory) or [N, T]. ``old_logprobs``
     may hold NaN (no logprob: r = 1). ``ref_logprobs``: the KL reference's, needed when
     ``kl_penalty_coef`` > 0. ``original_logprobs``: the sampler's, when ``old_logprobs`` are the
     trainer's own (precalculated); the truncated IS weight needs both.
@@ -100,8 +100,11 @@ def art_policy_loss(
     new = torch.where(trained, new_logprobs, torch.zeros_like(new_logprobs))
     old = torch.where(trained, old_logprobs.to(new.dtype), torch.zeros_like(new))
     old = torch.where(torch.isfinite(old), old, new.detach())
-    advantage = advantages.to(new.dtype)[:, None].expand_as(new) * maskf
-    weight = weights.to(new.dtype)[:, None].expand_as(new)
+    # Per trajectory ([N]) or already per token ([N, T]).
+    advantage = (advantages[:, None] if advantages.dim() == 1 else advantages).to(new.dtype).expand_as(
+        new
+    ) * maskf
+    weight = (weights[:, None] if weights.dim() == 1 else weights).to(new.dtype).expand_as(new)
 
     log_ratio = new - old
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))

@@ -1,8 +1,9 @@
 """A client training job's update with ART's semantics: one optimizer step per packed sequence.
 
 The job's samples (with their shaped advantages and weights, training.art_loss) are packed by ART's
-rule (training.packing.plan_sequences); each sequence is a forward and backward pass of ART's loss
-and an optimizer step at its own learning rate. Logprobs the loss compares with and that must not
+rule (training.packing.plan_sequences); each sequence is one ``forward_backward`` of the session
+with ART's loss (``art``, training.losses) and one ``optim_step`` at its own learning rate
+(training.session). Logprobs the loss compares with and that must not
 move while the job trains — the trainer's own before its first step (``precalculate_logprobs``,
 truncated IS) and the KL reference's — are computed for every sequence before the first step.
 """
@@ -10,19 +11,17 @@ truncated IS) and the KL reference's — are computed for every sequence before 
 from __future__ import annotations
 
 import contextlib
-import math
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from training.art_config import ArtOptions
-from training.art_loss import art_policy_loss
-from training.packing import build_sequence
+from training.session import Datum, TrainingSession
 from training.trajectory import TrainSample
 
 BASE_MODEL = "base"  # the KL reference when it is step 0: the adapter switched off
@@ -49,27 +48,20 @@ def learning_rate_of(base: float, options: ArtOptions, *, trajectories: int, rew
     return rate
 
 
-def _batch(trainer: Any, members: list[int], job: Sequenced) -> tuple[dict[str, torch.Tensor], list[int]]:
-    """One sequence's tensors, and the order of its members in them."""
-    if trainer.packed:
-        dtype = trainer.model.get_input_embeddings().weight.dtype
-        row = build_sequence(
-            members,
-            job.samples,
-            job.advantages,
-            mask_dtype=dtype if dtype.is_floating_point else torch.float32,
-        )
-        batch = {
-            "input_ids": row.input_ids, "position_ids": row.position_ids,
-            "attention_mask": row.attention_mask, "keep": row.keep, "logit_index": row.logit_index,
-            "targets": row.targets, "mask": row.mask, "old_logprobs": row.old_logprobs,
-            "advantages": row.advantages, "positions": torch.tensor(row.width),
-        }  # fmt: skip
-        order = row.members
-    else:
-        batch = trainer._collate([(job.samples[i], job.advantages[i]) for i in members])
-        order = list(members)
-    return {name: tensor.to(trainer.device) for name, tensor in batch.items()}, order
+def datum_of(sample: TrainSample, **per_token: list[float]) -> Datum:
+    """A sample as a session datum: its completion positions carry ``per_token`` values (one per
+    completion token), the prompt's carry 0 weight."""
+    tokens = sample.prompt_token_ids + sample.completion_token_ids
+    before = len(sample.prompt_token_ids) - 1
+    inputs = {name: [0.0] * before + list(values) for name, values in per_token.items()}
+    return Datum(
+        model_input=tokens[:-1], loss_fn_inputs={"target_tokens": [float(t) for t in tokens[1:]], **inputs}
+    )
+
+
+def _completion(values: list[float], sample: TrainSample) -> list[float]:
+    """A datum's output values at the sample's completion positions."""
+    return values[len(sample.prompt_token_ids) - 1 :]
 
 
 @contextlib.contextmanager
@@ -91,13 +83,8 @@ def _reference_policy(trainer: Any, reference: Path | str) -> Iterator[None]:
         set_peft_model_state_dict(trainer.model, live)
 
 
-def _fixed_logprobs(trainer: Any, batches: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
-    with torch.no_grad():
-        return [trainer._completion_logprobs(batch)[0].detach() for batch in batches]
-
-
 def art_update(
-    trainer: Any,
+    session: TrainingSession,
     job: Sequenced,
     rows: list[list[int]],
     options: ArtOptions,
@@ -106,52 +93,53 @@ def art_update(
     reward_std: float,
     reference: Path | str | None,
 ) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """Train ``rows`` (lists of indices into ``job``), one optimizer step each; the job's metrics
-    and each step's (ART's gradient_step events)."""
+    """Train ``rows`` (lists of indices into ``job``), one ``forward_backward`` with ART's loss and
+    one ``optim_step`` each; the job's metrics and each step's (ART's gradient_step events)."""
+    trainer = session.trainer
     trainer.step += 1
-    batches = [_batch(trainer, members, job) for members in rows]
-    trainer_logprobs = (
-        _fixed_logprobs(trainer, [b for b, _ in batches]) if options.needs_trainer_logprobs else None
-    )
+    masks = [sample.completion_mask or [1] * len(sample.completion_token_ids) for sample in job.samples]
+    plain = [datum_of(sample) for sample in job.samples]
+    trainer_logprobs = session.forward(plain) if options.needs_trainer_logprobs else None
     reference_logprobs = None
     if reference is not None:
         with _reference_policy(trainer, reference):
-            reference_logprobs = _fixed_logprobs(trainer, [b for b, _ in batches])
+            reference_logprobs = session.forward(plain)
 
     steps: list[dict[str, float]] = []
-    for index, (batch, order) in enumerate(batches):
-        logprobs, entropy = trainer._completion_logprobs(batch)
-        sampler = batch["old_logprobs"]
-        old = trainer_logprobs[index] if trainer_logprobs is not None else sampler
-        weights = torch.tensor([job.weights[i] for i in order], device=trainer.device)
-        advantages = torch.tensor([job.advantages[i] for i in order], device=trainer.device)
-        loss, metrics = art_policy_loss(
-            logprobs, old, advantages, weights, batch["mask"], options.loss,
-            ref_logprobs=reference_logprobs[index] if reference_logprobs is not None else None,
-            original_logprobs=sampler if trainer_logprobs is not None else None,
-        )  # fmt: skip
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainer.trainable_parameters, trainer.config.max_grad_norm)
+    config = dataclasses.asdict(options.loss)
+    for members in rows:
+        tokens = sum(sum(masks[i]) for i in members)  # ART divides a sequence's loss by its trained tokens
+        data = []
+        for i in members:
+            sample, mask = job.samples[i], masks[i]
+            per_token: dict[str, list[float]] = {
+                "weights": [m * job.weights[i] / max(tokens, 1) for m in mask],
+                "advantages": [job.advantages[i]] * len(mask),
+                "logprobs": list(sample.completion_logprobs),
+            }
+            if trainer_logprobs is not None:
+                per_token["original_logprobs"] = per_token["logprobs"]
+                per_token["logprobs"] = _completion(trainer_logprobs[i], sample)
+            if reference_logprobs is not None:
+                per_token["ref_logprobs"] = _completion(reference_logprobs[i], sample)
+            data.append(datum_of(sample, **per_token))
+        result = session.forward_backward(data, "art", config)
         rate = learning_rate_of(
             learning_rate,
             options,
-            trajectories=len({job.trajectory[i] for i in order}),
+            trajectories=len({job.trajectory[i] for i in members}),
             reward_std=reward_std,
         )
-        for group in trainer.optimizer.param_groups:
-            group["lr"] = rate
-        if math.isfinite(float(grad_norm)):
-            trainer.optimizer.step()
-        trainer.optimizer.zero_grad(set_to_none=True)
-        tokens = float(batch["mask"].sum())
+        stepped = session.optim_step(learning_rate=rate)
+        metrics = {k: v for k, v in result.metrics.items() if k != "loss:sum"}
         steps.append({
-            "loss": float(loss.detach()),
-            "grad_norm": float(grad_norm),
+            "loss": result.loss,
+            "grad_norm": stepped["grad_norm"],
             "learning_rate": rate,
-            "entropy": float((entropy * batch["mask"]).sum()) / max(tokens, 1.0),
-            "trainable_tokens": tokens,
-            "num_trajectories": float(len({job.trajectory[i] for i in order})),
-            "positions": float(batch["positions"]) if "positions" in batch else float(batch["input_ids"].numel()),
+            "trainable_tokens": float(tokens),
+            "num_trajectories": float(len({job.trajectory[i] for i in members})),
+            "positions": float(sum(len(job.samples[i].prompt_token_ids) + len(job.samples[i].completion_token_ids)
+                                   for i in members)),
             **metrics,
         })  # fmt: skip
     for group in trainer.optimizer.param_groups:  # a checkpoint keeps the job's own rate

@@ -35,6 +35,7 @@ from training.cost import device_usage
 from training.grpo import compute_advantages
 from training.loop import checkpoint_path, load_policy_model
 from training.packing import plan_sequences
+from training.session import TrainingSession
 
 # An advantage this close to zero is zero: the trajectory carries no signal (ART drops it).
 ZERO_ADVANTAGE = 1e-9
@@ -131,7 +132,7 @@ def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientSte
                 "kl_penalty_reference_step", f"the model has no checkpoint at step {reference_step}"
             )
     update, sequence_metrics = art_update(
-        trainer, job, rows, options, learning_rate=spec.config.learning_rate,
+        TrainingSession(trainer), job, rows, options, learning_rate=spec.config.learning_rate,
         reward_std=_mean_group_std(rewards), reference=reference,
     )  # fmt: skip
     update_seconds = time.monotonic() - started

@@ -1,0 +1,239 @@
+"""A training session: the primitives every way of training is written over.
+
+A session holds the policy (base model + LoRA adapter) and its optimizer, and offers
+``forward(data)`` (logprobs only), ``forward_backward(data, loss_fn, loss_fn_config)`` (a named loss
+from training.losses, gradients accumulated), ``optim_step(...)`` (one AdamW step, then the
+gradients are cleared), and through its trainer the checkpoint as state (``save_state`` /
+``load_state``: adapter, optimizer, RNG) and as weights a sampler loads (``save_weights_for_sampler``).
+
+``data`` is a list of ``Datum``: Tinker's layout, one sequence each: ``model_input`` (N tokens) and
+``loss_fn_inputs`` with ``target_tokens`` (N: position i predicts target i, so target i is input
+i + 1 for all but the last) and any per-token inputs a loss reads (``weights``, ``logprobs``,
+``advantages``, ...). The session lays datums out the way the trainer's update does
+(training.packing: the tokens before a datum's first weighted target once per shared prefix, no
+padding), so a datum only pays for the positions whose logprobs are needed: those from its first
+weighted target on (from the first position when it has no ``weights``). Logprobs of positions
+before that are not computed and read 0.0 in the outputs.
+
+Losses are sums over tokens, so ``forward_backward`` works through the data one packed row at a
+time and the gradients of several calls add up; a loss that needs the whole call at once (ART's:
+its KL term averages over the sequence) gets every row in one call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.losses import LossInputError, LossInputs, loss_named
+from training.packing import pack
+from training.trajectory import TrainSample
+
+# Losses whose value over a call is not the sum of their values over its parts.
+WHOLE_CALL_LOSSES = frozenset({"art"})
+
+
+@dataclass
+class Datum:
+    model_input: list[int]
+    loss_fn_inputs: dict[str, list[float]] = field(default_factory=dict)  # target_tokens among them
+
+    def __post_init__(self) -> None:
+        targets = self.loss_fn_inputs.get("target_tokens")
+        if not self.model_input:
+            raise LossInputError("a datum needs a non-empty model_input")
+        if targets is None or len(targets) != len(self.model_input):
+            raise LossInputError("loss_fn_inputs.target_tokens must have one token per model_input token")
+        for name, values in self.loss_fn_inputs.items():
+            if len(values) != len(self.model_input):
+                raise LossInputError(
+                    f"loss_fn_inputs.{name} has {len(values)} values for {len(self.model_input)} tokens"
+                )
+        if [int(t) for t in targets[:-1]] != list(self.model_input[1:]):
+            raise LossInputError(
+                "target_tokens must be model_input shifted by one (target i is input i + 1): "
+                "artweb trains on the sequence itself"
+            )
+
+    @property
+    def first_computed(self) -> int:
+        """The first position whose logprob is computed (see the module doc)."""
+        weights = self.loss_fn_inputs.get("weights")
+        if weights is None:
+            return 0
+        return next((i for i, w in enumerate(weights) if w != 0), len(weights))
+
+    def sample(self) -> TrainSample:
+        """The datum as the trainer's packed layout takes it: the positions from ``first_computed``
+        on are the completion."""
+        start = self.first_computed
+        tokens = [*self.model_input, int(self.loss_fn_inputs["target_tokens"][-1])]
+        completion = tokens[start + 1 :]
+        return TrainSample(
+            prompt_token_ids=tokens[: start + 1],
+            completion_token_ids=completion,
+            completion_logprobs=[0.0] * len(completion),
+            reward=0.0,
+        )
+
+
+@dataclass
+class ForwardBackwardResult:
+    loss: float
+    metrics: dict[str, float]
+    logprobs: list[list[float]]  # per datum, N values (0.0 before its first computed position)
+
+
+class TrainingSession:
+    """The primitives over one policy. Built on a ``training.trainer.Trainer`` (which owns the
+    peft model, the optimizer and the checkpoint format); the session adds nothing to its state."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    # ------------------------------------------------------------------ primitives
+    def forward(self, data: Sequence[Datum]) -> list[list[float]]:
+        """The learner's logprobs of each datum's targets, without gradients."""
+        samples = [datum.sample() for datum in data]
+        outputs: list[list[float]] = [[0.0] * len(d.model_input) for d in data]
+        with torch.no_grad():
+            for members in self._rows(samples):
+                logprobs, _ = self._learner_logprobs(samples, members)
+                for row, index in enumerate(members):
+                    start, length = data[index].first_computed, len(samples[index].completion_token_ids)
+                    outputs[index][start : start + length] = logprobs[row, :length].tolist()
+        return outputs
+
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None
+    ) -> ForwardBackwardResult:
+        """Compute ``loss_fn`` over ``data`` and accumulate its gradients (see the module doc)."""
+        loss = loss_named(loss_fn)
+        config = dict(loss_fn_config or {})
+        samples = [datum.sample() for datum in data]
+        rows = self._rows(samples)
+        if loss_fn in WHOLE_CALL_LOSSES:
+            rows = [[index for row in rows for index in row]]
+        total, tokens = 0.0, 0.0
+        sums: dict[str, float] = {}
+        outputs: list[list[float]] = [[0.0] * len(d.model_input) for d in data]
+        for members in rows:
+            batch, lengths = self._tensors(data, samples, members)
+            logprobs, entropy = self._learner_logprobs(samples, members)
+            inputs = LossInputs(
+                logprobs=logprobs, mask=batch.pop("__mask__"), weights=batch.pop("weights"), inputs=batch
+            )
+            value, metrics = loss(inputs, config)
+            if value.requires_grad:
+                value.backward()
+            total += float(value.detach())
+            count = float((inputs.weights != 0).sum())
+            tokens += count
+            weighted = (inputs.weights != 0).to(entropy.dtype)
+            metrics = {**metrics, "entropy": float((entropy * weighted).sum()) / max(count, 1.0)}
+            for name, number in metrics.items():
+                sums[name] = sums.get(name, 0.0) + number * count
+            for row, (index, length) in enumerate(zip(members, lengths, strict=True)):
+                start = data[index].first_computed
+                outputs[index][start : start + length] = logprobs[row, :length].detach().tolist()
+        metrics = {name: value / max(tokens, 1.0) for name, value in sums.items()}
+        metrics["loss:sum"] = total
+        return ForwardBackwardResult(loss=total, metrics=metrics, logprobs=outputs)
+
+    def optim_step(
+        self,
+        *,
+        learning_rate: float,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        weight_decay: float | None = None,
+        max_grad_norm: float | None = None,
+    ) -> dict[str, float]:
+        """One AdamW step with the accumulated gradients, then clear them. ``max_grad_norm``
+        defaults to the trainer's config; a non-finite gradient norm skips the step."""
+        trainer = self.trainer
+        clip = trainer.config.max_grad_norm if max_grad_norm is None else max_grad_norm
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainer.trainable_parameters, clip))
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = learning_rate
+            group["betas"] = (beta1, beta2)
+            group["eps"] = eps
+            if weight_decay is not None:
+                group["weight_decay"] = weight_decay
+        stepped = math.isfinite(grad_norm)
+        if stepped:
+            trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, "learning_rate": learning_rate, "skipped": float(not stepped)}
+
+    def save_state(self, path: Path, *, step: int, metrics: dict[str, Any]) -> None:
+        """Adapter, optimizer and RNG: what ``load_state`` (``Trainer.resume``) continues from."""
+        self.trainer.save_checkpoint(path, step=step, metrics=metrics)
+
+    def save_weights_for_sampler(self, path: Path) -> None:
+        """The adapter alone (peft's folder), as an inference server loads it."""
+        self.trainer.model.save_pretrained(str(path))
+
+    # ------------------------------------------------------------------ layout
+    def _rows(self, samples: list[TrainSample]) -> list[list[int]]:
+        trainer = self.trainer
+        if not trainer.packed:
+            return [[index] for index in range(len(samples))]
+        rows = pack(samples, [0.0] * len(samples), budget=trainer.config.micro_batch_tokens)
+        return [row.members for row in rows]
+
+    def _learner_logprobs(
+        self, samples: list[TrainSample], members: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[n, T] logprobs of ``members``' completion tokens, in ``members``' order, with grad, and
+        their entropies (detached)."""
+        trainer = self.trainer
+        if trainer.packed:
+            dtype = trainer.model.get_input_embeddings().weight.dtype
+            (row,) = pack([samples[i] for i in members], [0.0] * len(members), budget=1 << 30, row_tokens=1 << 30,
+                          mask_dtype=dtype if dtype.is_floating_point else torch.float32)  # fmt: skip
+            batch = {
+                "input_ids": row.input_ids, "position_ids": row.position_ids, "attention_mask": row.attention_mask,
+                "keep": row.keep, "logit_index": row.logit_index, "targets": row.targets,
+            }  # fmt: skip
+            logprobs, entropy = trainer._completion_logprobs(
+                {k: v.to(trainer.device) for k, v in batch.items()}
+            )
+            order = torch.tensor([row.members.index(i) for i in range(len(members))], device=trainer.device)
+            return logprobs.index_select(0, order), entropy.index_select(0, order)
+        # Padded layout: completions end in the last column; realign them to start at column 0.
+        batch = trainer._collate([(samples[i], 0.0) for i in members])
+        logprobs, entropy = trainer._completion_logprobs(batch)
+        width = logprobs.shape[1]
+        aligned, aligned_entropy = torch.zeros_like(logprobs), torch.zeros_like(entropy)
+        for position, index in enumerate(members):
+            n = len(samples[index].completion_token_ids)
+            aligned[position, :n] = logprobs[position, width - n :]
+            aligned_entropy[position, :n] = entropy[position, width - n :]
+        return aligned, aligned_entropy
+
+    def _tensors(
+        self, data: Sequence[Datum], samples: list[TrainSample], members: list[int]
+    ) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """The members' loss inputs as [n, T] tensors from their first computed position (0 beyond
+        a datum's end), their weights (1 where none were given) and mask."""
+        lengths = [len(samples[i].completion_token_ids) for i in members]
+        width = max(max(lengths, default=1), 1)
+        names = {name for i in members for name in data[i].loss_fn_inputs} - {"target_tokens"}
+        tensors = {name: torch.zeros((len(members), width)) for name in names | {"weights", "__mask__"}}
+        for row, (index, length) in enumerate(zip(members, lengths, strict=True)):
+            start = data[index].first_computed
+            tensors["__mask__"][row, :length] = 1.0
+            tensors["weights"][row, :length] = 1.0
+            for name, values in data[index].loss_fn_inputs.items():
+                if name != "target_tokens":
+                    tensors[name][row, :length] = torch.tensor(
+                        [float(v) for v in values[start : start + length]]
+                    )
+        return {name: tensor.to(self.trainer.device) for name, tensor in tensors.items()}, lengths
