@@ -29,7 +29,8 @@ from typing import Any, Protocol
 from training.art_config import ArtOptions
 from training.art_loss import art_shaped_advantages, art_token_weights
 from training.art_update import BASE_MODEL, Sequenced, art_update
-from training.client_groups import ClientGroup, ClientTrajectory, TokenizedTrajectory, TrajectoryTokenizer
+from training.client_groups import ClientGroup, ClientTrajectory
+from training.client_tokens import TokenizedTrajectory, TrajectoryTokenizer
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.cost import device_usage
 from training.grpo import compute_advantages

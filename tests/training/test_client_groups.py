@@ -15,12 +15,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from training.client_groups import (
-    GroupError,
-    TrajectoryTokenizer,
-    annotate_completion,
-    parse_groups,
-)
+from training.client_groups import GroupError, annotate_completion, parse_groups
+from training.client_tokens import TrajectoryTokenizer
 from training.engines.base import Choice
 from training.serving.prompts import render_prompt
 from training.serving.protocol import Limits, parse_chat_request

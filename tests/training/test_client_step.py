@@ -187,7 +187,7 @@ def test_one_optimizer_step_per_packed_sequence_as_art_counts_them(tiny_model_di
 
 
 def _tokenized(tokenizer, item):
-    from training.client_groups import TrajectoryTokenizer
+    from training.client_tokens import TrajectoryTokenizer
 
     return TrajectoryTokenizer(tokenizer).tokenize(item).samples
 
