@@ -21,7 +21,7 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from training.art_config import ArtOptions
-from training.session import Datum, TrainingSession
+from training.session import TrainingSession, datum_of
 from training.trajectory import TrainSample
 
 BASE_MODEL = "base"  # the KL reference when it is step 0: the adapter switched off
@@ -46,17 +46,6 @@ def learning_rate_of(base: float, options: ArtOptions, *, trajectories: int, rew
     if options.scale_learning_rate_by_reward_std_dev:
         rate *= reward_std
     return rate
-
-
-def datum_of(sample: TrainSample, **per_token: list[float]) -> Datum:
-    """A sample as a session datum: its completion positions carry ``per_token`` values (one per
-    completion token), the prompt's carry 0 weight."""
-    tokens = sample.prompt_token_ids + sample.completion_token_ids
-    before = len(sample.prompt_token_ids) - 1
-    inputs = {name: [0.0] * before + list(values) for name, values in per_token.items()}
-    return Datum(
-        model_input=tokens[:-1], loss_fn_inputs={"target_tokens": [float(t) for t in tokens[1:]], **inputs}
-    )
 
 
 def _completion(values: list[float], sample: TrainSample) -> list[float]:

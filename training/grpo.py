@@ -84,10 +84,36 @@ def policy_loss(
     Metrics: clip_fraction (share of tokens whose ratio lies outside the clip range), kl (mean k3,
     0 without ref), ratio_mean; token means over the mask.
     """
+    per_token, kl, ratio = token_objective(
+        logprobs, old_logprobs, advantages, mask, loss_type=loss_type, epsilon=epsilon,
+        epsilon_high=epsilon_high, ref_logprobs=ref_logprobs, kl_coef=kl_coef, importance_level=importance_level,
+    )  # fmt: skip
+    mask = mask.to(logprobs.dtype)
+    loss = normalize(per_token, mask, normalization, max_tokens_constant)
+    return loss, objective_metrics(ratio, kl, mask, epsilon=epsilon, epsilon_high=epsilon_high)
+
+
+def token_objective(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_type: str,
+    epsilon: float,
+    epsilon_high: float | None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    importance_level: str = "token",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The per-token loss of ``policy_loss`` before normalisation, the per-token KL (k3; zeros
+    without ``ref_logprobs``) and the ratios; ``advantages`` per sequence [B] or per token [B, T]."""
     if epsilon_high is None:
         epsilon_high = epsilon
     mask = mask.to(logprobs.dtype)
-    advantages = advantages.to(logprobs.dtype)[:, None]
+    advantages = advantages.to(logprobs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]
     if importance_level == "token":
         ratio = torch.exp(logprobs - old_logprobs)
     elif importance_level == "sequence":
@@ -111,18 +137,22 @@ def policy_loss(
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1.0
         per_token = per_token + kl_coef * kl
+    return per_token, kl, ratio
 
-    loss = normalize(per_token, mask, normalization, max_tokens_constant)
 
+def objective_metrics(
+    ratio: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, *, epsilon: float, epsilon_high: float | None
+) -> dict[str, float]:
+    """clip_fraction, kl and ratio_mean: token means over ``mask``."""
+    high = epsilon if epsilon_high is None else epsilon_high
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1.0)
-        outside = ((ratio < 1.0 - epsilon) | (ratio > 1.0 + epsilon_high)).to(mask.dtype)
-        metrics = {
+        outside = ((ratio < 1.0 - epsilon) | (ratio > 1.0 + high)).to(mask.dtype)
+        return {
             "clip_fraction": float((outside * mask).sum() / tokens),
             "kl": float((kl * mask).sum() / tokens),
             "ratio_mean": float((ratio * mask).sum() / tokens),
         }
-    return loss, metrics
 
 
 def normalize(
@@ -139,19 +169,6 @@ def normalize(
             raise ValueError("normalization 'constant' needs max_tokens_constant")
         return masked.sum() / (per_token.shape[0] * max_tokens_constant)
     raise ValueError(f"unknown normalization {normalization!r}")
-
-
-def micro_batch_weight(
-    normalization: str, micro_tokens: int, micro_sequences: int, total_tokens: int, total_sequences: int
-) -> float:
-    """Factor that turns a micro-batch's normalised loss into its share of the whole batch's loss.
-
-    Summing `weight * loss(micro)` over micro-batches gives exactly `loss(batch)`: token
-    normalisation divides by the batch's token count, the other two by its sequence count.
-    """
-    if normalization == "token":
-        return micro_tokens / max(total_tokens, 1)
-    return micro_sequences / max(total_sequences, 1)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,9 @@ sampler's logprob, ``p`` the learner's, ``A`` the advantage, ``w`` the weight (1
 - ``dro``: -sum w·(p·A - beta/2·(p - q)²); ``beta`` 0.05
 - ``gspo``: ppo with each datum's ratio the geometric mean over its weighted tokens (GSPO-token:
   r_t = sg(s)·exp(p_t - sg(p_t)), so each token keeps its own gradient)
+- ``grpo``: the platform's GRPO objective (training.grpo.token_objective: ``loss_type`` ppo|cispo,
+  ``epsilon``, ``epsilon_high``, ``importance_level`` token|sequence, ``kl_coef`` with
+  ``ref_logprobs``); the weights carry its normalisation (sequence, token or constant)
 - ``art``: OpenPipe ART's objective for one packed sequence (training.art_loss); ``loss_fn_config``
   is an ``ArtLoss`` as a dict; inputs: weights, advantages, logprobs (NaN: the learner's own),
   optional ``ref_logprobs`` and ``original_logprobs``.
@@ -29,6 +32,7 @@ from typing import Any
 import torch
 
 from training.art_loss import ArtLoss, art_policy_loss
+from training.grpo import objective_metrics, token_objective
 
 
 @dataclass
@@ -132,6 +136,32 @@ def gspo(batch: LossInputs, config: dict[str, Any]) -> tuple[torch.Tensor, dict[
     return -(batch.weights * objective).sum(), _ratio_metrics(ratio.detach(), weighted, low, high)
 
 
+def grpo(batch: LossInputs, config: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+    defaults: dict[str, Any] = {"loss_type": "ppo", "epsilon": 0.2, "epsilon_high": None,
+                                "importance_level": "token", "kl_coef": 0.0}  # fmt: skip
+    unknown = sorted(set(config) - set(defaults))
+    if unknown:
+        raise LossInputError(f"loss 'grpo' takes no {', '.join(unknown)} (it takes {', '.join(defaults)})")
+    settings = {**defaults, **config}
+    trained = (batch.weights != 0).to(batch.logprobs.dtype)
+    reference = batch.inputs.get("ref_logprobs")
+    if settings["kl_coef"] > 0 and reference is None:
+        raise LossInputError("loss 'grpo' with kl_coef > 0 needs loss_fn_inputs['ref_logprobs']")
+    try:
+        per_token, kl, ratio = token_objective(
+            batch.logprobs, batch.need("logprobs", "grpo"), batch.need("advantages", "grpo"), trained,
+            loss_type=settings["loss_type"], epsilon=float(settings["epsilon"]),
+            epsilon_high=settings["epsilon_high"], ref_logprobs=reference if settings["kl_coef"] > 0 else None,
+            kl_coef=float(settings["kl_coef"]), importance_level=settings["importance_level"],
+        )  # fmt: skip
+    except ValueError as exc:
+        raise LossInputError(f"loss 'grpo': {exc}") from None
+    metrics = objective_metrics(
+        ratio, kl, trained, epsilon=float(settings["epsilon"]), epsilon_high=settings["epsilon_high"]
+    )
+    return (per_token * batch.weights).sum(), metrics
+
+
 def art(batch: LossInputs, config: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
     """ART's per-sequence objective: training.art_loss.art_policy_loss with per-token advantages and
     weights. art_policy_loss divides by the trained tokens, so this multiplies back: a sum, like the
@@ -161,6 +191,7 @@ LOSSES: dict[str, LossFn] = {
     "cispo": cispo,
     "dro": dro,
     "gspo": gspo,
+    "grpo": grpo,
     "art": art,
 }
 

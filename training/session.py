@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from training.losses import LossInputError, LossInputs, loss_named
-from training.packing import pack
+from training.packing import ROW_TOKENS, pack
 from training.trajectory import TrainSample
 
 # Losses whose value over a call is not the sum of their values over its parts.
@@ -82,6 +82,28 @@ class Datum:
         )
 
 
+def datum_of(sample: TrainSample, **per_token: list[float]) -> Datum:
+    """A sample as a session datum: its completion positions carry ``per_token`` values (one per
+    completion token), the prompt's carry 0 weight."""
+    tokens = sample.prompt_token_ids + sample.completion_token_ids
+    before = len(sample.prompt_token_ids) - 1
+    inputs = {name: [0.0] * before + list(values) for name, values in per_token.items()}
+    return Datum(
+        model_input=tokens[:-1], loss_fn_inputs={"target_tokens": [float(t) for t in tokens[1:]], **inputs}
+    )
+
+
+@dataclass
+class _Row:
+    """One forward pass: its members (indices into the call's datums, in the tensors' order)."""
+
+    members: list[int]
+    batch: dict[str, torch.Tensor]
+    positions: int
+    padding: int
+    padded: bool = False
+
+
 @dataclass
 class ForwardBackwardResult:
     loss: float
@@ -102,8 +124,9 @@ class TrainingSession:
         samples = [datum.sample() for datum in data]
         outputs: list[list[float]] = [[0.0] * len(d.model_input) for d in data]
         with torch.no_grad():
-            for members in self._rows(samples):
-                logprobs, _ = self._learner_logprobs(samples, members)
+            for row_layout in self._layout(samples, whole=False):
+                members = row_layout.members
+                logprobs, _ = self._learner_logprobs(row_layout, samples)
                 for row, index in enumerate(members):
                     start, length = data[index].first_computed, len(samples[index].completion_token_ids)
                     outputs[index][start : start + length] = logprobs[row, :length].tolist()
@@ -116,15 +139,15 @@ class TrainingSession:
         loss = loss_named(loss_fn)
         config = dict(loss_fn_config or {})
         samples = [datum.sample() for datum in data]
-        rows = self._rows(samples)
-        if loss_fn in WHOLE_CALL_LOSSES:
-            rows = [[index for row in rows for index in row]]
-        total, tokens = 0.0, 0.0
+        total, tokens, positions, padding = 0.0, 0.0, 0, 0
         sums: dict[str, float] = {}
         outputs: list[list[float]] = [[0.0] * len(d.model_input) for d in data]
-        for members in rows:
+        for row_layout in self._layout(samples, whole=loss_fn in WHOLE_CALL_LOSSES):
+            members = row_layout.members
+            positions += row_layout.positions
+            padding += row_layout.padding
             batch, lengths = self._tensors(data, samples, members)
-            logprobs, entropy = self._learner_logprobs(samples, members)
+            logprobs, entropy = self._learner_logprobs(row_layout, samples)
             inputs = LossInputs(
                 logprobs=logprobs, mask=batch.pop("__mask__"), weights=batch.pop("weights"), inputs=batch
             )
@@ -142,7 +165,8 @@ class TrainingSession:
                 start = data[index].first_computed
                 outputs[index][start : start + length] = logprobs[row, :length].detach().tolist()
         metrics = {name: value / max(tokens, 1.0) for name, value in sums.items()}
-        metrics["loss:sum"] = total
+        # What the forward passes computed: positions (a shared prompt once per row) and padding.
+        metrics.update({"loss:sum": total, "positions": float(positions), "padding": float(padding)})
         return ForwardBackwardResult(loss=total, metrics=metrics, logprobs=outputs)
 
     def optim_step(
@@ -181,38 +205,59 @@ class TrainingSession:
         self.trainer.model.save_pretrained(str(path))
 
     # ------------------------------------------------------------------ layout
-    def _rows(self, samples: list[TrainSample]) -> list[list[int]]:
+    def _layout(self, samples: list[TrainSample], *, whole: bool) -> list[_Row]:
+        """The forward passes over ``samples``: the trainer's packed rows (a 4-D mask; its prompt
+        once per row, no padding) or left-padded micro-batches of length-sorted samples; ``whole``:
+        everything in one pass."""
         trainer = self.trainer
-        if not trainer.packed:
-            return [[index] for index in range(len(samples))]
-        rows = pack(samples, [0.0] * len(samples), budget=trainer.config.micro_batch_tokens)
-        return [row.members for row in rows]
-
-    def _learner_logprobs(
-        self, samples: list[TrainSample], members: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[n, T] logprobs of ``members``' completion tokens, in ``members``' order, with grad, and
-        their entropies (detached)."""
-        trainer = self.trainer
+        budget = 1 << 30 if whole else trainer.config.micro_batch_tokens
         if trainer.packed:
             dtype = trainer.model.get_input_embeddings().weight.dtype
-            (row,) = pack([samples[i] for i in members], [0.0] * len(members), budget=1 << 30, row_tokens=1 << 30,
-                          mask_dtype=dtype if dtype.is_floating_point else torch.float32)  # fmt: skip
-            batch = {
-                "input_ids": row.input_ids, "position_ids": row.position_ids, "attention_mask": row.attention_mask,
-                "keep": row.keep, "logit_index": row.logit_index, "targets": row.targets,
-            }  # fmt: skip
-            logprobs, entropy = trainer._completion_logprobs(
-                {k: v.to(trainer.device) for k, v in batch.items()}
-            )
-            order = torch.tensor([row.members.index(i) for i in range(len(members))], device=trainer.device)
-            return logprobs.index_select(0, order), entropy.index_select(0, order)
-        # Padded layout: completions end in the last column; realign them to start at column 0.
-        batch = trainer._collate([(samples[i], 0.0) for i in members])
+            rows = pack(samples, [0.0] * len(samples), budget=budget,
+                        row_tokens=budget if whole else ROW_TOKENS,
+                        mask_dtype=dtype if dtype.is_floating_point else torch.float32)  # fmt: skip
+            return [
+                _Row(
+                    members=row.members,
+                    batch={
+                        "input_ids": row.input_ids,
+                        "position_ids": row.position_ids,
+                        "attention_mask": row.attention_mask,
+                        "keep": row.keep,
+                        "logit_index": row.logit_index,
+                        "targets": row.targets,
+                    },  # fmt: skip
+                    positions=row.width,
+                    padding=0,
+                )
+                for row in rows
+            ]
+        order = sorted(
+            range(len(samples)),
+            key=lambda i: len(samples[i].prompt_token_ids) + len(samples[i].completion_token_ids),
+        )
+        # The trainer's micro-batches read each pair's sample; the pair's number is the member index.
+        pairs = [(samples[i], i) for i in order]
+        layouts = []
+        for micro in [pairs] if whole else trainer._micro_batches(pairs):
+            members = [int(index) for _, index in micro]
+            batch = trainer._collate([(samples[i], 0.0) for i in members])
+            layouts.append(_Row(members=members, batch=batch, positions=int(batch["positions"]),
+                                padding=int(batch["padding"]), padded=True))  # fmt: skip
+        return layouts
+
+    def _learner_logprobs(self, row: _Row, samples: list[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[n, T] logprobs of the row's completion tokens, in its members' order, with grad, and
+        their entropies (detached)."""
+        trainer = self.trainer
+        batch = {name: tensor.to(trainer.device) for name, tensor in row.batch.items()}
         logprobs, entropy = trainer._completion_logprobs(batch)
+        if not row.padded:
+            return logprobs, entropy
+        # Padded layout: completions end in the last column; realign them to start at column 0.
         width = logprobs.shape[1]
         aligned, aligned_entropy = torch.zeros_like(logprobs), torch.zeros_like(entropy)
-        for position, index in enumerate(members):
+        for position, index in enumerate(row.members):
             n = len(samples[index].completion_token_ids)
             aligned[position, :n] = logprobs[position, width - n :]
             aligned_entropy[position, :n] = entropy[position, width - n :]

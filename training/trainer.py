@@ -21,7 +21,6 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,7 @@ from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dic
 from safetensors.torch import load_file
 
 from training.config import LoraSpec, TrainConfig
-from training.grpo import (
-    compute_advantages,
-    entropy_from_logits,
-    is_zero_variance,
-    micro_batch_weight,
-    policy_loss,
-)
-from training.packing import pack
+from training.grpo import compute_advantages, entropy_from_logits, is_zero_variance
 from training.trajectory import TrainGroup, TrainSample
 
 CHECKPOINT_FORMAT_VERSION = 1
@@ -156,6 +148,11 @@ class Trainer:
     def _update(
         self, samples: list[tuple[TrainSample, float]], metrics: dict[str, float], start: float
     ) -> dict[str, float]:
+        """One GRPO update as a loop over the session's primitives (training.session): the
+        samples as datums whose weights carry the loss's normalisation, the reference's logprobs
+        when there is a KL term, one ``forward_backward`` with the ``grpo`` loss, one ``optim_step``."""
+        from training.session import TrainingSession
+
         config = self.config
         for sample, _ in samples:
             _check_sample(sample)
@@ -164,91 +161,32 @@ class Trainer:
             metrics["train_seconds"] = time.perf_counter() - start
             return metrics
 
-        total_sequences = len(samples)
-        # Normalisation counts the tokens the model sampled, never the environment's.
-        total_tokens = sum(sample.trainable_tokens() for sample, _ in samples)
-        sums = {"loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "kl": 0.0, "ratio_mean": 0.0}
-        positions = padding = 0
-        for batch in self._batches(samples):
-            positions += int(batch["positions"])
-            padding += int(batch["padding"])
-            logprobs, entropy = self._completion_logprobs(batch)
-            ref_logprobs = None
-            if config.kl_coef > 0:
-                with torch.no_grad(), self.model.disable_adapter():
-                    ref_logprobs, _ = self._completion_logprobs(batch)
-            loss, loss_metrics = policy_loss(
-                logprobs,
-                batch["old_logprobs"],
-                batch["advantages"],
-                batch["mask"],
-                loss_type=config.loss_type,
-                epsilon=config.epsilon,
-                epsilon_high=config.epsilon_high,
-                normalization=config.normalization,
-                ref_logprobs=ref_logprobs,
-                kl_coef=config.kl_coef,
-                max_tokens_constant=config.max_new_tokens,
-                importance_level=config.importance_level,
-            )
-            # Scale so that the gradients summed over micro-batches are those of the whole batch.
-            micro_tokens = int(batch["mask"].sum())
-            weight = micro_batch_weight(
-                config.normalization, micro_tokens, len(batch["advantages"]), total_tokens, total_sequences
-            )
-            (loss * weight).backward()
-            sums["loss"] += float(loss.detach()) * weight
-            share = micro_tokens / max(total_tokens, 1)
-            sums["entropy"] += float((entropy * batch["mask"]).sum()) / max(total_tokens, 1)
-            for name in ("clip_fraction", "kl", "ratio_mean"):
-                sums[name] += loss_metrics[name] * share
-
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters, config.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics.update(sums)
-        metrics["grad_norm"] = float(grad_norm)
-        metrics["trainable_tokens"] = float(total_tokens)
+        session = TrainingSession(self)
+        data = grpo_data(samples, config)
+        if config.kl_coef > 0:
+            with torch.no_grad(), self.model.disable_adapter():
+                reference = session.forward(data)
+            for datum, values in zip(data, reference, strict=True):
+                datum.loss_fn_inputs["ref_logprobs"] = values
+        result = session.forward_backward(
+            data,
+            "grpo",
+            {"loss_type": config.loss_type, "epsilon": config.epsilon, "epsilon_high": config.epsilon_high,
+             "importance_level": config.importance_level, "kl_coef": config.kl_coef},
+        )  # fmt: skip
+        stepped = session.optim_step(learning_rate=config.learning_rate, weight_decay=config.weight_decay)
+        metrics.update(
+            {name: result.metrics[name] for name in ("entropy", "clip_fraction", "kl", "ratio_mean")}
+        )
+        metrics["loss"] = result.loss
+        metrics["grad_norm"] = stepped["grad_norm"]
+        metrics["trainable_tokens"] = float(sum(sample.trainable_tokens() for sample, _ in samples))
         # What the forward passes computed: positions (each packed prompt once) and the share
         # of them that was padding.
-        metrics["update_positions"] = float(positions)
-        metrics["padding_fraction"] = padding / max(positions, 1)
+        metrics["update_positions"] = result.metrics["positions"]
+        metrics["padding_fraction"] = result.metrics["padding"] / max(result.metrics["positions"], 1.0)
         metrics["train_seconds"] = time.perf_counter() - start
         return metrics
-
-    def _batches(self, samples: list[tuple[TrainSample, float]]) -> Iterator[dict[str, torch.Tensor]]:
-        """The update's forward passes: packed rows (training.packing) when the attention kernel
-        takes a 4-D mask, else left-padded micro-batches of length-sorted samples."""
-        if self.packed:
-            dtype = self.model.get_input_embeddings().weight.dtype
-            rows = pack(
-                [sample for sample, _ in samples],
-                [advantage for _, advantage in samples],
-                budget=self.config.micro_batch_tokens,
-                mask_dtype=dtype if dtype.is_floating_point else torch.float32,
-            )
-            for row in rows:
-                batch = {
-                    "input_ids": row.input_ids,
-                    "position_ids": row.position_ids,
-                    "attention_mask": row.attention_mask,
-                    "keep": row.keep,
-                    "logit_index": row.logit_index,
-                    "targets": row.targets,
-                    "mask": row.mask,
-                    "old_logprobs": row.old_logprobs,
-                    "advantages": row.advantages,
-                }
-                batch = {name: tensor.to(self.device) for name, tensor in batch.items()}
-                batch["positions"] = torch.tensor(row.width)
-                batch["padding"] = torch.tensor(0)
-                yield batch
-            return
-        by_length = sorted(
-            samples, key=lambda item: len(item[0].prompt_token_ids) + len(item[0].completion_token_ids)
-        )
-        for micro in self._micro_batches(by_length):
-            yield self._collate(micro)
 
     def _micro_batches(
         self, samples: list[tuple[TrainSample, float]]
@@ -413,6 +351,37 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         trainer.step = int(state["step"])
         return trainer
+
+
+def grpo_data(samples: list[tuple[TrainSample, float]], config: TrainConfig) -> list[Any]:
+    """The samples as session datums for the ``grpo`` loss: the sampler's logprobs and each
+    sample's advantage on its completion tokens, and weights that make the summed loss the
+    normalised one (``normalization``: sequence 1 / (tokens of the sequence · sequences), token
+    1 / all tokens, constant 1 / (sequences · max_new_tokens)), 0 on tokens not trained."""
+    from training.session import datum_of
+
+    sequences = len(samples)
+    total_tokens = sum(sample.trainable_tokens() for sample, _ in samples)
+    data = []
+    for sample, advantage in samples:
+        mask = sample.completion_mask or [1] * len(sample.completion_token_ids)
+        if config.normalization == "sequence":
+            scale = 1.0 / (max(sum(mask), 1) * sequences)
+        elif config.normalization == "token":
+            scale = 1.0 / max(total_tokens, 1)
+        elif config.normalization == "constant":
+            scale = 1.0 / (sequences * config.max_new_tokens)
+        else:
+            raise ValueError(f"unknown normalization {config.normalization!r}")
+        data.append(
+            datum_of(
+                sample,
+                weights=[bit * scale for bit in mask],
+                advantages=[advantage] * len(mask),
+                logprobs=list(sample.completion_logprobs),
+            )
+        )
+    return data
 
 
 def read_checkpoint_state(path: Path) -> dict:

@@ -9,7 +9,6 @@ from training.grpo import (
     compute_advantages,
     entropy_from_logits,
     group_advantages,
-    micro_batch_weight,
     normalize,
     policy_loss,
 )
@@ -150,25 +149,20 @@ def test_the_three_normalisations():
 
 
 @pytest.mark.parametrize("normalization", ["token", "sequence", "constant"])
-def test_micro_batch_weights_reassemble_the_full_batch_loss(normalization):
+def test_the_grpo_datums_weights_make_the_summed_loss_the_normalised_one(normalization):
+    from training.config import TrainConfig
+    from training.trainer import grpo_data
+    from training.trajectory import TrainSample
+
     generator = torch.Generator().manual_seed(0)
     per_token = torch.rand(5, 4, generator=generator)
-    mask = torch.tensor(
-        [[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 0]], dtype=torch.float32
-    )
-    full = normalize(per_token, mask, normalization, max_tokens_constant=4)
-    total = 0.0
-    for rows in (slice(0, 2), slice(2, 3), slice(3, 5)):
-        micro = normalize(per_token[rows], mask[rows], normalization, max_tokens_constant=4)
-        weight = micro_batch_weight(
-            normalization,
-            int(mask[rows].sum()),
-            per_token[rows].shape[0],
-            int(mask.sum()),
-            per_token.shape[0],
-        )
-        total += weight * micro.item()
-    assert total == pytest.approx(full.item())
+    mask = [[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 1, 0]]
+    samples = [(TrainSample(prompt_token_ids=[1, 2], completion_token_ids=[3, 4, 5, 6], completion_logprobs=[0.0] * 4,
+                            reward=0.0, completion_mask=row), 1.0) for row in mask]  # fmt: skip
+    data = grpo_data(samples, TrainConfig(normalization=normalization, max_new_tokens=4))
+    weights = torch.tensor([datum.loss_fn_inputs["weights"][1:] for datum in data])  # the completion's 4
+    full = normalize(per_token, torch.tensor(mask, dtype=torch.float32), normalization, max_tokens_constant=4)
+    assert (per_token * weights).sum().item() == pytest.approx(full.item())
 
 
 def test_kl_penalty_uses_the_k3_estimator():

@@ -66,17 +66,18 @@ def test_unknown_importance_level_is_a_config_error():
 
 
 def test_trainer_uses_the_configured_importance_level(monkeypatch):
-    """The trainer passes importance_level through to the loss (checked by intercepting it)."""
-    import training.trainer as trainer_module
+    """The trainer passes importance_level through to the loss (checked by intercepting it: the
+    session's ``grpo`` loss, training.losses, computes the objective with token_objective)."""
+    import training.losses as losses_module
 
     seen = []
-    original = trainer_module.policy_loss
+    original = losses_module.token_objective
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("importance_level"))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "policy_loss", spy)
+    monkeypatch.setattr(losses_module, "token_objective", spy)
     import tempfile
     from pathlib import Path
 
