@@ -218,6 +218,9 @@ TRAINING_DEVICE = env_str("TRAINING_DEVICE", "cpu")
 # model loader for training (auto: unsloth on CUDA when installed; on insists, off never).
 TRAINING_ENGINE = env_choice("ARTWEB_ENGINE", "auto", ("auto", "vllm", "transformers"))
 TRAINING_UNSLOTH = env_choice("ARTWEB_UNSLOTH", "auto", ("auto", "on", "off"))
+# Client training jobs: how many trained sessions a worker process keeps between jobs, so the next
+# job of a model starts from memory instead of loading the base model and checkpoint (0: never).
+RESIDENT_SESSIONS = env_int("RESIDENT_SESSIONS", 1, minimum=0)
 # Torch intra-op threads per process (the worker's training, serve_inference); 0 = torch's default,
 # one per core. `manage.py up` sets it for its children to cores // torch processes (and
 # OMP_WAIT_POLICY=PASSIVE) unless the environment sets it: see benchmarks/threads_split.py.

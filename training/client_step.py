@@ -55,6 +55,7 @@ class ClientStepSpec:
     accepts_model: Callable[[str], bool] | None = None  # see TrajectoryTokenizer
     options: ArtOptions = field(default_factory=ArtOptions)
     reference_dir: Path | None = None  # the KL reference checkpoint's folder (options.reference_step > 0)
+    resident: Any = None  # a Trainer that holds exactly checkpoint from_step (training.resident), or None
     device: str = "cpu"
     unsloth: str = "auto"
 
@@ -74,6 +75,7 @@ class ClientStepResult:
     metrics: dict[str, float]  # artweb's names (StepMetrics: the dashboard's charts)
     events: list[dict[str, float]]  # one per optimizer step: the client's gradient_step events (ART's names)
     trajectories: list[ScoredTrajectory]
+    trainer: Any = None  # the session, now at checkpoint ``step``: the caller may keep it (training.resident)
 
 
 class ClientStepHooks(Protocol):
@@ -93,16 +95,24 @@ def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientSte
     from training.trainer import Trainer
 
     started = time.monotonic()
-    base_model, tokenizer, _ = load_policy_model(
-        spec.base_model_source, spec.model_cache_dir, device=spec.device, unsloth=spec.unsloth
-    )
-    if spec.resume_from is None:
-        trainer = Trainer(base_model, tokenizer, spec.config, spec.lora, device=spec.device)
-        trainer.step = spec.from_step
+    trainer = spec.resident
+    if trainer is not None:  # the session that saved from_step, kept in this process (training.resident)
+        trainer.config = spec.config
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = spec.config.learning_rate
+            group["weight_decay"] = spec.config.weight_decay
+        base_model, tokenizer = trainer.model.get_base_model(), trainer.tokenizer
     else:
-        trainer = Trainer.resume(
-            base_model, tokenizer, spec.resume_from, spec.config, spec.lora, device=spec.device
+        base_model, tokenizer, _ = load_policy_model(
+            spec.base_model_source, spec.model_cache_dir, device=spec.device, unsloth=spec.unsloth
         )
+        if spec.resume_from is None:
+            trainer = Trainer(base_model, tokenizer, spec.config, spec.lora, device=spec.device)
+            trainer.step = spec.from_step
+        else:
+            trainer = Trainer.resume(
+                base_model, tokenizer, spec.resume_from, spec.config, spec.lora, device=spec.device
+            )
     load_seconds = time.monotonic() - started
 
     started = time.monotonic()
@@ -156,7 +166,7 @@ def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientSte
         events[-1] = {**art_metrics(metrics), **events[-1]}
     else:
         events = [art_metrics(metrics)]
-    return ClientStepResult(step, path, metrics, events, scored)
+    return ClientStepResult(step, path, metrics, events, scored, trainer)
 
 
 @dataclass

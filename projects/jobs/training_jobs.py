@@ -16,12 +16,13 @@ from django.conf import settings
 from projects import selectors, services
 from projects.client_names import client_slug
 from projects.jobs.claimed import Claimed, Job, readable
-from projects.models import TrainableModel, TrainingJob
+from projects.models import Checkpoint, TrainableModel, TrainingJob
 from projects.storage import checkpoint_local_dir, checkpoint_upload
 from training.art_config import ArtOptions
 from training.client_groups import GroupError, parse_groups
 from training.client_step import ClientStepSpec, ScoredTrajectory, train_client_step
 from training.config import ConfigError, LoraSpec, TrainConfig
+from training.resident import ResidentSessions, SessionKey
 
 
 def accepts_model(model: TrainableModel) -> Callable[[str], bool]:
@@ -47,6 +48,28 @@ def accepts_model(model: TrainableModel) -> Callable[[str], bool]:
         )
 
     return accepts
+
+
+_resident: ResidentSessions | None = None
+
+
+def resident_sessions() -> ResidentSessions:
+    """This worker process's kept sessions (training.resident), ``RESIDENT_SESSIONS`` of them."""
+    global _resident
+    if _resident is None or _resident.capacity != settings.RESIDENT_SESSIONS:
+        _resident = ResidentSessions(capacity=settings.RESIDENT_SESSIONS)
+    return _resident
+
+
+def session_key(model: TrainableModel, checkpoint: Checkpoint | None) -> SessionKey:
+    """The checkpoint a kept session must hold to start a job of ``model`` (its latest)."""
+    return SessionKey(
+        model=f"model-{model.pk}",
+        step=checkpoint.step if checkpoint else 0,
+        # The row too: a step 0 without files has no digest, and rows are never reused.
+        digest=f"{checkpoint.pk}:{checkpoint.sha256 or checkpoint.path}" if checkpoint else "",
+        base_model_source=model.base_model.source,
+    )
 
 
 def build_step_spec(job: TrainingJob) -> ClientStepSpec:
@@ -75,6 +98,7 @@ def build_step_spec(job: TrainingJob) -> ClientStepSpec:
         groups=parse_groups(job.groups, allow_without_logprobs=options.allow_training_without_logprobs),
         from_step=from_step,
         resume_from=checkpoint_local_dir(latest) if latest is not None else None,
+        resident=resident_sessions().take(session_key(model, latest)),
         accepts_model=accepts_model(model),
         options=options,
         reference_dir=reference_dir,
@@ -158,6 +182,9 @@ def _train(claimed: Claimed[TrainingJob]) -> str:
         ],
         trajectories=trajectory_records(result.trajectories),
     )
+    if recorded and result.trainer is not None:  # it holds exactly the step just recorded
+        checkpoint = selectors.checkpoint_at(model=job.model, step=result.step)
+        resident_sessions().keep(session_key(job.model, checkpoint), result.trainer)
     return "succeeded" if recorded else "lost"
 
 

@@ -142,6 +142,30 @@ def test_a_job_whose_worker_died_is_redone_once(world):
     assert events(job) == ["training_started", "gradient_step", "training_ended"]
 
 
+def test_the_next_job_starts_from_the_session_the_last_one_kept(world, settings):
+    from projects.jobs.training_jobs import resident_sessions
+
+    settings.RESIDENT_SESSIONS = 1
+    sessions = resident_sessions()
+    before = (sessions.hits, sessions.misses)
+
+    def counts() -> tuple[int, int]:
+        return sessions.hits - before[0], sessions.misses - before[1]
+
+    first = submit(world, 1.0, 0.0)
+    assert claimed.work_on(TRAINING_JOB, first.pk) == "succeeded"
+    second = submit(world, 0.0, 1.0, model_id="math/agent:1")
+    assert claimed.work_on(TRAINING_JOB, second.pk) == "succeeded"
+    assert counts() == (1, 1)  # the first loaded; the second took its session
+    loads = [StepMetrics.objects.get(run=world.run, step=step).metrics["load_seconds"] for step in (1, 2)]
+    assert loads[1] < loads[0] / 5, loads
+    # A checkpoint deleted and remade at the same step elsewhere would have another row: a miss.
+    services.checkpoint_record(model=world.model, run=world.run, step=3, path="/elsewhere/step-000003")
+    third = submit(world, 1.0, 0.0, model_id="math/agent:2")
+    claimed.work_on(TRAINING_JOB, third.pk)  # fails (no files at /elsewhere), but never on a kept session
+    assert counts() == (1, 2)
+
+
 def test_a_choice_may_come_from_any_step_of_the_model_or_its_base():
     model = type("M", (), {"project": type("P", (), {"name": "math"}), "name": "agent",
                            "base_model": type("B", (), {"name": "tiny"})})  # fmt: skip
