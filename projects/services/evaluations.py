@@ -48,6 +48,7 @@ from projects.selectors.task_sets import task_set_rows
 from projects.services import webhooks
 from projects.services._common import error_text, jsonb_safe, worker_lost_reason
 from projects.services.runs import run_event_add, run_platform_inputs
+from projects.services.transitions import Machine, work_transition
 from training.config import TrainConfig
 
 EVALUATION_SPLITS = ("validation", "train", "all")
@@ -94,6 +95,15 @@ def evaluation_event_add(
     )
 
 
+EVALUATION_MACHINE: Machine[Evaluation] = Machine(
+    Evaluation,
+    EVALUATION_TRANSITIONS,
+    frozenset(EVALUATION_TERMINAL_STATUSES),
+    "evaluation",
+    ended_reads_already=True,
+)
+
+
 def evaluation_transition(
     *,
     evaluation_id: int,
@@ -103,24 +113,14 @@ def evaluation_transition(
     data: dict[str, Any] | None = None,
     updates: dict[str, Any] | None = None,
 ) -> Evaluation:
-    """Move an evaluation to ``to`` if the state machine allows it, recording an event with
-    ``data`` (an evaluation's events carry its results, not the states). Raises InvalidTransition
-    otherwise; a terminal state sets ``finished_at``."""
-    with transaction.atomic():
-        evaluation = Evaluation.objects.select_for_update().get(pk=evaluation_id)
-        if to not in EVALUATION_TRANSITIONS[evaluation.status]:
-            if evaluation.status in EVALUATION_TERMINAL_STATUSES:
-                raise InvalidTransition(f"the evaluation already {evaluation.status}", field="status")
-            raise InvalidTransition(f"a {evaluation.status} evaluation cannot become {to}", field="status")
-        evaluation.status = to
-        if to in EVALUATION_TERMINAL_STATUSES:
-            evaluation.finished_at = timezone.now()
-        for key, value in (updates or {}).items():
-            setattr(evaluation, key, value)
-        evaluation.save()
+    """Move an evaluation to ``to`` if the state machine allows it (services.transitions), recording
+    an event with ``data`` (an evaluation's events carry its results, not the states)."""
+
+    def announce(evaluation: Evaluation, previous: str) -> None:
         evaluation_event_add(evaluation=evaluation, message=message, level=level, data=data)
         webhooks.announce_evaluation(evaluation)
-    return evaluation
+
+    return work_transition(EVALUATION_MACHINE, pk=evaluation_id, to=to, updates=updates, announce=announce)
 
 
 def _number(value: Any, field: str, *, low: float, high: float) -> float:

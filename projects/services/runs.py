@@ -46,6 +46,7 @@ from projects.models import (
 )
 from projects.services import webhooks
 from projects.services._common import config_invalid, error_text, worker_lost_reason
+from projects.services.transitions import Machine, work_transition
 from training.config import ConfigError, TrainConfig
 
 ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PAUSED)
@@ -87,6 +88,9 @@ def run_event_add(
     return RunEvent.objects.create(run=run, message=message, level=level, type=type, data=data or {})
 
 
+RUN_MACHINE: Machine[Run] = Machine(Run, ALLOWED_TRANSITIONS, frozenset(TERMINAL_STATUSES), "run")
+
+
 def run_transition(
     *,
     run_id: int,
@@ -96,28 +100,16 @@ def run_transition(
     data: dict[str, Any] | None = None,
     updates: dict[str, Any] | None = None,
 ) -> Run:
-    """Move a run to ``to`` if the state machine allows it, recording an event. Raises
-    InvalidTransition otherwise (callers that race, like cancel, catch it)."""
-    with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run_id)
-        if to not in ALLOWED_TRANSITIONS[run.status]:
-            raise InvalidTransition(f"a {run.status} run cannot become {to}", field="status")
-        previous = run.status
-        run.status = to
-        now = timezone.now()
-        if to in TERMINAL_STATUSES:
-            run.finished_at = now
-        for key, value in (updates or {}).items():
-            setattr(run, key, value)
-        run.save()
+    """Move a run to ``to`` if the state machine allows it, recording an event (services.transitions).
+    Raises InvalidTransition otherwise (callers that race, like cancel, catch it)."""
+
+    def announce(run: Run, previous: str) -> None:
         run_event_add(
-            run=run,
-            message=message,
-            level=level,
-            data={"from": previous, "to": to, **(data or {})},
+            run=run, message=message, level=level, data={"from": previous, "to": to, **(data or {})}
         )
         webhooks.announce_run(run)
-    return run
+
+    return work_transition(RUN_MACHINE, pk=run_id, to=to, updates=updates, announce=announce)
 
 
 def _enqueue_run(run_id: int) -> None:

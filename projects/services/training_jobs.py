@@ -27,7 +27,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from projects.client_names import check_client_name, client_slug
-from projects.errors import Conflict, InvalidTransition, NotFound, ValidationFailed
+from projects.errors import Conflict, NotFound, ValidationFailed
 from projects.formatting import format_number
 from projects.models import (
     BaseModel,
@@ -53,6 +53,7 @@ from projects.services.checkpoints import model_files_remove_on_commit
 from projects.services.projects import trainable_model_create
 from projects.services.runs import ACTIVE_STATUSES, run_event_add
 from projects.services.steps import TrajectoryRecord, checkpoint_record, step_rows_write
+from projects.services.transitions import Machine, work_transition
 from projects.storage import StoredObject
 from training.art_config import art_job_config
 from training.client_groups import GroupError, parse_groups
@@ -281,20 +282,20 @@ def training_job_event_add(*, job: TrainingJob, type: str, message: str, data: d
     return TrainingJobEvent.objects.create(job=job, type=type, message=message, data=data or {}, level=level)
 
 
+TRAINING_JOB_MACHINE: Machine[TrainingJob] = Machine(
+    TrainingJob,
+    TRAINING_JOB_TRANSITIONS,
+    frozenset({TrainingJobStatus.SUCCEEDED, TrainingJobStatus.FAILED}),
+    "training job",
+)
+
+
 def training_job_transition(*, job_id: int, to: str, updates: dict[str, Any] | None = None) -> TrainingJob:
-    """Move a job to ``to`` if TRAINING_JOB_TRANSITIONS allows it (InvalidTransition otherwise)."""
-    with transaction.atomic():
-        job = TrainingJob.objects.select_for_update().get(pk=job_id)
-        if to not in TRAINING_JOB_TRANSITIONS[job.status]:
-            raise InvalidTransition(f"a {job.status} training job cannot become {to}", field="status")
-        job.status = to
-        if to in (TrainingJobStatus.SUCCEEDED, TrainingJobStatus.FAILED):
-            job.finished_at = timezone.now()
-        for key, value in (updates or {}).items():
-            setattr(job, key, value)
-        job.save()
-        webhooks.announce_training_job(job)
-    return job
+    """Move a job to ``to`` if TRAINING_JOB_TRANSITIONS allows it (services.transitions)."""
+    return work_transition(
+        TRAINING_JOB_MACHINE, pk=job_id, to=to, updates=updates,
+        announce=lambda job, previous: webhooks.announce_training_job(job),
+    )  # fmt: skip
 
 
 def training_job_claim(*, job_id: int, worker: str, stale_after_s: float | None = None) -> TrainingJob | None:
