@@ -120,8 +120,10 @@ lock: $(TOOLS_STAMP)
 audit: $(TOOLS_STAMP)
 	$(TOOLS_VENV)/bin/python .ci/audit requirements/cpu.lock requirements/gpu.lock
 
-up: install
-	DEBUG=$${DEBUG:-1} $(PY) manage.py up $(if $(PORT),--port $(PORT))
+# The platform needs the Python environment and the dashboard's packages, not the ART clients'
+# virtualenvs (test-only, ~2.6 GB): `make install` (and `make test`) adds those.
+up: $(STAMP) $(VENDOR_STAMP)
+	DEBUG=$${DEBUG:-1} $(PY) manage.py up $(if $(PORT),--port $(PORT)) $(if $(INFERENCE_PORT),--inference-port $(INFERENCE_PORT))
 
 demo: install
 	DEBUG=$${DEBUG:-1} $(PY) manage.py demo --steps $${STEPS:-5}

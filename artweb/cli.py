@@ -403,7 +403,8 @@ def cmd_evaluations_create(args: argparse.Namespace) -> int:
     value = results.get(args.metric)
     print(
         f"Evaluation {evaluation['id']} succeeded: reward_mean {_short(results.get('reward_mean'))}, "
-        f"pass_rate {_short(results.get('pass_rate'))} over {results.get('n')} samples"
+        f"pass_rate {_short(results.get('pass_rate'))} (reward >= {_short(evaluation.get('pass_threshold'))}) "
+        f"over {results.get('n')} samples"
     )
     if args.fail_below is None:
         return EXIT_OK

@@ -118,6 +118,7 @@ from projects.services.runs import (
     run_set_start_step,
     run_start_text,
     run_transition,
+    runs_pause_interrupted,
     runs_requeue_orphaned,
 )
 from projects.services.scenarios import (
@@ -163,6 +164,7 @@ from projects.services.training_jobs import (
 )
 
 __all__ = [
+    "runs_pause_interrupted",
     "ART_OPTIONS",
     "check_slug",
     "json_text_read",

@@ -354,6 +354,31 @@ def run_pause_finish(*, run_id: int, worker: str) -> Run | None:
         )
 
 
+def runs_pause_interrupted() -> list[int]:
+    """Pause the platform runs left ``running`` by a stack that stopped (``manage.py up`` on its own
+    database, where no other worker can be alive): they wait for the user's resume, from their last
+    recorded checkpoint, instead of being taken up unannounced once a worker is free."""
+    paused = []
+    for run_id in (
+        Run.objects.filter(status=RunStatus.RUNNING).exclude(kind=RunKind.CLIENT).values_list("id", flat=True)
+    ):
+        with transaction.atomic():
+            locked = Run.objects.select_for_update().get(pk=run_id)
+            if locked.status != RunStatus.RUNNING:
+                continue
+            run_transition(
+                run_id=run_id,
+                to=RunStatus.PAUSED,
+                message=f"The platform stopped while this run was running; paused at checkpoint step "
+                f"{locked.current_step}. Resume it (dashboard, or POST /api/v1/runs/{run_id}/resume/) to "
+                "continue from there",
+                data={"step": locked.current_step, "worker": locked.worker},
+                updates={"worker": "", "heartbeat_at": None, "pause_requested": False},
+            )
+            paused.append(run_id)
+    return paused
+
+
 def run_resume(*, run: Run) -> Run:
     """A paused run is queued again; the worker that claims it continues from the last recorded
     checkpoint exactly as after a crash. Its claim count starts over: a pause is not a lost worker

@@ -148,6 +148,7 @@ def test_a_ci_job_trains_evaluates_and_downloads_with_exit_codes(stack, team_set
         "--fail-below", "1.01", env=env,
     )  # fmt: skip
     assert failing.returncode == 1 and "FAIL: pass_rate" in failing.stdout, failing.stdout + failing.stderr
+    assert "(reward >= 1)" in failing.stdout  # the threshold the pass rate counts against
     passing = artweb(
         "evaluations", "create", "-f", str(evaluation_file), "--wait", "--interval", "0.5",
         "--fail-below", "0", "--metric", "reward_mean", env=env,

@@ -5,17 +5,30 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from artweb.demo.setup import demo_start
 from artweb.management.commands.demo import print_credentials, watch_run
 from artweb.stack import Stack, inference_command, web_command, worker_command
 from projects import services
 from training.base_models import BUNDLED_MODEL
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -63,6 +76,21 @@ class Command(BaseCommand):
     def handle(self, *args, host: str, port: int, demo_steps: int, base_model: str, inference_port: int,
                no_inference: bool, **options):  # fmt: skip
         call_command("migrate", interactive=False, verbosity=0)
+        if not port_free(host, port):
+            raise CommandError(
+                f"port {port} on {host} is in use: choose another with `make up PORT=…` (--port)"
+            )
+        if not no_inference and inference_port and not port_free("127.0.0.1", inference_port):
+            self.stdout.write(
+                f"Port {inference_port} (the inference server's) is in use: it takes a free port instead."
+            )
+            inference_port = 0
+        if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+            # This stack owns its database: a run left running was stopped with the last one.
+            for run_id in services.runs_pause_interrupted():
+                self.stdout.write(
+                    f"Run {run_id} was running when the platform stopped: paused; resume it to continue."
+                )
         stack = Stack(settings.DATA_DIR / "logs")
         # Ctrl-C and SIGTERM both stop the stack; SIGINT is re-armed because a parent (a script, a
         # non-interactive shell) may have started us with it ignored.

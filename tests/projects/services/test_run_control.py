@@ -60,6 +60,29 @@ def messages(run: Run) -> list[str]:
 # --- pause / resume ------------------------------------------------------------------------------
 
 
+def test_runs_a_stopped_stack_left_running_are_paused_for_the_user_to_resume(alpha_setup, enqueued):
+    # manage.py up on its own database: a run that was running when the platform stopped waits
+    # for the user, instead of training again unannounced once the next stack's worker is free.
+    interrupted = claimed(create(alpha_setup))
+    Run.objects.filter(pk=interrupted.pk).update(current_step=2)
+    waiting = services.run_create(
+        model=factories.TrainableModelFactory(project=alpha_setup.project, name="other", base_model=alpha_setup.base),
+        task_set=alpha_setup.task_set, environment=alpha_setup.environment, reward=alpha_setup.reward,
+        config={"steps": 3},
+    )  # fmt: skip
+    assert services.runs_pause_interrupted() == [interrupted.pk]
+    interrupted.refresh_from_db()
+    assert (interrupted.status, interrupted.worker, interrupted.heartbeat_at) == (RunStatus.PAUSED, "", None)
+    assert (
+        "The platform stopped while this run was running; paused at checkpoint step 2"
+        in messages(interrupted)[-1]
+    )
+    assert f"/api/v1/runs/{interrupted.pk}/resume/" in messages(interrupted)[-1]
+    waiting.refresh_from_db()
+    assert waiting.status == RunStatus.QUEUED  # a queued run is still taken as usual
+    assert services.run_resume(run=interrupted).status == RunStatus.QUEUED
+
+
 def test_a_running_run_pauses_only_at_the_workers_next_step_boundary(alpha_setup, enqueued):
     run = claimed(create(alpha_setup))
     paused = services.run_pause(run=run)
