@@ -209,7 +209,11 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
             spec.lora,
             device=spec.device,
         )
-        hooks.event(f"Resumed from checkpoint step {current}")
+        # The run's own first start continues the model; any later start picks the run up again.
+        if current == spec.start_step:
+            hooks.event(f"Loaded checkpoint step {current}: training continues from it")
+        else:
+            hooks.event(f"Resumed from checkpoint step {current}")
     sampler = _Sampler(spec, trainer, tokenizer, dtype, current)
     # A fixed probe prompt: after every save, the sampler must score it exactly as the trainer does.
     probes = [spec.environment.start(spec.train_rows[0]["data"], seed=0).messages]

@@ -403,6 +403,12 @@ def _against_baseline(run: Run, step: int, samples: list[Any]) -> dict[str, Any]
     return {"baseline_step": baseline.step, "comparison_to_baseline": compare(samples, earlier)}
 
 
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0.0
+    return max(0.0, min(float(value), 7 * 86400.0))
+
+
 def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], samples: list[Any]) -> Evaluation:
     """Record a run's validation evaluation of its checkpoint ``step`` (idempotent per step: a
     resumed run that evaluates a step again keeps the first record)."""
@@ -433,7 +439,8 @@ def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], sampl
             },
             status=EvaluationStatus.SUCCEEDED,
             results=jsonb_safe(results),
-            started_at=now,
+            # The results carry how long it ran (training.evaluation): it started that long ago.
+            started_at=now - timedelta(seconds=_seconds(results.get("seconds"))),
             finished_at=now,
         )
         _samples(evaluation, samples)

@@ -140,3 +140,23 @@ def test_a_run_that_continues_a_model_names_every_phase_by_the_models_step(tiny_
     for event in phases:
         step = event["data"]["step"]
         assert event["message"].startswith(f"Step {step} ({step - 20} of 2 in this run): "), event["message"]
+
+
+def test_a_continuation_says_it_loads_the_models_checkpoint_and_a_restart_that_it_resumes(
+    tiny_model_dir, tmp_path
+):
+    def spec(start_step: int, resume_step: int | None, steps: int = 1) -> RunSpec:
+        return RunSpec(
+            base_model_source=str(tiny_model_dir), model_cache_dir=tiny_model_dir.parent, checkpoint_root=tmp_path,
+            config=TrainConfig(steps=steps, group_size=2, groups_per_step=1, max_new_tokens=2),
+            lora=LoraSpec(rank=2, alpha=4), environment=build_environment("chat"),
+            grader_spec={"type": "regex", "pattern": "a"}, train_rows=ROWS, start_step=start_step,
+            resume_step=resume_step,
+        )  # fmt: skip
+
+    assert run_training(spec(0, None), Hooks()) == "succeeded"  # checkpoints 0 and 1
+    continued, restarted = Hooks(), Hooks()
+    assert run_training(spec(1, 1), continued) == "succeeded"  # a new run on the model: from step 1
+    assert run_training(spec(0, 1, steps=2), restarted) == "succeeded"  # a run picked up at its step 1
+    assert "Loaded checkpoint step 1: training continues from it" in [e["message"] for e in continued.events]
+    assert "Resumed from checkpoint step 1" in [e["message"] for e in restarted.events]

@@ -202,7 +202,7 @@ def test_run_evaluations_are_stored_per_checkpoint_once_and_listed_on_the_run(
     run = services.run_create(
         model=setup.model, task_set=setup.task_set, environment=setup.environment, reward=setup.reward
     )
-    results = {"reward_mean": 0.25, "pass_rate": 0.0, "n": 2, "grader_means": {"exact": 0.25}}
+    results = {"reward_mean": 0.25, "pass_rate": 0.0, "n": 2, "grader_means": {"exact": 0.25}, "seconds": 31.0}
     first = services.run_evaluation_record(
         run=run, step=0, results=results, samples=[sample("subject", 1, 0.5), sample("subject", 3, 0.0)]
     )
@@ -210,6 +210,8 @@ def test_run_evaluations_are_stored_per_checkpoint_once_and_listed_on_the_run(
     assert again.pk == first.pk and EvaluationSample.objects.filter(evaluation=first).count() == 2
     assert first.checkpoint == setup.checkpoint and first.status == EvaluationStatus.SUCCEEDED
     assert first.max_rows == 8 and first.pass_threshold == 1.0
+    # It ran for the seconds its results say, ending when it was recorded (not a zero-length span).
+    assert (first.finished_at - first.started_at).total_seconds() == pytest.approx(31.0)
     listed = alice_client.get(f"/api/v1/runs/{run.id}/evaluations").json()["data"]
     assert [(e["step"], e["results"]["reward_mean"]) for e in listed] == [(0, 0.25)]
     assert listed[0]["model"] == "math/agent:0"
