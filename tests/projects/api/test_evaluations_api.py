@@ -202,7 +202,13 @@ def test_run_evaluations_are_stored_per_checkpoint_once_and_listed_on_the_run(
     run = services.run_create(
         model=setup.model, task_set=setup.task_set, environment=setup.environment, reward=setup.reward
     )
-    results = {"reward_mean": 0.25, "pass_rate": 0.0, "n": 2, "grader_means": {"exact": 0.25}, "seconds": 31.0}
+    results = {
+        "reward_mean": 0.25,
+        "pass_rate": 0.0,
+        "n": 2,
+        "grader_means": {"exact": 0.25},
+        "seconds": 31.0,
+    }
     first = services.run_evaluation_record(
         run=run, step=0, results=results, samples=[sample("subject", 1, 0.5), sample("subject", 3, 0.0)]
     )
