@@ -200,6 +200,16 @@ class TrainingSession:
         """Adapter, optimizer and RNG: what ``load_state`` (``Trainer.resume``) continues from."""
         self.trainer.save_checkpoint(path, step=step, metrics=metrics)
 
+    @classmethod
+    def load_state(
+        cls, base_model: Any, tokenizer: Any, path: Path, config: Any, lora: Any, *, device: str = "cpu"
+    ) -> TrainingSession:
+        """A session that continues exactly from ``save_state``'s folder (adapter, optimizer, RNG),
+        on a freshly loaded ``base_model`` (peft injects the adapter into it)."""
+        from training.trainer import Trainer
+
+        return cls(Trainer.resume(base_model, tokenizer, path, config, lora, device=device))
+
     def save_weights_for_sampler(self, path: Path) -> None:
         """The adapter alone (peft's folder), as an inference server loads it."""
         self.trainer.model.save_pretrained(str(path))

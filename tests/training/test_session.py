@@ -134,7 +134,21 @@ def test_cross_entropy_steps_learn_a_sequence_and_state_round_trips(session, tmp
     session.save_state(tmp_path / "state", step=8, metrics={"loss": losses[-1]})
     session.save_weights_for_sampler(tmp_path / "sampler")
     assert (tmp_path / "sampler" / "adapter_model.safetensors").exists()
-    assert (tmp_path / "state" / "optimizer.pt").exists()
+    # load_state continues exactly: the same logprobs now, and the same next step.
+    trainer = session.trainer
+    fresh = AutoModelForCausalLM.from_pretrained(
+        str(session.trainer.tokenizer.name_or_path), dtype=torch.float32
+    )
+    loaded = TrainingSession.load_state(
+        fresh, trainer.tokenizer, tmp_path / "state", trainer.config, trainer.lora
+    )
+    assert loaded.forward([datum]) == session.forward([datum])
+    steps = [s.forward_backward([datum], "cross_entropy").loss for s in (session, loaded)]
+    for s in (session, loaded):
+        s.optim_step(learning_rate=5e-2)
+    assert steps[0] == pytest.approx(steps[1], abs=1e-6)
+    (after_saved,), (after_loaded,) = session.forward([datum]), loaded.forward([datum])
+    assert after_loaded == pytest.approx(after_saved, abs=1e-5)  # the optimizer's moments came back too
 
 
 def test_a_datum_that_does_not_fit_is_refused_with_its_reason():
