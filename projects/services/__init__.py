@@ -7,7 +7,10 @@ module per subject; this package re-exports them all, so callers write ``service
 - ``rewards``: reward definitions (versioned grader specs)
 - ``task_sets``: task set upload (the row rules) and deletion
 - ``environments``: environments, and building one for use (MCP headers decrypted)
-- ``runs``: the run state machine, create, cancel, pause, resume, fork, claim, heartbeat, fail, requeue
+- ``runs``: the run state machine, create, claim, heartbeat, fail, requeue
+- ``run_control``: cancel, pause, resume, and the runs a stopped ``manage.py up`` left running
+- ``run_forks``: a fork: a new model whose step 0 copies a run's checkpoint, and its run
+- ``transitions``: the one state-machine transition under runs, evaluations and training jobs
 - ``steps``: a step's metrics, trajectories and checkpoint, recorded once
 - ``checkpoints``: deleting and pruning checkpoints, retention after every step, their files
 - ``exports``: exports of a checkpoint (merged weights), their job's claim and result
@@ -97,28 +100,29 @@ from projects.services.rewards import (
     reward_definition_delete,
     reward_definition_update,
 )
+from projects.services.run_control import (
+    run_cancel,
+    run_pause,
+    run_pause_finish,
+    run_resume,
+    runs_pause_interrupted,
+)
+from projects.services.run_forks import model_checkpoint_root, run_fork
 from projects.services.runs import (
     ACTIVE_STATUSES,
     ALLOWED_TRANSITIONS,
     START_FROM_BASE,
     START_FROM_LATEST,
     TERMINAL_STATUSES,
-    model_checkpoint_root,
-    run_cancel,
     run_claim,
     run_create,
     run_event_add,
     run_fail,
-    run_fork,
     run_heartbeat,
-    run_pause,
-    run_pause_finish,
     run_platform_inputs,
-    run_resume,
     run_set_start_step,
     run_start_text,
     run_transition,
-    runs_pause_interrupted,
     runs_requeue_orphaned,
 )
 from projects.services.scenarios import (
