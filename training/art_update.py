@@ -87,7 +87,8 @@ def art_update(
     trainer = session.trainer
     trainer.step += 1
     masks = [sample.completion_mask or [1] * len(sample.completion_token_ids) for sample in job.samples]
-    plain = [datum_of(sample) for sample in job.samples]
+    # Weighted from the completion on: forward computes only the positions the loss reads.
+    plain = [datum_of(sample, weights=[1.0] * len(sample.completion_token_ids)) for sample in job.samples]
     trainer_logprobs = session.forward(plain) if options.needs_trainer_logprobs else None
     reference_logprobs = None
     if reference is not None:
