@@ -61,15 +61,17 @@ def _reference_policy(trainer: Any, reference: Path | str) -> Iterator[None]:
         with trainer.model.disable_adapter():
             yield
         return
+    name = trainer.adapter_name
     live = {
-        name: tensor.detach().clone() for name, tensor in get_peft_model_state_dict(trainer.model).items()
+        key: tensor.detach().clone()
+        for key, tensor in get_peft_model_state_dict(trainer.model, adapter_name=name).items()
     }
-    set_peft_model_state_dict(trainer.model, load_file(Path(reference) / "adapter_model.safetensors",
-                                                       device=str(trainer.device)))  # fmt: skip
+    weights = load_file(Path(reference) / "adapter_model.safetensors", device=str(trainer.device))
+    set_peft_model_state_dict(trainer.model, weights, adapter_name=name)
     try:
         yield
     finally:
-        set_peft_model_state_dict(trainer.model, live)
+        set_peft_model_state_dict(trainer.model, live, adapter_name=name)
 
 
 def art_update(

@@ -212,7 +212,7 @@ class TrainingSession:
 
     def save_weights_for_sampler(self, path: Path) -> None:
         """The adapter alone (peft's folder), as an inference server loads it."""
-        self.trainer.model.save_pretrained(str(path))
+        self.trainer.save_adapter(Path(path))
 
     # ------------------------------------------------------------------ layout
     def _layout(self, samples: list[TrainSample], *, whole: bool) -> list[_Row]:

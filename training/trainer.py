@@ -66,8 +66,11 @@ class Trainer:
         config: TrainConfig,
         lora: LoraSpec,
         device: str | torch.device = "cpu",
+        *,
+        adapter_name: str = "default",
     ) -> None:
         self.config = config
+        self.adapter_name = adapter_name
         self.lora = lora
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -80,7 +83,15 @@ class Trainer:
         with warnings.catch_warnings():
             # peft 0.21 reads transformers 5's deprecated `is_gradient_checkpointing`: not ours to fix.
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
-            self.model: PeftModel = get_peft_model(base_model.to(self.device), peft_config)
+            if isinstance(base_model, PeftModel):
+                # A shared base (training.session_pool): one more adapter on it, and the live one.
+                base_model.add_adapter(adapter_name, peft_config)
+                base_model.set_adapter(adapter_name)
+                self.model: PeftModel = base_model
+            else:
+                self.model = get_peft_model(
+                    base_model.to(self.device), peft_config, adapter_name=adapter_name
+                )
         self.model.train()
         forward = self.model.get_base_model().forward
         self._can_keep_logits = "logits_to_keep" in inspect.signature(forward).parameters
@@ -89,6 +100,7 @@ class Trainer:
         # kernels (flash-attention) get today's left-padded rows, length-sorted.
         attention = getattr(self.model.get_base_model().config, "_attn_implementation", None)
         self.packed = attention in ("sdpa", "eager")
+        # The live adapter's parameters only (peft leaves the other adapters on a shared base frozen).
         self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters, lr=config.learning_rate, weight_decay=config.weight_decay
@@ -292,7 +304,7 @@ class Trainer:
         path.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
         try:
-            self.model.save_pretrained(str(scratch))
+            self.save_adapter(scratch)
             torch.save(self.optimizer.state_dict(), scratch / "optimizer.pt")
             rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
             if torch.cuda.is_available():
@@ -310,6 +322,19 @@ class Trainer:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def save_adapter(self, path: Path) -> None:
+        """The live adapter alone as peft's folder (``adapter_model.safetensors``,
+        ``adapter_config.json``), servable as is, whatever other adapters share the base."""
+        path = Path(path)
+        if self.adapter_name == "default":
+            self.model.save_pretrained(str(path), selected_adapters=["default"])
+            return
+        # peft writes a named adapter into a subfolder of that name: move its files up.
+        self.model.save_pretrained(str(path), selected_adapters=[self.adapter_name])
+        for item in (path / self.adapter_name).iterdir():
+            os.replace(item, path / item.name)
+        (path / self.adapter_name).rmdir()
+
     @classmethod
     def resume(
         cls,
@@ -319,6 +344,8 @@ class Trainer:
         config: TrainConfig,
         lora: LoraSpec,
         device: str | torch.device = "cpu",
+        *,
+        adapter_name: str = "default",
     ) -> Trainer:
         """A Trainer that continues from a checkpoint exactly as if it had never stopped: adapter
         weights, optimizer moments and RNG states are restored. `config` may differ from the
@@ -329,9 +356,9 @@ class Trainer:
             raise CheckpointError(
                 f"{checkpoint_path}: LoRA settings differ from the checkpoint's {state['lora']}"
             )
-        trainer = cls(base_model, tokenizer, config, lora, device)
+        trainer = cls(base_model, tokenizer, config, lora, device, adapter_name=adapter_name)
         weights = load_file(checkpoint_path / ADAPTER_WEIGHTS, device=str(trainer.device))
-        result: Any = set_peft_model_state_dict(trainer.model, weights)
+        result: Any = set_peft_model_state_dict(trainer.model, weights, adapter_name=adapter_name)
         if result.unexpected_keys:
             raise CheckpointError(
                 f"{checkpoint_path}: adapter weights do not fit the model: {result.unexpected_keys[:3]}"
