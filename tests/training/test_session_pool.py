@@ -147,9 +147,8 @@ def test_a_session_with_gradients_not_stepped_is_never_evicted(tiny_model_dir, t
     assert pool._entries["a"].trainer is None and pool._entries["b"].trainer is None
     pool.close("a")
     assert "a" not in pool and not (tmp_path / "spill" / "s1").exists()
-    with pytest.raises(SessionPoolError, match="no session 'a'"):
-        with pool.use("a"):
-            pass
+    with pytest.raises(SessionPoolError, match="no session 'a'"), pool.use("a"):
+        pass
 
 
 def test_a_pooled_sessions_weights_for_the_sampler_are_its_adapter_alone(tiny_model_dir, tmp_path):
