@@ -48,13 +48,15 @@ def step(session: TrainingSession, data: list[Datum]) -> tuple[list[torch.Tensor
     return grads, loss
 
 
-def alone(source: str, config: TrainConfig, lora: LoraSpec, batches) -> list:
-    """The reference: one Trainer on its own freshly loaded base."""
+def alone(source: str, config: TrainConfig, lora: LoraSpec, batches, save_to=None) -> list:
+    """The reference: one Trainer on its own freshly loaded base (its adapter saved to ``save_to``)."""
     from training.trainer import Trainer
 
     model, tokenizer = load(source)
     session = TrainingSession(Trainer(model, tokenizer, config, lora))
     history = [step(session, batch) for batch in batches]
+    if save_to is not None:
+        session.save_weights_for_sampler(save_to)
     return [*history, adapter_state(session)]
 
 

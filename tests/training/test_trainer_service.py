@@ -1,0 +1,175 @@
+"""The trainer service (training.trainer_service) and its client (training.trainer_client): leases
+refuse anyone but the holder until they lapse, a request names no file outside the service's folder,
+bad input is a 400 naming the field; and over HTTP against a real service process, two teams'
+sessions interleaving on one base train exactly as each does alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.training.test_session_pool import ALPHA, BETA, DATA, alone, load
+from training.session_pool import SessionPool
+from training.trainer_client import LeaseLost, TrainerServiceClient, TrainerServiceError
+from training.trainer_service import ServiceConfig, ServiceError, TrainerService
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def service(tiny_model_dir, tmp_path):
+    pool = SessionPool(load, spill_dir=tmp_path / "spill")
+    return TrainerService(pool, ServiceConfig(root=tmp_path), clock=Clock())
+
+
+def datum_json(datum) -> dict:
+    return {"model_input": datum.model_input, "loss_fn_inputs": datum.loss_fn_inputs}
+
+
+def refused(service, method, path, body) -> ServiceError:
+    with pytest.raises(ServiceError) as caught:
+        service.handle(method, path, body)
+    return caught.value
+
+
+def test_a_lease_keeps_everyone_else_out_until_it_lapses(service, tiny_model_dir):
+    config, lora = ALPHA
+    opened = {"session_id": "team-a", "holder": "job-1", "base_model": str(tiny_model_dir),
+              "config": config.to_dict(), "lora": lora.to_dict(), "lease_s": 30, "tag": "step-0"}  # fmt: skip
+    assert service.handle("POST", "/sessions", opened)[0] == 200
+    forward = {"data": [datum_json(DATA["alpha"][0][0])]}
+    assert (
+        len(service.handle("POST", "/sessions/team-a/forward", {"holder": "job-1", **forward})[1]["logprobs"])
+        == 1
+    )
+    other = refused(service, "POST", "/sessions/team-a/forward", {"holder": "job-2", **forward})
+    assert other.status == 409 and other.code == "lease_lost"
+    assert refused(service, "POST", "/sessions/team-a/claim", {"holder": "job-2"}).status == 409
+    assert refused(service, "POST", "/sessions", {**opened, "holder": "job-2"}).status == 409
+    # Heartbeats keep it; once they stop the lease lapses and the next holder may claim it.
+    service.clock.now += 20
+    service.handle("POST", "/sessions/team-a/heartbeat", {"holder": "job-1", "lease_s": 30})
+    service.clock.now += 20
+    assert refused(service, "POST", "/sessions/team-a/claim", {"holder": "job-2"}).status == 409
+    service.clock.now += 11
+    # A claim for another state than the session holds is refused: the caller loads that state instead.
+    assert (
+        refused(service, "POST", "/sessions/team-a/claim", {"holder": "job-2", "tag": "step-3"}).status == 412
+    )
+    assert (
+        service.handle("POST", "/sessions/team-a/claim", {"holder": "job-2", "tag": "step-0"})[1]["holder"]
+        == "job-2"
+    )
+    lost = refused(service, "POST", "/sessions/team-a/optim_step", {"holder": "job-1", "learning_rate": 1e-3})
+    assert lost.status == 409 and "claim it again" in lost.message
+    assert service.stats()["held"] == {"team-a": "job-2"} and service.stats()["base_loads"] == 1
+    service.handle("POST", "/sessions/team-a/release", {"holder": "job-2"})
+    assert service.stats()["held"] == {}
+    assert service.handle("POST", "/sessions/team-a/claim", {"holder": "job-3"})[0] == 200
+
+
+def test_bad_requests_are_400s_naming_the_field_and_paths_stay_under_the_root(
+    service, tiny_model_dir, tmp_path
+):
+    config, lora = ALPHA
+    service.handle("POST", "/sessions", {"session_id": "s", "holder": "h", "base_model": str(tiny_model_dir),
+                                         "config": config.to_dict(), "lora": lora.to_dict()})  # fmt: skip
+    outside = refused(
+        service, "POST", "/sessions/s/save_state", {"holder": "h", "path": "../../etc/x", "step": 1}
+    )
+    assert (outside.status, outside.param) == (
+        400,
+        "path",
+    ) and "under the trainer's folder" in outside.message
+    absolute = refused(
+        service, "POST", "/sessions/s/save_weights_for_sampler", {"holder": "h", "path": "/tmp/x"}
+    )
+    assert absolute.status == 400
+    assert refused(service, "POST", "/sessions/s/forward", {"holder": "h", "data": []}).param == "data"
+    no_rate = refused(service, "POST", "/sessions/s/optim_step", {"holder": "h"})
+    assert (no_rate.status, no_rate.param) == (400, "learning_rate")
+    assert refused(service, "POST", "/sessions/nope/claim", {"holder": "h"}).status == 404
+    assert refused(service, "POST", "/sessions", {"holder": "h", "session_id": "t", "base_model": "x",
+                                                  "config": {"learning_rate": -1}}).status == 400  # fmt: skip
+    assert (
+        refused(service, "POST", "/sessions/s/heartbeat", {"holder": "h", "lease_s": 10**9}).param
+        == "lease_s"
+    )
+    assert refused(service, "GET", "/sessions/s/nothing", {}).status == 404
+    # Inside the root is fine, and the state is the checkpoint format a worker records.
+    service.handle("POST", "/sessions/s/save_state", {"holder": "h", "path": "states/s-1", "step": 1})
+    assert (tmp_path / "states" / "s-1" / "state.json").exists()
+
+
+@pytest.fixture
+def live_service(tiny_model_dir, tmp_path):
+    env = {**os.environ, "TRAINER_SERVICE_TOKEN": "secret-token", "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "training.trainer_service", "--root", str(tmp_path), "--port", "0",
+         "--model-cache-dir", str(tiny_model_dir.parent)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("trainer service on "), line + process.stdout.read()
+        url = line.split()[-1]
+        deadline = time.monotonic() + 30
+        client = TrainerServiceClient(url, token="secret-token")
+        while True:
+            try:
+                client.stats()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the trainer service did not answer"
+                time.sleep(0.1)
+        yield client
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def test_two_teams_over_http_train_exactly_as_each_alone(live_service, tiny_model_dir, tmp_path):
+    source = str(tiny_model_dir)
+    with pytest.raises(TrainerServiceError) as caught:
+        TrainerServiceClient(live_service.url, token="wrong").stats()
+    assert caught.value.status == 401
+    sessions = {
+        "alpha": live_service.open(
+            "team-a", holder="a-job", base_model=source, config=ALPHA[0], lora=ALPHA[1]
+        ),
+        "beta": live_service.open("team-b", holder="b-job", base_model=source, config=BETA[0], lora=BETA[1]),
+    }
+    losses = {"alpha": [], "beta": []}
+    for index in range(3):
+        for name in ("alpha", "beta"):  # a's backward, b's backward, then both steps
+            losses[name].append(sessions[name].forward_backward(DATA[name][index], "cross_entropy").loss)
+        for name in ("alpha", "beta"):
+            sessions[name].optim_step(learning_rate=1e-2)
+    for name in ("alpha", "beta"):
+        sessions[name].save_weights_for_sampler(f"out/{name}")
+    stats = live_service.stats()
+    assert (stats["sessions"], stats["base_loads"]) == (2, 1)
+    with pytest.raises(LeaseLost):  # team b's holder cannot drive team a's session
+        type(sessions["alpha"])(live_service, "team-a", "b-job", 60).forward(DATA["alpha"][0])
+
+    for name, (config, lora) in (("alpha", ALPHA), ("beta", BETA)):
+        reference = alone(source, config, lora, DATA[name], save_to=tmp_path / "alone" / name)
+        assert losses[name] == [loss for _, loss in reference[:3]]
+        saved = load_file(tmp_path / "out" / name / "adapter_model.safetensors")
+        expected = load_file(tmp_path / "alone" / name / "adapter_model.safetensors")
+        assert saved.keys() == expected.keys() and len(saved) == len(reference[3])
+        assert all(torch.equal(saved[key], expected[key]) for key in saved), f"{name}: not bit for bit"
+    sessions["alpha"].close()
+    assert live_service.stats()["sessions"] == 1
