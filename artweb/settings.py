@@ -221,6 +221,12 @@ TRAINING_UNSLOTH = env_choice("ARTWEB_UNSLOTH", "auto", ("auto", "on", "off"))
 # Client training jobs: how many trained sessions a worker process keeps between jobs, so the next
 # job of a model starts from memory instead of loading the base model and checkpoint (0: never).
 RESIDENT_SESSIONS = env_int("RESIDENT_SESSIONS", 1, minimum=0)
+# The host's trainer service (``python -m training.trainer_service``; `manage.py up` starts one):
+# client training jobs keep their sessions there, many models' adapters on one copy of each base.
+# Empty: each worker process keeps its own (RESIDENT_SESSIONS). Its token comes from the environment.
+TRAINER_SERVICE_URL = env_str("TRAINER_SERVICE_URL", "")
+TRAINER_SERVICE_TOKEN = env_str("TRAINER_SERVICE_TOKEN", "")
+TRAINER_SERVICE_PORT = env_int("TRAINER_SERVICE_PORT", 8200, minimum=0)
 # Torch intra-op threads per process (the worker's training, serve_inference); 0 = torch's default,
 # one per core. `manage.py up` sets it for its children to cores // torch processes (and
 # OMP_WAIT_POLICY=PASSIVE) unless the environment sets it: see benchmarks/threads_split.py.

@@ -1,5 +1,5 @@
-"""Start and stop the processes of one host: a Celery worker (with beat), the web server and an
-inference server.
+"""Start and stop the processes of one host: a Celery worker (with beat), the web server, an
+inference server and the trainer service.
 
 Used by ``manage.py up`` and ``manage.py demo``. Children run in their own process group so
 Ctrl-C (or any exit) stops them and everything they spawned.
@@ -48,6 +48,14 @@ def worker_command(*, concurrency: int = 1, beat: bool = True, loglevel: str = "
 def web_command(*, host: str = "127.0.0.1", port: int = 8000) -> list[str]:
     return [sys.executable, "-m", "uvicorn", "artweb.asgi:application", "--host", host, "--port", str(port),
             "--log-level", "warning"]  # fmt: skip
+
+
+def trainer_command(*, port: int, host: str = "127.0.0.1") -> list[str]:
+    """The host's trainer service (training.trainer_service): it writes checkpoints under
+    CHECKPOINT_DIR only, and reads its token from TRAINER_SERVICE_TOKEN in the environment."""
+    return [sys.executable, "-m", "training.trainer_service", "--root", str(settings.CHECKPOINT_DIR),
+            "--model-cache-dir", str(settings.MODEL_CACHE_DIR), "--spill-dir", str(settings.DATA_DIR / "trainer-spill"),
+            "--host", host, "--port", str(port), "--device", settings.TRAINING_DEVICE]  # fmt: skip
 
 
 def inference_command(*, base_model: str, host: str = "127.0.0.1", port: int | None = None) -> list[str]:

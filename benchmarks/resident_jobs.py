@@ -1,30 +1,47 @@
-"""Client training jobs started from a kept session (training.resident) against jobs that load
-the base model and the checkpoint from disk, in one run, on the bundled model (or ``--tiny``).
+"""Client training jobs on a kept session against jobs that load the base model and the checkpoint
+from disk, in one run, on the bundled model (or ``--tiny``). Three sides, interleaved job by job:
+
+- ``from disk``: every job loads the base model and its checkpoint (RESIDENT_SESSIONS=0);
+- ``kept``: the worker process keeps the session (training.resident.ResidentSessions, a SessionPool);
+- ``service``: the host's trainer service keeps it (training.trainer_service in a child process;
+  the job drives it over HTTP, as a worker with TRAINER_SERVICE_URL does).
 
     .venv/bin/python -m benchmarks.resident_jobs --jobs 4 --threads 1
 
 Each side runs ``--jobs`` consecutive jobs of one model on the same small upload (2 trajectories,
-one group); the first job of each side loads (it has nothing kept). Prints the median seconds of
-load and of the whole job for jobs 2.., and the ratio kept / from disk.
+one group); the first job of each side loads. Prints the median seconds of load, update and save
+and of the whole job for jobs 2.., and each side's ratio to ``from disk``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
 
 from training.art_config import art_job_config
-from training.base_models import BUNDLED_MODEL, build_tiny_model, load_base_model
+from training.base_models import (
+    BUNDLED_MODEL,
+    build_tiny_model,
+    context_length,
+    load_base_model,
+    load_tokenizer,
+)
 from training.client_groups import parse_groups
 from training.client_step import ClientStepSpec, train_client_step
 from training.config import LoraSpec
+from training.resident import ResidentSessions, ServiceSessions, SessionKey
+from training.trainer_client import TrainerServiceClient
 
 ROOT = Path(__file__).resolve().parents[1]
+SIDES = ("from disk", "kept", "service")
 
 
 class Hooks:
@@ -32,51 +49,88 @@ class Hooks:
         pass
 
 
-def main() -> None:
+def start_service(root: Path, cache: Path, threads: int) -> tuple[subprocess.Popen, TrainerServiceClient]:
+    env = {**os.environ, "TRAINER_SERVICE_TOKEN": "bench", "TORCH_THREADS": str(threads)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "training.trainer_service", "--root", str(root), "--port", "0",
+         "--model-cache-dir", str(cache)],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert process.stdout is not None
+    url = process.stdout.readline().split()[-1]
+    client = TrainerServiceClient(url, token="bench")
+    for _ in range(300):
+        try:
+            client.stats()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return process, client
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--cache", default=str(ROOT / "data" / "models"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cache = Path(args.cache)
     source = str(build_tiny_model(cache / "tiny")) if args.tiny else BUNDLED_MODEL
     load_base_model(source, cache)  # converted once, outside the timings
     from tests.training.test_client_groups import Sampler, group, trajectory
 
-    local = cache / "tiny" if args.tiny else None
-    tokenizer = AutoTokenizer.from_pretrained(str(local)) if local else load_base_model(source, cache)[1]
+    tokenizer = load_tokenizer(source, cache)
     sampler = Sampler(tokenizer)
     prompt = [{"role": "user", "content": "Name a colour."}]
     groups = parse_groups([group(trajectory([*prompt, sampler.choice(prompt, "Red.")], 1.0),
                                  trajectory([*prompt, sampler.choice(prompt, "I like green a lot.")], 0.0))])  # fmt: skip
     config, options = art_job_config({"learning_rate": 1e-4})
-    results: dict[str, list[dict]] = {"from disk": [], "kept": []}
+    results: dict[str, list[dict]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory() as scratch:
-        state: dict[str, object] = {"from disk": (None, None), "kept": (None, None)}
-        for step in range(args.jobs):  # the two sides interleaved, job by job
-            for name in ("from disk", "kept"):
-                path, trainer = state[name]  # type: ignore[misc]
-                spec = ClientStepSpec(base_model_source=source, model_cache_dir=cache,
-                                      checkpoint_root=Path(scratch) / name.replace(" ", "-"), config=config,
-                                      options=options, lora=LoraSpec(rank=8, alpha=16), groups=groups,
-                                      from_step=step, resume_from=path,
-                                      resident=trainer if name == "kept" else None)  # fmt: skip
-                result = train_client_step(spec, Hooks())
-                state[name] = (result.path, result.trainer)
-                results[name].append(result.metrics)
-    for name, metrics in results.items():
-        later = metrics[1:]
-        load = statistics.median(m["load_seconds"] for m in later)
-        whole = statistics.median(m["load_seconds"] + m["update_seconds"] + m["save_seconds"] for m in later)
-        print(f"{name:9s}: load {load:.3f} s, whole job {whole:.3f} s (median of jobs 2-{args.jobs})")
-    ratio = statistics.median(
-        m["load_seconds"] + m["update_seconds"] + m["save_seconds"] for m in results["kept"][1:]
-    ) / statistics.median(
-        m["load_seconds"] + m["update_seconds"] + m["save_seconds"] for m in results["from disk"][1:]
-    )
-    print(f"ratio kept / from disk (whole job): {ratio:.3f}")
+        root = Path(scratch)
+        process, client = start_service(root, cache, args.threads)
+        try:
+            keepers = {
+                "kept": ResidentSessions(lambda s: load_base_model(s, cache), capacity=1, spill_dir=root / "spill"),
+                "service": ServiceSessions(client, holder="bench",
+                                           load_tokenizer=lambda s: (tokenizer, context_length(s, cache))),
+            }  # fmt: skip
+            paths: dict[str, Path | None] = {side: None for side in SIDES}
+            for step in range(args.jobs):  # the sides interleaved, job by job
+                for side in SIDES:
+                    spec = ClientStepSpec(base_model_source=source, model_cache_dir=cache,
+                                          checkpoint_root=root / side.replace(" ", "-"), config=config,
+                                          options=options, lora=LoraSpec(rank=8, alpha=16), groups=groups,
+                                          from_step=step, resume_from=paths[side])  # fmt: skip
+                    keeper = keepers.get(side)
+                    key = SessionKey(side, step, str(paths[side]), source)
+                    if keeper is not None:
+                        keeper.attach(spec, key)
+                    result = train_client_step(spec, Hooks())
+                    if keeper is not None:
+                        keeper.settle(side, SessionKey(side, step + 1, str(result.path), source))
+                    paths[side] = result.path
+                    results[side].append(result.metrics)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    summary: dict[str, dict[str, float]] = {}
+    for side, metrics in results.items():
+        later = metrics[1:] or metrics
+        summary[side] = {
+            name: statistics.median(m[f"{name}_seconds"] for m in later)
+            for name in ("load", "update", "save")
+        }
+        summary[side]["job"] = statistics.median(
+            m["load_seconds"] + m["update_seconds"] + m["save_seconds"] for m in later
+        )
+    for side, row in summary.items():
+        ratio = row["job"] / summary["from disk"]["job"]
+        print(f"{side:9s}: load {row['load']:.3f} s, update {row['update']:.3f} s, save {row['save']:.3f} s, "
+              f"whole job {row['job']:.3f} s (median of jobs 2-{args.jobs}); / from disk {ratio:.3f}")  # fmt: skip
+    return summary
 
 
 if __name__ == "__main__":

@@ -163,3 +163,37 @@ def _loopback_test_servers_allowed(settings):
 def _plain_http_test_client(settings):
     # Production defaults redirect HTTP to HTTPS; the test client speaks plain HTTP.
     settings.SECURE_SSL_REDIRECT = False
+
+
+@pytest.fixture
+def live_service(tiny_model_dir, tmp_path):
+    """A trainer service process (training.trainer_service) rooted at ``tmp_path``, its client."""
+    import subprocess
+    import sys
+    import time
+
+    from training.trainer_client import TrainerServiceClient
+
+    env = {**os.environ, "TRAINER_SERVICE_TOKEN": "secret-token", "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "training.trainer_service", "--root", str(tmp_path), "--port", "0",
+         "--model-cache-dir", str(tiny_model_dir.parent)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("trainer service on "), line + process.stdout.read()
+        url = line.split()[-1]
+        deadline = time.monotonic() + 30
+        client = TrainerServiceClient(url, token="secret-token")
+        while True:
+            try:
+                client.stats()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the trainer service did not answer"
+                time.sleep(0.1)
+        yield client
+    finally:
+        process.terminate()
+        process.wait(timeout=20)

@@ -10,21 +10,16 @@ truncated IS) and the KL reference's — are computed for every sequence before 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from peft import get_peft_model_state_dict, set_peft_model_state_dict
-from safetensors.torch import load_file
-
 from training.art_config import ArtOptions
-from training.session import TrainingSession, datum_of
+from training.session import BASE_MODEL, datum_of
 from training.trajectory import TrainSample
 
-BASE_MODEL = "base"  # the KL reference when it is step 0: the adapter switched off
+__all__ = ["BASE_MODEL", "Sequenced", "art_update", "learning_rate_of"]
 
 
 @dataclass
@@ -53,29 +48,8 @@ def _completion(values: list[float], sample: TrainSample) -> list[float]:
     return values[len(sample.prompt_token_ids) - 1 :]
 
 
-@contextlib.contextmanager
-def _reference_policy(trainer: Any, reference: Path | str) -> Iterator[None]:
-    """The policy as it was at the reference: the base model (adapter off) or a checkpoint's
-    adapter weights swapped in, then the live ones put back."""
-    if reference == BASE_MODEL:
-        with trainer.model.disable_adapter():
-            yield
-        return
-    name = trainer.adapter_name
-    live = {
-        key: tensor.detach().clone()
-        for key, tensor in get_peft_model_state_dict(trainer.model, adapter_name=name).items()
-    }
-    weights = load_file(Path(reference) / "adapter_model.safetensors", device=str(trainer.device))
-    set_peft_model_state_dict(trainer.model, weights, adapter_name=name)
-    try:
-        yield
-    finally:
-        set_peft_model_state_dict(trainer.model, live, adapter_name=name)
-
-
 def art_update(
-    session: TrainingSession,
+    session: Any,
     job: Sequenced,
     rows: list[list[int]],
     options: ArtOptions,
@@ -85,17 +59,16 @@ def art_update(
     reference: Path | str | None,
 ) -> tuple[dict[str, float], list[dict[str, float]]]:
     """Train ``rows`` (lists of indices into ``job``), one ``forward_backward`` with ART's loss and
-    one ``optim_step`` each; the job's metrics and each step's (ART's gradient_step events)."""
-    trainer = session.trainer
-    trainer.step += 1
+    one ``optim_step`` each; the job's metrics and each step's (ART's gradient_step events).
+    ``session``: a training.session.TrainingSession or a trainer service's RemoteSession: only
+    their primitives are used."""
     masks = [sample.completion_mask or [1] * len(sample.completion_token_ids) for sample in job.samples]
     # Weighted from the completion on: forward computes only the positions the loss reads.
     plain = [datum_of(sample, weights=[1.0] * len(sample.completion_token_ids)) for sample in job.samples]
     trainer_logprobs = session.forward(plain) if options.needs_trainer_logprobs else None
     reference_logprobs = None
     if reference is not None:
-        with _reference_policy(trainer, reference):
-            reference_logprobs = session.forward(plain)
+        reference_logprobs = session.forward(plain, reference=reference)
 
     steps: list[dict[str, float]] = []
     config = dataclasses.asdict(options.loss)
@@ -134,8 +107,6 @@ def art_update(
                                    for i in members)),
             **metrics,
         })  # fmt: skip
-    for group in trainer.optimizer.param_groups:  # a checkpoint keeps the job's own rate
-        group["lr"] = learning_rate
     return _job_metrics(steps), steps
 
 

@@ -109,6 +109,21 @@ def ensure_chat_ready(tokenizer: Any, model: Any) -> None:
         model.config.pad_token_id = tokenizer.pad_token_id
 
 
+def load_tokenizer(source: str, cache_dir: Path) -> Any:
+    """The base model's tokenizer alone, ready for chat as ``load_base_model`` gives it (a host that
+    trains through the trainer service needs no weights)."""
+    directory = base_model_dir(source, cache_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load the tokenizer from {str(directory)!r}: {exc}") from exc
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = CHATML_TEMPLATE
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 # Where a model's config.json states its context (architectures name it differently).
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
 

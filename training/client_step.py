@@ -55,7 +55,12 @@ class ClientStepSpec:
     accepts_model: Callable[[str], bool] | None = None  # see TrajectoryTokenizer
     options: ArtOptions = field(default_factory=ArtOptions)
     reference_dir: Path | None = None  # the KL reference checkpoint's folder (options.reference_step > 0)
-    resident: Any = None  # a Trainer that holds exactly checkpoint from_step (training.resident), or None
+    # A session at exactly checkpoint from_step, kept by the caller (a worker's SessionPool or the
+    # host's trainer service), with its tokenizer and context length; None: loaded here from disk.
+    session: Any = None
+    tokenizer: Any = None
+    model_max: int | None = None
+    load_seconds: float = 0.0  # what getting ``session`` cost the caller
     device: str = "cpu"
     unsloth: str = "auto"
 
@@ -75,7 +80,7 @@ class ClientStepResult:
     metrics: dict[str, float]  # artweb's names (StepMetrics: the dashboard's charts)
     events: list[dict[str, float]]  # one per optimizer step: the client's gradient_step events (ART's names)
     trajectories: list[ScoredTrajectory]
-    trainer: Any = None  # the session, now at checkpoint ``step``: the caller may keep it (training.resident)
+    session: Any = None  # the session, now at checkpoint ``step``: the caller may keep it
 
 
 class ClientStepHooks(Protocol):
@@ -91,33 +96,37 @@ def art_advantages(rewards: list[list[float]], *, scale: bool) -> list[list[floa
     return [[0.0 if abs(a) <= ZERO_ADVANTAGE else a for a in group] for group in advantages]
 
 
-def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientStepResult:
+def load_session(spec: ClientStepSpec) -> tuple[TrainingSession, Any, int | None]:
+    """A session of its own at checkpoint ``from_step``, loaded from disk: the session, its
+    tokenizer and the model's context length."""
     from training.trainer import Trainer
 
-    started = time.monotonic()
-    trainer = spec.resident
-    if trainer is not None:  # the session that saved from_step, kept in this process (training.resident)
-        trainer.config = spec.config
-        for group in trainer.optimizer.param_groups:
-            group["lr"] = spec.config.learning_rate
-            group["weight_decay"] = spec.config.weight_decay
-        base_model, tokenizer = trainer.model.get_base_model(), trainer.tokenizer
+    base_model, tokenizer, _ = load_policy_model(
+        spec.base_model_source, spec.model_cache_dir, device=spec.device, unsloth=spec.unsloth
+    )
+    if spec.resume_from is None:
+        trainer = Trainer(base_model, tokenizer, spec.config, spec.lora, device=spec.device)
+        trainer.step = spec.from_step
     else:
-        base_model, tokenizer, _ = load_policy_model(
-            spec.base_model_source, spec.model_cache_dir, device=spec.device, unsloth=spec.unsloth
+        trainer = Trainer.resume(
+            base_model, tokenizer, spec.resume_from, spec.config, spec.lora, device=spec.device
         )
-        if spec.resume_from is None:
-            trainer = Trainer(base_model, tokenizer, spec.config, spec.lora, device=spec.device)
-            trainer.step = spec.from_step
-        else:
-            trainer = Trainer.resume(
-                base_model, tokenizer, spec.resume_from, spec.config, spec.lora, device=spec.device
-            )
-    load_seconds = time.monotonic() - started
+    return TrainingSession(trainer), tokenizer, context_length(base_model)
+
+
+def context_length(model: Any) -> int | None:
+    return getattr(getattr(model, "config", None), "max_position_embeddings", None)
+
+
+def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientStepResult:
+    started = time.monotonic()
+    session, tokenizer, model_max = spec.session, spec.tokenizer, spec.model_max
+    if session is None:
+        session, tokenizer, model_max = load_session(spec)
+    load_seconds = spec.load_seconds + time.monotonic() - started
 
     started = time.monotonic()
     options = spec.options
-    model_max = getattr(getattr(base_model, "config", None), "max_position_embeddings", None)
     tokenize = TrajectoryTokenizer(
         tokenizer,
         accepts_model=spec.accepts_model,
@@ -143,7 +152,7 @@ def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientSte
                 "kl_penalty_reference_step", f"the model has no checkpoint at step {reference_step}"
             )
     update, sequence_metrics = art_update(
-        TrainingSession(trainer), job, rows, options, learning_rate=spec.config.learning_rate,
+        session, job, rows, options, learning_rate=spec.config.learning_rate,
         reward_std=_mean_group_std(rewards), reference=reference,
     )  # fmt: skip
     update_seconds = time.monotonic() - started
@@ -155,7 +164,7 @@ def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientSte
         shutil.rmtree(path)
     metrics = _step_metrics(spec, scored, rewards, advantages, update)
     metrics.update(counts.metrics())
-    trainer.save_checkpoint(path, step=step, metrics=metrics)
+    session.save_state(path, step=step, metrics=metrics)
     metrics.update(load_seconds=load_seconds, update_seconds=update_seconds,
                    save_seconds=time.monotonic() - started)  # fmt: skip
     # The job's whole wall clock on this worker (load, update, save) is what the step cost.
@@ -166,7 +175,7 @@ def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientSte
         events[-1] = {**art_metrics(metrics), **events[-1]}
     else:
         events = [art_metrics(metrics)]
-    return ClientStepResult(step, path, metrics, events, scored, trainer)
+    return ClientStepResult(step, path, metrics, events, scored, session)
 
 
 @dataclass

@@ -22,9 +22,7 @@ imported only by ``httpx_transport``. No Django: the operator's allow-list is pa
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import http.client
 import ipaddress
 import re
 import socket
@@ -34,6 +32,10 @@ from typing import Any, cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import idna
+
+from training.redaction import REASON_CHARS, REDACTED, redact, upstream_reason
+
+__all__ = ["REASON_CHARS", "REDACTED", "redact", "upstream_reason"]  # re-exported: callers import them here
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -196,11 +198,13 @@ class OutboundPolicy:
 
     @functools.cached_property
     def _opener(self) -> urllib.request.OpenerDirector:
+        from training.outbound_transport import PinnedHTTPHandler, PinnedHTTPSHandler, RefuseRedirects
+
         opener = urllib.request.OpenerDirector()
         for handler in (
-            _PinnedHTTPHandler(self),
-            _PinnedHTTPSHandler(self),
-            _RefuseRedirects(),
+            PinnedHTTPHandler(self),
+            PinnedHTTPSHandler(self),
+            RefuseRedirects(),
             urllib.request.HTTPDefaultErrorHandler(),
             urllib.request.HTTPErrorProcessor(),
             urllib.request.UnknownHandler(),
@@ -215,6 +219,8 @@ class OutboundPolicy:
         import httpcore
         import httpx
 
+        from training.outbound_transport import PinnedAsyncBackend
+
         transport = httpx.AsyncHTTPTransport(trust_env=False)
         # httpx has no public hook for the network backend; httpcore's pool has one. The MCP
         # rebinding test (tests/training/test_outbound.py) fails if this stops being the pool used.
@@ -223,7 +229,7 @@ class OutboundPolicy:
             max_connections=100,  # httpx's default limits
             max_keepalive_connections=20,
             keepalive_expiry=5.0,
-            network_backend=cast(Any, _PinnedAsyncBackend(self, httpcore.AnyIOBackend())),  # duck-typed
+            network_backend=cast(Any, PinnedAsyncBackend(self, httpcore.AnyIOBackend())),  # duck-typed
         )
         return transport
 
@@ -391,174 +397,3 @@ def forbidden_reason(ip: IPAddress) -> str:
     if not ip.is_global:
         return "a reserved"
     return ""
-
-
-# -- upstream error bodies ----------------------------------------------------------------------
-
-REASON_CHARS = 200
-REDACTED = "[redacted]"
-_SECRET_PATTERNS = [
-    re.compile(r"(?i)\bbearer\s+[^\s\"',;]+"),
-    re.compile(r"\b(?:sk|pk|rk|aw)[-_][A-Za-z0-9_\-*]{6,}"),  # OpenAI-style keys, masked ones too
-    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
-    re.compile(
-        r"(?i)\b(api[_-]?key|token|secret|password|passwd|authorization)(\"?\s*[:=]\s*\"?)[^\s\"',;&]+"
-    ),
-    re.compile(r"(?<=://)[^/\s@:]+:[^/\s@]+(?=@)"),  # URL userinfo
-    re.compile(r"[A-Za-z0-9_\-+/=]{32,}"),  # anything long and token-like
-]
-
-
-def redact(text: str, *, secrets: tuple[str, ...] = ()) -> str:
-    """``text`` with the given secrets and anything that looks like a key replaced by [redacted]."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, REDACTED)
-    for pattern in _SECRET_PATTERNS:
-        if pattern.groups >= 2:
-            text = pattern.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
-        else:
-            text = pattern.sub(REDACTED, text)
-    return text
-
-
-def upstream_reason(body: bytes, *, secrets: tuple[str, ...] = ()) -> str:
-    """A short, secret-free reason from an upstream error body: the message of a JSON error object
-    (OpenAI's ``{"error": {"message"}}``, or ``message`` / ``detail`` / ``error`` strings), one line,
-    redacted, at most REASON_CHARS. Anything else (an HTML page, a banner, plain text) gives "":
-    a body from an unknown server is never echoed."""
-    import json
-
-    try:
-        payload = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return ""
-    message: Any = None
-    if isinstance(payload, dict):
-        error = payload.get("error")
-        if isinstance(error, dict):
-            message = error.get("message")
-        elif isinstance(error, str):
-            message = error
-        if not isinstance(message, str):
-            message = next(
-                (payload[k] for k in ("message", "detail") if isinstance(payload.get(k), str)), None
-            )
-    if not isinstance(message, str):
-        return ""
-    text = redact(" ".join(message.split()), secrets=secrets)
-    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 1] + "…"
-
-
-# -- urllib and httpx plumbing ------------------------------------------------------------------
-
-
-class _PinnedConnection(http.client.HTTPConnection):
-    """An HTTP connection whose socket comes from the policy (no proxy tunnel: proxies are off)."""
-
-    outbound_policy: OutboundPolicy
-
-    def connect(self) -> None:
-        self.sock = self.outbound_policy.create_connection(
-            (self.host, self.port), self.timeout, getattr(self, "source_address", None)
-        )
-        with contextlib.suppress(OSError):
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class _PinnedHTTPSConnection(http.client.HTTPSConnection, _PinnedConnection):
-    """HTTPSConnection.connect calls super().connect() (here: _PinnedConnection's) and then wraps
-    the socket with TLS for ``self.host``, the name: certificate and SNI checks are by name."""
-
-
-def _pinned(connection_class: type[_PinnedConnection], policy: OutboundPolicy) -> Any:
-    """What urllib's do_open calls as ``http_class(host, timeout=..., **kwargs)``."""
-
-    def connection(host: str, **kwargs: Any) -> _PinnedConnection:
-        made = connection_class(host, **kwargs)
-        made.outbound_policy = policy
-        return made
-
-    return connection
-
-
-def _ascii_request(req: urllib.request.Request) -> urllib.request.Request:
-    """The request with its URL in ASCII (``ascii_url``) before urllib derives the Host header
-    from it: a row stored before writes were normalised is called, or refused with
-    OutboundRefused, instead of raising UnicodeEncodeError inside http.client."""
-    url = ascii_url(req.full_url)
-    if url != req.full_url:
-        req.full_url = url  # the setter parses again: host and selector follow
-    return req
-
-
-class _PinnedHTTPHandler(urllib.request.HTTPHandler):
-    def __init__(self, policy: OutboundPolicy) -> None:
-        super().__init__()
-        self.policy = policy
-
-    def http_request(self, req: urllib.request.Request) -> urllib.request.Request:
-        return super().http_request(_ascii_request(req))
-
-    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_pinned(_PinnedConnection, self.policy), req)
-
-
-class _PinnedHTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, policy: OutboundPolicy) -> None:
-        super().__init__()
-        self.policy = policy
-
-    def https_request(self, req: urllib.request.Request) -> urllib.request.Request:
-        return super().https_request(_ascii_request(req))
-
-    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_pinned(_PinnedHTTPSConnection, self.policy), req)
-
-
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """Returning None makes urllib raise the 3xx as an HTTPError instead of following it."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
-        return None
-
-
-class _PinnedAsyncBackend:
-    """An httpcore network backend that resolves and checks the host through the policy, then
-    connects to the checked address; everything else is the wrapped backend's."""
-
-    def __init__(self, policy: OutboundPolicy, inner: Any) -> None:
-        self.policy = policy
-        self.inner = inner
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Any = None,
-    ) -> Any:
-        import anyio.to_thread
-
-        addresses = await anyio.to_thread.run_sync(self.policy.resolve, host, port)
-        error: Exception | None = None
-        for _, sockaddr in addresses:
-            try:
-                return await self.inner.connect_tcp(
-                    sockaddr[0],
-                    port,
-                    timeout=timeout,
-                    local_address=local_address,
-                    socket_options=socket_options,
-                )
-            except Exception as exc:  # httpcore.ConnectError / ConnectTimeout: try the next address
-                error = exc
-        assert error is not None
-        raise error
-
-    async def connect_unix_socket(self, *args: Any, **kwargs: Any) -> Any:
-        raise OutboundRefused("unix sockets are not reachable from a team's URL")
-
-    async def sleep(self, seconds: float) -> None:
-        await self.inner.sleep(seconds)

@@ -22,17 +22,22 @@ its KL term averages over the sequence) gets every row in one call.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file
 
 from training.losses import LossInputError, LossInputs, loss_named
 from training.packing import ROW_TOKENS, pack
 from training.trajectory import TrainSample
+
+BASE_MODEL = "base"  # forward's reference: the base model itself (the adapter switched off)
 
 # Losses whose value over a call is not the sum of their values over its parts.
 WHOLE_CALL_LOSSES = frozenset({"art"})
@@ -119,11 +124,14 @@ class TrainingSession:
         self.trainer = trainer
 
     # ------------------------------------------------------------------ primitives
-    def forward(self, data: Sequence[Datum]) -> list[list[float]]:
-        """The learner's logprobs of each datum's targets, without gradients."""
+    def forward(self, data: Sequence[Datum], *, reference: Path | str | None = None) -> list[list[float]]:
+        """The learner's logprobs of each datum's targets, without gradients. ``reference``: those
+        of another policy on the same base instead: ``BASE_MODEL`` (the adapter off) or a
+        checkpoint folder's adapter weights, swapped in for the call and the live ones put back."""
         samples = [datum.sample() for datum in data]
         outputs: list[list[float]] = [[0.0] * len(d.model_input) for d in data]
-        with torch.no_grad():
+        policy = self._reference_policy(reference) if reference is not None else contextlib.nullcontext()
+        with torch.no_grad(), policy:
             for row_layout in self._layout(samples, whole=False):
                 members = row_layout.members
                 logprobs, _ = self._learner_logprobs(row_layout, samples)
@@ -197,7 +205,9 @@ class TrainingSession:
         return {"grad_norm": grad_norm, "learning_rate": learning_rate, "skipped": float(not stepped)}
 
     def save_state(self, path: Path, *, step: int, metrics: dict[str, Any]) -> None:
-        """Adapter, optimizer and RNG: what ``load_state`` (``Trainer.resume``) continues from."""
+        """Adapter, optimizer and RNG: what ``load_state`` (``Trainer.resume``) continues from.
+        The session is at ``step`` from now on."""
+        self.trainer.step = step
         self.trainer.save_checkpoint(path, step=step, metrics=metrics)
 
     @classmethod
@@ -213,6 +223,25 @@ class TrainingSession:
     def save_weights_for_sampler(self, path: Path) -> None:
         """The adapter alone (peft's folder), as an inference server loads it."""
         self.trainer.save_adapter(Path(path))
+
+    @contextlib.contextmanager
+    def _reference_policy(self, reference: Path | str) -> Iterator[None]:
+        trainer = self.trainer
+        if reference == BASE_MODEL:
+            with trainer.model.disable_adapter():
+                yield
+            return
+        name = trainer.adapter_name
+        live = {
+            key: tensor.detach().clone()
+            for key, tensor in get_peft_model_state_dict(trainer.model, adapter_name=name).items()
+        }
+        weights = load_file(Path(reference) / "adapter_model.safetensors", device=str(trainer.device))
+        set_peft_model_state_dict(trainer.model, weights, adapter_name=name)
+        try:
+            yield
+        finally:
+            set_peft_model_state_dict(trainer.model, live, adapter_name=name)
 
     # ------------------------------------------------------------------ layout
     def _layout(self, samples: list[TrainSample], *, whole: bool) -> list[_Row]:

@@ -169,6 +169,17 @@ class SessionPool:
         self._drop_adapter(entry)
         self.evictions += 1
 
+    def configure(self, session_id: str, config: TrainConfig) -> None:
+        """Another job's settings for the session from now on (learning rate, weight decay,
+        temperature, micro-batch budget, ...); its adapter, optimizer moments and RNG stay."""
+        entry = self._entry(session_id)
+        entry.config = config
+        if entry.trainer is not None:
+            entry.trainer.config = config
+            for group in entry.trainer.optimizer.param_groups:
+                group["lr"] = config.learning_rate
+                group["weight_decay"] = config.weight_decay
+
     # ------------------------------------------------------------------ reading
     def tag(self, session_id: str) -> Any:
         return self._entry(session_id).tag

@@ -77,9 +77,20 @@ class TrainerServiceClient:
         })  # fmt: skip
         return RemoteSession(self, session_id, holder, lease_s)
 
-    def claim(self, session_id: str, *, holder: str, tag: Any = ..., lease_s: float = 60.0) -> RemoteSession:
-        """The resident session, claimed (``tag``: only if it holds that state; 412 otherwise)."""
+    def claim(
+        self,
+        session_id: str,
+        *,
+        holder: str,
+        tag: Any = ...,
+        config: TrainConfig | None = None,
+        lease_s: float = 60.0,
+    ) -> RemoteSession:
+        """The resident session, claimed (``tag``: only if it holds that state; 412 otherwise),
+        with ``config`` as its settings from now on."""
         body: dict[str, Any] = {"holder": holder, "lease_s": lease_s}
+        if config is not None:
+            body["config"] = config.to_dict()
         if tag is not ...:
             body["tag"] = tag
         self.call("POST", f"/sessions/{session_id}/claim", body)
@@ -96,8 +107,9 @@ class RemoteSession:
         )
 
     # ------------------------------------------------------------------ primitives
-    def forward(self, data: Sequence[Datum]) -> list[list[float]]:
-        return self._call("forward", data=[asdict(d) for d in data])["logprobs"]
+    def forward(self, data: Sequence[Datum], *, reference: Path | str | None = None) -> list[list[float]]:
+        ref = None if reference is None else str(reference)
+        return self._call("forward", data=[asdict(d) for d in data], reference=ref)["logprobs"]
 
     def forward_backward(
         self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None
@@ -119,6 +131,9 @@ class RemoteSession:
     # ------------------------------------------------------------------ the claim
     def heartbeat(self) -> None:
         self._call("heartbeat", lease_s=self.lease_s)
+
+    def set_tag(self, tag: Any) -> None:
+        self._call("tag", tag=tag)
 
     def release(self) -> None:
         """End the lease; the session stays resident for the next holder."""

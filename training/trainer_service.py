@@ -11,13 +11,14 @@ claims and /stats answer at once.
 
 Routes (JSON; every route but /health needs the service token as a bearer token):
     POST   /sessions                       open: {session_id, base_model, config, lora, state?, tag?, holder, lease_s}
-    POST   /sessions/{id}/claim            {holder, lease_s, tag?}: 404 unknown, 409 held, 412 another tag
+    POST   /sessions/{id}/claim            {holder, lease_s, tag?, config?}: 404 unknown, 409 held, 412 another tag
     POST   /sessions/{id}/heartbeat        {holder, lease_s}
-    POST   /sessions/{id}/forward          {holder, data}
+    POST   /sessions/{id}/forward          {holder, data, reference?: "base" | a checkpoint folder}
     POST   /sessions/{id}/forward_backward {holder, data, loss_fn, loss_fn_config}
     POST   /sessions/{id}/optim_step       {holder, learning_rate, beta1, beta2, eps, weight_decay, max_grad_norm}
     POST   /sessions/{id}/save_state       {holder, path, step, metrics, tag?}
     POST   /sessions/{id}/save_weights_for_sampler {holder, path}
+    POST   /sessions/{id}/tag              {holder, tag}: what the session holds, as its holder says
     POST   /sessions/{id}/release          {holder}: the lease ends, the session stays resident
     DELETE /sessions/{id}                  {holder}: closed and freed
     GET    /stats
@@ -40,7 +41,7 @@ from typing import Any
 
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.losses import LossInputError
-from training.session import Datum
+from training.session import BASE_MODEL, Datum
 from training.session_pool import SessionPool, SessionPoolError
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -106,6 +107,10 @@ class TrainerService:
             if action == "heartbeat":
                 self._claimed(session_id, body)
                 return 200, self._lease(session_id, body)
+            if action == "tag":  # what the session holds, as its holder says (a recorded checkpoint)
+                self._claimed(session_id, body)
+                self.pool.set_tag(session_id, body.get("tag"))
+                return 200, {"session_id": session_id, "tag": body.get("tag")}
             if action == "release":
                 self._claimed(session_id, body)
                 with self._leases_lock:
@@ -161,7 +166,16 @@ class TrainerService:
                 raise ServiceError(412, f"session {session_id!r} holds another state than the one asked for",
                                    code="precondition_failed")  # fmt: skip
             self.leases[session_id] = Lease(holder, self.clock() + self._lease_s(body))
+        if body.get("config") is not None:  # the claimer's settings from now on (training.session_pool)
+            with self._lock:
+                self.pool.configure(session_id, self._config(body))
         return {"session_id": session_id, "tag": self.pool.tag(session_id), **self._lease(session_id, body)}
+
+    def _config(self, body: dict[str, Any]) -> TrainConfig:
+        try:
+            return TrainConfig.from_dict(body.get("config") or {})
+        except ConfigError as exc:
+            raise ServiceError(400, str(exc), param=f"config.{exc.field}") from exc
 
     def _claimed(self, session_id: str, body: dict[str, Any]) -> None:
         holder = _text(body, "holder")
@@ -192,7 +206,10 @@ class TrainerService:
             self.primitives_run += 1
             with self.pool.use(session_id) as session:
                 if action == "forward":
-                    return {"logprobs": session.forward(_data(body))}
+                    reference = body.get("reference")
+                    if reference is not None and reference != BASE_MODEL:
+                        reference = self._under_root(reference, "reference")
+                    return {"logprobs": session.forward(_data(body), reference=reference)}
                 if action == "forward_backward":
                     loss_fn = _text(body, "loss_fn")
                     result = session.forward_backward(_data(body), loss_fn, body.get("loss_fn_config") or {})
@@ -317,6 +334,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--root", type=Path, required=True, help="the folder requests' paths must lie under")
     parser.add_argument("--model-cache-dir", type=Path, default=None, help="default: ROOT/models")
+    parser.add_argument(
+        "--spill-dir", type=Path, default=None, help="evicted sessions' states (ROOT/.trainer-spill)"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8200, help="0 picks a free port")
     parser.add_argument("--memory-budget-mb", type=int, default=0, help="resident sessions' budget; 0: none")
@@ -324,12 +344,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--unsloth", default="auto")
     args = parser.parse_args(argv)
     cache = args.model_cache_dir or args.root / "models"
+    threads = int(os.environ.get("TORCH_THREADS") or 0)  # `manage.py up` splits the cores
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
     def load(source: str) -> tuple[Any, Any]:
         model, tokenizer, _ = load_policy_model(source, cache, device=args.device, unsloth=args.unsloth)
         return model, tokenizer
 
-    pool = SessionPool(load, spill_dir=args.root / ".trainer-spill", device=args.device,
+    pool = SessionPool(load, spill_dir=args.spill_dir or args.root / ".trainer-spill", device=args.device,
                        budget_bytes=args.memory_budget_mb * 2**20 or None)  # fmt: skip
     service = TrainerService(
         pool, ServiceConfig(root=args.root, token=os.environ.get("TRAINER_SERVICE_TOKEN", ""))

@@ -8,8 +8,11 @@ with the job's end), so it is made once.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 
@@ -19,10 +22,14 @@ from projects.jobs.claimed import Claimed, Job, readable
 from projects.models import Checkpoint, TrainableModel, TrainingJob
 from projects.storage import checkpoint_local_dir, checkpoint_upload
 from training.art_config import ArtOptions
+from training.base_models import context_length as base_context_length
+from training.base_models import load_tokenizer
 from training.client_groups import GroupError, parse_groups
 from training.client_step import ClientStepSpec, ScoredTrajectory, train_client_step
 from training.config import ConfigError, LoraSpec, TrainConfig
-from training.resident import ResidentSessions, SessionKey
+from training.loop import load_policy_model
+from training.resident import ResidentSessions, ServiceSessions, SessionKey
+from training.trainer_client import TrainerServiceClient
 
 
 def accepts_model(model: TrainableModel) -> Callable[[str], bool]:
@@ -51,13 +58,34 @@ def accepts_model(model: TrainableModel) -> Callable[[str], bool]:
 
 
 _resident: ResidentSessions | None = None
+_service: ServiceSessions | None = None
 
 
-def resident_sessions() -> ResidentSessions:
-    """This worker process's kept sessions (training.resident), ``RESIDENT_SESSIONS`` of them."""
-    global _resident
-    if _resident is None or _resident.capacity != settings.RESIDENT_SESSIONS:
-        _resident = ResidentSessions(capacity=settings.RESIDENT_SESSIONS)
+def resident_sessions() -> ResidentSessions | ServiceSessions:
+    """Where jobs' sessions are kept: the host's trainer service when ``TRAINER_SERVICE_URL`` names
+    one, else this worker process (``RESIDENT_SESSIONS`` of them; training.resident)."""
+    global _resident, _service
+    if settings.TRAINER_SERVICE_URL:
+        if _service is None or _service.client.url != settings.TRAINER_SERVICE_URL.rstrip("/"):
+            client = TrainerServiceClient(settings.TRAINER_SERVICE_URL, token=settings.TRAINER_SERVICE_TOKEN)
+
+            def tokenizer_of(source: str) -> tuple[object, int | None]:
+                cache = settings.MODEL_CACHE_DIR
+                return load_tokenizer(source, cache), base_context_length(source, cache)
+
+            holder = f"{socket.gethostname()}:{os.getpid()}"
+            _service = ServiceSessions(client, holder=holder, load_tokenizer=tokenizer_of)
+        return _service
+    if _resident is None:
+
+        def load(source: str) -> tuple[object, object]:
+            model, tokenizer, _ = load_policy_model(source, settings.MODEL_CACHE_DIR,
+                                                    device=settings.TRAINING_DEVICE, unsloth=settings.TRAINING_UNSLOTH)  # fmt: skip
+            return model, tokenizer
+
+        _resident = ResidentSessions(load, capacity=settings.RESIDENT_SESSIONS,
+                                     spill_dir=settings.DATA_DIR / "trainer-spill" / f"worker-{os.getpid()}")  # fmt: skip
+    _resident.capacity = settings.RESIDENT_SESSIONS
     return _resident
 
 
@@ -98,7 +126,6 @@ def build_step_spec(job: TrainingJob) -> ClientStepSpec:
         groups=parse_groups(job.groups, allow_without_logprobs=options.allow_training_without_logprobs),
         from_step=from_step,
         resume_from=checkpoint_local_dir(latest) if latest is not None else None,
-        resident=resident_sessions().take(session_key(model, latest)),
         accepts_model=accepts_model(model),
         options=options,
         reference_dir=reference_dir,
@@ -162,7 +189,23 @@ def _beat(job_id: int, worker: str) -> bool:
 
 def _train(claimed: Claimed[TrainingJob]) -> str:
     job = claimed.row
-    result = train_client_step(build_step_spec(job), _Hooks(job))
+    spec = build_step_spec(job)
+    sessions = resident_sessions()
+    key = session_key(job.model, selectors.checkpoint_latest(model=job.model))
+    kept = None
+    try:
+        sessions.attach(spec, key)
+        result = train_client_step(spec, _Hooks(job))
+        outcome = _record(claimed, result)
+        if outcome == "succeeded":  # the session holds exactly the step just recorded
+            kept = session_key(job.model, selectors.checkpoint_at(model=job.model, step=result.step))
+        return outcome
+    finally:
+        sessions.settle(key.model, kept)
+
+
+def _record(claimed: Claimed[TrainingJob], result: Any) -> str:
+    job = claimed.row
     assert job.started_at is not None
     metrics = {**result.metrics, "queue_seconds": (job.started_at - job.created_at).total_seconds()}
     if claimed.heartbeat.lost:
@@ -182,9 +225,6 @@ def _train(claimed: Claimed[TrainingJob]) -> str:
         ],
         trajectories=trajectory_records(result.trajectories),
     )
-    if recorded and result.trainer is not None:  # it holds exactly the step just recorded
-        checkpoint = selectors.checkpoint_at(model=job.model, step=result.step)
-        resident_sessions().keep(session_key(job.model, checkpoint), result.trainer)
     return "succeeded" if recorded else "lost"
 
 

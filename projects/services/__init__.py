@@ -40,6 +40,12 @@ from projects.services.checkpoints import (
     retention_check,
     run_checkpoints_settle,
 )
+from projects.services.client_models import (
+    client_model_delete,
+    client_model_register,
+    platform_run_active,
+    training_job_active,
+)
 from projects.services.environments import (
     environment_build,
     environment_create,
@@ -153,10 +159,6 @@ from projects.services.training_jobs import (
     ART_OPTIONS,
     TRAINING_JOB_TRANSITIONS,
     client_log_record,
-    client_model_delete,
-    client_model_register,
-    platform_run_active,
-    training_job_active,
     training_job_claim,
     training_job_create,
     training_job_fail,

@@ -1,4 +1,5 @@
-"""`manage.py up` starts the worker and the web server; Ctrl-C (SIGINT) stops all of them."""
+"""`manage.py up` starts the worker, the web server, the inference server and the trainer service;
+Ctrl-C (SIGINT) stops all of them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -51,7 +53,23 @@ def test_up_serves_the_api_and_ctrl_c_stops_everything(tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/schema/", timeout=5) as response:
             assert b"openapi" in response.read()
         pids = {p.stem: int(p.read_text()) for p in (data_dir / "logs").glob("*.pid")}
-        assert set(pids) == {"worker", "web", "inference"}
+        assert set(pids) == {"worker", "web", "inference", "trainer"}
+        # The trainer service (client training jobs' sessions) answers on the URL it logged.
+        deadline = time.monotonic() + 60
+        while "trainer service on " not in (data_dir / "logs" / "trainer.log").read_text(errors="replace"):
+            assert time.monotonic() < deadline, "the trainer service did not start"
+            time.sleep(0.5)
+        trainer_url = (
+            (data_dir / "logs" / "trainer.log").read_text().split("trainer service on ")[1].split()[0]
+        )
+        with urllib.request.urlopen(f"{trainer_url}/health", timeout=5) as response:
+            assert response.read() == b'{"status": "ok"}'
+        refused = urllib.request.Request(f"{trainer_url}/stats")
+        try:
+            urllib.request.urlopen(refused, timeout=5)
+            raise AssertionError("the trainer service answered without its token")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401
         deadline = time.monotonic() + 60
         while "ready." not in (data_dir / "logs" / "worker.log").read_text(errors="replace"):
             assert time.monotonic() < deadline, "worker did not start"

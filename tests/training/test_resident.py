@@ -12,29 +12,51 @@ from transformers import AutoTokenizer
 
 from tests.training.test_client_groups import Sampler, group, trajectory
 from training.art_config import art_job_config
+from training.base_models import load_base_model
 from training.client_groups import parse_groups
 from training.client_step import ClientStepSpec, train_client_step
 from training.config import LoraSpec
 from training.resident import ResidentSessions, SessionKey
 
 
-def key(model: str, step: int, digest: str = "d") -> SessionKey:
-    return SessionKey(model=model, step=step, digest=digest, base_model_source="tiny")
+def load(source: str):
+    return load_base_model(source, cache_dir=Path(source).parent)
 
 
-def test_only_the_exact_checkpoint_takes_a_kept_session_and_stale_ones_go():
-    sessions = ResidentSessions(capacity=2)
-    sessions.keep(key("a", 1), "trainer-a1")
-    sessions.keep(key("b", 4), "trainer-b4")
-    assert sessions.take(key("a", 1, digest="other")) is None  # same step, another checkpoint
-    assert len(sessions) == 1  # and a's kept session is gone: stale for good
-    sessions.keep(key("a", 2), "trainer-a2")
-    sessions.keep(key("c", 1), "trainer-c1")  # capacity 2: the least recently kept (b) goes
-    assert sessions.take(key("b", 4)) is None
-    assert sessions.take(key("a", 2)) == "trainer-a2" and sessions.take(key("a", 2)) is None  # taken once
-    assert (sessions.hits, sessions.misses) == (1, 3)
-    off = ResidentSessions(capacity=0)
-    off.keep(key("a", 1), "t")
+def test_only_the_exact_checkpoint_takes_a_kept_session_and_stale_ones_go(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    source = str(tiny_model_dir)
+    sessions = ResidentSessions(load, capacity=2, spill_dir=tmp_path / "spill")
+
+    def key(model: str, step: int, digest: str = "d") -> SessionKey:
+        return SessionKey(model=model, step=step, digest=digest, base_model_source=source)
+
+    def job(model: str, step: int, *, digest: str = "d", recorded: bool = True):
+        spec = ClientStepSpec(base_model_source=source, model_cache_dir=tmp_path, checkpoint_root=tmp_path,
+                              config=art_job_config({})[0], lora=LoraSpec(rank=2, alpha=4), groups=[],
+                              from_step=step, resume_from=None)  # fmt: skip
+        sessions.attach(spec, key(model, step, digest))
+        assert spec.session.trainer.step == step and spec.tokenizer is not None and spec.model_max
+        sessions.settle(model, key(model, step + 1, digest) if recorded else None)
+        return spec.session.trainer
+
+    a = job("a", 0)
+    assert job("a", 1) is a  # the step it recorded: kept
+    assert job("a", 2, digest="other") is not a  # same model, another checkpoint: loaded afresh
+    job("b", 0)
+    job("c", 0)  # capacity 2: the least recently used (a) goes
+    assert sorted(sessions.pool.sessions()) == ["b", "c"] and len(sessions) == 2
+    job("b", 1, recorded=False)  # a job that did not record closes its session
+    assert "b" not in sessions.pool
+    assert (sessions.hits, sessions.misses) == (2, 4)
+    assert sessions.pool.stats()["base_loads"] == 1  # every model's adapter on one copy of the base
+    off = ResidentSessions(load, capacity=0, spill_dir=tmp_path / "off")
+    spec = ClientStepSpec(base_model_source=source, model_cache_dir=tmp_path, checkpoint_root=tmp_path,
+                          config=art_job_config({})[0], lora=LoraSpec(rank=2, alpha=4), groups=[],
+                          from_step=0, resume_from=None)  # fmt: skip
+    off.attach(spec, key("a", 0))
+    off.settle("a", key("a", 1))
     assert len(off) == 0
 
 
@@ -49,16 +71,19 @@ def test_a_job_from_the_kept_session_trains_as_one_loaded_from_disk(tiny_model_d
         def started(self, *, num_sequences: int) -> None:
             pass
 
-    def spec(root: str, from_step: int, resume_from: Path | None, resident=None) -> ClientStepSpec:
+    def spec(root: str, from_step: int, resume_from: Path | None, kept=None) -> ClientStepSpec:
         config, options = art_job_config({"learning_rate": 1e-2})
-        return ClientStepSpec(base_model_source=str(tiny_model_dir), model_cache_dir=tmp_path / "cache",
+        spec = ClientStepSpec(base_model_source=str(tiny_model_dir), model_cache_dir=tmp_path / "cache",
                               checkpoint_root=tmp_path / root, config=config, options=options,
                               lora=LoraSpec(rank=2, alpha=4), groups=groups, from_step=from_step,
-                              resume_from=resume_from, resident=resident)  # fmt: skip
+                              resume_from=resume_from)  # fmt: skip
+        if kept is not None:
+            spec.session, spec.tokenizer, spec.model_max = kept.session, tokenizer, 1024
+        return spec
 
     first = train_client_step(spec("a", 0, None), Hooks())
     from_disk = train_client_step(spec("disk", 1, first.path), Hooks())
-    kept = train_client_step(spec("kept", 1, first.path, resident=first.trainer), Hooks())
+    kept = train_client_step(spec("kept", 1, first.path, kept=first), Hooks())
     assert kept.metrics["load_seconds"] < from_disk.metrics["load_seconds"]
     disk_weights = load_file(from_disk.path / "adapter_model.safetensors")
     kept_weights = load_file(kept.path / "adapter_model.safetensors")

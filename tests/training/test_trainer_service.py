@@ -5,11 +5,6 @@ sessions interleaving on one base train exactly as each does alone."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -111,33 +106,6 @@ def test_bad_requests_are_400s_naming_the_field_and_paths_stay_under_the_root(
     # Inside the root is fine, and the state is the checkpoint format a worker records.
     service.handle("POST", "/sessions/s/save_state", {"holder": "h", "path": "states/s-1", "step": 1})
     assert (tmp_path / "states" / "s-1" / "state.json").exists()
-
-
-@pytest.fixture
-def live_service(tiny_model_dir, tmp_path):
-    env = {**os.environ, "TRAINER_SERVICE_TOKEN": "secret-token", "HF_HUB_OFFLINE": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "training.trainer_service", "--root", str(tmp_path), "--port", "0",
-         "--model-cache-dir", str(tiny_model_dir.parent)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    try:
-        line = process.stdout.readline()
-        assert line.startswith("trainer service on "), line + process.stdout.read()
-        url = line.split()[-1]
-        deadline = time.monotonic() + 30
-        client = TrainerServiceClient(url, token="secret-token")
-        while True:
-            try:
-                client.stats()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the trainer service did not answer"
-                time.sleep(0.1)
-        yield client
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
 
 
 def test_two_teams_over_http_train_exactly_as_each_alone(live_service, tiny_model_dir, tmp_path):

@@ -4,6 +4,7 @@ demo run."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import time
@@ -14,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from artweb.demo.setup import demo_start
 from artweb.management.commands.demo import print_credentials, watch_run
-from artweb.stack import Stack, inference_command, web_command, worker_command
+from artweb.stack import Stack, inference_command, trainer_command, web_command, worker_command
 from projects import services
 from training.base_models import BUNDLED_MODEL
 
@@ -29,6 +30,12 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -72,9 +79,13 @@ class Command(BaseCommand):
             "--inference-port", type=int, default=settings.INFERENCE_PORT, help="0 picks a free port"
         )
         parser.add_argument("--no-inference", action="store_true", help="do not start an inference server")
+        parser.add_argument(
+            "--trainer-port", type=int, default=settings.TRAINER_SERVICE_PORT,
+            help="the trainer service's port (client training jobs keep their sessions there); 0: none",
+        )  # fmt: skip
 
     def handle(self, *args, host: str, port: int, demo_steps: int, base_model: str, inference_port: int,
-               no_inference: bool, **options):  # fmt: skip
+               no_inference: bool, trainer_port: int = 0, **options):  # fmt: skip
         call_command("migrate", interactive=False, verbosity=0)
         if not port_free(host, port):
             raise CommandError(
@@ -85,6 +96,9 @@ class Command(BaseCommand):
                 f"Port {inference_port} (the inference server's) is in use: it takes a free port instead."
             )
             inference_port = 0
+        if trainer_port and not port_free("127.0.0.1", trainer_port):
+            trainer_port = free_port()
+            self.stdout.write(f"The trainer service's port is in use: it takes {trainer_port} instead.")
         if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
             # This stack owns its database: a run left running was stopped with the last one.
             for run_id in services.runs_pause_interrupted():
@@ -98,7 +112,14 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         os.environ["OUTBOUND_ALLOW"] = own_gateway_allowed(host, port)  # the children's environment
         os.environ.update(torch_process_environment(1 if no_inference else 2))
+        if trainer_port:  # the worker trains client jobs' sessions there (its children inherit this)
+            os.environ["TRAINER_SERVICE_URL"] = f"http://127.0.0.1:{trainer_port}"
+            os.environ["TRAINER_SERVICE_TOKEN"] = os.environ.get(
+                "TRAINER_SERVICE_TOKEN"
+            ) or secrets.token_urlsafe(32)
         try:
+            if trainer_port:
+                stack.start("trainer", trainer_command(port=trainer_port))
             stack.start("worker", worker_command())
             stack.start("web", web_command(host=host, port=port))
             if not no_inference:
@@ -123,7 +144,7 @@ class Command(BaseCommand):
                 stack.check_alive()
                 time.sleep(1)
         except KeyboardInterrupt:
-            self.stdout.write("\nStopping worker, web and inference servers…")
+            self.stdout.write("\nStopping worker, web, inference and trainer servers…")
         finally:
             stack.stop()
             self.stdout.write("Stopped.")

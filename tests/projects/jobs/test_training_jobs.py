@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 from django.utils import timezone
 from transformers import AutoTokenizer
 
@@ -172,3 +173,42 @@ def test_a_choice_may_come_from_any_step_of_the_model_or_its_base():
     accepts = accepts_model(model)  # type: ignore[arg-type]
     assert accepts("math/agent:0") and accepts("math/agent:12") and accepts("tiny")
     assert not accepts("math/agent2:1") and not accepts("math/agent:latest") and not accepts("other/agent:1")
+
+
+def test_jobs_through_the_trainer_service_train_exactly_as_in_the_worker(world, settings, live_service, cast):
+    from safetensors.torch import load_file
+
+    from projects.jobs.training_jobs import resident_sessions
+
+    def two_jobs(model_name: str) -> dict:
+        model = world.model if model_name == "agent" else services.client_model_register(
+            team=cast.alpha, entity=None, project="math", name=model_name, base_model="tiny"
+        )[0]  # fmt: skip
+        for step, rewards in ((0, (1.0, 0.0)), (1, (0.0, 1.0))):
+            job = services.training_job_create(
+                model=model, trajectory_groups=upload(world, *rewards, model_id=f"math/{model_name}:{step}"),
+                experimental_config={"learning_rate": 1e-3},
+            )  # fmt: skip
+            assert claimed.work_on(TRAINING_JOB, job.pk) == "succeeded", TrainingJob.objects.get(
+                pk=job.pk
+            ).error
+        checkpoint = Checkpoint.objects.get(model=model, step=2)
+        return load_file(Path(checkpoint.path) / "adapter_model.safetensors")
+
+    settings.TRAINER_SERVICE_URL = ""
+    in_worker = two_jobs("agent")
+    settings.TRAINER_SERVICE_URL, settings.TRAINER_SERVICE_TOKEN = live_service.url, "secret-token"
+    sessions = resident_sessions()
+    through_service = two_jobs("twin")
+    assert (sessions.hits, sessions.misses) == (1, 1)  # the second job found its session on the service
+    stats = live_service.stats()
+    assert stats["sessions"] == 1 and stats["base_loads"] == 1 and stats["primitives_run"] >= 4
+    assert stats["held"] == {}  # released between jobs
+    assert in_worker.keys() == through_service.keys()
+    assert all(torch.equal(in_worker[name], through_service[name]) for name in in_worker)
+    load_seconds = (
+        StepMetrics.objects.filter(run__model__name="twin")
+        .order_by("step")
+        .values_list("metrics__load_seconds", flat=True)
+    )
+    assert len(load_seconds) == 2 and load_seconds[1] < load_seconds[0]  # a claim, not a load

@@ -1,0 +1,86 @@
+"""How many training sessions one host keeps resident on one copy of a base model
+(training.session_pool), on the bundled model (or ``--tiny``).
+
+    .venv/bin/python -m benchmarks.session_capacity --sessions 16 --threads 1
+
+Opens ``--sessions`` sessions (LoRA r=8 / alpha=16 on the seven projections, the platform's
+default), each trained one step so its gradients and AdamW moments exist, and prints the process's
+resident memory (RSS) after the base model and after each batch of sessions, the pool's own count
+of bytes per session, and how many sessions fit in ``--memory-gib`` (24 by default, this machine)
+after the base model and ``--headroom-gib`` for activations. Against it, the same count for the
+way before the pool: one base model per session (its RSS measured for one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from training.base_models import BUNDLED_MODEL, build_tiny_model, load_base_model
+from training.config import LoraSpec, TrainConfig
+from training.session import Datum
+from training.session_pool import SessionPool
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rss_mib() -> float:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sessions", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--memory-gib", type=float, default=24.0)
+    parser.add_argument(
+        "--headroom-gib", type=float, default=4.0, help="kept free for activations and the OS"
+    )
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--cache", default=str(ROOT / "data" / "models"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    cache = Path(args.cache)
+    source = str(build_tiny_model(cache / "tiny")) if args.tiny else BUNDLED_MODEL
+    load_base_model(source, cache)  # converted once, outside the measurement
+    start = rss_mib()
+    pool = SessionPool(lambda s: load_base_model(s, cache), spill_dir=Path(tempfile.mkdtemp()) / "spill")
+    datum = Datum(model_input=list(range(10, 74)), loss_fn_inputs={"target_tokens": list(range(11, 75))})
+    rows = []
+    base_mib = None
+    for index in range(args.sessions):
+        started = time.monotonic()
+        pool.open(f"team-{index}", source, TrainConfig(seed=index), LoraSpec(rank=8, alpha=16))
+        with pool.use(f"team-{index}") as session:
+            session.forward_backward([datum], "cross_entropy")
+            session.optim_step(learning_rate=1e-4)
+        if base_mib is None:
+            base_mib = rss_mib() - start
+        rows.append((index + 1, rss_mib() - start, time.monotonic() - started))
+    per_session_counted = pool.resident_bytes() / args.sessions / 2**20
+    first_total = rows[0][1]
+    per_session_rss = (rows[-1][1] - first_total) / max(args.sessions - 1, 1)
+    for count, mib, seconds in rows:
+        if count in (1, 2, 4, 8, 16, 32, 64) or count == args.sessions:
+            print(f"sessions {count:3d}: RSS above start {mib:8.1f} MiB (last open + step {seconds:.2f} s)")
+    budget = (args.memory_gib - args.headroom_gib) * 1024
+    base_only = first_total - per_session_counted
+    fit_pool = int((budget - base_only) / max(per_session_rss, per_session_counted))
+    fit_separate = int(budget / first_total)
+    print(
+        f"per session: {per_session_rss:.1f} MiB RSS growth, {per_session_counted:.1f} MiB by the pool's count"
+    )
+    print(f"base model + first session: {first_total:.1f} MiB; base model ~ {base_only:.1f} MiB")
+    print(f"in {args.memory_gib:g} GiB less {args.headroom_gib:g} GiB headroom: {fit_pool} sessions on one base, "
+          f"{fit_separate} with a base model each; ratio {fit_pool / max(fit_separate, 1):.1f}x")  # fmt: skip
+    assert base_mib is not None
+
+
+if __name__ == "__main__":
+    main()
