@@ -34,7 +34,7 @@ def rss_mib() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
@@ -44,7 +44,7 @@ def main() -> None:
     )
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--cache", default=str(ROOT / "data" / "models"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cache = Path(args.cache)
     source = str(build_tiny_model(cache / "tiny")) if args.tiny else BUNDLED_MODEL
@@ -53,16 +53,28 @@ def main() -> None:
     pool = SessionPool(lambda s: load_base_model(s, cache), spill_dir=Path(tempfile.mkdtemp()) / "spill")
     datum = Datum(model_input=list(range(10, 74)), loss_fn_inputs={"target_tokens": list(range(11, 75))})
     rows = []
-    base_mib = None
+
+    def step_seconds(session_id: str, repeats: int = 3) -> float:
+        """Median seconds of one forward_backward + optim_step of a session already in use."""
+        times = []
+        for _ in range(repeats):
+            started = time.monotonic()
+            with pool.use(session_id) as session:
+                session.forward_backward([datum], "cross_entropy")
+                session.optim_step(learning_rate=1e-4)
+            times.append(time.monotonic() - started)
+        return sorted(times)[len(times) // 2]
+
     for index in range(args.sessions):
         started = time.monotonic()
         pool.open(f"team-{index}", source, TrainConfig(seed=index), LoraSpec(rank=8, alpha=16))
         with pool.use(f"team-{index}") as session:
             session.forward_backward([datum], "cross_entropy")
             session.optim_step(learning_rate=1e-4)
-        if base_mib is None:
-            base_mib = rss_mib() - start
         rows.append((index + 1, rss_mib() - start, time.monotonic() - started))
+        if index == 0:
+            alone_step = step_seconds("team-0")
+    crowded_step = step_seconds("team-0")
     per_session_counted = pool.resident_bytes() / args.sessions / 2**20
     first_total = rows[0][1]
     per_session_rss = (rows[-1][1] - first_total) / max(args.sessions - 1, 1)
@@ -73,13 +85,17 @@ def main() -> None:
     base_only = first_total - per_session_counted
     fit_pool = int((budget - base_only) / max(per_session_rss, per_session_counted))
     fit_separate = int(budget / first_total)
+    print(f"one step of a session: {alone_step:.3f} s with 1 resident, {crowded_step:.3f} s with "
+          f"{args.sessions} resident (x{crowded_step / alone_step:.2f})")  # fmt: skip
     print(
         f"per session: {per_session_rss:.1f} MiB RSS growth, {per_session_counted:.1f} MiB by the pool's count"
     )
     print(f"base model + first session: {first_total:.1f} MiB; base model ~ {base_only:.1f} MiB")
     print(f"in {args.memory_gib:g} GiB less {args.headroom_gib:g} GiB headroom: {fit_pool} sessions on one base, "
           f"{fit_separate} with a base model each; ratio {fit_pool / max(fit_separate, 1):.1f}x")  # fmt: skip
-    assert base_mib is not None
+    return {"per_session_mib": max(per_session_rss, per_session_counted), "sessions_on_one_base": fit_pool,
+            "sessions_with_own_base": fit_separate, "base_mib": base_only,
+            "step_ratio_crowded": crowded_step / alone_step}  # fmt: skip
 
 
 if __name__ == "__main__":

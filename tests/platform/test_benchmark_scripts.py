@@ -56,3 +56,26 @@ def test_grammar_benchmark_runs_on_a_tiny_model_and_reports_ratios(tiny_model_di
     assert report["mask_alone_us_per_token"]["json_schema"] > 0
     assert json.loads((tmp_path / "grammar.json").read_text())["json_object"]["steps_per_run"] >= 1
     assert "ms per decoding step" in capsys.readouterr().out
+
+
+def test_resident_jobs_benchmark_runs_its_three_sides_on_a_tiny_model(tmp_path, capsys):
+    from benchmarks import resident_jobs
+
+    summary = resident_jobs.main(["--tiny", "--jobs", "2", "--cache", str(tmp_path)])
+    assert set(summary) == {"from disk", "kept", "service"}
+    assert (
+        summary["service"]["load"] < summary["from disk"]["load"]
+        or summary["kept"]["load"] < summary["from disk"]["load"]
+    )
+    assert "/ from disk" in capsys.readouterr().out
+
+
+def test_session_capacity_benchmark_counts_sessions_on_one_base(tmp_path, capsys):
+    from benchmarks import session_capacity
+
+    report = session_capacity.main(["--tiny", "--sessions", "3", "--cache", str(tmp_path), "--memory-gib", "4",
+                                    "--headroom-gib", "1"])  # fmt: skip
+    assert (
+        report["per_session_mib"] > 0 and report["sessions_on_one_base"] >= report["sessions_with_own_base"]
+    )
+    assert "sessions on one base" in capsys.readouterr().out
