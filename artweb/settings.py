@@ -227,6 +227,9 @@ RESIDENT_SESSIONS = env_int("RESIDENT_SESSIONS", 1, minimum=0)
 TRAINER_SERVICE_URL = env_str("TRAINER_SERVICE_URL", "")
 TRAINER_SERVICE_TOKEN = env_str("TRAINER_SERVICE_TOKEN", "")
 TRAINER_SERVICE_PORT = env_int("TRAINER_SERVICE_PORT", 8200, minimum=0)
+# The memory the trainer service's resident sessions may hold (adapters, gradients, AdamW moments)
+# before the least recently used idle one is saved to disk and unloaded; 0: no limit.
+TRAINER_SESSION_MEMORY_MB = env_int("TRAINER_SESSION_MEMORY_MB", 4096, minimum=0)
 # Torch intra-op threads per process (the worker's training, serve_inference); 0 = torch's default,
 # one per core. `manage.py up` sets it for its children to cores // torch processes (and
 # OMP_WAIT_POLICY=PASSIVE) unless the environment sets it: see benchmarks/threads_split.py.

@@ -55,7 +55,8 @@ def trainer_command(*, port: int, host: str = "127.0.0.1") -> list[str]:
     CHECKPOINT_DIR only, and reads its token from TRAINER_SERVICE_TOKEN in the environment."""
     return [sys.executable, "-m", "training.trainer_service", "--root", str(settings.CHECKPOINT_DIR),
             "--model-cache-dir", str(settings.MODEL_CACHE_DIR), "--spill-dir", str(settings.DATA_DIR / "trainer-spill"),
-            "--host", host, "--port", str(port), "--device", settings.TRAINING_DEVICE]  # fmt: skip
+            "--host", host, "--port", str(port), "--device", settings.TRAINING_DEVICE,
+            "--memory-budget-mb", str(settings.TRAINER_SESSION_MEMORY_MB)]  # fmt: skip
 
 
 def inference_command(*, base_model: str, host: str = "127.0.0.1", port: int | None = None) -> list[str]:

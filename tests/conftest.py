@@ -3,6 +3,7 @@ charlie owns team beta (an outsider to alpha)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -165,27 +166,27 @@ def _plain_http_test_client(settings):
     settings.SECURE_SSL_REDIRECT = False
 
 
-@pytest.fixture
-def live_service(tiny_model_dir, tmp_path):
-    """A trainer service process (training.trainer_service) rooted at ``tmp_path``, its client."""
+@contextlib.contextmanager
+def trainer_service(root: Path, cache: Path, token: str = "secret-token"):
+    """A trainer service process (training.trainer_service) rooted at ``root``; its client."""
     import subprocess
     import sys
     import time
 
     from training.trainer_client import TrainerServiceClient
 
-    env = {**os.environ, "TRAINER_SERVICE_TOKEN": "secret-token", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "TRAINER_SERVICE_TOKEN": token, "HF_HUB_OFFLINE": "1", "TORCH_THREADS": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "training.trainer_service", "--root", str(tmp_path), "--port", "0",
-         "--model-cache-dir", str(tiny_model_dir.parent)],
+        [sys.executable, "-m", "training.trainer_service", "--root", str(root), "--port", "0",
+         "--model-cache-dir", str(cache)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     try:
+        assert process.stdout is not None
         line = process.stdout.readline()
         assert line.startswith("trainer service on "), line + process.stdout.read()
-        url = line.split()[-1]
         deadline = time.monotonic() + 30
-        client = TrainerServiceClient(url, token="secret-token")
+        client = TrainerServiceClient(line.split()[-1], token=token)
         while True:
             try:
                 client.stats()
@@ -197,3 +198,10 @@ def live_service(tiny_model_dir, tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+@pytest.fixture
+def live_service(tiny_model_dir, tmp_path):
+    """A trainer service rooted at ``tmp_path``, its client."""
+    with trainer_service(tmp_path, tiny_model_dir.parent) as client:
+        yield client

@@ -209,23 +209,6 @@ def pack(
     ]
 
 
-def padded_positions(samples: Sequence[TrainSample], budget: int) -> tuple[int, int]:
-    """(positions, padding) of today's left-padded layout for comparison: what one padded row per
-    sample would cost, grouped into the same token budget as the trainer's padded micro-batches."""
-    positions = padding = 0
-    width = count = used = 0
-    for sample in samples:
-        length = len(sample.prompt_token_ids) + len(sample.completion_token_ids)
-        if count and max(width, length) * (count + 1) > budget:
-            positions += width * count
-            padding += width * count - used
-            width = count = used = 0
-        width, count, used = max(width, length), count + 1, used + length
-    positions += width * count
-    padding += width * count - used
-    return positions, padding
-
-
 # ART shares a common prefix between sequences in a packed row only when it is at least this long.
 MIN_SHARED_PREFIX = 64
 
@@ -344,20 +327,3 @@ def _segments(
                 walk(branch, start)
 
     walk(list(range(len(rows))), 0)
-
-
-def build_sequence(
-    members: list[int],
-    samples: Sequence[TrainSample],
-    advantages: Sequence[float],
-    *,
-    mask_dtype: torch.dtype = torch.float32,
-) -> PackedRow:
-    """One packed sequence of ``plan_sequences`` as a PackedRow (a unit per prompt)."""
-    units: dict[tuple[int, ...], Unit] = {}
-    for index in members:
-        prompt = tuple(samples[index].prompt_token_ids)
-        unit = units.setdefault(prompt, Unit(list(prompt), [], []))
-        unit.members.append(index)
-        unit.lengths.append(completion_inputs(samples[index]))
-    return build_row(list(units.values()), samples, advantages, mask_dtype=mask_dtype)

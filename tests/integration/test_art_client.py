@@ -25,6 +25,7 @@ import pytest
 
 from projects import services
 from projects.models import Checkpoint, Run, RunKind, StepMetrics, TrainingJob, Trajectory
+from tests.conftest import trainer_service
 from tests.integration.conftest import ROOT
 from tests.projects.gateway.conftest import (  # noqa: F401  (fixtures)
     BASE_MODEL,
@@ -94,17 +95,26 @@ def run_client(python: Path, script: Path, arguments: list[str], *, home: Path, 
 def test_arts_serverless_backend_trains_on_artweb_unchanged(
     art_python,
     gateway,  # noqa: F811  (the fixture imported above)
-    live_worker,
+    serving,  # noqa: F811
+    start_worker,
+    tiny_model_dir,
     cast,
     tmp_path,
 ):
-    worker = live_worker
-    alpha_key, beta_key = team_keys(cast, "art")
-    arguments = [
-        "--base-url", f"{gateway.url}/v1", "--key", alpha_key, "--other-key", beta_key,
-        "--project", "games", "--model", "agent", "--base-model", BASE_MODEL,
-    ]  # fmt: skip
-    result = run_client(art_python, SCRIPT, arguments, home=tmp_path, worker=worker)
+    # This client's jobs train on the host's trainer service (as under `manage.py up`): the worker
+    # claims each job and drives the session the service keeps resident between jobs.
+    register_base_model(tiny_model_dir)
+    with trainer_service(serving.data_dir / "checkpoints", tiny_model_dir.parent, token="t-art") as service:
+        worker = start_worker(ARTWEB_DATA_DIR=str(serving.data_dir), TRAINER_SERVICE_URL=service.url,
+                              TRAINER_SERVICE_TOKEN="t-art")  # fmt: skip
+        alpha_key, beta_key = team_keys(cast, "art")
+        arguments = [
+            "--base-url", f"{gateway.url}/v1", "--key", alpha_key, "--other-key", beta_key,
+            "--project", "games", "--model", "agent", "--base-model", BASE_MODEL,
+        ]  # fmt: skip
+        result = run_client(art_python, SCRIPT, arguments, home=tmp_path, worker=worker)
+        stats = service.stats()
+    assert stats["sessions"] == 1 and stats["base_loads"] == 1 and stats["primitives_run"] >= 6, stats
 
     assert result["entity"] == "alpha"
     assert {"artweb_model", "prompt_token_ids", "token_ids"} <= set(result["choice_fields"])

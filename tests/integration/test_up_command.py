@@ -54,6 +54,18 @@ def test_up_serves_the_api_and_ctrl_c_stops_everything(tmp_path):
             assert b"openapi" in response.read()
         pids = {p.stem: int(p.read_text()) for p in (data_dir / "logs").glob("*.pid")}
         assert set(pids) == {"worker", "web", "inference", "trainer"}
+        # What `up` sets for its children reaches them (it once did not: the stack copied the
+        # environment before): the own gateway allowed outbound, and the trainer service's URL.
+        environ = dict(
+            item.split(b"=", 1)
+            for item in Path(f"/proc/{pids['worker']}/environ").read_bytes().split(b"\0")
+            if b"=" in item
+        )
+        assert f"127.0.0.1:{port}".encode() in environ[b"OUTBOUND_ALLOW"]
+        assert (
+            environ[b"TRAINER_SERVICE_URL"].startswith(b"http://127.0.0.1:")
+            and environ[b"TRAINER_SERVICE_TOKEN"]
+        )
         # The trainer service (client training jobs' sessions) answers on the URL it logged.
         deadline = time.monotonic() + 60
         while "trainer service on " not in (data_dir / "logs" / "trainer.log").read_text(errors="replace"):

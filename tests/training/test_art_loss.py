@@ -12,7 +12,7 @@ import torch
 from training.art_config import ArtOptions
 from training.art_loss import ArtLoss, art_policy_loss, art_shaped_advantages, art_token_weights
 from training.art_update import learning_rate_of
-from training.packing import build_sequence, plan_sequences
+from training.packing import plan_sequences
 from training.trajectory import TrainSample
 
 HALF, QUARTER = math.log(0.5), math.log(0.25)
@@ -149,6 +149,3 @@ def test_arts_packing_rule_counts_the_optimizer_steps():
     assert len(plan_sequences(samples, 100)) == 1
     with pytest.raises(ValueError, match="over 8"):
         plan_sequences(samples, 8)
-    # Each sequence is one packed row holding its members once (a prompt once per row here).
-    row = build_sequence([0, 1, 4], samples, [1.0] * 5)
-    assert sorted(row.members) == [0, 1, 4] and row.width == 3 + 1 + 1 + 0

@@ -105,7 +105,6 @@ class Command(BaseCommand):
                 self.stdout.write(
                     f"Run {run_id} was running when the platform stopped: paused; resume it to continue."
                 )
-        stack = Stack(settings.DATA_DIR / "logs")
         # Ctrl-C and SIGTERM both stop the stack; SIGINT is re-armed because a parent (a script, a
         # non-interactive shell) may have started us with it ignored.
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -117,6 +116,7 @@ class Command(BaseCommand):
             os.environ["TRAINER_SERVICE_TOKEN"] = os.environ.get(
                 "TRAINER_SERVICE_TOKEN"
             ) or secrets.token_urlsafe(32)
+        stack = Stack(settings.DATA_DIR / "logs")  # after the environment above: its children's copy
         try:
             if trainer_port:
                 stack.start("trainer", trainer_command(port=trainer_port))
