@@ -19,7 +19,6 @@ import random
 import shutil
 import tempfile
 import time
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,16 +27,17 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 
+from training.checkpoint_files import (  # noqa: F401 (re-exported: callers import them from here)
+    ADAPTER_WEIGHTS,
+    CHECKPOINT_FORMAT_VERSION,
+    CheckpointError,
+    as_python_rng_state,
+    move_into_place,
+    read_checkpoint_state,
+)
 from training.config import LoraSpec, TrainConfig
 from training.grpo import compute_advantages, entropy_from_logits, is_zero_variance
 from training.trajectory import TrainGroup, TrainSample
-
-CHECKPOINT_FORMAT_VERSION = 1
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-
-
-class CheckpointError(ValueError):
-    """A directory that is not a readable checkpoint, or one that does not fit the run."""
 
 
 def peft_lora_config(lora: LoraSpec) -> LoraConfig:
@@ -318,7 +318,7 @@ class Trainer:
                 "metrics": metrics,
             }
             (scratch / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-            _move_into_place(scratch, path)
+            move_into_place(scratch, path)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -373,7 +373,7 @@ class Trainer:
             group["weight_decay"] = config.weight_decay
         rng = torch.load(checkpoint_path / "rng_state.pt", weights_only=True)
         torch.set_rng_state(rng["torch"])
-        random.setstate(_as_python_rng_state(rng["python"]))
+        random.setstate(as_python_rng_state(rng["python"]))
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         trainer.step = int(state["step"])
@@ -411,20 +411,6 @@ def grpo_data(samples: list[tuple[TrainSample, float]], config: TrainConfig) -> 
     return data
 
 
-def read_checkpoint_state(path: Path) -> dict:
-    """The `state.json` of a checkpoint directory."""
-    state_file = Path(path) / "state.json"
-    try:
-        state = json.loads(state_file.read_text())
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{path} is not a checkpoint (no state.json)") from exc
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{state_file} is not valid JSON: {exc}") from exc
-    if state.get("format_version") != CHECKPOINT_FORMAT_VERSION:
-        raise CheckpointError(f"{path}: unsupported checkpoint format {state.get('format_version')!r}")
-    return state
-
-
 def _check_sample(sample: TrainSample) -> None:
     if len(sample.completion_logprobs) != len(sample.completion_token_ids):
         raise ValueError("a sample needs one logprob per completion token")
@@ -435,21 +421,3 @@ def _check_sample(sample: TrainSample) -> None:
             raise ValueError("a sample's completion_mask needs one entry per completion token")
         if any(value not in (0, 1) for value in sample.completion_mask):
             raise ValueError("a sample's completion_mask holds only 0 and 1")
-
-
-def _move_into_place(scratch: Path, path: Path) -> None:
-    if path.exists():
-        # A directory cannot be renamed over a non-empty one: move the old one aside first.
-        # Between the two renames `path` is absent, never partial.
-        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex}"
-        os.replace(path, old)
-        os.replace(scratch, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(scratch, path)
-
-
-def _as_python_rng_state(state: Any) -> tuple:
-    """random.setstate wants tuples; a round trip through torch.save may hand back lists."""
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)

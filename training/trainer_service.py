@@ -41,6 +41,8 @@ from typing import Any
 
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.losses import LossInputError
+from training.serving.asgi import json_response, read_body
+from training.serving.protocol import RequestError
 from training.session import BASE_MODEL, Datum
 from training.session_pool import SessionPool, SessionPoolError
 
@@ -258,7 +260,7 @@ class TrainerService:
             elif not self._authorized(headers):
                 raise ServiceError(401, "a valid trainer service token is required", code="invalid_api_key")
             else:
-                raw = await _read_body(receive)
+                raw = await read_body(receive, MAX_BODY_BYTES)
                 try:
                     request = json.loads(raw) if raw else {}
                 except json.JSONDecodeError as exc:
@@ -268,14 +270,13 @@ class TrainerService:
                 status, body = await asyncio.to_thread(self.handle, scope["method"], scope["path"], request)
         except ServiceError as exc:
             status, body = exc.status, exc.body()
+        except RequestError as exc:  # the body: too large, or the client left
+            status, body = exc.status, ServiceError(exc.status, exc.message, code=exc.code).body()
         except (LossInputError, ConfigError, ValueError) as exc:
             status, body = 400, ServiceError(400, str(exc)).body()
         except SessionPoolError as exc:
             status, body = 404, ServiceError(404, str(exc), code="not_found").body()
-        payload = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
-        await send({"type": "http.response.body", "body": payload})
+        await json_response(send, status, body)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
         if not self.config.token:
@@ -307,19 +308,6 @@ def _data(body: dict[str, Any]) -> list[Datum]:
         except (TypeError, ValueError) as exc:
             raise ServiceError(400, f"data[{index}]: {exc}", param=f"data[{index}]") from exc
     return out
-
-
-async def _read_body(receive: Any) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise ServiceError(413, f"the body is over {MAX_BODY_BYTES} bytes", code="body_too_large")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -33,6 +32,10 @@ from training.engines.grammar import json_grammar
 from training.openai_errors import error_object
 from training.serving import metrics
 from training.serving.adapters import AdapterCache, check_adapter_path
+from training.serving.asgi import disconnected as _disconnected
+from training.serving.asgi import event as _event
+from training.serving.asgi import json_response as _json
+from training.serving.asgi import read_body
 from training.serving.chunks import (
     ChunkContext,
     choice_chunks,
@@ -167,7 +170,7 @@ class InferenceApp:
                 if not self._authorized(headers):
                     raise RequestError("a valid server token is required", code="invalid_api_key", status=401)
                 if path == "/v1/chat/completions" and method == "POST":
-                    await self._chat(headers, await _read_body(receive), send, receive)
+                    await self._chat(headers, await read_body(receive, MAX_BODY_BYTES), send, receive)
                 elif path == "/metrics" and method == "GET":
                     body, content_type = metrics.exposition()
                     await send({"type": "http.response.start", "status": 200,
@@ -438,36 +441,3 @@ class InferenceApp:
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-
-async def _disconnected(receive: Any) -> None:
-    """Return when the client disconnects (the request body has already been read)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _read_body(receive: Any) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise RequestError("the client disconnected", code="client_disconnected", status=400)
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise RequestError("the request body is too large", code="body_too_large", status=413)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _json(send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-    payload = json.dumps(body, ensure_ascii=False).encode()
-    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    raw_headers += [(key.encode(), value.encode()) for key, value in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-    await send({"type": "http.response.body", "body": payload, "more_body": False})
-
-
-async def _event(send: Any, data: bytes) -> None:
-    await send({"type": "http.response.body", "body": data, "more_body": True})
