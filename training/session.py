@@ -4,7 +4,8 @@ A session holds the policy (base model + LoRA adapter) and its optimizer, and of
 ``forward(data)`` (logprobs only), ``forward_backward(data, loss_fn, loss_fn_config)`` (a named loss
 from training.losses, gradients accumulated), ``optim_step(...)`` (one AdamW step, then the
 gradients are cleared), and through its trainer the checkpoint as state (``save_state`` /
-``load_state``: adapter, optimizer, RNG) and as weights a sampler loads (``save_weights_for_sampler``).
+``load_state``: adapter, optimizer, RNG) and as weights a sampler loads (``save_weights_for_sampler``); ``sample`` draws completions from the
+current policy.
 
 ``data`` is a list of ``Datum``: Tinker's layout, one sequence each: ``model_input`` (N tokens) and
 ``loss_fn_inputs`` with ``target_tokens`` (N: position i predicts target i, so target i is input
@@ -120,8 +121,22 @@ class TrainingSession:
     """The primitives over one policy. Built on a ``training.trainer.Trainer`` (which owns the
     peft model, the optimizer and the checkpoint format); the session adds nothing to its state."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Any, engine: Any = None) -> None:
         self.trainer = trainer
+        self._engine = engine  # a TransformersEngine over the trainer's model (built on first sample)
+
+    def sample(self, prompts: Sequence[list[int]], sampling: Any) -> list[Any]:
+        """Completions of each prompt (token ids) by the current policy, with the sampler's
+        logprobs (``training.engines.base.Choice``, one per prompt). ``sampling``: a
+        ``SamplingParams``; with ``seed=None`` it draws from the session's RNG, so a session's
+        samples do not depend on what other sessions did."""
+        if self._engine is None:
+            from training.engines.transformers_engine import TransformersEngine
+
+            self._engine = TransformersEngine(
+                self.trainer.model, self.trainer.tokenizer, device=self.trainer.device
+            )
+        return self._engine.generate_from_tokens([list(p) for p in prompts], sampling)
 
     # ------------------------------------------------------------------ primitives
     def forward(self, data: Sequence[Datum], *, reference: Path | str | None = None) -> list[list[float]]:

@@ -44,6 +44,7 @@ class SessionPoolError(KeyError):
 class _Base:
     model: Any  # the base model; a PeftModel once a session has an adapter on it
     tokenizer: Any
+    engine: Any = None  # one sampler over the shared model: it samples the live adapter
 
 
 @dataclass
@@ -135,8 +136,13 @@ class SessionPool:
         (reloaded first when it was evicted). Eviction waits until it is handed back."""
         entry = self._entry(session_id)
         self._activate(entry)
+        base = self._bases[entry.source]
+        if base.engine is None or base.engine.model is not entry.trainer.model:
+            from training.engines.transformers_engine import TransformersEngine
+
+            base.engine = TransformersEngine(entry.trainer.model, base.tokenizer, device=entry.trainer.device)
         try:
-            yield TrainingSession(entry.trainer)
+            yield TrainingSession(entry.trainer, base.engine)
         finally:
             entry.used_at = time.monotonic()
             self._entries.move_to_end(session_id)

@@ -118,6 +118,12 @@ class RemoteSession:
                          loss_fn_config=loss_fn_config or {})  # fmt: skip
         return ForwardBackwardResult(loss=out["loss"], metrics=out["metrics"], logprobs=out["logprobs"])
 
+    def sample(
+        self, prompts: Sequence[list[int]], sampling: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """Completions by the session's current policy: token ids, their logprobs, finish reason."""
+        return self._call("sample", prompts=[list(p) for p in prompts], sampling=sampling or {})["choices"]
+
     def optim_step(self, *, learning_rate: float, **params: float | None) -> dict[str, float]:
         return self._call("optim_step", learning_rate=learning_rate, **params)["metrics"]
 

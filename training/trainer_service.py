@@ -15,6 +15,7 @@ Routes (JSON; every route but /health needs the service token as a bearer token)
     POST   /sessions/{id}/heartbeat        {holder, lease_s}
     POST   /sessions/{id}/forward          {holder, data, reference?: "base" | a checkpoint folder}
     POST   /sessions/{id}/forward_backward {holder, data, loss_fn, loss_fn_config}
+    POST   /sessions/{id}/sample           {holder, prompts: [[token ids]], sampling: {temperature, max_new_tokens, ...}}
     POST   /sessions/{id}/optim_step       {holder, learning_rate, beta1, beta2, eps, weight_decay, max_grad_norm}
     POST   /sessions/{id}/save_state       {holder, path, step, metrics, tag?}
     POST   /sessions/{id}/save_weights_for_sampler {holder, path}
@@ -47,7 +48,7 @@ from training.session import BASE_MODEL, Datum
 from training.session_pool import SessionPool, SessionPoolError
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
-PRIMITIVES = ("forward", "forward_backward", "optim_step", "save_state", "save_weights_for_sampler")
+PRIMITIVES = ("forward", "forward_backward", "optim_step", "sample", "save_state", "save_weights_for_sampler")
 OPTIM_FIELDS = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "max_grad_norm")
 
 
@@ -216,6 +217,10 @@ class TrainerService:
                     loss_fn = _text(body, "loss_fn")
                     result = session.forward_backward(_data(body), loss_fn, body.get("loss_fn_config") or {})
                     return {"loss": result.loss, "metrics": result.metrics, "logprobs": result.logprobs}
+                if action == "sample":
+                    choices = session.sample(_prompts(body), _sampling(body))
+                    return {"choices": [{"token_ids": c.token_ids, "logprobs": c.logprobs,
+                                         "finish_reason": c.finish_reason} for c in choices]}  # fmt: skip
                 if action == "optim_step":
                     params = {name: body[name] for name in OPTIM_FIELDS if body.get(name) is not None}
                     if "learning_rate" not in params:
@@ -290,6 +295,34 @@ def _text(body: dict[str, Any], name: str) -> str:
     if not isinstance(value, str) or not value:
         raise ServiceError(400, f"{name} is required (a non-empty string)", param=name)
     return value
+
+
+def _prompts(body: dict[str, Any]) -> list[list[int]]:
+    prompts = body.get("prompts")
+    if (
+        not isinstance(prompts, list)
+        or not prompts
+        or not all(
+            isinstance(p, list) and p and all(isinstance(t, int) and t >= 0 for t in p) for p in prompts
+        )
+    ):
+        raise ServiceError(
+            400, "prompts must be a non-empty list of non-empty token id lists", param="prompts"
+        )
+    return prompts
+
+
+def _sampling(body: dict[str, Any]) -> Any:
+    from training.engines.base import SamplingParams
+
+    given = body.get("sampling") or {}
+    allowed = {"temperature", "top_p", "top_k", "min_p", "max_new_tokens", "seed"}
+    if not isinstance(given, dict) or set(given) - allowed:
+        raise ServiceError(400, f"sampling takes only {', '.join(sorted(allowed))}", param="sampling")
+    try:
+        return SamplingParams(**given)
+    except (TypeError, ValueError) as exc:
+        raise ServiceError(400, f"sampling: {exc}", param="sampling") from exc
 
 
 def _data(body: dict[str, Any]) -> list[Datum]:

@@ -178,3 +178,33 @@ def test_a_pooled_sessions_weights_for_the_sampler_are_its_adapter_alone(tiny_mo
         logits = served(input_ids=torch.tensor([tokens[:-1]])).logits[0].float()
     logprobs = torch.log_softmax(logits, -1)[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])].tolist()
     assert logprobs[1:] == pytest.approx(expected[0][1:], abs=1e-5)
+
+
+def test_a_pooled_session_samples_exactly_as_it_would_alone(tiny_model_dir, tmp_path):
+    from training.engines.base import SamplingParams
+    from training.trainer import Trainer
+
+    source, prompts = str(tiny_model_dir), [[5, 9, 14], [8, 2]]
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0)  # seed None: the session's own RNG
+    pool = SessionPool(load, spill_dir=tmp_path / "spill")
+    pool.open("a", source, *ALPHA)
+    pool.open("b", source, *BETA)
+    pooled = []
+    with pool.use("a") as a:
+        step(a, DATA["alpha"][0])
+        pooled.append(a.sample(prompts, sampling))
+    with pool.use("b") as b:  # another team samples in between: it draws from its own RNG
+        b.sample(prompts, sampling)
+    with pool.use("a") as a:
+        pooled.append(a.sample(prompts, sampling))
+
+    model, tokenizer = load(source)
+    alone = TrainingSession(Trainer(model, tokenizer, *ALPHA))
+    step(alone, DATA["alpha"][0])
+    expected = [alone.sample(prompts, sampling), alone.sample(prompts, sampling)]
+    for got, want in zip(pooled, expected, strict=True):
+        assert [c.token_ids for c in got] == [c.token_ids for c in want]
+        assert [c.logprobs for c in got] == [c.logprobs for c in want]
+    assert (
+        pooled[0][0].token_ids != pooled[1][0].token_ids or pooled[0][1].token_ids != pooled[1][1].token_ids
+    )

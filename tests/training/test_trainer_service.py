@@ -127,6 +127,11 @@ def test_two_teams_over_http_train_exactly_as_each_alone(live_service, tiny_mode
             sessions[name].optim_step(learning_rate=1e-2)
     for name in ("alpha", "beta"):
         sessions[name].save_weights_for_sampler(f"out/{name}")
+    sampled = sessions["alpha"].sample([[5, 9, 14]], {"max_new_tokens": 4, "temperature": 0})
+    assert len(sampled) == 1 and len(sampled[0]["token_ids"]) == len(sampled[0]["logprobs"]) >= 1
+    with pytest.raises(TrainerServiceError) as bad:
+        sessions["alpha"].sample([[5, 9]], {"max_new_tokens": 0})
+    assert bad.value.status == 400 and "max_new_tokens" in bad.value.message
     stats = live_service.stats()
     assert (stats["sessions"], stats["base_loads"]) == (2, 1)
     with pytest.raises(LeaseLost):  # team b's holder cannot drive team a's session
