@@ -24,12 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
+from benchmarks._model import add_model_arguments, prepared_model
 from training.art_config import art_job_config
 from training.base_models import (
-    BUNDLED_MODEL,
-    build_tiny_model,
     context_length,
     load_base_model,
     load_tokenizer,
@@ -71,14 +68,9 @@ def start_service(root: Path, cache: Path, threads: int) -> tuple[subprocess.Pop
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--cache", default=str(ROOT / "data" / "models"))
+    add_model_arguments(parser)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cache = Path(args.cache)
-    source = str(build_tiny_model(cache / "tiny")) if args.tiny else BUNDLED_MODEL
-    load_base_model(source, cache)  # converted once, outside the timings
+    cache, source = prepared_model(args)
     from tests.training.test_client_groups import Sampler, group, trajectory
 
     tokenizer = load_tokenizer(source, cache)

@@ -19,9 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from training.base_models import BUNDLED_MODEL, build_tiny_model, load_base_model
+from benchmarks._model import add_model_arguments, prepared_model
+from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.session import Datum
 from training.session_pool import SessionPool
@@ -37,18 +36,13 @@ def rss_mib() -> float:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sessions", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1)
+    add_model_arguments(parser)
     parser.add_argument("--memory-gib", type=float, default=24.0)
     parser.add_argument(
         "--headroom-gib", type=float, default=4.0, help="kept free for activations and the OS"
     )
-    parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--cache", default=str(ROOT / "data" / "models"))
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cache = Path(args.cache)
-    source = str(build_tiny_model(cache / "tiny")) if args.tiny else BUNDLED_MODEL
-    load_base_model(source, cache)  # converted once, outside the measurement
+    cache, source = prepared_model(args)
     start = rss_mib()
     pool = SessionPool(lambda s: load_base_model(s, cache), spill_dir=Path(tempfile.mkdtemp()) / "spill")
     datum = Datum(model_input=list(range(10, 74)), loss_fn_inputs={"target_tokens": list(range(11, 75))})

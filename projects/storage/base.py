@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from training.checkpoint_files import move_into_place
 
 # Keys are relative POSIX paths of plain segments: they become object names and cache folders.
 # Matched with fullmatch: with match and "$", a segment ending in a newline would pass.
@@ -109,13 +110,7 @@ def folder_digest(local_dir: Path) -> StoredObject:
 def replace_dir(scratch: Path, target: Path) -> None:
     """Move the complete folder ``scratch`` to ``target`` (replacing one there) by renames only."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists():
-        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex}"
-        os.replace(target, old)
-        os.replace(scratch, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(scratch, target)
+    move_into_place(scratch, target)
 
 
 def scratch_dir(target: Path, purpose: str) -> Path:
