@@ -3,6 +3,7 @@ Ctrl-C (SIGINT) stops all of them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -89,8 +90,17 @@ def test_up_serves_the_api_and_ctrl_c_stops_everything(tmp_path):
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=60)
     finally:
-        if process.poll() is None:
-            process.kill()
+        if process.poll() is None:  # the test failed before Ctrl-C: stop the stack as Ctrl-C does
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            # Whatever it could not stop must not outlive the test (a leftover inference server
+            # or trainer service holds its port for every later test).
+            for pid_file in (data_dir / "logs").glob("*.pid"):
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.killpg(int(pid_file.read_text()), signal.SIGKILL)
     assert process.returncode == 0, output
     assert "Stopped." in output
     for name, pid in pids.items():
