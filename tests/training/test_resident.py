@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
@@ -92,3 +93,42 @@ def test_a_job_from_the_kept_session_trains_as_one_loaded_from_disk(tiny_model_d
     kept_state = torch.load(kept.path / "optimizer.pt", weights_only=True)["state"]
     assert all(torch.equal(disk_state[i]["exp_avg"], kept_state[i]["exp_avg"]) for i in disk_state)
     assert kept.metrics["loss"] == from_disk.metrics["loss"]
+
+
+def test_service_sessions_reload_a_stale_session_and_refuse_a_held_one(
+    tiny_model_dir: Path, tmp_path: Path, live_service
+):
+    from training.base_models import context_length
+    from training.resident import ServiceSessions
+    from training.trainer_client import LeaseLost
+
+    source = str(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    sessions = ServiceSessions(live_service, holder="worker-1",
+                               load_tokenizer=lambda s: (tokenizer, context_length(s, tmp_path)))  # fmt: skip
+
+    def spec(step: int) -> ClientStepSpec:
+        return ClientStepSpec(base_model_source=source, model_cache_dir=tmp_path, checkpoint_root=tmp_path,
+                              config=art_job_config({})[0], lora=LoraSpec(rank=2, alpha=4), groups=[],
+                              from_step=step, resume_from=None)  # fmt: skip
+
+    def key(step: int, digest: str = "d") -> SessionKey:
+        return SessionKey(model="model-7", step=step, digest=digest, base_model_source=source)
+
+    first = spec(0)
+    sessions.attach(first, key(0))  # none on the service: opened
+    assert first.tokenizer is tokenizer and first.model_max == 1024
+    sessions.settle("model-7", key(1))
+    assert live_service.stats()["held"] == {}
+    again = spec(1)
+    sessions.attach(again, key(1))  # the tag it was left with: a hit
+    sessions.settle("model-7", key(2))
+    stale = spec(2)
+    sessions.attach(stale, key(2, digest="remade"))  # another checkpoint at that step: 412, closed, reopened
+    assert (sessions.hits, sessions.misses) == (1, 2)
+    # While worker-1 holds it, another worker's claim is refused, and says why.
+    other = ServiceSessions(live_service, holder="worker-2", load_tokenizer=lambda s: (tokenizer, None))
+    with pytest.raises(LeaseLost, match="held by another holder"):
+        other.attach(spec(2), key(2, digest="remade"))
+    sessions.settle("model-7", None)  # a failed job closes its session
+    assert live_service.stats()["sessions"] == 0
