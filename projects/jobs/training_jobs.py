@@ -100,9 +100,9 @@ def session_key(model: TrainableModel, checkpoint: Checkpoint | None) -> Session
     )
 
 
-def build_step_spec(job: TrainingJob) -> ClientStepSpec:
+def build_step_spec(job: TrainingJob, latest: Checkpoint | None) -> ClientStepSpec:
+    """The job's step from ``latest``, the model's latest checkpoint (None: none yet)."""
     model = job.model
-    latest = selectors.checkpoint_latest(model=model)
     config = dict(job.config)
     options = ArtOptions.from_dict(config.pop(services.ART_OPTIONS, {}))
     from_step = latest.step if latest else 0
@@ -189,9 +189,10 @@ def _beat(job_id: int, worker: str) -> bool:
 
 def _train(claimed: Claimed[TrainingJob]) -> str:
     job = claimed.row
-    spec = build_step_spec(job)
+    latest = selectors.checkpoint_latest(model=job.model)
+    spec = build_step_spec(job, latest)
     sessions = resident_sessions()
-    key = session_key(job.model, selectors.checkpoint_latest(model=job.model))
+    key = session_key(job.model, latest)
     kept = None
     try:
         sessions.attach(spec, key)
