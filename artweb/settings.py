@@ -255,6 +255,9 @@ MAX_TASKSET_BYTES = env_int("MAX_TASKSET_BYTES", 50 * 1024 * 1024, minimum=1024)
 # training job (one step) may take.
 PREVIEW_MAX_BODY_BYTES = env_int("PREVIEW_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024)
 TRAINING_JOB_TIME_LIMIT_S = env_int("TRAINING_JOB_TIME_LIMIT_S", 6 * 3600, minimum=60)
+# The Tinker API (projects.tinker): how long retrieve_future holds a poll before "try_again" (the
+# SDK's own poll gives up after 45 s and asks again at once).
+TINKER_POLL_S = env_int("TINKER_POLL_S", 25, minimum=1)
 # The largest request body read into memory: JSON bodies (API and gateway) and form fields; more is
 # a 413. Multipart files are not counted (a task-set `file` is bounded by MAX_TASKSET_BYTES).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 10 * 1024 * 1024, minimum=1024)

@@ -14,6 +14,7 @@ urlpatterns = [
     path("api/v1/", include("projects.api.urls")),
     # OpenAI-compatible gateway: the standard `openai` client with base_url=".../v1".
     path("v1/", include("projects.gateway.urls")),
+    path("tinker/api/v1/", include("projects.tinker.urls")),  # the tinker SDK (projects.tinker)
     path("healthz", healthz),
     path("metrics", metrics_view),  # Prometheus, for the operator's token only (projects.metrics)
     # The dashboard (server-rendered pages) owns every other path.

@@ -34,12 +34,12 @@ from projects.errors import DomainError, ValidationFailed
 from projects.formatting import step_label
 from projects.gateway import routing
 from projects.models import (
+    CLIENT_KINDS,
     Checkpoint,
     Environment,
     Project,
     RewardDefinition,
     Run,
-    RunKind,
     RunStatus,
     TaskSet,
     TrainableModel,
@@ -200,7 +200,7 @@ def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
         "checkpoints": selectors.run_checkpoints(run=run),
         "cost": selectors.run_cost(run=run),  # device-hours, tokens and price (projects.selectors.costs)
         "can_cancel": can_write(request)
-        and run.kind != RunKind.CLIENT  # its steps are its client's training jobs
+        and run.kind not in CLIENT_KINDS  # its steps are its client's training jobs
         and run.status in services.ACTIVE_STATUSES
         and not run.cancel_requested,
         **_run_controls(request, run),
@@ -211,7 +211,7 @@ def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
 def _run_controls(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
     """Pause, Resume and Fork, for members, on a platform run (a client run's steps are its
     client's training jobs); the fork form offers the model's checkpoints."""
-    if not can_write(request) or run.kind == RunKind.CLIENT:
+    if not can_write(request) or run.kind in CLIENT_KINDS:
         return {"can_pause": False, "can_resume": False, "fork_form": None}
     steps = list(Checkpoint.objects.filter(model=run.model).order_by("step").values_list("step", flat=True))
     return {

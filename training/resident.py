@@ -46,6 +46,7 @@ class ResidentSessions:
         self.hits = 0
         self.misses = 0
         self._using: dict[str, Any] = {}
+        self._kept: list[str] = []  # the models whose sessions jobs left here
 
     def attach(self, spec: ClientStepSpec, key: SessionKey) -> None:
         """Give ``spec`` the session of ``key.model`` at exactly ``key`` (loading it if needed)."""
@@ -80,8 +81,10 @@ class ResidentSessions:
             self.pool.close(model)
             return
         self.pool.set_tag(model, kept.tag)
-        while len(self.pool.sessions()) > self.capacity:  # least recently used first
-            self.pool.close(self.pool.sessions()[0])
+        kept_models = {*self._kept, model}
+        self._kept = [m for m in self.pool.sessions() if m in kept_models]  # least recently used first
+        while len(self._kept) > self.capacity:  # only jobs' sessions: others (Tinker's) are not ours to close
+            self.pool.close(self._kept.pop(0))
 
     def __len__(self) -> int:
         return len(self.pool.sessions())

@@ -156,9 +156,14 @@ class TrainingSession:
         return outputs
 
     def forward_backward(
-        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None
-    ) -> ForwardBackwardResult:
-        """Compute ``loss_fn`` over ``data`` and accumulate its gradients (see the module doc)."""
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None,
+        *, forward_only: bool = False,
+    ) -> ForwardBackwardResult:  # fmt: skip
+        """Compute ``loss_fn`` over ``data`` and accumulate its gradients (see the module doc);
+        ``forward_only``: the loss and logprobs alone, no gradients (Tinker's ``forward``)."""
+        if forward_only:
+            with torch.no_grad():
+                return self.forward_backward(data, loss_fn, loss_fn_config)
         loss = loss_named(loss_fn)
         config = dict(loss_fn_config or {})
         samples = [datum.sample() for datum in data]
@@ -218,6 +223,10 @@ class TrainingSession:
             trainer.optimizer.step()
         trainer.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": grad_norm, "learning_rate": learning_rate, "skipped": float(not stepped)}
+
+    def reset_optimizer(self) -> None:
+        """Forget AdamW's moments (the weights stay): Tinker's ``load_state`` without optimizer."""
+        self.trainer.optimizer.state.clear()
 
     def save_state(self, path: Path, *, step: int, metrics: dict[str, Any]) -> None:
         """Adapter, optimizer and RNG: what ``load_state`` (``Trainer.resume``) continues from.

@@ -112,10 +112,11 @@ class RemoteSession:
         return self._call("forward", data=[asdict(d) for d in data], reference=ref)["logprobs"]
 
     def forward_backward(
-        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None
-    ) -> ForwardBackwardResult:
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None,
+        *, forward_only: bool = False,
+    ) -> ForwardBackwardResult:  # fmt: skip
         out = self._call("forward_backward", data=[asdict(d) for d in data], loss_fn=loss_fn,
-                         loss_fn_config=loss_fn_config or {})  # fmt: skip
+                         loss_fn_config=loss_fn_config or {}, forward_only=forward_only)  # fmt: skip
         return ForwardBackwardResult(loss=out["loss"], metrics=out["metrics"], logprobs=out["logprobs"])
 
     def sample(
@@ -126,6 +127,9 @@ class RemoteSession:
 
     def optim_step(self, *, learning_rate: float, **params: float | None) -> dict[str, float]:
         return self._call("optim_step", learning_rate=learning_rate, **params)["metrics"]
+
+    def reset_optimizer(self) -> None:
+        self._call("reset_optimizer")
 
     def save_state(self, path: Path | str, *, step: int, metrics: dict[str, Any], tag: Any = ...) -> None:
         extra = {} if tag is ... else {"tag": tag}

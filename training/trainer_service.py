@@ -48,7 +48,15 @@ from training.session import BASE_MODEL, Datum
 from training.session_pool import SessionPool, SessionPoolError
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
-PRIMITIVES = ("forward", "forward_backward", "optim_step", "sample", "save_state", "save_weights_for_sampler")
+PRIMITIVES = (
+    "forward",
+    "forward_backward",
+    "optim_step",
+    "sample",
+    "save_state",
+    "save_weights_for_sampler",
+    "reset_optimizer",
+)
 OPTIM_FIELDS = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "max_grad_norm")
 
 
@@ -215,12 +223,16 @@ class TrainerService:
                     return {"logprobs": session.forward(_data(body), reference=reference)}
                 if action == "forward_backward":
                     loss_fn = _text(body, "loss_fn")
-                    result = session.forward_backward(_data(body), loss_fn, body.get("loss_fn_config") or {})
+                    result = session.forward_backward(_data(body), loss_fn, body.get("loss_fn_config") or {},
+                                                      forward_only=bool(body.get("forward_only")))  # fmt: skip
                     return {"loss": result.loss, "metrics": result.metrics, "logprobs": result.logprobs}
                 if action == "sample":
                     choices = session.sample(_prompts(body), _sampling(body))
                     return {"choices": [{"token_ids": c.token_ids, "logprobs": c.logprobs,
                                          "finish_reason": c.finish_reason} for c in choices]}  # fmt: skip
+                if action == "reset_optimizer":
+                    session.reset_optimizer()
+                    return {}
                 if action == "optim_step":
                     params = {name: body[name] for name in OPTIM_FIELDS if body.get(name) is not None}
                     if "learning_rate" not in params:
@@ -316,7 +328,7 @@ def _sampling(body: dict[str, Any]) -> Any:
     from training.engines.base import SamplingParams
 
     given = body.get("sampling") or {}
-    allowed = {"temperature", "top_p", "top_k", "min_p", "max_new_tokens", "seed"}
+    allowed = {"temperature", "top_p", "top_k", "min_p", "max_new_tokens", "seed", "stop_token_ids"}
     if not isinstance(given, dict) or set(given) - allowed:
         raise ServiceError(400, f"sampling takes only {', '.join(sorted(allowed))}", param="sampling")
     try:

@@ -21,12 +21,12 @@ from django.conf import settings
 from django.utils import timezone
 
 from projects.models import (
+    CLIENT_KINDS,
     BaseModel,
     Evaluation,
     EvaluationStatus,
     EventLevel,
     Run,
-    RunKind,
     RunStatus,
     TrainingJob,
     TrainingJobStatus,
@@ -91,7 +91,7 @@ def warn_unserved_queues(*, timeout_s: float | None = None) -> list[str]:
     cutoff = timezone.now() - timedelta(seconds=timeout)
     runs = list(
         Run.objects.filter(status=RunStatus.QUEUED, created_at__lt=cutoff)
-        .exclude(kind=RunKind.CLIENT)
+        .exclude(kind__in=CLIENT_KINDS)
         .exclude(events__data__has_key=UNSERVED_KEY)
         .select_related("model__base_model")
     )

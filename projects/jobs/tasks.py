@@ -11,7 +11,7 @@ from celery import shared_task
 from django.conf import settings
 
 from projects import services
-from projects.jobs import claimed, queues, runs, training_jobs
+from projects.jobs import claimed, queues, runs, tinker, training_jobs
 from projects.jobs import evaluations as evaluation_jobs
 from projects.jobs import exports as export_jobs
 
@@ -38,6 +38,17 @@ def evaluate(evaluation_id: int) -> str:
 def train_job(job_id: int) -> str:
     """One step of a client's training job (/v1/preview/training-jobs): checkpoint N to N+1."""
     return claimed.work_on(training_jobs.TRAINING_JOB, job_id)
+
+
+@shared_task(name="tinker.drain", acks_late=True, time_limit=settings.TRAINING_JOB_TIME_LIMIT_S)
+def tinker_drain(model_id: str) -> int:
+    """Run a Tinker training client's queued requests in seq_id order (projects.jobs.tinker)."""
+    return tinker.drain(model_id)
+
+
+@shared_task(name="tinker.sample", acks_late=True, time_limit=settings.TRAINING_JOB_TIME_LIMIT_S)
+def tinker_sample(future_id: str) -> None:
+    tinker.sample(future_id)
 
 
 @shared_task(name="training.export_checkpoint", acks_late=True, time_limit=3600)

@@ -26,6 +26,7 @@ from projects.models.evaluations import Evaluation, EvaluationEvent, EvaluationS
 from projects.models.exports import Export, ExportFormat, ExportStatus
 from projects.models.gateway import InferenceServer, UsageRecord
 from projects.models.runs import (
+    CLIENT_KINDS,
     Checkpoint,
     EventType,
     Run,
@@ -37,6 +38,7 @@ from projects.models.runs import (
 )
 from projects.models.scenarios import ScenarioJob, ScenarioJobStatus
 from projects.models.teams import ApiKey, Invitation, JudgeEndpoint, Membership, Role, Team
+from projects.models.tinker import TinkerFuture, TinkerFutureStatus, TinkerModel, TinkerSampler, TinkerSession
 from projects.models.training_jobs import (
     ClientLog,
     TrainingJob,
@@ -47,6 +49,12 @@ from projects.models.training_jobs import (
 from projects.models.webhooks import WEBHOOK_EVENT_TYPES, DeliveryStatus, WebhookDelivery, WebhookEndpoint
 
 __all__ = [
+    "CLIENT_KINDS",
+    "TinkerFuture",
+    "TinkerFutureStatus",
+    "TinkerModel",
+    "TinkerSampler",
+    "TinkerSession",
     "WEBHOOK_EVENT_TYPES",
     "DeliveryStatus",
     "WebhookDelivery",

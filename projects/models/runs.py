@@ -20,6 +20,12 @@ class RunStatus(models.TextChoices):
 class RunKind(models.TextChoices):
     PLATFORM = "platform"  # artweb runs the agent: rollouts, rewards and updates in one job
     CLIENT = "client"  # the client runs its own agent; each step is a training job (OpenPipe ART)
+    TINKER = "tinker"  # a Tinker API training client: each optim_step is a step (projects.tinker)
+
+
+# Runs whose steps a client drives (ART's training jobs, Tinker's optim_steps): no worker runs them
+# as a whole, so they are never claimed, requeued, cancelled or paused like a platform run.
+CLIENT_KINDS = (RunKind.CLIENT, RunKind.TINKER)
 
 
 class Run(ClaimedWork):

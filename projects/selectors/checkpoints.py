@@ -13,6 +13,7 @@ from django.db.models import Q
 
 from projects import storage
 from projects.models import (
+    CLIENT_KINDS,
     Checkpoint,
     Evaluation,
     EvaluationStatus,
@@ -20,7 +21,6 @@ from projects.models import (
     ExportStatus,
     Project,
     Run,
-    RunKind,
     TrainableModel,
 )
 from projects.storage import CheckpointStore
@@ -48,7 +48,7 @@ def checkpoint_users(*, model: TrainableModel, checkpoints: list[Checkpoint]) ->
     # A platform run needs the step it started from until it ends (a resume without a recorded
     # step starts there again) and the step it resumes from; a client run's steps all come from
     # the model's latest.
-    runs = Run.objects.filter(model=model, status__in=ACTIVE_RUN_STATUSES).exclude(kind=RunKind.CLIENT)
+    runs = Run.objects.filter(model=model, status__in=ACTIVE_RUN_STATUSES).exclude(kind__in=CLIENT_KINDS)
     for run in runs.order_by("pk"):
         for step, what in ((run.start_step, "started from"), (run.current_step, "resumes from")):
             if step in steps:

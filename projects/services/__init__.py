@@ -17,6 +17,7 @@ module per subject; this package re-exports them all, so callers write ``service
 - ``evaluations``: the evaluation state machine and a run's own evaluations
 - ``judges``: team judge endpoints and the python graders' sandbox limits
 - ``scenarios``: task sets written by an LLM for an environment
+- ``tinker``: the Tinker API's sessions, training clients, futures and samplers (projects.tinker)
 - ``training_jobs``: client-driven training (``/v1/preview/``): models, jobs, checkpoint deletion
 - ``_common``: helpers the modules share (slugs, unique names, NUL-free JSON)
 
@@ -155,6 +156,24 @@ from projects.services.teams import (
     team_choose,
     team_create,
 )
+from projects.services.tinker import (
+    lora_of,
+    tinker_checkpoint_record,
+    tinker_drain_claim,
+    tinker_drain_release,
+    tinker_future_finish,
+    tinker_future_submit,
+    tinker_loss_add,
+    tinker_model_create,
+    tinker_model_found,
+    tinker_model_lost,
+    tinker_model_opened,
+    tinker_request_id,
+    tinker_sampler_create,
+    tinker_session_create,
+    tinker_session_heartbeat,
+    tinker_step_record,
+)
 from projects.services.training_jobs import (
     ART_OPTIONS,
     TRAINING_JOB_TRANSITIONS,
@@ -170,6 +189,22 @@ from projects.services.training_jobs import (
 )
 
 __all__ = [
+    "lora_of",
+    "tinker_checkpoint_record",
+    "tinker_drain_claim",
+    "tinker_drain_release",
+    "tinker_future_finish",
+    "tinker_future_submit",
+    "tinker_loss_add",
+    "tinker_model_create",
+    "tinker_model_found",
+    "tinker_model_lost",
+    "tinker_model_opened",
+    "tinker_request_id",
+    "tinker_sampler_create",
+    "tinker_session_create",
+    "tinker_session_heartbeat",
+    "tinker_step_record",
     "runs_pause_interrupted",
     "ART_OPTIONS",
     "check_slug",

@@ -10,6 +10,7 @@ from django.utils import timezone
 from projects.client_names import check_client_name, client_slug
 from projects.errors import Conflict, NotFound, ValidationFailed
 from projects.models import (
+    CLIENT_KINDS,
     BaseModel,
     Checkpoint,
     Project,
@@ -137,7 +138,7 @@ def _refuse_while_training(model: TrainableModel, *, what: str) -> None:
 def platform_run_active(*, model: TrainableModel) -> Run | None:
     return (
         Run.objects.filter(model=model, status__in=ACTIVE_STATUSES)
-        .exclude(kind=RunKind.CLIENT)
+        .exclude(kind__in=CLIENT_KINDS)
         .order_by("id")
         .first()
     )

@@ -7,7 +7,7 @@ from typing import Any
 from django.db import transaction
 
 from projects.errors import Conflict, ValidationFailed
-from projects.models import BaseModel, Project, Run, RunKind, Team, TrainableModel, TrainingJob
+from projects.models import CLIENT_KINDS, BaseModel, Project, Run, Team, TrainableModel, TrainingJob
 from projects.queues import queue_name_problem
 from projects.services._common import (
     check_slug,
@@ -46,7 +46,7 @@ def project_update(*, project: Project, name: str | None = None, description: st
 
 
 def project_delete(*, project: Project) -> None:
-    if project.runs.filter(status__in=ACTIVE_STATUSES).exclude(kind=RunKind.CLIENT).exists():
+    if project.runs.filter(status__in=ACTIVE_STATUSES).exclude(kind__in=CLIENT_KINDS).exists():
         raise Conflict("the project has active runs; cancel them first", code="in_use")
     if TrainingJob.objects.filter(model__project=project, status__in=("queued", "running")).exists():
         raise Conflict(

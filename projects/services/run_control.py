@@ -7,14 +7,14 @@ from __future__ import annotations
 from django.db import transaction
 
 from projects.errors import Conflict, InvalidTransition
-from projects.models import Run, RunKind, RunStatus
+from projects.models import CLIENT_KINDS, Run, RunStatus
 from projects.services import runs
 from projects.services.runs import TERMINAL_STATUSES, _refuse_client_run, run_event_add, run_transition
 
 
 def run_cancel(*, run: Run) -> Run:
     """Queued runs are cancelled at once; a running run stops before its next step."""
-    if run.kind == RunKind.CLIENT:
+    if run.kind in CLIENT_KINDS:
         raise Conflict(
             "a client run's steps are the training jobs its client submits; it has nothing to cancel",
             code="client_run",
@@ -83,7 +83,9 @@ def runs_pause_interrupted() -> list[int]:
     recorded checkpoint, instead of being taken up unannounced once a worker is free."""
     paused = []
     for run_id in (
-        Run.objects.filter(status=RunStatus.RUNNING).exclude(kind=RunKind.CLIENT).values_list("id", flat=True)
+        Run.objects.filter(status=RunStatus.RUNNING)
+        .exclude(kind__in=CLIENT_KINDS)
+        .values_list("id", flat=True)
     ):
         with transaction.atomic():
             locked = Run.objects.select_for_update().get(pk=run_id)

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from projects.errors import Conflict, InvalidTransition, ValidationFailed
 from projects.models import (
+    CLIENT_KINDS,
     Checkpoint,
     Environment,
     EventLevel,
@@ -34,7 +35,6 @@ from projects.models import (
     RewardDefinition,
     Run,
     RunEvent,
-    RunKind,
     RunStatus,
     TaskRow,
     TaskSet,
@@ -157,7 +157,11 @@ def run_create(
         # Lock the model row so two concurrent creates cannot both see "no active run" (a client's
         # training job takes the same lock: services.training_jobs).
         TrainableModel.objects.select_for_update().get(pk=model.pk)
-        if Run.objects.filter(model=model, status__in=ACTIVE_STATUSES).exclude(kind=RunKind.CLIENT).exists():
+        if (
+            Run.objects.filter(model=model, status__in=ACTIVE_STATUSES)
+            .exclude(kind__in=CLIENT_KINDS)
+            .exists()
+        ):
             raise Conflict("this model already has an active run; cancel it or wait", code="model_busy")
         job = TrainingJob.objects.filter(model=model, status__in=("queued", "running")).order_by("id").first()
         if job is not None:
@@ -287,7 +291,7 @@ def _check_context(
 
 
 def _refuse_client_run(run: Run, what: str) -> None:
-    if run.kind == RunKind.CLIENT:
+    if run.kind in CLIENT_KINDS:
         raise Conflict(
             f"a client run's steps are the training jobs its client submits; it has nothing to {what}",
             code="client_run",
@@ -312,7 +316,7 @@ def run_claim(
     cap = max_attempts if max_attempts is not None else settings.RUN_MAX_ATTEMPTS
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id).first()
-        if run is None or run.kind == RunKind.CLIENT:  # a client run's work is its training jobs
+        if run is None or run.kind in CLIENT_KINDS:  # a client run's work is its training jobs
             return None
         now = timezone.now()
         if run.status == RunStatus.QUEUED:
@@ -380,7 +384,7 @@ def runs_requeue_orphaned(*, stale_after_s: float | None = None) -> list[int]:
     cutoff = timezone.now() - timedelta(seconds=stale_after)
     run_ids = list(
         Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__lt=cutoff)
-        .exclude(kind=RunKind.CLIENT)
+        .exclude(kind__in=CLIENT_KINDS)
         .values_list("id", flat=True)
     )
     for run_id in run_ids:

@@ -36,6 +36,7 @@ class SamplingParams:
     top_logprobs: int = 0  # most likely alternatives reported per sampled token (0-20; 0 = none)
     top_k: int = 0  # keep only the k most likely tokens (0 = off)
     min_p: float = 0.0  # keep tokens at least this fraction as likely as the most likely (0 = off)
+    stop_token_ids: list[int] = field(default_factory=list)  # these end the completion too (kept last)
 
     def __post_init__(self) -> None:
         if self.top_k < 0:

@@ -344,7 +344,7 @@ class DecodeBatch:
             row.tops.append(tops)
         stop = row.sampling.stop
         text = None
-        if token in self.engine.stop_token_ids:
+        if token in self.engine.stop_token_ids or token in row.sampling.stop_token_ids:
             row.finish = "stop"
         else:
             # A complete grammar ends the row: nothing but a stop token could follow.

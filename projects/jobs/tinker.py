@@ -1,0 +1,369 @@
+"""Executing the Tinker API's requests (projects.tinker) on the session core.
+
+A training client's requests (``forward_backward``, ``optim_step``, saves, loads) run in ``seq_id``
+order, one worker at a time per model: a drain claims the model, executes its next request while
+there is one (``done_seq + 1``), and releases it; a request arriving meanwhile starts another drain,
+which either finds the model claimed (the running drain will reach it) or runs it. Sampling requests
+have no order and run at once.
+
+Each training client is one session of the host's keeper (training.resident: the trainer service
+when ``TRAINER_SERVICE_URL`` is set, else this worker's own pool), with its adapter and AdamW state
+kept resident between requests. A session gone from its keeper (the process restarted) cannot be
+rebuilt silently: the model is marked lost and its requests fail saying so, and the client resumes
+from its last saved state (``load_state``), as with Tinker's own service.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from projects import services
+from projects.models import Checkpoint, TinkerFuture, TinkerFutureStatus, TinkerModel, TinkerSampler
+from projects.storage import checkpoint_local_dir, checkpoint_upload
+from training.config import LoraSpec, TrainConfig
+from training.engines.base import SamplingParams
+from training.loop import checkpoint_path
+from training.losses import LossInputError
+from training.resident import ServiceSessions
+from training.tinker_wire import (
+    WireError,
+    forward_backward_output,
+    model_input_tokens,
+    parse_forward_backward,
+    sample_response,
+)
+
+TRAINING_KINDS = (
+    "forward_backward",
+    "optim_step",
+    "save_weights",
+    "save_weights_for_sampler",
+    "load_weights",
+)
+
+
+class RequestFailed(Exception):
+    """What the client is told (``category``: ``user`` for its own mistakes)."""
+
+    def __init__(self, message: str, category: str = "user") -> None:
+        super().__init__(message)
+        self.category = category
+
+
+class SessionLost(RequestFailed):
+    pass
+
+
+def holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def enqueue(future: TinkerFuture) -> None:
+    from projects.jobs.queues import base_model_queue
+    from projects.jobs.tasks import tinker_drain, tinker_sample
+
+    if future.model_id is None:
+        sampler = (
+            TinkerSampler.objects.filter(pk=future.payload.get("sampler"))
+            .select_related("base_model")
+            .first()
+        )
+        queue = base_model_queue(sampler.base_model if sampler else None)
+        tinker_sample.apply_async(args=(future.pk,), queue=queue)
+        return
+    model = TinkerModel.objects.select_related("model__base_model").get(pk=future.model_id)
+    tinker_drain.apply_async(args=(model.pk,), queue=base_model_queue(model.model.base_model))
+
+
+# ---------------------------------------------------------------------- sessions
+def _session_id(model: TinkerModel) -> str:
+    return "tinker-" + model.pk.replace(":", "-")
+
+
+def _config(model: TinkerModel) -> tuple[TrainConfig, LoraSpec]:
+    seed = model.run.config.get("lora_seed")
+    config = TrainConfig(seed=int(seed)) if isinstance(seed, int) else TrainConfig()
+    return config, LoraSpec.from_dict(model.model.lora)
+
+
+@contextmanager
+def session_of(model: TinkerModel, *, state: Path | None = None, fresh: bool = False) -> Iterator[Any]:
+    """The model's session, live for one request. ``fresh``: open it (from ``state``, or a new
+    adapter), replacing any it had; otherwise it must be resident (else ``SessionLost``)."""
+    from projects.jobs.training_jobs import resident_sessions
+    from training.trainer_client import TrainerServiceError
+
+    keeper = resident_sessions()
+    session_id = _session_id(model)
+    source = model.model.base_model.source
+    config, lora = _config(model)
+    if not model.opened:  # the client's first request opens its session: a fresh adapter
+        fresh = True
+    if isinstance(keeper, ServiceSessions):
+        client, me = keeper.client, keeper.holder
+        if fresh:
+            try:
+                client.claim(session_id, holder=me).close()
+            except TrainerServiceError as exc:
+                if exc.status != 404:
+                    raise
+            session = client.open(session_id, holder=me, base_model=source, config=config, lora=lora,
+                                  state=str(state) if state else None)  # fmt: skip
+            services.tinker_model_opened(model=model)
+        else:
+            try:
+                session = client.claim(session_id, holder=me)
+            except TrainerServiceError as exc:
+                if exc.status == 404:
+                    raise _lost(model) from None
+                raise
+        try:
+            yield session
+        finally:
+            session.release()
+        return
+    pool = keeper.pool
+    if fresh:
+        pool.close(session_id)
+        pool.open(session_id, source, config, lora, state=state)
+    elif session_id not in pool:
+        raise _lost(model)
+    with pool.use(session_id) as session:
+        if fresh:
+            services.tinker_model_opened(model=model)
+        yield session
+
+
+def _lost(model: TinkerModel) -> SessionLost:
+    why = (f"the training session of {model.pk} is gone (the trainer process holding it restarted): "
+           "create a training client from your last saved state (load_state) to continue")  # fmt: skip
+    services.tinker_model_lost(model=model, why=why)
+    return SessionLost(why)
+
+
+# ---------------------------------------------------------------------- training requests
+def drain(model_pk: str) -> int:
+    """Execute the model's queued requests in order; returns how many ran."""
+    me, ran = holder(), 0
+    while True:
+        model = TinkerModel.objects.select_related("model__base_model", "run", "session").get(pk=model_pk)
+        if not services.tinker_drain_claim(model=model, holder=me):
+            return ran
+        try:
+            while True:
+                model.refresh_from_db(fields=["done_seq", "steps", "lost", "opened"])
+                future = (
+                    TinkerFuture.objects.filter(
+                        model=model, seq_id__in=(0, model.done_seq + 1), status=TinkerFutureStatus.PENDING
+                    )
+                    .order_by("seq_id")
+                    .first()
+                )
+                if future is None:
+                    break
+                execute(model, future)
+                ran += 1
+        finally:
+            services.tinker_drain_release(model=model, holder=me)
+        model.refresh_from_db(fields=["done_seq"])
+        if not TinkerFuture.objects.filter(model=model, seq_id__in=(0, model.done_seq + 1),
+                                           status=TinkerFutureStatus.PENDING).exists():  # fmt: skip
+            return ran
+
+
+def execute(model: TinkerModel, future: TinkerFuture) -> None:
+    started = time.monotonic()
+    try:
+        if model.lost:
+            raise SessionLost(model.lost)
+        result, blob = _run(model, future)
+    except RequestFailed as exc:
+        services.tinker_future_finish(future=future, error=str(exc), category=exc.category)
+    except (WireError, LossInputError, ValueError) as exc:
+        services.tinker_future_finish(future=future, error=str(exc), category="user")
+    except Exception as exc:  # noqa: BLE001 (the client must hear of it, not wait forever)
+        services.tinker_future_finish(future=future, error=f"{type(exc).__name__}: {exc}", category="server")
+    else:
+        services.tinker_future_finish(future=future, result=result, blob=blob,
+                                      seconds=time.monotonic() - started)  # fmt: skip
+
+
+def _run(model: TinkerModel, future: TinkerFuture) -> tuple[dict[str, Any] | None, bytes | None]:
+    kind, payload = future.kind, future.payload
+    if kind == "forward_backward":
+        call = parse_forward_backward(bytes(future.body or b""))
+        with session_of(model) as session:
+            result = session.forward_backward(call.data, call.loss_fn, call.loss_fn_config,
+                                              forward_only=call.forward_only)  # fmt: skip
+        if not call.forward_only:
+            services.tinker_loss_add(model=model, loss=result.loss)
+        return None, forward_backward_output(result)
+    if kind == "optim_step":
+        params = payload.get("adam_params") or payload.get("optim_params") or {}
+        if "type" in params and params["type"] not in ("adam", "adamw"):
+            raise RequestFailed(f"optimizer {params['type']!r} is not offered: artweb trains with AdamW")
+        clip = float(params.get("grad_clip_norm", 0.0) or 0.0)
+        with session_of(model) as session:
+            metrics = session.optim_step(
+                learning_rate=float(params.get("learning_rate", 1e-4)), beta1=float(params.get("beta1", 0.9)),
+                beta2=float(params.get("beta2", 0.95)), eps=float(params.get("eps", 1e-12)),
+                weight_decay=float(params.get("weight_decay", 0.0)), max_grad_norm=clip if clip > 0 else float("inf"),
+            )  # fmt: skip
+        step = model.steps + 1
+        services.tinker_step_record(model=model, step=step, metrics=metrics)
+        model.steps = step
+        return {"type": "optim_step", "metrics": {f"{k}:mean": float(v) for k, v in metrics.items()}}, None
+    if kind in ("save_weights", "save_weights_for_sampler"):
+        return _save(model, future), None
+    if kind == "load_weights":
+        return _load(model, payload), None
+    raise RequestFailed(f"unknown request kind {kind!r}", category="server")
+
+
+def _save(model: TinkerModel, future: TinkerFuture) -> dict[str, Any]:
+    payload, kind = future.payload, future.kind
+    step = model.steps
+    existing = (
+        Checkpoint.objects.filter(model=model.model, step=step).exclude(storage_key="", path="").first()
+    )
+    if existing is None:
+        folder = checkpoint_path(settings.CHECKPOINT_DIR / f"model-{model.model.pk}", step)
+        with session_of(model) as session:
+            session.save_state(folder, step=step, metrics={"tinker": model.pk})
+        stored = checkpoint_upload(model_id=model.model.pk, step=step, folder=folder)
+        path = str(folder)
+    else:
+        stored, path = None, existing.path
+    prefix = "weights" if kind == "save_weights" else "sampler_weights"
+    name = payload.get("path")
+    label = f"{prefix}/{name}" if name else f"{prefix}/step-{step:06d}"
+    checkpoint = (services.tinker_checkpoint_record(model=model, step=step, path=path, stored=stored, name=label)
+                  if stored is not None else _name_existing(existing, model, label))  # fmt: skip
+    tinker_path = f"tinker://{model.pk}/{label}"
+    if kind == "save_weights":
+        return {"type": "save_weights", "path": tinker_path}
+    if name:
+        return {"type": "save_weights_for_sampler", "path": tinker_path}
+    seq = payload.get("sampling_session_seq_id")
+    sampler = services.tinker_sampler_create(
+        session=model.session, sampler_id=f"{model.session_id}:sample:{seq}" if seq is not None else None,
+        base_model=model.model.base_model, checkpoint=checkpoint, model_path=tinker_path,
+    )  # fmt: skip
+    return {"type": "save_weights_for_sampler", "path": None, "sampling_session_id": sampler.pk}
+
+
+def _name_existing(checkpoint: Checkpoint | None, model: TinkerModel, label: str) -> Checkpoint:
+    assert checkpoint is not None
+    names = dict(checkpoint.metrics.get("tinker_names", {}))
+    names[label] = model.pk
+    checkpoint.metrics = {**checkpoint.metrics, "tinker_names": names}
+    checkpoint.save(update_fields=["metrics"])
+    return checkpoint
+
+
+def _load(model: TinkerModel, payload: dict[str, Any]) -> dict[str, Any]:
+    from projects.tinker.paths import checkpoint_for_path
+
+    checkpoint = checkpoint_for_path(model.session.team, payload.get("path") or "", param="path")
+    if checkpoint.model.base_model_id != model.model.base_model_id:
+        raise RequestFailed(f"{payload.get('path')} is a checkpoint of {checkpoint.model.base_model.name}, "
+                            f"not of {model.model.base_model.name}")  # fmt: skip
+    if LoraSpec.from_dict(checkpoint.model.lora) != LoraSpec.from_dict(model.model.lora):
+        raise RequestFailed("the checkpoint's LoRA shape (rank, layers) differs from this training client's")
+    folder = checkpoint_local_dir(checkpoint)
+    with session_of(model, state=folder, fresh=True):
+        pass
+    if not payload.get("optimizer", True):
+        with session_of(model) as session:  # weights only: the optimizer's moments start afresh
+            session.reset_optimizer()
+    services.tinker_model_found(model=model)
+    return {"type": "load_weights", "path": payload.get("path")}
+
+
+# ---------------------------------------------------------------------- sampling
+def sample(future_pk: str) -> None:
+    future = TinkerFuture.objects.get(pk=future_pk)
+    if future.status != TinkerFutureStatus.PENDING:
+        return
+    started = time.monotonic()
+    try:
+        blob = _sample(future)
+    except (RequestFailed, WireError, ValueError) as exc:
+        services.tinker_future_finish(
+            future=future, error=str(exc), category=getattr(exc, "category", "user")
+        )
+    except Exception as exc:  # noqa: BLE001
+        services.tinker_future_finish(future=future, error=f"{type(exc).__name__}: {exc}", category="server")
+    else:
+        services.tinker_future_finish(future=future, blob=blob, seconds=time.monotonic() - started)
+
+
+def _sample(future: TinkerFuture) -> bytes:
+    from projects.jobs.training_jobs import resident_sessions
+
+    payload = future.payload
+    sampler = TinkerSampler.objects.select_related("base_model", "checkpoint__model").get(
+        pk=payload["sampler"]
+    )
+    prompt = model_input_tokens(payload.get("prompt"), "prompt")
+    params = payload.get("sampling_params") or {}
+    stop = params.get("stop")
+    stop_strings = [stop] if isinstance(stop, str) else [s for s in (stop or []) if isinstance(s, str)]
+    stop_ids = (
+        [s for s in (stop or []) if isinstance(s, int) and not isinstance(s, bool)]
+        if not isinstance(stop, str)
+        else []
+    )
+    num = int(payload.get("num_samples", 1))
+    if not 1 <= num <= 64:
+        raise RequestFailed("num_samples must be from 1 to 64")
+    sampling = SamplingParams(
+        temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
+        top_k=max(0, int(params.get("top_k", -1))), max_new_tokens=int(params.get("max_tokens") or 64),
+        seed=params.get("seed"), stop=stop_strings, stop_token_ids=stop_ids,
+    )  # fmt: skip
+    keeper = resident_sessions()
+    session_id = f"tinker-sampler-{sampler.checkpoint_id or 'base-' + str(sampler.base_model_id)}"
+    source = sampler.base_model.source
+    if sampler.checkpoint is not None:
+        folder = checkpoint_local_dir(sampler.checkpoint)
+        lora = LoraSpec.from_dict(sampler.checkpoint.model.lora)
+    else:
+        folder, lora = None, LoraSpec()
+    prompts = [prompt] * num
+    if isinstance(keeper, ServiceSessions):
+        from training.trainer_client import TrainerServiceError
+
+        wire = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed, "stop_token_ids": stop_ids}  # fmt: skip
+        try:
+            session = keeper.client.claim(session_id, holder=keeper.holder)
+        except TrainerServiceError as exc:
+            if exc.status != 404:
+                raise
+            session = keeper.client.open(session_id, holder=keeper.holder, base_model=source, config=TrainConfig(),
+                                         lora=lora, state=str(folder) if folder else None)  # fmt: skip
+        try:
+            choices = [_Choice(**c) for c in session.sample(prompts, wire)]
+        finally:
+            session.release()
+    else:
+        pool = keeper.pool
+        if session_id not in pool:
+            pool.open(session_id, source, TrainConfig(), lora, state=folder)
+        with pool.use(session_id) as session:
+            choices = session.sample(prompts, sampling)
+    return sample_response(choices)
+
+
+class _Choice:
+    def __init__(self, token_ids: list[int], logprobs: list[float], finish_reason: str) -> None:
+        self.token_ids, self.logprobs, self.finish_reason = token_ids, logprobs, finish_reason

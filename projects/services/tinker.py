@@ -1,0 +1,267 @@
+"""The Tinker API's writes (projects.tinker): sessions, training clients, futures and samplers.
+
+A training client is a TrainableModel with a run of kind ``tinker`` (the dashboard shows it like any
+run); each ``optim_step`` is a step of that run; each saved checkpoint is a Checkpoint of the model,
+served by the gateway at once. Concurrency: a model's requests are executed by one worker at a time
+(``tinker_drain_claim`` under the TinkerModel row's lock), in ``seq_id`` order.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from projects.errors import NotFound, ValidationFailed
+from projects.models import (
+    BaseModel,
+    Checkpoint,
+    Project,
+    Run,
+    RunKind,
+    RunStatus,
+    Team,
+    TinkerFuture,
+    TinkerFutureStatus,
+    TinkerModel,
+    TinkerSampler,
+    TinkerSession,
+)
+from projects.services.projects import trainable_model_create
+from projects.services.runs import run_event_add
+from projects.services.steps import checkpoint_record
+from training.config import DEFAULT_TARGET_MODULES
+
+TINKER_PROJECT = "tinker"  # a session's project when create_session names none
+DRAIN_LEASE_S = 120  # a drainer that stopped touching its model for this long lost it
+
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(8)}"
+
+
+def tinker_request_id() -> str:
+    return _new_id("req")
+
+
+def tinker_session_create(
+    *,
+    team: Team,
+    project: str | None,
+    tags: list[str],
+    user_metadata: dict[str, Any] | None,
+    sdk_version: str,
+) -> TinkerSession:
+    """A session in ``project`` (an existing project of the team, by name) or the team's
+    ``tinker`` project (created on first use)."""
+    if project:
+        owner = Project.objects.filter(team=team, name=project).first()
+        if owner is None:
+            raise NotFound(f"no project named {project!r} in your team", field="project_id")
+    else:
+        owner, _ = Project.objects.get_or_create(team=team, name=TINKER_PROJECT)
+    return TinkerSession.objects.create(
+        id=_new_id("session"), team=team, project=owner, tags=[str(t) for t in tags][:32],
+        user_metadata=user_metadata or {}, sdk_version=sdk_version[:64], heartbeat_at=timezone.now(),
+    )  # fmt: skip
+
+
+def tinker_session_heartbeat(*, session: TinkerSession) -> None:
+    TinkerSession.objects.filter(pk=session.pk).update(heartbeat_at=timezone.now())
+
+
+def lora_of(config: dict[str, Any] | None) -> dict[str, Any]:
+    """Tinker's LoraConfig (rank, train_attn, train_mlp, train_unembed, seed) as the model's LoRA."""
+    config = config or {}
+    rank = config.get("rank", 32)
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= 1024:
+        raise ValidationFailed("must be an integer from 1 to 1024", field="lora_config.rank")
+    modules = [
+        *(_ATTENTION if config.get("train_attn", True) else ()),
+        *(_MLP if config.get("train_mlp", True) else ()),
+    ]
+    if not modules:
+        raise ValidationFailed("train_attn or train_mlp must be true: LoRA needs layers to adapt",
+                               field="lora_config")  # fmt: skip
+    assert set(modules) <= set(DEFAULT_TARGET_MODULES)
+    return {"rank": rank, "alpha": 32, "dropout": 0.0, "target_modules": modules}
+
+
+def tinker_model_create(
+    *, session: TinkerSession, model_seq_id: int, base_model: str, lora_config: dict[str, Any] | None,
+    user_metadata: dict[str, Any] | None = None, lora: dict[str, Any] | None = None,
+) -> TinkerModel:  # fmt: skip
+    """A training client: a new model of the session's project with step 0 and a run of kind
+    ``tinker``. Its id is the SDK's own: ``"{session}:train:{model_seq_id}"``. ``lora``: the
+    adapter's shape as stored (a checkpoint's, when the client is created from one)."""
+    base = BaseModel.objects.filter(name=base_model).first()
+    if base is None:
+        names = ", ".join(BaseModel.objects.order_by("name").values_list("name", flat=True)) or "none"
+        raise ValidationFailed(
+            f"no base model named {base_model!r}; artweb offers: {names}", field="base_model"
+        )
+    model_id = f"{session.id}:train:{model_seq_id}"
+    with transaction.atomic():
+        existing = TinkerModel.objects.filter(pk=model_id).first()
+        if existing is not None:
+            return existing
+        model = trainable_model_create(
+            project=session.project, name=f"{session.id}-train-{model_seq_id}", base_model=base,
+            lora=lora if lora is not None else lora_of(lora_config),
+        )  # fmt: skip
+        now = timezone.now()
+        run = Run.objects.create(
+            kind=RunKind.TINKER, project=session.project, model=model, config={"lora_seed": (lora_config or {}).get("seed")},
+            status=RunStatus.RUNNING, start_step=0, current_step=0, total_steps=0, started_at=now, heartbeat_at=now,
+        )  # fmt: skip
+        run_event_add(run=run, message=f"Tinker training client {model_id} created on {base.name} "
+                      f"(LoRA rank {model.lora['rank']}): each optim_step is a step")  # fmt: skip
+        checkpoint_record(model=model, run=run, step=0, path="", metrics={})
+        return TinkerModel.objects.create(id=model_id, session=session, model=model, run=run)
+
+
+def tinker_future_submit(
+    *, team: Team, kind: str, model: TinkerModel | None = None, seq_id: int | None = None,
+    payload: dict[str, Any] | None = None, body: bytes | None = None,
+) -> TinkerFuture:  # fmt: skip
+    """The request's future, queued for execution. A training request is one per ``(model,
+    seq_id)``: a retried submission gets the future of the first."""
+    if model is not None:
+        # seq 0 is the load that creates a client from a checkpoint; it runs before the client's 1.
+        if seq_id is None or seq_id < 0:
+            raise ValidationFailed("training requests need a seq_id of 1 or more", field="seq_id")
+        if model.lost:
+            raise ValidationFailed(model.lost, field="model_id")
+        existing = TinkerFuture.objects.filter(model=model, seq_id=seq_id).first()
+        if existing is not None:
+            return existing
+    try:
+        with transaction.atomic():
+            future = TinkerFuture.objects.create(
+                id=_new_id("req"), team=team, model=model, kind=kind, seq_id=seq_id, payload=payload or {}, body=body,
+            )  # fmt: skip
+    except IntegrityError:  # the same (model, seq_id) submitted twice at once
+        return TinkerFuture.objects.get(model=model, seq_id=seq_id)
+    from projects.jobs.tinker import enqueue
+
+    transaction.on_commit(lambda: enqueue(future))
+    return future
+
+
+def tinker_future_finish(
+    *, future: TinkerFuture, result: dict[str, Any] | None = None, blob: bytes | None = None,
+    error: str = "", category: str = "user", seconds: float | None = None,
+) -> None:  # fmt: skip
+    """The future's outcome; a training request also moves its model's ``done_seq`` on."""
+    with transaction.atomic():
+        future.status = TinkerFutureStatus.FAILED if error else TinkerFutureStatus.DONE
+        future.result, future.blob, future.error = result, blob, error[:4000]
+        future.category = category if error else ""
+        future.seconds, future.finished_at = seconds, timezone.now()
+        future.save(update_fields=["status", "result", "blob", "error", "category", "seconds", "finished_at"])
+        if future.model_id is not None and future.seq_id is not None:
+            TinkerModel.objects.filter(pk=future.model_id, done_seq__lt=future.seq_id).update(
+                done_seq=future.seq_id, drained_at=timezone.now()
+            )
+
+
+def tinker_drain_claim(*, model: TinkerModel, holder: str) -> bool:
+    """Make ``holder`` the one worker executing the model's queue; False while another holds it."""
+    with transaction.atomic():
+        locked = TinkerModel.objects.select_for_update().get(pk=model.pk)
+        stale = locked.drained_at is None or locked.drained_at < timezone.now() - timedelta(
+            seconds=DRAIN_LEASE_S
+        )
+        if locked.drainer and locked.drainer != holder and not stale:
+            return False
+        locked.drainer, locked.drained_at = holder, timezone.now()
+        locked.save(update_fields=["drainer", "drained_at"])
+        return True
+
+
+def tinker_drain_release(*, model: TinkerModel, holder: str) -> None:
+    TinkerModel.objects.filter(pk=model.pk, drainer=holder).update(drainer="")
+
+
+def tinker_model_lost(*, model: TinkerModel, why: str) -> None:
+    """The session's state is gone (its worker restarted): later requests fail with ``why``."""
+    TinkerModel.objects.filter(pk=model.pk).update(lost=why)
+    run_event_add(run=model.run, message=why, level="error")
+
+
+def tinker_loss_add(*, model: TinkerModel, loss: float) -> None:
+    """A ``forward_backward``'s loss, summed into the next step's."""
+    TinkerModel.objects.filter(pk=model.pk).update(pending_loss=F("pending_loss") + loss)
+
+
+def tinker_model_opened(*, model: TinkerModel) -> None:
+    model.opened = True
+    TinkerModel.objects.filter(pk=model.pk).update(opened=True)
+
+
+def tinker_model_found(*, model: TinkerModel) -> None:
+    """Loaded from a checkpoint: whatever was lost before is behind it."""
+    TinkerModel.objects.filter(pk=model.pk).update(lost="")
+
+
+def tinker_step_record(*, model: TinkerModel, step: int, metrics: dict[str, Any]) -> None:
+    """An ``optim_step``: step ``step`` of the model's run, charted with the loss summed over the
+    ``forward_backward`` calls since the step before."""
+    from projects.models import StepMetrics
+
+    with transaction.atomic():
+        locked = TinkerModel.objects.select_for_update().get(pk=model.pk)
+        loss = locked.pending_loss
+        locked.pending_loss, locked.steps = 0.0, step
+        locked.save(update_fields=["pending_loss", "steps"])
+        run = Run.objects.select_for_update().get(pk=model.run_id)
+        StepMetrics.objects.get_or_create(run=run, step=step, defaults={"loss": loss, "metrics": metrics})
+        run.current_step = max(run.current_step, step)
+        run.total_steps = max(run.total_steps, step)
+        run.heartbeat_at = timezone.now()
+        run.save(update_fields=["current_step", "total_steps", "heartbeat_at"])
+
+
+def tinker_checkpoint_record(
+    *, model: TinkerModel, step: int, path: str, stored: Any, name: str
+) -> Checkpoint:
+    """A saved state at ``step`` (adapter, optimizer, RNG: one folder serves ``weights`` and
+    ``sampler_weights``), recorded as the model's checkpoint of that step; ``name`` (``weights/x``
+    or ``sampler_weights/x``) finds it again."""
+    with transaction.atomic():
+        checkpoint = Checkpoint.objects.select_for_update().filter(model=model.model, step=step).first()
+        if checkpoint is not None and not checkpoint.path and not checkpoint.storage_key:
+            checkpoint.path, checkpoint.storage_key = path, stored.key
+            checkpoint.sha256, checkpoint.size_bytes = stored.sha256, stored.size_bytes
+            checkpoint.save(update_fields=["path", "storage_key", "sha256", "size_bytes"])
+        elif checkpoint is None:
+            checkpoint = checkpoint_record(model=model.model, run=model.run, step=step, path=path, metrics={},
+                                           stored=stored)  # fmt: skip
+        names = dict(checkpoint.metrics.get("tinker_names", {}))
+        names[name] = model.id
+        checkpoint.metrics = {**checkpoint.metrics, "tinker_names": names}
+        checkpoint.save(update_fields=["metrics"])
+        return checkpoint
+
+
+def tinker_sampler_create(
+    *, session: TinkerSession, sampler_id: str | None, base_model: BaseModel, checkpoint: Checkpoint | None,
+    model_path: str = "",
+) -> TinkerSampler:  # fmt: skip
+    sampler, _ = TinkerSampler.objects.get_or_create(
+        id=sampler_id or _new_id("sampler"),
+        defaults={
+            "session": session,
+            "base_model": base_model,
+            "checkpoint": checkpoint,
+            "model_path": model_path,
+        },
+    )
+    return sampler

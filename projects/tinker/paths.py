@@ -1,0 +1,47 @@
+"""``tinker://{training client}/{weights|sampler_weights}/{name}``: the checkpoints a team saved
+through the Tinker API, and any platform checkpoint as ``tinker://{project}/{model}/step/{N}``."""
+
+from __future__ import annotations
+
+from projects.errors import NotFound, ValidationFailed
+from projects.models import Checkpoint, Team, TinkerModel
+
+SCHEME = "tinker://"
+
+
+def checkpoint_for_path(team: Team, path: str, *, param: str) -> Checkpoint:
+    """The team's checkpoint ``path`` names (another team's is a 404, as a missing one is)."""
+    if not isinstance(path, str) or not path.startswith(SCHEME):
+        raise ValidationFailed(f"must be a tinker:// path, got {path!r}", field=param)
+    owner, _, rest = path[len(SCHEME) :].partition("/")
+    kind, _, name = rest.partition("/")
+    if not owner or not name:
+        raise ValidationFailed(f"{path!r} is not tinker://<training run>/<weights|sampler_weights>/<name>",
+                               field=param)  # fmt: skip
+    if kind == "step":  # a platform checkpoint: tinker://<project>.<model>/step/<N>
+        project, _, model = owner.partition(".")
+        checkpoint = Checkpoint.objects.filter(
+            model__project__team=team, model__project__name=project, model__name=model,
+            step=int(name) if name.isdigit() else -1,
+        ).select_related("model__base_model").first()  # fmt: skip
+    elif kind in ("weights", "sampler_weights"):
+        tinker = TinkerModel.objects.filter(pk=owner, session__team=team).first()
+        checkpoint = None
+        if tinker is not None:
+            for candidate in Checkpoint.objects.filter(model=tinker.model).select_related(
+                "model__base_model"
+            ):
+                if f"{kind}/{name}" in candidate.metrics.get("tinker_names", {}):
+                    checkpoint = candidate
+                    break
+    else:
+        raise ValidationFailed(
+            f"{path!r}: the kind is weights, sampler_weights or step, not {kind!r}", field=param
+        )
+    if checkpoint is None or not (checkpoint.storage_key or checkpoint.path):
+        raise NotFound(f"no checkpoint {path!r} in your team", field=param)
+    return checkpoint
+
+
+def path_of(tinker: TinkerModel, label: str) -> str:
+    return f"{SCHEME}{tinker.pk}/{label}"

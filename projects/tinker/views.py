@@ -1,0 +1,494 @@
+"""The Tinker API's routes, as the ``tinker`` SDK (0.38) calls them under ``{base_url}/api/v1/``.
+
+Keys: ``X-API-Key: tml-<team API key>`` (the SDK refuses keys without the ``tml-`` prefix; artweb
+strips it). A read-only key may sample and read; training needs a read-write key. Everything a team
+did not create is a 404, whatever exists. Errors are 4xx with OpenAI's error object (the SDK shows
+its message); a request that fails while it runs is a failed future (``{"error", "category"}``),
+which the SDK raises as ``RequestFailedError``.
+
+Training requests (``forward_backward``, ``optim_step``, saves, loads) become futures a worker runs
+in ``seq_id`` order (projects.jobs.tinker); ``retrieve_future`` holds the poll until the result is
+there or ``TINKER_POLL_S`` passes (then ``try_again``: the SDK asks again at once).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from projects import services
+from projects.access import Permission, TeamAccess, key_role
+from projects.errors import DomainError, NotFound, ValidationFailed
+from projects.models import (
+    BaseModel,
+    Checkpoint,
+    TinkerFuture,
+    TinkerFutureStatus,
+    TinkerModel,
+    TinkerSampler,
+    TinkerSession,
+)
+from projects.tinker.paths import checkpoint_for_path
+from training.openai_errors import error_object
+from training.tinker_wire import PROTOBUF, WireError
+
+KEY_PREFIX = "tml-"
+CLIENT_CONFIG = {
+    # What this server does not offer, switched off in the SDK: its pyqwest transport (httpx is
+    # enough), parallel forward_backward chunks (one session runs one request at a time anyway),
+    # zstd request bodies, the batched retrieve_futures poll, server-side custom losses (the SDK then
+    # runs forward_backward_custom client-side over forward + a linear loss) and sampling-session joins.
+    "use_pyqwest_transport": False,
+    "parallel_fwdbwd_chunks": False,
+    "proto_compress_fwdbwd": False,
+    "sample_use_retrieve_futures": False,
+    "custom_loss_server_side": False,
+    "sample_join_sampling_session": False,
+    "pjwt_auth_enabled": False,
+}
+
+
+class _Denied(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+def _error(status: int, message: str, param: str | None = None) -> JsonResponse:
+    return JsonResponse(error_object(status, message, param=param), status=status)
+
+
+def _access(request: HttpRequest) -> TeamAccess:
+    raw = request.headers.get("X-API-Key", "")
+    if not raw:
+        bearer = request.headers.get("Authorization", "")
+        raw = bearer[7:] if bearer.startswith("Bearer ") else ""
+    if not raw:
+        raise _Denied(401, "send your key as X-API-Key: tml-<artweb API key>")
+    key = services.api_key_authenticate(raw=raw[len(KEY_PREFIX) :] if raw.startswith(KEY_PREFIX) else raw)
+    if key is None:
+        raise _Denied(401, "invalid or revoked API key (the Tinker SDK takes tml- followed by an artweb key)")
+    return TeamAccess(team=key.team, role=key_role(key), api_key=key)
+
+
+def endpoint(
+    *methods: str, write: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., HttpResponse]]:
+    def wrap(view: Callable[..., Any]) -> Callable[..., HttpResponse]:
+        @csrf_exempt
+        @wraps(view)
+        def handle(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in methods:
+                return _error(405, f"use {' or '.join(methods)} here")
+            try:
+                access = _access(request)
+                if write and not access.allows(Permission.WRITE):
+                    raise _Denied(403, "a read-only key cannot train: use a read-write key")
+                answer = view(request, access, *args, **kwargs)
+            except _Denied as exc:
+                return _error(exc.status, str(exc), exc.param)
+            except DomainError as exc:
+                return _error(exc.status_code, str(exc), exc.field)
+            except WireError as exc:
+                return _error(400, str(exc), exc.param)
+            return answer if isinstance(answer, HttpResponse) else JsonResponse(answer)
+
+        return handle
+
+    return wrap
+
+
+def _body(request: HttpRequest) -> bytes:
+    limit = settings.PREVIEW_MAX_BODY_BYTES
+    data = request.read(limit + 1)
+    if len(data) > limit:
+        raise _Denied(413, f"the body is over {limit} bytes (PREVIEW_MAX_BODY_BYTES)")
+    if request.headers.get("Content-Encoding", "") == "zstd":
+        import zstandard
+
+        try:
+            data = zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
+        except zstandard.ZstdError as exc:
+            raise _Denied(400, f"the body is not valid zstd: {exc}") from None
+    return data
+
+
+def _json(request: HttpRequest) -> dict[str, Any]:
+    try:
+        value = json.loads(_body(request) or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationFailed(f"the body is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValidationFailed("the body must be a JSON object")
+    return value
+
+
+def _text(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise ValidationFailed("is required (a non-empty string)", field=name)
+    return value
+
+
+def _session(access: TeamAccess, session_id: Any) -> TinkerSession:
+    session = (
+        TinkerSession.objects.filter(pk=str(session_id), team=access.team).select_related("project").first()
+    )
+    if session is None:
+        raise NotFound(f"no session {session_id!r}", field="session_id")
+    return session
+
+
+def _model(access: TeamAccess, model_id: Any) -> TinkerModel:
+    model = (
+        TinkerModel.objects.filter(pk=str(model_id), session__team=access.team)
+        .select_related("model__base_model", "session", "run")
+        .first()
+    )
+    if model is None:
+        raise NotFound(f"no training client {model_id!r}", field="model_id")
+    return model
+
+
+def _future_reply(future: TinkerFuture, model: TinkerModel | None = None, **extra: Any) -> dict[str, Any]:
+    return {"request_id": future.pk, **({"model_id": model.pk} if model else {}), **extra}
+
+
+# ---------------------------------------------------------------------- service
+@csrf_exempt
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+@endpoint("POST")
+def client_config(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    return dict(CLIENT_CONFIG)
+
+
+@endpoint("POST")
+def telemetry(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    """The SDK's own error reports: accepted and dropped (artweb keeps its own logs)."""
+    _body(request)
+    return {"status": "accepted"}
+
+
+@endpoint("GET")
+def server_capabilities(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    from training.base_models import context_length
+
+    models = []
+    for base in BaseModel.objects.order_by("name"):
+        try:
+            length = context_length(base.source, settings.MODEL_CACHE_DIR)
+        except Exception:  # noqa: BLE001 (a catalogue entry this host cannot read: say nothing of it)
+            length = None
+        models.append(
+            {"model_name": base.name, "max_context_length": length, "trainable": True, "sampleable": True}
+        )
+    return {"supported_models": models}
+
+
+@endpoint("POST")
+def create_session(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    body = _json(request)
+    tags = body.get("tags") or []
+    if not isinstance(tags, list):
+        raise ValidationFailed("must be a list of strings", field="tags")
+    metadata = body.get("user_metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ValidationFailed("must be an object", field="user_metadata")
+    session = services.tinker_session_create(
+        team=access.team, project=body.get("project_id") or None, tags=tags, user_metadata=metadata,
+        sdk_version=str(body.get("sdk_version") or ""),
+    )  # fmt: skip
+    return {"type": "create_session", "session_id": session.pk}
+
+
+@endpoint("POST")
+def session_heartbeat(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    services.tinker_session_heartbeat(session=_session(access, _json(request).get("session_id")))
+    return {"type": "session_heartbeat"}
+
+
+@endpoint("GET")
+def session_detail(request: HttpRequest, access: TeamAccess, session_id: str) -> dict[str, Any]:
+    session = _session(access, session_id)
+    return {
+        "training_run_ids": list(session.models.order_by("created_at").values_list("id", flat=True)),
+        "sampler_ids": list(session.samplers.order_by("created_at").values_list("id", flat=True)),
+        "user_metadata": session.user_metadata or None,
+    }
+
+
+# ---------------------------------------------------------------------- training clients
+def _done(access: TeamAccess, kind: str, result: dict[str, Any]) -> TinkerFuture:
+    """A future answered at once (create_model: the model exists when the reply leaves)."""
+    return TinkerFuture.objects.create(
+        id=services.tinker_request_id(), team=access.team, kind=kind, status=TinkerFutureStatus.DONE, result=result,
+    )  # fmt: skip
+
+
+@endpoint("POST", write=True)
+def create_model(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    body = _json(request)
+    session = _session(access, body.get("session_id"))
+    seq = body.get("model_seq_id")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise ValidationFailed("must be an integer of 0 or more", field="model_seq_id")
+    optimizer = body.get("optimizer_config") or {}
+    if isinstance(optimizer, dict) and optimizer.get("type", "adam") not in ("adam", "adamw"):
+        raise ValidationFailed(f"optimizer {optimizer.get('type')!r} is not offered: artweb trains with AdamW",
+                               field="optimizer_config")  # fmt: skip
+    model = services.tinker_model_create(
+        session=session, model_seq_id=seq, base_model=_text(body, "base_model"), lora_config=body.get("lora_config"),
+        user_metadata=body.get("user_metadata"),
+    )  # fmt: skip
+    future = _done(access, "create_model", {"type": "create_model", "model_id": model.pk})
+    return _future_reply(future, model)
+
+
+@endpoint("POST")
+def get_info(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    model = _model(access, _json(request).get("model_id"))
+    base = model.model.base_model
+    from pathlib import Path
+
+    tokenizer = base.source if Path(base.source).is_dir() else None
+    return {
+        "type": "get_info", "model_id": model.pk, "model_name": base.name, "is_lora": True,
+        "lora_rank": model.model.lora.get("rank"),
+        "model_data": {"model_name": base.name, "arch": "causal_lm", "tokenizer_id": tokenizer},
+    }  # fmt: skip
+
+
+def _submit(access: TeamAccess, kind: str, body: dict[str, Any], *, blob: bytes | None = None,
+            model_id: Any = None, seq_id: Any = None) -> dict[str, Any]:  # fmt: skip
+    model = _model(access, model_id if model_id is not None else body.get("model_id"))
+    seq = seq_id if seq_id is not None else body.get("seq_id")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise ValidationFailed("must be an integer of 1 or more (the SDK numbers a client's requests)",
+                               field="seq_id")  # fmt: skip
+    future = services.tinker_future_submit(team=access.team, kind=kind, model=model, seq_id=seq, payload=body,
+                                           body=blob)  # fmt: skip
+    return _future_reply(future, model)
+
+
+@endpoint("POST", write=True)
+def forward_backward(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    from tinker.proto import tinker_public_pb2 as pb
+
+    if PROTOBUF not in request.headers.get("Content-Type", ""):
+        raise ValidationFailed(f"send the request as {PROTOBUF} (the tinker SDK does)")
+    blob = _body(request)
+    head = pb.ForwardBackwardRequest()
+    try:
+        head.ParseFromString(blob)
+    except Exception as exc:  # noqa: BLE001
+        raise ValidationFailed(f"the body is not a ForwardBackwardRequest protobuf: {exc}") from None
+    if not head.data:
+        raise ValidationFailed("data must hold at least one datum", field="data")
+    kind = "forward_backward"
+    return _submit(access, kind, {"forward_only": head.forward_only}, blob=blob, model_id=head.model_id,
+                   seq_id=int(head.seq_id))  # fmt: skip
+
+
+@endpoint("POST", write=True)
+def optim_step(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    body = _json(request)
+    params = body.get("adam_params") or body.get("optim_params") or body.get("optimizer_params")
+    if not isinstance(params, dict):
+        raise ValidationFailed("is required", field="adam_params")
+    rate = params.get("learning_rate", 1e-4)
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate < 1:
+        raise ValidationFailed("must be a number in [0, 1)", field="adam_params.learning_rate")
+    return _submit(access, "optim_step", body)
+
+
+@endpoint("POST", write=True)
+def save_weights(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    return _submit(access, "save_weights", _checked_name(_json(request)))
+
+
+@endpoint("POST", write=True)
+def save_weights_for_sampler(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    return _submit(access, "save_weights_for_sampler", _checked_name(_json(request)))
+
+
+def _checked_name(body: dict[str, Any]) -> dict[str, Any]:
+    name = body.get("path")
+    if name is not None and (not isinstance(name, str) or not name or "/" in name or len(name) > 100):
+        raise ValidationFailed("a name without '/', up to 100 characters", field="path")
+    return body
+
+
+@endpoint("POST", write=True)
+def load_weights(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    body = _json(request)
+    checkpoint = checkpoint_for_path(access.team, body.get("path"), param="path")
+    if body.get("model_id"):
+        return _submit(access, "load_weights", body)
+    # Create-via-load: a new training client from the checkpoint (its base model and LoRA shape).
+    session = _session(access, body.get("session_id"))
+    seq = body.get("model_seq_id")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise ValidationFailed("must be an integer of 0 or more", field="model_seq_id")
+    model = services.tinker_model_create(
+        session=session, model_seq_id=seq, base_model=checkpoint.model.base_model.name, lora_config=None,
+        lora=checkpoint.model.lora,
+    )  # fmt: skip
+    future = services.tinker_future_submit(
+        team=access.team, kind="load_weights", model=model, seq_id=0, payload=body
+    )
+    return _future_reply(future, model)
+
+
+# ---------------------------------------------------------------------- sampling
+@endpoint("POST")
+def create_sampling_session(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    body = _json(request)
+    session = _session(access, body.get("session_id"))
+    sampler = _sampler_for(
+        access, session, body, sampler_id=f"{session.pk}:sample:{body.get('sampling_session_seq_id')}"
+    )
+    return {"type": "create_sampling_session", "sampling_session_id": sampler.pk}
+
+
+def _sampler_for(
+    access: TeamAccess, session: TinkerSession, body: dict[str, Any], *, sampler_id: str | None
+) -> TinkerSampler:
+    path = body.get("model_path")
+    if path:
+        checkpoint = checkpoint_for_path(access.team, path, param="model_path")
+        return services.tinker_sampler_create(session=session, sampler_id=sampler_id,
+                                              base_model=checkpoint.model.base_model, checkpoint=checkpoint,
+                                              model_path=path)  # fmt: skip
+    name = body.get("base_model")
+    base = BaseModel.objects.filter(name=name).first() if isinstance(name, str) else None
+    if base is None:
+        raise ValidationFailed(
+            f"name a base model artweb offers or a model_path (got {name!r})", field="base_model"
+        )
+    return services.tinker_sampler_create(
+        session=session, sampler_id=sampler_id, base_model=base, checkpoint=None
+    )
+
+
+@endpoint("GET")
+def sampler_detail(request: HttpRequest, access: TeamAccess, sampler_id: str) -> dict[str, Any]:
+    sampler = (
+        TinkerSampler.objects.filter(pk=sampler_id, session__team=access.team)
+        .select_related("base_model")
+        .first()
+    )
+    if sampler is None:
+        raise NotFound(f"no sampler {sampler_id!r}")
+    return {
+        "sampler_id": sampler.pk,
+        "base_model": sampler.base_model.name,
+        "model_path": sampler.model_path or None,
+    }
+
+
+@endpoint("POST")
+def asample(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    body = _json(request)
+    sampler_id = body.get("sampling_session_id")
+    if sampler_id:
+        sampler = TinkerSampler.objects.filter(pk=str(sampler_id), session__team=access.team).first()
+        if sampler is None:
+            raise NotFound(f"no sampling session {sampler_id!r}", field="sampling_session_id")
+    else:
+        session = TinkerSession.objects.filter(team=access.team).order_by("-created_at").first()
+        if session is None:
+            raise ValidationFailed("create a session first", field="sampling_session_id")
+        sampler = _sampler_for(access, session, body, sampler_id=None)
+    num = body.get("num_samples", 1)
+    if not isinstance(num, int) or isinstance(num, bool) or not 1 <= num <= 64:
+        raise ValidationFailed("must be an integer from 1 to 64", field="num_samples")
+    for unsupported in ("prompt_logprobs", "record_stability_info"):
+        if body.get(unsupported):
+            raise ValidationFailed("is not offered by artweb's sampler", field=unsupported)
+    for zero in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+        if body.get(zero):
+            raise ValidationFailed("is not offered by artweb's sampler (0 only)", field=zero)
+    from training.tinker_wire import model_input_tokens
+
+    model_input_tokens(body.get("prompt"), "prompt")
+    payload = {**body, "sampler": sampler.pk}
+    future = services.tinker_future_submit(team=access.team, kind="sample", payload=payload)
+    return _future_reply(future, sample_sequence_ids=[f"{future.pk}:{i}" for i in range(num)])
+
+
+# ---------------------------------------------------------------------- futures
+@endpoint("POST")
+def retrieve_future(request: HttpRequest, access: TeamAccess) -> HttpResponse:
+    request_id = _json(request).get("request_id")
+    future = TinkerFuture.objects.filter(pk=str(request_id), team=access.team).first()
+    if future is None:
+        raise NotFound(f"no request {request_id!r}", field="request_id")
+    deadline = time.monotonic() + settings.TINKER_POLL_S
+    pause = 0.02
+    while future.status == TinkerFutureStatus.PENDING and time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.25)
+        future.refresh_from_db(fields=["status", "result", "blob", "error", "category"])
+    if future.status == TinkerFutureStatus.PENDING:
+        return JsonResponse({"type": "try_again", "request_id": future.pk, "queue_state": "active"})
+    if future.status == TinkerFutureStatus.FAILED:
+        return JsonResponse({"error": future.error, "category": future.category or "unknown"})
+    if future.blob is not None:
+        return HttpResponse(bytes(future.blob), content_type=PROTOBUF)
+    return JsonResponse(future.result or {})
+
+
+# ---------------------------------------------------------------------- checkpoints
+def _checkpoint_rows(model: TinkerModel) -> list[dict[str, Any]]:
+    rows = []
+    for checkpoint in Checkpoint.objects.filter(model=model.model).order_by("step"):
+        for label in sorted(checkpoint.metrics.get("tinker_names", {})):
+            kind = "training" if label.startswith("weights/") else "sampler"
+            rows.append({
+                "checkpoint_id": label, "checkpoint_type": kind, "time": checkpoint.created_at.isoformat(),
+                "tinker_path": f"tinker://{model.pk}/{label}", "size_bytes": checkpoint.size_bytes or None,
+                "public": False,
+            })  # fmt: skip
+    return rows
+
+
+@endpoint("GET", "DELETE")
+def training_run_checkpoints(request: HttpRequest, access: TeamAccess, model_id: str) -> dict[str, Any]:
+    return {"checkpoints": _checkpoint_rows(_model(access, model_id)), "cursor": None}
+
+
+@endpoint("GET")
+def training_run_detail(request: HttpRequest, access: TeamAccess, model_id: str) -> dict[str, Any]:
+    return _run_row(access, _model(access, model_id))
+
+
+def _run_row(access: TeamAccess, model: TinkerModel) -> dict[str, Any]:
+    rows = _checkpoint_rows(model)
+    training = [r for r in rows if r["checkpoint_type"] == "training"]
+    sampler = [r for r in rows if r["checkpoint_type"] == "sampler"]
+    return {
+        "training_run_id": model.pk, "base_model": model.model.base_model.name, "model_owner": access.team.name,
+        "is_lora": True, "corrupted": bool(model.lost), "lora_rank": model.model.lora.get("rank"),
+        "last_request_time": (model.drained_at or model.created_at).isoformat(),
+        "last_checkpoint": training[-1] if training else None, "last_sampler_checkpoint": sampler[-1] if sampler else None,
+        "user_metadata": None,
+    }  # fmt: skip
+
+
+@endpoint("GET")
+def training_runs(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    models = TinkerModel.objects.filter(session__team=access.team).select_related("model__base_model")
+    return {
+        "training_runs": [_run_row(access, m) for m in models.order_by("-created_at")[:100]],
+        "cursor": None,
+    }

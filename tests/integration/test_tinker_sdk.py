@@ -1,0 +1,192 @@
+"""Thinking Machines' ``tinker`` SDK (0.38, unchanged) trains on a live artweb: web under uvicorn,
+a real Celery worker, the host's trainer service, the tiny model, no network.
+
+The SDK is pointed at ``<artweb>/tinker`` with ``tml-`` + a team key. An SFT loop
+(``cross_entropy``) makes the held-out loss fall; an RL loop (sample → score → ``importance_sampling``
+→ ``optim_step`` → a new sampler) makes the reward rise; each ``optim_step`` is a step of a run of
+kind ``tinker``; a sampler checkpoint answers through ``/v1/chat/completions`` at once; another
+team's key sees nothing and a read-only key cannot train.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from typing import Any
+
+import pytest
+
+from projects import services
+from projects.models import Checkpoint, Run, RunKind, StepMetrics
+from tests.conftest import trainer_service
+from tests.projects.gateway.conftest import (  # noqa: F401  (fixtures)
+    BASE_MODEL,
+    gateway,
+    http,
+    inference_server,
+    register_base_model,
+    serving,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+ANSWER = "ok"  # what the SFT data teaches after any prompt
+
+
+def _sft_datum(types: Any, tokenizer: Any, prompt: str) -> Any:
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    answer_ids = tokenizer.encode(ANSWER, add_special_tokens=False) + [tokenizer.eos_token_id]
+    tokens = prompt_ids + answer_ids
+    weights = [0.0] * len(prompt_ids) + [1.0] * len(answer_ids)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights[1:]},
+    )
+
+
+def _prompts(rng: random.Random, count: int) -> list[str]:
+    return ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(3, 8))) + ":" for _ in range(count)]
+
+
+def _mean_loss(output: Any, data: list[Any]) -> float:
+    """Per-token cross entropy over the weighted tokens, from the logprobs the API returned."""
+    total, count = 0.0, 0.0
+    for datum, result in zip(data, output.loss_fn_outputs, strict=True):
+        weights = datum.loss_fn_inputs["weights"].tolist()
+        logprobs = result["logprobs"].tolist()
+        total -= sum(w * lp for w, lp in zip(weights, logprobs, strict=True))
+        count += sum(weights)
+    return total / count
+
+
+def test_the_tinker_sdk_trains_on_artweb_unchanged(gateway, serving, start_worker, tiny_model_dir, cast):  # noqa: F811
+    import tinker
+    from tinker import types
+    from transformers import AutoTokenizer
+
+    register_base_model(tiny_model_dir)
+    key = services.api_key_create(team=cast.alpha, name="tinker").plaintext
+    outsider = services.api_key_create(team=cast.beta, name="outsider").plaintext
+    reader = services.api_key_create(team=cast.alpha, name="reader", read_only=True).plaintext
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rng = random.Random(0)
+    train = [_sft_datum(types, tokenizer, p) for p in _prompts(rng, 8)]
+    held_out = [_sft_datum(types, tokenizer, p) for p in _prompts(rng, 8)]
+
+    with trainer_service(
+        serving.data_dir / "checkpoints", tiny_model_dir.parent, token="t-tinker"
+    ) as service:
+        worker = start_worker(ARTWEB_DATA_DIR=str(serving.data_dir), TRAINER_SERVICE_URL=service.url,
+                              TRAINER_SERVICE_TOKEN="t-tinker", TINKER_POLL_S="5")  # fmt: skip
+        client = tinker.ServiceClient(base_url=f"{gateway.url}/tinker", api_key=f"tml-{key}")
+        capabilities = client.create_rest_client().get_server_capabilities().result()
+        names = [m.model_name for m in capabilities.supported_models]
+        assert BASE_MODEL in names
+
+        # ---- SFT: cross_entropy on the answer's tokens; the held-out loss falls.
+        trainer = client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0).result()
+        assert trainer.get_info().model_data.model_name == BASE_MODEL
+        before = _mean_loss(trainer.forward(held_out, "cross_entropy").result(), held_out)
+        losses = []
+        for _ in range(6):
+            backward = trainer.forward_backward(train, "cross_entropy")
+            step = trainer.optim_step(types.AdamParams(learning_rate=2e-2))
+            losses.append(_mean_loss(backward.result(), train))
+            step.result()
+        after = _mean_loss(trainer.forward(held_out, "cross_entropy").result(), held_out)
+        print(f"SFT held-out loss {before:.3f} -> {after:.3f}; train {[round(v, 3) for v in losses]}")
+        assert after < before - 0.5, (before, after)
+        assert losses[-1] < losses[0]
+
+        saved = trainer.save_weights_for_sampler(name="sft-final").result()
+        assert saved.path.endswith("/sampler_weights/sft-final")
+        state = trainer.save_state(name="sft-state").result()
+        assert state.path.startswith("tinker://")
+
+        # The training client is a run of kind tinker: six steps charted, a checkpoint at step 6.
+        run = Run.objects.get(kind=RunKind.TINKER, project__team=cast.alpha)
+        assert list(
+            StepMetrics.objects.filter(run=run).order_by("step").values_list("step", flat=True)
+        ) == list(range(1, 7))
+        assert all(m.loss and m.loss > 0 for m in StepMetrics.objects.filter(run=run))
+        checkpoint = Checkpoint.objects.get(model=run.model, step=6)
+        assert checkpoint.storage_key and {"sampler_weights/sft-final", "weights/sft-state"} <= set(
+            checkpoint.metrics["tinker_names"]
+        )
+        # ... served at once by the gateway under its platform name.
+        name = f"{run.project.name}/{run.model.name}:6"
+        status, _, reply = http("POST", f"{gateway.url}/v1/chat/completions", key=key, body={
+            "model": name, "messages": [{"role": "user", "content": "abc:"}], "max_tokens": 4,
+        })  # fmt: skip
+        assert status == 200, reply
+
+        # A sampler on the saved weights: the answer it learned comes first.
+        sampler = client.create_sampling_client(model_path=saved.path)
+        prompt = types.ModelInput.from_ints(tokenizer.encode("hij:", add_special_tokens=False))
+        first = tokenizer.encode(ANSWER, add_special_tokens=False)[0]
+        sampled = sampler.sample(prompt, num_samples=4, sampling_params=types.SamplingParams(
+            max_tokens=3, temperature=0.0)).result()  # fmt: skip
+        assert len(sampled.sequences) == 4
+        assert all(
+            seq.tokens[0] == first and len(seq.logprobs) == len(seq.tokens) for seq in sampled.sequences
+        )
+
+        # ---- Tenancy: another team's key finds nothing; a read-only key cannot train.
+        other = tinker.ServiceClient(base_url=f"{gateway.url}/tinker", api_key=f"tml-{outsider}")
+        with pytest.raises(tinker.NotFoundError):
+            other.create_sampling_client(model_path=saved.path).sample(
+                prompt, 1, types.SamplingParams(max_tokens=2)
+            ).result()
+        status, reply = _post(gateway.url, "get_info", {"model_id": trainer.model_id}, f"tml-{outsider}")
+        assert status == 404, reply
+        status, reply = _post(gateway.url, "optim_step", {"model_id": trainer.model_id, "seq_id": 99,
+                              "adam_params": {"learning_rate": 1e-3}}, f"tml-{reader}")  # fmt: skip
+        assert status == 403 and "read-only" in reply["error"]["message"]
+
+        # ---- RL: sample a group, score it, importance_sampling on the centred rewards.
+        rl = client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=1).result()
+        rewards = []
+        prompt_ids = tokenizer.encode("go:", add_special_tokens=False)
+        for _ in range(10):
+            policy = rl.save_weights_and_get_sampling_client()
+            group = policy.sample(types.ModelInput.from_ints(prompt_ids), num_samples=16,
+                                  sampling_params=types.SamplingParams(max_tokens=6, temperature=1.0, top_k=4)).result()  # fmt: skip
+            scores = [sum(t % 2 == 0 for t in seq.tokens) / len(seq.tokens) for seq in group.sequences]
+            rewards.append(statistics.mean(scores))
+            baseline, spread = statistics.mean(scores), statistics.pstdev(scores) + 1e-6
+            data = []
+            for seq, score in zip(group.sequences, scores, strict=True):
+                tokens = prompt_ids + list(seq.tokens)
+                n = len(prompt_ids) - 1
+                data.append(types.Datum(
+                    model_input=types.ModelInput.from_ints(tokens[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": tokens[1:],
+                        "logprobs": [0.0] * n + list(seq.logprobs),
+                        "advantages": [0.0] * n + [(score - baseline) / spread] * len(seq.tokens),
+                    },
+                ))  # fmt: skip
+            rl.forward_backward(data, "importance_sampling").result()
+            rl.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        print(f"RL reward per step {[round(r, 3) for r in rewards]}")
+        assert statistics.mean(rewards[-3:]) > statistics.mean(rewards[:2]) + 0.15, rewards
+        stats = service.stats()
+    assert stats["base_loads"] == 1, stats  # every session (SFT, RL, the samplers) on one base
+    assert "Traceback" not in worker.output()
+
+
+def _post(url: str, route: str, body: dict[str, Any], key: str) -> tuple[int, dict[str, Any]]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{url}/tinker/api/v1/{route}", data=json.dumps(body).encode(), method="POST"
+    )
+    request.add_header("Content-Type", "application/json")
+    request.add_header("X-API-Key", key)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
