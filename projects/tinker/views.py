@@ -331,7 +331,7 @@ def _checked_name(body: dict[str, Any]) -> dict[str, Any]:
 @endpoint("POST", write=True)
 def load_weights(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     body = _json(request)
-    checkpoint = checkpoint_for_path(access.team, body.get("path"), param="path")
+    checkpoint = checkpoint_for_path(access.team, str(body.get("path") or ""), param="path")
     if body.get("model_id"):
         return _submit(access, "load_weights", body)
     # Create-via-load: a new training client from the checkpoint (its base model and LoRA shape).
