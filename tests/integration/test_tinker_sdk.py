@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import time
 from typing import Any
 
 import pytest
@@ -88,13 +89,16 @@ def test_the_tinker_sdk_trains_on_artweb_unchanged(gateway, serving, start_worke
         assert trainer.get_info().model_data.model_name == BASE_MODEL
         before = _mean_loss(trainer.forward(held_out, "cross_entropy").result(), held_out)
         losses = []
+        started = time.monotonic()
         for _ in range(6):
             backward = trainer.forward_backward(train, "cross_entropy")
             step = trainer.optim_step(types.AdamParams(learning_rate=2e-2))
             losses.append(_mean_loss(backward.result(), train))
             step.result()
+        seconds_per_step = (time.monotonic() - started) / 6
         after = _mean_loss(trainer.forward(held_out, "cross_entropy").result(), held_out)
-        print(f"SFT held-out loss {before:.3f} -> {after:.3f}; train {[round(v, 3) for v in losses]}")
+        print(f"SFT held-out loss {before:.3f} -> {after:.3f}; train {[round(v, 3) for v in losses]}; "
+              f"{seconds_per_step:.3f} s per forward_backward + optim_step through the SDK")  # fmt: skip
         assert after < before - 0.5, (before, after)
         assert losses[-1] < losses[0]
 
