@@ -147,6 +147,20 @@ def test_the_tinker_sdk_trains_on_artweb_unchanged(gateway, serving, start_worke
                               "adam_params": {"learning_rate": 1e-3}}, f"tml-{reader}")  # fmt: skip
         assert status == 403 and "read-only" in reply["error"]["message"]
 
+        # ---- Two teams' clients interleave on the one base: same data and seed, so each must get
+        # exactly the losses the other gets (the trainer service swaps adapters and optimizers).
+        ours = client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=3).result()
+        theirs = other.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=3).result()
+        pairs = []
+        for _ in range(3):
+            futures = [(c.forward_backward(train, "cross_entropy"), c.optim_step(types.AdamParams(learning_rate=2e-2)))
+                       for c in (ours, theirs)]  # fmt: skip
+            pairs.append(tuple(_mean_loss(fb.result(), train) for fb, _ in futures))
+            for _, step in futures:
+                step.result()
+        assert all(a == b for a, b in pairs) and pairs[-1][0] < pairs[0][0], pairs
+        assert Run.objects.filter(kind=RunKind.TINKER, project__team=cast.beta).count() == 1
+
         # ---- RL: sample a group, score it, importance_sampling on the centred rewards.
         rl = client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=1).result()
         rewards = []
