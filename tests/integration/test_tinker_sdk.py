@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -208,3 +209,80 @@ def _post(url: str, route: str, body: dict[str, Any], key: str) -> tuple[int, di
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+def test_tinker_and_platform_runs_continue_each_others_checkpoints(
+    gateway,
+    serving,
+    start_worker,
+    tiny_model_dir,
+    cast,  # noqa: F811
+):
+    """A Tinker-trained adapter starts a platform run (``start_from`` its latest checkpoint), and
+    that run's checkpoint loads into a new Tinker training client with exactly its weights."""
+    import tinker
+    from rest_framework.test import APIClient
+    from tinker import types
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from training.config import LoraSpec, TrainConfig
+    from training.session import Datum, TrainingSession
+
+    register_base_model(tiny_model_dir)
+    key = services.api_key_create(team=cast.alpha, name="mixed").plaintext
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    project = api.post("/api/v1/projects/", {"name": "mixed"}, format="json").json()["id"]
+    rows = [{"prompt": f"Say {word}", "item": {"answer": word}} for word in ["a", "b", "c", "d"]]
+    inputs = {
+        "task_set": api.post("/api/v1/task-sets/", {"project": project, "name": "words", "rows": rows}, format="json"),
+        "environment": api.post("/api/v1/environments/", {"project": project, "name": "chat"}, format="json"),
+        "reward": api.post("/api/v1/reward-definitions/", {"project": project, "name": "has-a",
+                           "spec": {"type": "regex", "pattern": "a"}}, format="json"),
+    }  # fmt: skip
+    assert all(r.status_code == 201 for r in inputs.values()), {k: r.json() for k, r in inputs.items()}
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    data = [_sft_datum(types, tokenizer, p) for p in _prompts(random.Random(1), 4)]
+
+    with trainer_service(serving.data_dir / "checkpoints", tiny_model_dir.parent, token="t-mixed") as service:
+        start_worker(ARTWEB_DATA_DIR=str(serving.data_dir), TRAINER_SERVICE_URL=service.url,
+                     TRAINER_SERVICE_TOKEN="t-mixed", TINKER_POLL_S="5")  # fmt: skip
+        client = tinker.ServiceClient(
+            base_url=f"{gateway.url}/tinker", api_key=f"tml-{key}", project_id="mixed"
+        )
+        trainer = client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0).result()
+        for _ in range(2):
+            trainer.forward_backward(data, "cross_entropy")
+            trainer.optim_step(types.AdamParams(learning_rate=2e-2))
+        trainer.save_state(name="handoff").result()
+        model = Run.objects.get(kind=RunKind.TINKER, project__name="mixed").model
+
+        # The platform run continues the Tinker-trained adapter from its latest checkpoint (step 2).
+        body = {"model": model.pk, **{k: r.json()["id"] for k, r in inputs.items()},
+                "config": {"group_size": 4, "groups_per_step": 1, "max_new_tokens": 6, "steps": 1}}  # fmt: skip
+        response = api.post("/api/v1/runs/", body, format="json")
+        assert response.status_code == 201, response.json()
+        run_id = response.json()["id"]
+        deadline = time.monotonic() + 240
+        while (
+            Run.objects.get(pk=run_id).status not in ("succeeded", "failed") and time.monotonic() < deadline
+        ):
+            time.sleep(0.5)
+        run = Run.objects.get(pk=run_id)
+        assert run.status == "succeeded", run.error
+        assert run.start_step == 2 and run.current_step == 3
+        platform = Checkpoint.objects.get(model=model, step=3)
+
+        # ... and its checkpoint is a Tinker training client's state.
+        loaded = client.create_training_client_from_state(f"tinker://mixed.{model.name}/step/3").result()
+        output = loaded.forward(data, "cross_entropy").result()
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    local = TrainingSession.load_state(
+        base, tokenizer, Path(platform.path), TrainConfig(), LoraSpec.from_dict(model.lora)
+    )
+    datums = [Datum(model_input=d.model_input.to_ints(),
+                    loss_fn_inputs={k: v.tolist() for k, v in d.loss_fn_inputs.items()}) for d in data]  # fmt: skip
+    expected = local.forward(datums)
+    for got, want in zip(output.loss_fn_outputs, expected, strict=True):
+        assert got["logprobs"].tolist() == pytest.approx(want, abs=1e-5)
