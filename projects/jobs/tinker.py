@@ -184,7 +184,7 @@ def execute(model: TinkerModel, future: TinkerFuture) -> None:
     try:
         if model.lost:
             raise SessionLost(model.lost)
-        result, blob = _run(model, future)
+        result, blob = _run(model, future, started)
     except RequestFailed as exc:
         services.tinker_future_finish(future=future, error=str(exc), category=exc.category)
     except (WireError, LossInputError, ValueError) as exc:
@@ -196,7 +196,9 @@ def execute(model: TinkerModel, future: TinkerFuture) -> None:
                                       seconds=time.monotonic() - started)  # fmt: skip
 
 
-def _run(model: TinkerModel, future: TinkerFuture) -> tuple[dict[str, Any] | None, bytes | None]:
+def _run(
+    model: TinkerModel, future: TinkerFuture, started: float
+) -> tuple[dict[str, Any] | None, bytes | None]:
     kind, payload = future.kind, future.payload
     if kind == "forward_backward":
         call = parse_forward_backward(bytes(future.body or b""))
@@ -218,7 +220,8 @@ def _run(model: TinkerModel, future: TinkerFuture) -> tuple[dict[str, Any] | Non
                 weight_decay=float(params.get("weight_decay", 0.0)), max_grad_norm=clip if clip > 0 else float("inf"),
             )  # fmt: skip
         step = model.steps + 1
-        services.tinker_step_record(model=model, step=step, metrics=metrics)
+        services.tinker_step_record(model=model, step=step, metrics=metrics, seconds=time.monotonic() - started,
+                                    device=settings.TRAINING_DEVICE)  # fmt: skip
         model.steps = step
         return {"type": "optim_step", "metrics": {f"{k}:mean": float(v) for k, v in metrics.items()}}, None
     if kind in ("save_weights", "save_weights_for_sampler"):

@@ -54,6 +54,9 @@ class TinkerModel(models.Model):
     pending_loss = models.FloatField(
         default=0.0, help_text="forward_backward losses since the last optim_step"
     )
+    pending_seconds = models.FloatField(
+        default=0.0, help_text="device seconds of requests since the last optim_step"
+    )
     opened = models.BooleanField(default=False, help_text="its session was opened on a trainer")
     lost = models.TextField(blank=True, default="", help_text="why the session's state is gone")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -170,6 +170,10 @@ def tinker_future_finish(
             TinkerModel.objects.filter(pk=future.model_id, done_seq__lt=future.seq_id).update(
                 done_seq=future.seq_id, drained_at=timezone.now()
             )
+            if seconds and future.kind != "optim_step":  # an optim_step's seconds are its step's own
+                TinkerModel.objects.filter(pk=future.model_id).update(
+                    pending_seconds=F("pending_seconds") + seconds
+                )
 
 
 def tinker_drain_claim(*, model: TinkerModel, holder: str) -> bool:
@@ -211,16 +215,21 @@ def tinker_model_found(*, model: TinkerModel) -> None:
     TinkerModel.objects.filter(pk=model.pk).update(lost="")
 
 
-def tinker_step_record(*, model: TinkerModel, step: int, metrics: dict[str, Any]) -> None:
+def tinker_step_record(
+    *, model: TinkerModel, step: int, metrics: dict[str, Any], seconds: float, device: str = "cpu"
+) -> None:
     """An ``optim_step``: step ``step`` of the model's run, charted with the loss summed over the
-    ``forward_backward`` calls since the step before."""
+    ``forward_backward`` calls since the step before, and the device seconds of every request since
+    then (``seconds``: the step's own), which the run's cost line counts."""
     from projects.models import StepMetrics
 
     with transaction.atomic():
         locked = TinkerModel.objects.select_for_update().get(pk=model.pk)
-        loss = locked.pending_loss
-        locked.pending_loss, locked.steps = 0.0, step
-        locked.save(update_fields=["pending_loss", "steps"])
+        loss, spent = locked.pending_loss, locked.pending_seconds + seconds
+        locked.pending_loss, locked.pending_seconds, locked.steps = 0.0, 0.0, step
+        locked.save(update_fields=["pending_loss", "pending_seconds", "steps"])
+        metrics = {**metrics, "loss": loss, "step_seconds": spent, "device_seconds": spent,
+                   "device_kind": "gpu" if device.startswith("cuda") else "cpu", "device_count": 1.0}  # fmt: skip
         run = Run.objects.select_for_update().get(pk=model.run_id)
         StepMetrics.objects.get_or_create(run=run, step=step, defaults={"loss": loss, "metrics": metrics})
         run.current_step = max(run.current_step, step)
