@@ -212,11 +212,11 @@ def _post(url: str, route: str, body: dict[str, Any], key: str) -> tuple[int, di
 
 
 def test_tinker_and_platform_runs_continue_each_others_checkpoints(
-    gateway,
-    serving,
+    gateway,  # noqa: F811  (the fixture imported above)
+    serving,  # noqa: F811
     start_worker,
     tiny_model_dir,
-    cast,  # noqa: F811
+    cast,
 ):
     """A Tinker-trained adapter starts a platform run (``start_from`` its latest checkpoint), and
     that run's checkpoint loads into a new Tinker training client with exactly its weights."""
