@@ -171,6 +171,7 @@ from projects.services.tinker import (
     tinker_request_id,
     tinker_sampler_create,
     tinker_session_create,
+    tinker_session_finish,
     tinker_session_heartbeat,
     tinker_step_record,
 )
@@ -203,6 +204,7 @@ __all__ = [
     "tinker_request_id",
     "tinker_sampler_create",
     "tinker_session_create",
+    "tinker_session_finish",
     "tinker_session_heartbeat",
     "tinker_step_record",
     "runs_pause_interrupted",

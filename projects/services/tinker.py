@@ -77,6 +77,24 @@ def tinker_session_heartbeat(*, session: TinkerSession) -> None:
     TinkerSession.objects.filter(pk=session.pk).update(heartbeat_at=timezone.now())
 
 
+def tinker_session_finish(*, session: TinkerSession, reason: str, detail: str = "") -> None:
+    """The client closed its session (the SDK's ``with`` block ended: ``success``, ``errored`` or
+    ``interrupted``): each training client's run ends as succeeded, failed or cancelled; its
+    checkpoints stay, served and loadable."""
+    now = timezone.now()
+    status = {"success": RunStatus.SUCCEEDED, "interrupted": RunStatus.CANCELLED}.get(
+        reason, RunStatus.FAILED
+    )
+    failed = status == RunStatus.FAILED
+    for run in Run.objects.filter(tinker_models__session=session, status=RunStatus.RUNNING):
+        run.status = status
+        run.finished_at = now
+        if failed:
+            run.error = f"the Tinker client closed its session: {reason} {detail}".strip()[:2000]
+        run.save(update_fields=["status", "finished_at", "error"])
+        run_event_add(run=run, message=f"Tinker session closed by its client ({reason})")
+
+
 def lora_of(config: dict[str, Any] | None) -> dict[str, Any]:
     """Tinker's LoraConfig (rank, train_attn, train_mlp, train_unembed, seed) as the model's LoRA."""
     config = config or {}

@@ -14,6 +14,7 @@ urlpatterns = [
     path("create_session", views.create_session),
     path("session_heartbeat", views.session_heartbeat),
     path("sessions/<str:session_id>", views.session_detail),
+    path("sessions/<str:session_id>/finish", views.session_finish),
     path("create_model", views.create_model),
     path("get_info", views.get_info),
     path("forward_backward", views.forward_backward),

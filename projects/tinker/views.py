@@ -227,6 +227,17 @@ def session_detail(request: HttpRequest, access: TeamAccess, session_id: str) ->
     }
 
 
+@endpoint("POST")
+def session_finish(request: HttpRequest, access: TeamAccess, session_id: str) -> dict[str, Any]:
+    """The SDK's ``ServiceClient.close()`` (a ``with`` block's end): the session's runs end."""
+    session = _session(access, session_id)
+    body = _json(request)
+    reason = body.get("reason") if isinstance(body.get("reason"), dict) else {}
+    services.tinker_session_finish(session=session, reason=str(reason.get("type") or "closed"),
+                                   detail=str(body.get("detail") or ""))  # fmt: skip
+    return {}
+
+
 # ---------------------------------------------------------------------- training clients
 def _done(access: TeamAccess, kind: str, result: dict[str, Any]) -> TinkerFuture:
     """A future answered at once (create_model: the model exists when the reply leaves)."""
