@@ -190,7 +190,9 @@ def test_the_tinker_sdk_trains_on_artweb_unchanged(gateway, serving, start_worke
         print(f"RL reward per step {[round(r, 3) for r in rewards]}")
         assert statistics.mean(rewards[-3:]) > statistics.mean(rewards[:2]) + 0.15, rewards
         stats = service.stats()
-        client.close("success")  # as a `with tinker.ServiceClient(...)` block's end does: the session's runs end
+        client.close(
+            "success"
+        )  # as a `with tinker.ServiceClient(...)` block's end does: the session's runs end
     assert stats["base_loads"] == 1, stats  # every session (SFT, RL, the samplers) on one base
     assert set(
         Run.objects.filter(kind=RunKind.TINKER, project__team=cast.alpha).values_list("status", flat=True)
