@@ -232,7 +232,8 @@ def session_finish(request: HttpRequest, access: TeamAccess, session_id: str) ->
     """The SDK's ``ServiceClient.close()`` (a ``with`` block's end): the session's runs end."""
     session = _session(access, session_id)
     body = _json(request)
-    reason = body.get("reason") if isinstance(body.get("reason"), dict) else {}
+    given = body.get("reason")
+    reason: dict[str, Any] = given if isinstance(given, dict) else {}
     services.tinker_session_finish(session=session, reason=str(reason.get("type") or "closed"),
                                    detail=str(body.get("detail") or ""))  # fmt: skip
     return {}
