@@ -88,7 +88,20 @@ $(ART23_STAMP): tests/integration/art_wheel_py311.py
 		from art.pipeline_trainer.trainer import PipelineTrainer"
 	rm -f $(ART23_VENV)/.installed-* && touch $@
 
-install: $(STAMP) $(VENDOR_STAMP) $(ART_STAMP) $(ART23_STAMP)
+# tinker-cookbook 0.6.1, whose supervised and RL loops tests/integration/test_tinker_cookbook.py runs
+# unchanged against artweb's Tinker API: test-only, in a virtualenv of its own (datasets, pyarrow, ...).
+COOKBOOK_VENV := .venv-cookbook
+COOKBOOK_STAMP := $(COOKBOOK_VENV)/.installed-tinker-cookbook-0.6.1-$(shell cat requirements/cookbook.txt | sha1sum | cut -c1-12)
+
+$(COOKBOOK_STAMP): requirements/cookbook.txt
+	test -x $(COOKBOOK_VENV)/bin/python || $(PYTHON) -m venv $(COOKBOOK_VENV)
+	$(COOKBOOK_VENV)/bin/pip install -q -c $(LOCK) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch
+	$(COOKBOOK_VENV)/bin/pip install -q -r requirements/cookbook.txt
+	$(COOKBOOK_VENV)/bin/pip install -q --no-deps tinker-cookbook==0.6.1
+	$(COOKBOOK_VENV)/bin/python -c "import tinker_cookbook.supervised.train, tinker_cookbook.rl.train"
+	rm -f $(COOKBOOK_VENV)/.installed-* && touch $@
+
+install: $(STAMP) $(VENDOR_STAMP) $(ART_STAMP) $(ART23_STAMP) $(COOKBOOK_STAMP)
 
 # The Python environment alone (no npm, no ART client): what a GPU host needs for `make test-gpu`.
 install-python: $(STAMP)
