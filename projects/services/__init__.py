@@ -158,6 +158,7 @@ from projects.services.teams import (
 )
 from projects.services.tinker import (
     lora_of,
+    tinker_checkpoint_forget,
     tinker_checkpoint_record,
     tinker_drain_claim,
     tinker_drain_release,
@@ -191,6 +192,7 @@ from projects.services.training_jobs import (
 
 __all__ = [
     "lora_of",
+    "tinker_checkpoint_forget",
     "tinker_checkpoint_record",
     "tinker_drain_claim",
     "tinker_drain_release",

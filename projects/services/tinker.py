@@ -278,6 +278,20 @@ def tinker_checkpoint_record(
         return checkpoint
 
 
+def tinker_checkpoint_forget(*, checkpoint: Checkpoint, name: str) -> None:
+    """Drop ``name`` (``weights/x`` or ``sampler_weights/x``) from the checkpoint; delete the
+    checkpoint when it was the last name and nothing uses it (else a 409 says what does)."""
+    from projects.services.checkpoints import checkpoint_delete
+
+    names = dict(checkpoint.metrics.get("tinker_names", {}))
+    if len(names) <= 1:
+        checkpoint_delete(checkpoint=checkpoint)
+        return
+    names.pop(name, None)
+    checkpoint.metrics = {**checkpoint.metrics, "tinker_names": names}
+    checkpoint.save(update_fields=["metrics"])
+
+
 def tinker_sampler_create(
     *, session: TinkerSession, sampler_id: str | None, base_model: BaseModel, checkpoint: Checkpoint | None,
     model_path: str = "",

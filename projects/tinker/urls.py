@@ -29,4 +29,7 @@ urlpatterns = [
     path("training_runs", views.training_runs),
     path("training_runs/<str:model_id>", views.training_run_detail),
     path("training_runs/<str:model_id>/checkpoints", views.training_run_checkpoints),
+    path(
+        "training_runs/<str:model_id>/checkpoints/<path:checkpoint_id>", views.training_run_checkpoint_delete
+    ),
 ]

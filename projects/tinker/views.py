@@ -25,7 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from projects import services
 from projects.access import Permission, TeamAccess, key_role
-from projects.errors import DomainError, NotFound, ValidationFailed
+from projects.errors import Conflict, DomainError, NotFound, ValidationFailed
 from projects.models import (
     BaseModel,
     Checkpoint,
@@ -474,9 +474,26 @@ def _checkpoint_rows(model: TinkerModel) -> list[dict[str, Any]]:
     return rows
 
 
-@endpoint("GET", "DELETE")
+@endpoint("GET")
 def training_run_checkpoints(request: HttpRequest, access: TeamAccess, model_id: str) -> dict[str, Any]:
     return {"checkpoints": _checkpoint_rows(_model(access, model_id)), "cursor": None}
+
+
+@endpoint("DELETE", write=True)
+def training_run_checkpoint_delete(
+    request: HttpRequest, access: TeamAccess, model_id: str, checkpoint_id: str
+) -> HttpResponse:
+    """``RestClient.delete_checkpoint``: the name goes; the checkpoint itself once no name is left
+    (a 400 saying what still uses it: the model's latest step, an evaluation, an export)."""
+    model = _model(access, model_id)
+    checkpoint = checkpoint_for_path(
+        access.team, f"tinker://{model.pk}/{checkpoint_id}", param="checkpoint_id"
+    )
+    try:
+        services.tinker_checkpoint_forget(checkpoint=checkpoint, name=checkpoint_id)
+    except Conflict as exc:  # a 400: the SDK retries a 409 for minutes, as if it could clear up
+        return _error(400, str(exc), "checkpoint_id")
+    return HttpResponse(status=204)
 
 
 @endpoint("GET")

@@ -125,6 +125,19 @@ def test_the_tinker_sdk_trains_on_artweb_unchanged(gateway, serving, start_worke
         })  # fmt: skip
         assert status == 200, reply
 
+        # Checkpoints listed and deleted through the SDK's RestClient: a name goes; the checkpoint
+        # stays while another name holds it, and the model's latest step is never deleted.
+        rest = tinker.RestClient(base_url=f"{gateway.url}/tinker", api_key=f"tml-{key}")
+        listed = {c.checkpoint_id for c in rest.list_checkpoints(trainer.model_id).result().checkpoints}
+        assert listed == {"sampler_weights/sft-final", "weights/sft-state"}
+        rest.delete_checkpoint(trainer.model_id, "weights/sft-state").result()
+        listed = {c.checkpoint_id for c in rest.list_checkpoints(trainer.model_id).result().checkpoints}
+        assert listed == {"sampler_weights/sft-final"}
+        with pytest.raises(tinker.APIStatusError) as refused:
+            rest.delete_checkpoint(trainer.model_id, "sampler_weights/sft-final").result()
+        assert refused.value.status_code == 400 and "cannot be deleted" in str(refused.value)
+        assert Checkpoint.objects.filter(model=run.model, step=6).exists()
+
         # A sampler on the saved weights: the answer it learned comes first.
         sampler = client.create_sampling_client(model_path=saved.path)
         prompt = types.ModelInput.from_ints(tokenizer.encode("hij:", add_special_tokens=False))
