@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from django.conf import settings
@@ -39,14 +40,6 @@ from training.tinker_wire import (
     model_input_tokens,
     parse_forward_backward,
     sample_response,
-)
-
-TRAINING_KINDS = (
-    "forward_backward",
-    "optim_step",
-    "save_weights",
-    "save_weights_for_sampler",
-    "load_weights",
 )
 
 
@@ -248,8 +241,9 @@ def _save(model: TinkerModel, future: TinkerFuture) -> dict[str, Any]:
     prefix = "weights" if kind == "save_weights" else "sampler_weights"
     name = payload.get("path")
     label = f"{prefix}/{name}" if name else f"{prefix}/step-{step:06d}"
-    checkpoint = (services.tinker_checkpoint_record(model=model, step=step, path=path, stored=stored, name=label)
-                  if stored is not None else _name_existing(existing, model, label))  # fmt: skip
+    checkpoint = services.tinker_checkpoint_record(
+        model=model, step=step, path=path, stored=stored, name=label
+    )
     tinker_path = f"tinker://{model.pk}/{label}"
     if kind == "save_weights":
         return {"type": "save_weights", "path": tinker_path}
@@ -261,15 +255,6 @@ def _save(model: TinkerModel, future: TinkerFuture) -> dict[str, Any]:
         base_model=model.model.base_model, checkpoint=checkpoint, model_path=tinker_path,
     )  # fmt: skip
     return {"type": "save_weights_for_sampler", "path": None, "sampling_session_id": sampler.pk}
-
-
-def _name_existing(checkpoint: Checkpoint | None, model: TinkerModel, label: str) -> Checkpoint:
-    assert checkpoint is not None
-    names = dict(checkpoint.metrics.get("tinker_names", {}))
-    names[label] = model.pk
-    checkpoint.metrics = {**checkpoint.metrics, "tinker_names": names}
-    checkpoint.save(update_fields=["metrics"])
-    return checkpoint
 
 
 def _load(model: TinkerModel, payload: dict[str, Any]) -> dict[str, Any]:
@@ -355,7 +340,7 @@ def _sample(future: TinkerFuture) -> bytes:
             session = keeper.client.open(session_id, holder=keeper.holder, base_model=source, config=TrainConfig(),
                                          lora=lora, state=str(folder) if folder else None)  # fmt: skip
         try:
-            choices = [_Choice(**c) for c in session.sample(prompts, wire)]
+            choices = [SimpleNamespace(**c) for c in session.sample(prompts, wire)]
         finally:
             session.release()
     else:
@@ -365,8 +350,3 @@ def _sample(future: TinkerFuture) -> bytes:
         with pool.use(session_id) as session:
             choices = session.sample(prompts, sampling)
     return sample_response(choices)
-
-
-class _Choice:
-    def __init__(self, token_ids: list[int], logprobs: list[float], finish_reason: str) -> None:
-        self.token_ids, self.logprobs, self.finish_reason = token_ids, logprobs, finish_reason

@@ -261,10 +261,18 @@ def tinker_checkpoint_record(
 ) -> Checkpoint:
     """A saved state at ``step`` (adapter, optimizer, RNG: one folder serves ``weights`` and
     ``sampler_weights``), recorded as the model's checkpoint of that step; ``name`` (``weights/x``
-    or ``sampler_weights/x``) finds it again."""
+    or ``sampler_weights/x``) finds it again. ``stored`` None: the step's checkpoint is already
+    saved, and only gets the name."""
     with transaction.atomic():
         checkpoint = Checkpoint.objects.select_for_update().filter(model=model.model, step=step).first()
-        if checkpoint is not None and not checkpoint.path and not checkpoint.storage_key:
+        if stored is None and checkpoint is None:
+            raise ValueError(f"no saved checkpoint of step {step} to name {name!r}")
+        if (
+            stored is not None
+            and checkpoint is not None
+            and not checkpoint.path
+            and not checkpoint.storage_key
+        ):
             checkpoint.path, checkpoint.storage_key = path, stored.key
             checkpoint.sha256, checkpoint.size_bytes = stored.sha256, stored.size_bytes
             checkpoint.save(update_fields=["path", "storage_key", "sha256", "size_bytes"])

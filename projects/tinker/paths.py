@@ -41,7 +41,3 @@ def checkpoint_for_path(team: Team, path: str, *, param: str) -> Checkpoint:
     if checkpoint is None or not (checkpoint.storage_key or checkpoint.path):
         raise NotFound(f"no checkpoint {path!r} in your team", field=param)
     return checkpoint
-
-
-def path_of(tinker: TinkerModel, label: str) -> str:
-    return f"{SCHEME}{tinker.pk}/{label}"
