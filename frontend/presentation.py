@@ -26,17 +26,24 @@ CHART_SERIES = [
     ("entropy", "Entropy"),
     ("kl", "KL to the base model"),
     ("clip_fraction", "Clip fraction"),
+    ("ratio_std", "Importance ratio spread (std)"),
+    ("learning_rate", "Learning rate"),
     ("zero_variance_fraction", "Zero-variance groups"),
+    ("groups_dropped", "Groups dropped (dynamic sampling)"),
     ("tokens_per_second", "Tokens / s (rollouts)"),
 ]
 
 # The trainer writes these as 0 on a step without an update (every group had one reward, so
 # trainable_tokens is 0; training/trainer.py): there they were not measured and are not drawn.
-UPDATE_METRICS = {"loss", "grad_norm", "entropy", "clip_fraction", "kl"}
+UPDATE_METRICS = {"loss", "grad_norm", "entropy", "clip_fraction", "kl", "ratio_std"}
 
 CLIP_FRACTION_NOTE = (
     "One policy update per batch: the ratio to the sampler's policy is 1 up to numerical noise, "
     "so clipping stays near 0 unless sampler and trainer disagree."
+)
+SEVERAL_UPDATES_NOTE = (
+    "{updates} optimizer steps per batch (num_minibatches × ppo_epochs): after the first, the policy "
+    "has moved from the sampler's, and the ratio and clipping measure by how much."
 )
 
 
@@ -79,8 +86,13 @@ def chart_data(
         if key == "kl" and _number(config.get("kl_coef")) == 0:
             return "Not measured: kl_coef is 0, so the policy is never compared with the base model."
         notes = []
-        if key == "clip_fraction":
-            notes.append(CLIP_FRACTION_NOTE)
+        updates = int(_number(config.get("num_minibatches")) or 1) * int(
+            _number(config.get("ppo_epochs")) or 1
+        )
+        if key in ("clip_fraction", "ratio_std"):
+            notes.append(SEVERAL_UPDATES_NOTE.format(updates=updates) if updates > 1 else CLIP_FRACTION_NOTE)
+        if key == "groups_dropped" and not config.get("dynamic_sampling"):
+            notes.append("Not measured: dynamic_sampling is off, so every group drawn is trained on.")
         if key in UPDATE_METRICS and no_update:
             shown = ", ".join(str(step) for step in no_update[:8]) + (" …" if len(no_update) > 8 else "")
             notes.append(f"No update at step {shown} (every group had the same reward): not drawn there.")

@@ -18,6 +18,7 @@ from typing import Any, Self
 from training import names as names_help
 
 LOSS_TYPES = ("ppo", "cispo")
+LR_SCHEDULES = ("constant", "cosine", "linear")
 NORMALIZATIONS = ("sequence", "token", "constant")
 IMPORTANCE_LEVELS = ("token", "sequence")
 
@@ -215,6 +216,70 @@ class TrainConfig(_Settings):
             bounds=Bounds(0, 1, above_minimum=True, why="LoRA training diverges long before 1"),
         ),
     )
+    lr_schedule: str = field(
+        default="constant",
+        metadata=_help(
+            "Learning rate over the run's steps after warm-up: constant, or cosine / linear decay to "
+            "learning_rate × min_lr_ratio at the last step.",
+            choices=LR_SCHEDULES,
+        ),
+    )
+    warmup_steps: int = field(
+        default=0,
+        metadata=_help(
+            "Steps of linear warm-up from learning_rate / (warmup_steps + 1) to learning_rate (0 = none).",
+            bounds=Bounds(0, 100_000, why="the most steps a run has"),
+        ),
+    )
+    min_lr_ratio: float = field(
+        default=0.0,
+        metadata=_help(
+            "Floor of the cosine and linear schedules, as a fraction of learning_rate.",
+            bounds=Bounds(0, 1, why="a fraction of learning_rate"),
+        ),
+    )
+    num_minibatches: int = field(
+        default=1,
+        metadata=_help(
+            "Split each step's batch into this many minibatches, one optimizer step each.",
+            bounds=Bounds(1, 256, why="more updates than completions per step train on single samples"),
+        ),
+    )
+    ppo_epochs: int = field(
+        default=1,
+        metadata=_help(
+            "Passes over each step's batch (after the first, the importance ratio and clipping do real work).",
+            bounds=Bounds(1, 16, why="past a few passes the policy leaves the clip range and stops learning"),
+        ),
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata=_help(
+            "Drop groups whose rewards are all equal and roll out more rows until groups_per_step "
+            "groups carry a signal (DAPO), up to max_resample_factor × groups_per_step rows."
+        ),
+    )
+    max_resample_factor: float = field(
+        default=3.0,
+        metadata=_help(
+            "With dynamic_sampling: the most rows rolled out per step, as a multiple of groups_per_step.",
+            bounds=Bounds(1, 16, why="each row drawn costs a group of rollouts"),
+        ),
+    )
+    overlong_filter: bool = field(
+        default=False,
+        metadata=_help(
+            "Do not train on completions cut off at max_new_tokens (they still count in their group's advantages)."
+        ),
+    )
+    length_penalty_buffer: int = field(
+        default=0,
+        metadata=_help(
+            "Soft overlong penalty (DAPO): a completion turn longer than max_new_tokens − buffer loses "
+            "up to 1 reward, linearly, by max_new_tokens (0 = off).",
+            bounds=Bounds(0, 32_768, why="longer than the context of the models artweb serves"),
+        ),
+    )
     max_new_tokens: int = field(
         default=32,
         metadata=_help(
@@ -355,6 +420,16 @@ class TrainConfig(_Settings):
                 lambda: self.groups_per_step * self.group_size <= MAX_COMPLETIONS_PER_STEP,
                 f"groups_per_step × group_size must be at most {MAX_COMPLETIONS_PER_STEP} completions "
                 "per step (one policy update must fit in a worker's memory)",
+            ),
+            (
+                "num_minibatches",
+                lambda: self.num_minibatches <= self.groups_per_step * self.group_size,
+                "num_minibatches must be at most groups_per_step × group_size (a minibatch needs a completion)",
+            ),
+            (
+                "length_penalty_buffer",
+                lambda: self.length_penalty_buffer <= self.max_new_tokens,
+                "length_penalty_buffer must be at most max_new_tokens",
             ),
         )
 

@@ -143,7 +143,7 @@ def token_objective(
 def objective_metrics(
     ratio: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, *, epsilon: float, epsilon_high: float | None
 ) -> dict[str, float]:
-    """clip_fraction, kl and ratio_mean: token means over ``mask``."""
+    """clip_fraction, kl, ratio_mean and ratio_sq_mean: token means over ``mask``."""
     high = epsilon if epsilon_high is None else epsilon_high
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1.0)
@@ -152,6 +152,8 @@ def objective_metrics(
             "clip_fraction": float((outside * mask).sum() / tokens),
             "kl": float((kl * mask).sum() / tokens),
             "ratio_mean": float((ratio * mask).sum() / tokens),
+            # E[r²]: with ratio_mean, the ratio's spread over several batches (training.trainer)
+            "ratio_sq_mean": float((ratio * ratio * mask).sum() / tokens),
         }
 
 

@@ -10,6 +10,7 @@ I stop?". Invariants the loop keeps:
 from __future__ import annotations
 
 import logging
+import math
 import random
 import shutil
 import time
@@ -22,10 +23,12 @@ from training.config import LoraSpec, TrainConfig
 from training.cost import device_usage, sampled_tokens
 from training.environments import Environment
 from training.evaluation import evaluate_during_run, is_evaluation_step
+from training.grpo import is_zero_variance
 from training.learning_signal import SignalWatch
 from training.progress import phase, progress_events, step_label
 from training.rewards import grade_trajectories
-from training.trajectory import Trajectory, to_train_group
+from training.schedules import learning_rate_at
+from training.trajectory import Trajectory, longest_turn, overlong_penalty, to_train_group
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +84,12 @@ def checkpoint_path(root: Path, step: int) -> Path:
     return root / f"step-{step:06d}"
 
 
-def rows_for_step(rows: list[dict[str, Any]], *, seed: int, step: int, count: int) -> list[dict[str, Any]]:
-    """The task rows of one step: deterministic in (seed, step), so resuming replays them."""
-    rng = random.Random(seed * 1_000_003 + step)
+def rows_for_step(
+    rows: list[dict[str, Any]], *, seed: int, step: int, count: int, draw: int = 0
+) -> list[dict[str, Any]]:
+    """The task rows of one step: deterministic in (seed, step), so resuming replays them; ``draw``
+    numbers dynamic sampling's further draws within the step (0: the step's first rows)."""
+    rng = random.Random(seed * 1_000_003 + step + draw * 998_244_353)
     if count <= len(rows):
         return rng.sample(rows, count)
     return [rng.choice(rows) for _ in range(count)]
@@ -109,6 +115,100 @@ def load_policy_model(source: str, cache_dir: Path, *, device: str, unsloth: str
     else:
         model, tokenizer = load_base_model(source, cache_dir, dtype=dtype, device=device)
     return model, tokenizer, dtype
+
+
+class _Draw:
+    """The rollouts and grades of one step, and dynamic sampling's further draws (DAPO): rows are
+    drawn, rolled out and graded until ``groups_per_step`` groups carry a signal (rewards not all
+    equal) or ``max_resample_factor × groups_per_step`` rows were drawn. Each draw is deterministic
+    in (seed, step, draw), so a resumed step draws the same rows and samples."""
+
+    def __init__(self, spec: RunSpec, sampler: Any, hooks: RunHooks, *, step: int, label: str) -> None:
+        self.spec, self.sampler, self.hooks, self.step, self.label = spec, sampler, hooks, step, label
+        self.rollout_seconds = 0.0
+        self.draws = 0
+
+    def rows(
+        self, count: int, *, draw: int
+    ) -> tuple[list[list[Trajectory]], list[dict[str, Any]], dict[str, float]]:
+        from training.engines.base import SamplingParams
+
+        spec, config, hooks, step = self.spec, self.spec.config, self.hooks, self.step
+        self.draws = draw + 1
+        rows = rows_for_step(spec.train_rows, seed=config.seed, step=step, count=count, draw=draw)
+        sampling = SamplingParams(
+            temperature=config.temperature,
+            top_p=config.top_p,
+            max_new_tokens=config.max_new_tokens,
+            stop=spec.stop,
+            seed=config.seed * 100_003 + step + draw * 1_000_000_007,
+        )
+        more = f" (draw {draw + 1})" if draw else ""
+        phase(hooks, "rollouts", f"{self.label}: rollouts{more}, {len(rows)} groups × {config.group_size} samples",
+              step=step, groups=len(rows))  # fmt: skip
+        started = time.monotonic()
+        groups = rollout_groups(
+            self.sampler.engine,
+            [row["data"] for row in rows],
+            spec.environment,
+            sampling,
+            config.group_size,
+            adapter=self.sampler.adapter,
+            on_progress=progress_events(hooks, "rollouts", f"{self.label}: rollouts", step=step),
+        )
+        self.rollout_seconds += time.monotonic() - started
+        phase(hooks, "grading", f"{self.label}: grading{more}", step=step)
+        grading = grade_trajectories(spec.grader_spec, groups, rows, spec.max_grader_error_fraction, spec.reward_name,
+                                     judge=spec.judge, sandbox=spec.sandbox)  # fmt: skip
+        return groups, rows, grading
+
+    def until_full(
+        self, groups: list[list[Trajectory]], rows: list[dict[str, Any]], grading: dict[str, float]
+    ) -> tuple[list[list[Trajectory]], list[dict[str, Any]], dict[str, float], list[list[Trajectory]]]:
+        """Every group drawn, their rows, the merged grading metrics, and the batch: the first
+        ``groups_per_step`` groups with a signal."""
+        config = self.spec.config
+        wanted = config.groups_per_step
+        cap = max(wanted, int(wanted * config.max_resample_factor))
+        kept = [group for group in groups if not is_zero_variance([t.reward for t in group])]
+        while len(kept) < wanted and len(groups) < cap and self.hooks.should_stop() is None:
+            # Enough rows for the rest at the keep rate seen so far (all that are left when none kept).
+            need = wanted - len(kept)
+            count = cap - len(groups) if not kept else math.ceil(need * len(groups) / len(kept))
+            more, more_rows, more_grading = self.rows(min(count, cap - len(groups)), draw=self.draws)
+            groups, rows = groups + more, rows + more_rows
+            grading = merge_grading(grading, more_grading, len(groups) - len(more), len(more))
+            kept += [group for group in more if not is_zero_variance([t.reward for t in group])]
+        return groups, rows, grading, kept[:wanted]
+
+    def summary(self, groups: list[list[Trajectory]], batch: list[list[Trajectory]]) -> dict[str, float]:
+        """What dynamic sampling did; the reward and zero-variance figures of every group drawn
+        (the batch alone holds only groups with a signal)."""
+        rewards = [t.reward for group in groups for t in group]
+        mean = sum(rewards) / max(len(rewards), 1)
+        dropped = sum(1 for group in groups if is_zero_variance([t.reward for t in group]))
+        return {
+            "groups_drawn": float(len(groups)),
+            "groups_dropped": float(dropped),
+            "groups_trained": float(len(batch)),
+            "sampling_draws": float(self.draws),
+            "zero_variance_fraction": dropped / max(len(groups), 1),
+            "reward_mean": mean,
+            "reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)),
+        }
+
+
+def merge_grading(
+    first: dict[str, float], second: dict[str, float], first_groups: int, second_groups: int
+) -> dict[str, float]:
+    """Grading metrics of two draws as one: counts add, the error fraction is re-weighted."""
+    merged = {key: first.get(key, 0.0) + second.get(key, 0.0) for key in {*first, *second}}
+    total = first_groups + second_groups
+    merged["grader_error_fraction"] = (
+        first.get("grader_error_fraction", 0.0) * first_groups
+        + second.get("grader_error_fraction", 0.0) * second_groups
+    ) / max(total, 1)
+    return merged
 
 
 class _Sampler:
@@ -180,7 +280,6 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
     import torch
 
     from training.adapter_check import verify_sampler
-    from training.engines.base import SamplingParams
     from training.trainer import Trainer
 
     config = spec.config
@@ -241,46 +340,32 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
             return reason
         step_started = time.monotonic()
         label = step_label(step, start_step=spec.start_step, final_step=final_step)
-        rows = rows_for_step(spec.train_rows, seed=config.seed, step=step, count=config.groups_per_step)
-        sampling = SamplingParams(
-            temperature=config.temperature,
-            top_p=config.top_p,
-            max_new_tokens=config.max_new_tokens,
-            stop=spec.stop,
-            seed=config.seed * 100_003 + step,
-        )
-        phase(
-            hooks,
-            "rollouts",
-            f"{label}: rollouts, {len(rows)} groups × {config.group_size} samples",
-            step=step,
-            groups=len(rows),
-        )
-        groups = rollout_groups(
-            sampler.engine,
-            [row["data"] for row in rows],
-            spec.environment,
-            sampling,
-            config.group_size,
-            adapter=sampler.adapter,
-            on_progress=progress_events(hooks, "rollouts", f"{label}: rollouts", step=step),
-        )
-        rollout_seconds = time.monotonic() - step_started
-        phase(hooks, "grading", f"{label}: grading", step=step)
-        grading = grade_trajectories(
-            spec.grader_spec,
-            groups,
-            rows,
-            spec.max_grader_error_fraction,
-            spec.reward_name,
-            judge=spec.judge,
-            sandbox=spec.sandbox,
-        )
+        draw = _Draw(spec, sampler, hooks, step=step, label=label)
+        groups, rows, grading = draw.rows(config.groups_per_step, draw=0)
+        batch = groups
+        if config.dynamic_sampling:
+            groups, rows, grading, batch = draw.until_full(groups, rows, grading)
+        rollout_seconds = draw.rollout_seconds
         if hooks.should_stop() == "cancelled":
             return "cancelled"
         phase(hooks, "updating", f"{label}: updating the policy", step=step)
         sampler.before_update()
-        metrics = trainer.train_step([to_train_group(group) for group in groups])
+        train_groups = [
+            to_train_group(group, overlong_filter=config.overlong_filter, max_new_tokens=config.max_new_tokens,
+                           length_penalty_buffer=config.length_penalty_buffer)
+            for group in batch
+        ]  # fmt: skip
+        rate = learning_rate_at(config, step - spec.start_step, config.steps)
+        metrics = trainer.train_step(train_groups, learning_rate=rate)
+        if config.dynamic_sampling:
+            metrics.update(draw.summary(groups, batch))
+        if config.length_penalty_buffer:
+            penalties = [
+                overlong_penalty(longest_turn(t), config.max_new_tokens, config.length_penalty_buffer)
+                for group in batch
+                for t in group
+            ]
+            metrics["length_penalty_mean"] = sum(penalties) / max(len(penalties), 1)
         sync_started = time.monotonic()  # sync: save, wake the sampler, load and check the adapter
         completion_tokens = sum(sampled_tokens(t) for group in groups for t in group)
         path = checkpoint_path(spec.checkpoint_root, step)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import random
 import shutil
@@ -37,6 +38,7 @@ from training.checkpoint_files import (  # noqa: F401 (re-exported: callers impo
 )
 from training.config import LoraSpec, TrainConfig
 from training.grpo import compute_advantages, entropy_from_logits, is_zero_variance
+from training.minibatches import grpo_data, split_evenly  # noqa: F401 (grpo_data: re-exported)
 from training.trajectory import TrainGroup, TrainSample
 
 
@@ -112,8 +114,9 @@ class Trainer:
         return self.model
 
     # ---------------------------------------------------------------- one update
-    def train_step(self, groups: list[TrainGroup]) -> dict[str, float]:
-        """One GRPO update from sampled groups; returns the step's metrics.
+    def train_step(self, groups: list[TrainGroup], *, learning_rate: float | None = None) -> dict[str, float]:
+        """One GRPO step from sampled groups (``num_minibatches`` × ``ppo_epochs`` optimizer
+        steps at ``learning_rate``, the config's when None); returns the step's metrics.
 
         When every group has zero variance there is no update: loss, grad_norm, entropy, kl and
         trainable_tokens are 0 (the step still counts, as the run's step counter does).
@@ -135,12 +138,18 @@ class Trainer:
             "reward_mean": float(all_rewards.mean()) if len(all_rewards) else 0.0,
             "reward_std": float(all_rewards.std(unbiased=False)) if len(all_rewards) else 0.0,
         }
-        # Groups whose rewards are all equal have zero advantage everywhere: nothing to learn.
+        # Groups whose rewards are all equal have zero advantage everywhere: nothing to learn. With
+        # overlong_filter, a completion cut off at max_new_tokens (its mask all 0) is not trained on
+        # either; it still counted in its group's advantages.
         samples: list[tuple[TrainSample, float]] = []
         for group, group_rewards, group_advantages in zip(groups, rewards, advantages, strict=True):
             if not is_zero_variance(group_rewards):
-                samples.extend(zip(group.samples, group_advantages, strict=True))
-        return self._update(samples, metrics, start)
+                samples.extend(
+                    (sample, advantage)
+                    for sample, advantage in zip(group.samples, group_advantages, strict=True)
+                    if not (config.overlong_filter and sample.trainable_tokens() == 0)
+                )
+        return self._update(samples, metrics, start, learning_rate=learning_rate)
 
     def train_samples(self, samples: list[tuple[TrainSample, float]]) -> dict[str, float]:
         """One update from samples whose advantages the caller computed (a client's trajectory
@@ -158,45 +167,77 @@ class Trainer:
         return self._update(samples, metrics, time.perf_counter())
 
     def _update(
-        self, samples: list[tuple[TrainSample, float]], metrics: dict[str, float], start: float
+        self,
+        samples: list[tuple[TrainSample, float]],
+        metrics: dict[str, float],
+        start: float,
+        *,
+        learning_rate: float | None = None,
     ) -> dict[str, float]:
-        """One GRPO update as a loop over the session's primitives (training.session): the
-        samples as datums whose weights carry the loss's normalisation, the reference's logprobs
-        when there is a KL term, one ``forward_backward`` with the ``grpo`` loss, one ``optim_step``."""
+        """The GRPO update as a loop over the session's primitives (training.session): the
+        samples split into ``num_minibatches`` minibatches of datums whose weights carry the loss's
+        normalisation (within the minibatch), the reference's logprobs when there is a KL term,
+        then for each of ``ppo_epochs`` passes one ``forward_backward`` with the ``grpo`` loss and
+        one ``optim_step`` per minibatch. Passes after the first take the minibatches in a seeded
+        order. Metrics are token-weighted means over the updates (loss and grad_norm: plain means);
+        ``first_update_ratio_mean`` is the first update's, where the learner is still the sampler."""
         from training.session import TrainingSession
 
         config = self.config
+        rate = config.learning_rate if learning_rate is None else learning_rate
         for sample, _ in samples:
             _check_sample(sample)
         self.step += 1
+        metrics["learning_rate"] = rate
         if not samples:
             metrics["train_seconds"] = time.perf_counter() - start
             return metrics
 
         session = TrainingSession(self)
-        data = grpo_data(samples, config)
+        minibatches = [grpo_data(chunk, config) for chunk in split_evenly(samples, config.num_minibatches)]
         if config.kl_coef > 0:
             with torch.no_grad(), self.model.disable_adapter():
-                reference = session.forward(data)
-            for datum, values in zip(data, reference, strict=True):
-                datum.loss_fn_inputs["ref_logprobs"] = values
-        result = session.forward_backward(
-            data,
-            "grpo",
-            {"loss_type": config.loss_type, "epsilon": config.epsilon, "epsilon_high": config.epsilon_high,
-             "importance_level": config.importance_level, "kl_coef": config.kl_coef},
-        )  # fmt: skip
-        stepped = session.optim_step(learning_rate=config.learning_rate, weight_decay=config.weight_decay)
-        metrics.update(
-            {name: result.metrics[name] for name in ("entropy", "clip_fraction", "kl", "ratio_mean")}
-        )
-        metrics["loss"] = result.loss
-        metrics["grad_norm"] = stepped["grad_norm"]
+                for data in minibatches:
+                    for datum, values in zip(data, session.forward(data), strict=True):
+                        datum.loss_fn_inputs["ref_logprobs"] = values
+        trained = [
+            float(sum(1 for d in data for w in d.loss_fn_inputs["weights"] if w != 0)) for data in minibatches
+        ]
+        loss_config = {"loss_type": config.loss_type, "epsilon": config.epsilon, "epsilon_high": config.epsilon_high,
+                       "importance_level": config.importance_level, "kl_coef": config.kl_coef}  # fmt: skip
+        order = random.Random(config.seed * 1_000_003 + self.step)
+        losses: list[float] = []
+        norms: list[float] = []
+        tokens, positions, padding = 0.0, 0.0, 0.0
+        sums = {name: 0.0 for name in ("entropy", "clip_fraction", "kl", "ratio_mean", "ratio_sq_mean")}
+        for epoch in range(config.ppo_epochs):
+            indices = list(range(len(minibatches)))
+            if epoch:
+                order.shuffle(indices)
+            for index in indices:
+                result = session.forward_backward(minibatches[index], "grpo", loss_config)
+                stepped = session.optim_step(learning_rate=rate, weight_decay=config.weight_decay)
+                if not losses:
+                    metrics["first_update_ratio_mean"] = result.metrics["ratio_mean"]
+                losses.append(result.loss)
+                norms.append(stepped["grad_norm"])
+                count = trained[index]
+                tokens += count
+                for name in sums:
+                    sums[name] += result.metrics[name] * count
+                positions += result.metrics["positions"]
+                padding += result.metrics["padding"]
+        means = {name: value / max(tokens, 1.0) for name, value in sums.items()}
+        metrics.update({name: means[name] for name in ("entropy", "clip_fraction", "kl", "ratio_mean")})
+        metrics["ratio_std"] = math.sqrt(max(means["ratio_sq_mean"] - means["ratio_mean"] ** 2, 0.0))
+        metrics["loss"] = sum(losses) / len(losses)
+        metrics["grad_norm"] = sum(norms) / len(norms)
+        metrics["optimizer_steps"] = float(len(losses))
         metrics["trainable_tokens"] = float(sum(sample.trainable_tokens() for sample, _ in samples))
         # What the forward passes computed: positions (each packed prompt once) and the share
         # of them that was padding.
-        metrics["update_positions"] = result.metrics["positions"]
-        metrics["padding_fraction"] = result.metrics["padding"] / max(result.metrics["positions"], 1.0)
+        metrics["update_positions"] = positions
+        metrics["padding_fraction"] = padding / max(positions, 1.0)
         metrics["train_seconds"] = time.perf_counter() - start
         return metrics
 
@@ -378,37 +419,6 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         trainer.step = int(state["step"])
         return trainer
-
-
-def grpo_data(samples: list[tuple[TrainSample, float]], config: TrainConfig) -> list[Any]:
-    """The samples as session datums for the ``grpo`` loss: the sampler's logprobs and each
-    sample's advantage on its completion tokens, and weights that make the summed loss the
-    normalised one (``normalization``: sequence 1 / (tokens of the sequence · sequences), token
-    1 / all tokens, constant 1 / (sequences · max_new_tokens)), 0 on tokens not trained."""
-    from training.session import datum_of
-
-    sequences = len(samples)
-    total_tokens = sum(sample.trainable_tokens() for sample, _ in samples)
-    data = []
-    for sample, advantage in samples:
-        mask = sample.completion_mask or [1] * len(sample.completion_token_ids)
-        if config.normalization == "sequence":
-            scale = 1.0 / (max(sum(mask), 1) * sequences)
-        elif config.normalization == "token":
-            scale = 1.0 / max(total_tokens, 1)
-        elif config.normalization == "constant":
-            scale = 1.0 / (sequences * config.max_new_tokens)
-        else:
-            raise ValueError(f"unknown normalization {config.normalization!r}")
-        data.append(
-            datum_of(
-                sample,
-                weights=[bit * scale for bit in mask],
-                advantages=[advantage] * len(mask),
-                logprobs=list(sample.completion_logprobs),
-            )
-        )
-    return data
 
 
 def _check_sample(sample: TrainSample) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from training.strict_json import loads_lenient
 
-__all__ = ["TrainGroup", "TrainSample", "Trajectory", "to_train_group"]
+__all__ = ["TrainGroup", "TrainSample", "Trajectory", "longest_turn", "overlong_penalty", "to_train_group"]
 
 
 @dataclass
@@ -93,17 +93,49 @@ class TrainGroup:
     samples: list[TrainSample]
 
 
-def to_train_group(trajectories: list[Trajectory]) -> TrainGroup:
-    """The trainer's view of a graded group: tokens, sampler logprobs, trainable mask, reward."""
-    return TrainGroup(
-        samples=[
+def to_train_group(
+    trajectories: list[Trajectory], *, overlong_filter: bool = False, max_new_tokens: int = 0,
+    length_penalty_buffer: int = 0,
+) -> TrainGroup:  # fmt: skip
+    """The trainer's view of a graded group: tokens, sampler logprobs, trainable mask, reward.
+
+    ``overlong_filter``: a trajectory whose last turn was cut off at the token limit (finish reason
+    ``length``) keeps its reward but gets an all-0 mask, so it is not trained on. ``length_penalty_buffer``
+    (with ``max_new_tokens``): DAPO's soft overlong penalty added to the reward (``overlong_penalty``).
+    """
+    samples = []
+    for t in trajectories:
+        mask = None if t.completion_mask is None else list(t.completion_mask)
+        if overlong_filter and t.finish_reason == "length":
+            mask = [0] * len(t.completion_token_ids)
+        penalty = overlong_penalty(longest_turn(t), max_new_tokens, length_penalty_buffer)
+        samples.append(
             TrainSample(
                 prompt_token_ids=list(t.prompt_token_ids),
                 completion_token_ids=list(t.completion_token_ids),
                 completion_logprobs=list(t.logprobs),
-                reward=float(t.reward),
-                completion_mask=None if t.completion_mask is None else list(t.completion_mask),
+                reward=float(t.reward) + penalty,
+                completion_mask=mask,
             )
-            for t in trajectories
-        ]
-    )
+        )
+    return TrainGroup(samples=samples)
+
+
+def longest_turn(trajectory: Trajectory) -> int:
+    """The most tokens the model sampled in one turn (a run of 1s in the completion mask)."""
+    mask = trajectory.completion_mask
+    if mask is None:
+        return len(trajectory.completion_token_ids)
+    longest = run = 0
+    for bit in mask:
+        run = run + 1 if bit else 0
+        longest = max(longest, run)
+    return longest
+
+
+def overlong_penalty(length: int, max_tokens: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment: 0 up to ``max_tokens - buffer`` tokens, then falling
+    linearly to -1 at ``max_tokens`` (and -1 beyond); 0 when ``buffer`` is 0 (off)."""
+    if buffer <= 0 or length <= max_tokens - buffer:
+        return 0.0
+    return -min(1.0, (length - (max_tokens - buffer)) / buffer)

@@ -391,7 +391,7 @@ def test_run_metrics_json_has_the_chart_series(cast, alpha_setup, alpha_run):
     assert data["steps"] == []
     assert set(data["series"]) == {
         "loss", "grad_norm", "completion_tokens", "kl", "entropy", "clip_fraction",
-        "zero_variance_fraction", "tokens_per_second",
+        "zero_variance_fraction", "tokens_per_second", "ratio_std", "learning_rate", "groups_dropped",
     }  # fmt: skip
     assert data["sub_rewards"] == {}
     assert data["validation"] == {"steps": [], "reward_mean": [], "evaluated": []}
