@@ -250,6 +250,8 @@ if STORAGE_BACKEND == "s3" and not STORAGE_S3_BUCKET:
     raise ImproperlyConfigured("STORAGE_BACKEND=s3 needs STORAGE_S3_BUCKET")
 MODEL_CACHE_DIR = DATA_DIR / "models"
 MAX_TASKSET_BYTES = env_int("MAX_TASKSET_BYTES", 50 * 1024 * 1024, minimum=1024)
+# An imported LoRA adapter (POST /api/v1/models/<id>/adapter/): the archive, and each file in it.
+MAX_ADAPTER_BYTES = env_int("MAX_ADAPTER_BYTES", 1024 * 1024 * 1024, minimum=1024)
 # Client-driven training (/v1/preview/, OpenPipe ART's protocol): the largest request body those
 # paths accept (trajectory groups with logprobs are large; over it: 413), and the longest one
 # training job (one step) may take.

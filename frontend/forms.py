@@ -59,6 +59,20 @@ class NewRunForm(forms.Form):
     """Model, task set (pick one or upload JSONL), environment, reward, and every TrainConfig field
     prefilled with its default and help text."""
 
+    kind = forms.ChoiceField(
+        choices=[
+            ("platform", "RL (GRPO): rollouts in the environment, graded by the reward"),
+            (
+                "sft",
+                "SFT: supervised on the rows' assistant replies ('completion' or a final assistant message)",
+            ),
+            ("dpo", "DPO: preferences, the rows' 'chosen' over 'rejected' replies"),
+        ],
+        initial="platform",
+        required=False,  # not sent (a script posting the form): RL, as the API's default
+        label="Kind",
+        help_text="SFT and DPO train on targets in the task rows; the reward grades their held-out answers.",
+    )
     model = forms.TypedChoiceField(
         coerce=int,
         label="Model",

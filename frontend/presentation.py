@@ -30,6 +30,8 @@ CHART_SERIES = [
     ("learning_rate", "Learning rate"),
     ("zero_variance_fraction", "Zero-variance groups"),
     ("groups_dropped", "Groups dropped (dynamic sampling)"),
+    ("heldout_loss", "Held-out loss (SFT / DPO)"),
+    ("heldout_preference_accuracy", "Held-out preference accuracy (DPO)"),
     ("tokens_per_second", "Tokens / s (rollouts)"),
 ]
 
@@ -91,6 +93,12 @@ def chart_data(
         )
         if key in ("clip_fraction", "ratio_std"):
             notes.append(SEVERAL_UPDATES_NOTE.format(updates=updates) if updates > 1 else CLIP_FRACTION_NOTE)
+        if (
+            key in ("heldout_loss", "heldout_preference_accuracy")
+            and series
+            and all(v is None for v in series)
+        ):
+            notes.append("SFT and DPO runs only, at their evaluation steps (eval_interval).")
         if key == "groups_dropped" and not config.get("dynamic_sampling"):
             notes.append("Not measured: dynamic_sampling is off, so every group drawn is trained on.")
         if key in UPDATE_METRICS and no_update:

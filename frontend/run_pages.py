@@ -161,6 +161,7 @@ def _create_run(request: TeamHttpRequest, project: Project, form: f.NewRunForm) 
             config=form.config(),
             created_by=request.user,  # type: ignore[arg-type]
             start_from=form.start(),
+            kind=data.get("kind") or "platform",
         )
     except ValidationFailed as exc:
         f.attach_errors(form, exc, rename=f.FIELD_FOR_SERVICE_ERROR)

@@ -128,6 +128,17 @@ def load_tokenizer(source: str, cache_dir: Path) -> Any:
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
 
 
+def base_model_config(source: str, cache_dir: Path) -> dict[str, Any] | None:
+    """The base model's config.json, read without loading weights (a local directory, or the
+    bundled model's converted cache); None when this host does not hold it."""
+    directory = _bundled_cache(Path(cache_dir)) if source == BUNDLED_MODEL else Path(source)
+    try:
+        data = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 @functools.lru_cache(maxsize=64)
 def context_length(source: str, cache_dir: Path) -> int | None:
     """The base model's context in tokens, read without loading weights: its config.json (a local

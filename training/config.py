@@ -280,6 +280,13 @@ class TrainConfig(_Settings):
             bounds=Bounds(0, 32_768, why="longer than the context of the models artweb serves"),
         ),
     )
+    dpo_beta: float = field(
+        default=0.1,
+        metadata=_help(
+            "DPO runs: β, how far the policy's preference margin may move from the reference's.",
+            bounds=Bounds(0, 100, above_minimum=True, why="past that the loss saturates at once"),
+        ),
+    )
     max_new_tokens: int = field(
         default=32,
         metadata=_help(

@@ -54,6 +54,9 @@ class RunSpec:
     judge: Any = None  # training.rewards.JudgeClient for LLM-judge graders (the team's endpoint)
     sandbox: Any = None  # training.rewards.SandboxConfig: the operator's python-grader limits
     validation_rows: list[dict[str, Any]] = field(default_factory=list)  # evaluated (training.evaluation)
+    objective: str = (
+        "grpo"  # grpo (rollouts and rewards) | sft | dpo (training.supervised: rows carry targets)
+    )
 
 
 # A finished step's trajectories as ``hooks.record_step`` gets them: (group_index, task_row_index, trajectory).
@@ -211,7 +214,7 @@ def merge_grading(
     return merged
 
 
-class _Sampler:
+class PolicySampler:
     """The rollout engine and the adapter it samples with.
 
     On CPU (and whenever vLLM is absent) the TransformersEngine samples from the trainer's live
@@ -276,10 +279,11 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
         spec.environment.close()
 
 
-def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
+def start_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
+    """The run's trainer, its tokenizer and dtype, and the step it is at: a fresh adapter saved and
+    recorded as the start step's checkpoint, or the checkpoint ``spec.resume_step`` restored."""
     import torch
 
-    from training.adapter_check import verify_sampler
     from training.trainer import Trainer
 
     config = spec.config
@@ -313,7 +317,21 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
             hooks.event(f"Loaded checkpoint step {current}: training continues from it")
         else:
             hooks.event(f"Resumed from checkpoint step {current}")
-    sampler = _Sampler(spec, trainer, tokenizer, dtype, current)
+    return trainer, tokenizer, dtype, current
+
+
+def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
+    import torch
+
+    from training.adapter_check import verify_sampler
+
+    if spec.objective in ("sft", "dpo"):
+        from training.supervised import run_supervised
+
+        return run_supervised(spec, hooks)
+    config = spec.config
+    trainer, tokenizer, dtype, current = start_trainer(spec, hooks)
+    sampler = PolicySampler(spec, trainer, tokenizer, dtype, current)
     # A fixed probe prompt: after every save, the sampler must score it exactly as the trainer does.
     probes = [spec.environment.start(spec.train_rows[0]["data"], seed=0).messages]
     if spec.environment.tools:  # an MCP server's tools are listed by now: say which the model gets

@@ -222,7 +222,7 @@ class RunOut(RowOut):
     class Meta:
         model = Run
         fields = [
-            "id", "object", "project", "model", "task_set", "environment", "reward", "config", "status",
+            "id", "object", "kind", "project", "model", "task_set", "environment", "reward", "config", "status",
             "error", "cancel_requested", "pause_requested", "start_step", "current_step", "steps_done",
             "total_steps", "forked_from", "attempts", "heartbeat_at", "created_at", "started_at",
             "finished_at",
@@ -463,7 +463,20 @@ class EnvironmentKindOut(serializers.Serializer):
     )
 
 
+class AdapterImportIn(InputSerializer):
+    file = serializers.FileField(
+        help_text="a PEFT LoRA folder (adapter_config.json, adapter_model.safetensors) as .zip or .tar.gz"
+    )
+
+
 class RunIn(InputSerializer):
+    kind = serializers.ChoiceField(
+        choices=["platform", "sft", "dpo"],
+        required=False,
+        default="platform",
+        help_text="platform: GRPO on rollouts graded by the reward; sft: supervised on the rows' assistant "
+        "replies ('completion' or a final assistant message); dpo: on the rows' 'chosen' / 'rejected' replies",
+    )
     model = id_field()
     task_set = id_field()
     environment = id_field()

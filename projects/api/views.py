@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db.models import Max, QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -113,6 +114,19 @@ class TrainableModelViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     def destroy(self, request: Request, pk: str) -> Response:
         services.trainable_model_delete(model=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=s.AdapterImportIn, responses={201: s.CheckpointOut})
+    @action(detail=True, methods=["post"])
+    def adapter(self, request: Request, pk: str) -> Response:
+        """Import a LoRA adapter trained elsewhere (a PEFT folder as a .zip or .tar.gz ``file``) as
+        the model's step 0: checked against the base model, then trained on by runs and served by
+        the gateway like any checkpoint. 409 on a model that has checkpoints."""
+        model = self.get_object()
+        upload = _valid(s.AdapterImportIn, request.data)["file"]
+        if upload.size > settings.MAX_ADAPTER_BYTES:
+            raise ValidationFailed(f"larger than {settings.MAX_ADAPTER_BYTES} bytes", field="file")
+        checkpoint = services.model_adapter_import(model=model, archive=upload.read())
+        return Response(s.CheckpointOut(checkpoint).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=s.CheckpointOut(many=True))
     @action(detail=True, methods=["get"])
@@ -279,6 +293,7 @@ class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
             config=data["config"],
             created_by=_user(request),
             start_from=data.get("start_from", services.START_FROM_LATEST),
+            kind=data["kind"],
         )
         return Response(s.RunOut(run).data, status=status.HTTP_201_CREATED)
 

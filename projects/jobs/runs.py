@@ -136,6 +136,7 @@ def build_run_spec(run: Run) -> RunSpec:
         judge=services.judge_client(team=run.project.team),
         sandbox=services.sandbox_config(team_id=run.project.team_id),
         validation_rows=selectors.task_set_rows(task_set=task_set, split=Split.VALIDATION),
+        objective=run.kind if run.kind in ("sft", "dpo") else "grpo",
     )
 
 

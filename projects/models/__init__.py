@@ -27,6 +27,7 @@ from projects.models.exports import Export, ExportFormat, ExportStatus
 from projects.models.gateway import InferenceServer, UsageRecord
 from projects.models.runs import (
     CLIENT_KINDS,
+    WORKER_KINDS,
     Checkpoint,
     EventType,
     Run,
@@ -84,6 +85,7 @@ __all__ = [
     "Run",
     "RunEvent",
     "RunKind",
+    "WORKER_KINDS",
     "RunStatus",
     "ScenarioJob",
     "ScenarioJobStatus",

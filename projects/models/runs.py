@@ -21,6 +21,12 @@ class RunKind(models.TextChoices):
     PLATFORM = "platform"  # artweb runs the agent: rollouts, rewards and updates in one job
     CLIENT = "client"  # the client runs its own agent; each step is a training job (OpenPipe ART)
     TINKER = "tinker"  # a Tinker API training client: each optim_step is a step (projects.tinker)
+    SFT = "sft"  # supervised fine-tuning on the task rows' assistant replies (training.supervised)
+    DPO = "dpo"  # direct preference optimisation on the rows' chosen / rejected replies
+
+
+# Run kinds a worker runs as a whole from a task set (claimed, heartbeated, resumed).
+WORKER_KINDS = (RunKind.PLATFORM, RunKind.SFT, RunKind.DPO)
 
 
 # Runs whose steps a client drives (ART's training jobs, Tinker's optim_steps): no worker runs them

@@ -10,6 +10,7 @@ module per subject; this package re-exports them all, so callers write ``service
 - ``runs``: the run state machine, create, claim, heartbeat, fail, requeue
 - ``run_control``: cancel, pause, resume, and the runs a stopped ``manage.py up`` left running
 - ``run_forks``: a fork: a new model whose step 0 copies a run's checkpoint, and its run
+- ``adapters``: a LoRA adapter trained elsewhere imported as a model's step 0
 - ``transitions``: the one state-machine transition under runs, evaluations and training jobs
 - ``steps``: a step's metrics, trajectories and checkpoint, recorded once
 - ``checkpoints``: deleting and pruning checkpoints, retention after every step, their files
@@ -31,6 +32,7 @@ from projects.services._common import (
     json_text_read,
     jsonb_safe,
 )
+from projects.services.adapters import model_adapter_import
 from projects.services.checkpoints import (
     PruneResult,
     checkpoint_delete,
@@ -263,6 +265,7 @@ __all__ = [
     "run_resume",
     "run_fork",
     "run_start_text",
+    "model_adapter_import",
     "model_checkpoint_root",
     "START_FROM_LATEST",
     "START_FROM_BASE",

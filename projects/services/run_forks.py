@@ -121,7 +121,7 @@ def _check_forkable(folder: Path, *, step: int) -> None:
         )
 
 
-def _write_fresh_resume_state(folder: Path, *, config: dict[str, Any]) -> None:
+def write_fresh_resume_state(folder: Path, *, config: dict[str, Any]) -> None:
     """Optimizer and RNG state for a fork of a checkpoint that kept only its adapter: AdamW with no
     moments yet (what a new Trainer starts with) and generators seeded from the fork's config, in
     the files Trainer.resume reads. The optimizer's state dict is a real AdamW's, over one
@@ -161,7 +161,7 @@ def _copy_checkpoint(folder: Path, root: Path, *, source: Checkpoint, config: di
         state = json.loads(state_file.read_text())
         fresh = not (copy / OPTIMIZER_STATE).is_file() or not (copy / RNG_STATE).is_file()
         if fresh:
-            _write_fresh_resume_state(copy, config=config)
+            write_fresh_resume_state(copy, config=config)
         state["forked_from"] = {
             "model": source.model_id,
             "step": source.step,

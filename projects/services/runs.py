@@ -28,6 +28,7 @@ from django.utils import timezone
 from projects.errors import Conflict, InvalidTransition, ValidationFailed
 from projects.models import (
     CLIENT_KINDS,
+    WORKER_KINDS,
     Checkpoint,
     Environment,
     EventLevel,
@@ -35,6 +36,7 @@ from projects.models import (
     RewardDefinition,
     Run,
     RunEvent,
+    RunKind,
     RunStatus,
     TaskRow,
     TaskSet,
@@ -130,8 +132,10 @@ def run_create(
     created_by: User | None = None,
     start_from: str | int = START_FROM_LATEST,
     forked_from: Checkpoint | None = None,
+    kind: str = RunKind.PLATFORM,
 ) -> Run:
-    """Create a queued run and enqueue it after commit.
+    """Create a queued run and enqueue it after commit. ``kind``: platform (GRPO), sft or dpo
+    (every row of the task set must carry the targets: ``training.supervised.row_problem``).
 
     ``start_from`` says where the run starts, fixed here (under the model's lock) and said in the
     run's first event: ``"latest"`` (the default) continues from the model's latest checkpoint, or
@@ -146,6 +150,10 @@ def run_create(
             raise ValidationFailed("must belong to the same project as the model", field=field)
     if task_set.train_count == 0:
         raise ValidationFailed("the task set has no training rows", field="task_set")
+    if kind not in WORKER_KINDS:
+        raise ValidationFailed(f"must be one of {', '.join(WORKER_KINDS)}", field="kind")
+    if kind != RunKind.PLATFORM:
+        _check_rows(task_set=task_set, kind=kind)
     merged = {k: v for k, v in environment.sampling.items() if k != "stop"}
     merged.update(config or {})
     try:
@@ -173,6 +181,7 @@ def run_create(
         start = _start_checkpoint(model=model, start_from=start_from)
         start_step = start.step if start is not None else 0
         run = Run.objects.create(
+            kind=kind,
             project=project,
             model=model,
             task_set=task_set,
@@ -197,6 +206,18 @@ def run_create(
         )
         _enqueue_run(run.id)
     return run
+
+
+def _check_rows(*, task_set: TaskSet, kind: str) -> None:
+    """An SFT or DPO run's rows must carry its targets: a 400 naming the first that does not."""
+    from training.supervised import row_problem
+
+    for index, data in TaskRow.objects.filter(task_set=task_set).values_list("index", "data").iterator():
+        problem = row_problem(data, kind)
+        if problem:
+            raise ValidationFailed(
+                f"task row {index} cannot train a {kind} run: it {problem}", field="task_set"
+            )
 
 
 def run_start_text(*, run: Run) -> str:

@@ -139,6 +139,11 @@ def _step_message(label: str, metrics: dict[str, Any]) -> str:
     """A step's event line, e.g. "Step 3/20: reward 0.625, loss 1.3e-6" (numbers by magnitude; the
     step named as the worker's phase events name it, ``step_label``); a step without an update
     (every group had one reward) says so instead of its placeholder loss 0."""
+    if "reward_mean" not in metrics:  # an SFT or DPO step: targets, no rollouts to reward
+        held = metrics.get("heldout_loss")
+        return f"{label}: loss {format_number(metrics.get('loss'))}" + (
+            f", held-out loss {format_number(held)}" if held is not None else ""
+        )
     reward = format_number(metrics.get("reward_mean"))
     if metrics.get("trainable_tokens") == 0:
         return f"{label}: reward {reward}, no update (every group had the same reward)"

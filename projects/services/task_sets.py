@@ -1,4 +1,4 @@
-"""Task sets: rows ``{messages|prompt, item}`` uploaded as JSONL (or given as a list, as scenario
+"""Task sets: rows ``{messages|prompt, item[, completion | chosen, rejected]}`` uploaded as JSONL (or given as a list, as scenario
 generation does), checked by the upload rules below, split into train and validation."""
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from projects.services._common import check_slug, check_text_length, create_uniq
 from training import strict_json
 
 MAX_ERRORS_REPORTED = 20
+# A row's fields: the prompt (messages or prompt), the grader's item, and the targets SFT
+# (completion) and DPO (chosen, rejected) runs train on.
+ROW_FIELDS = {"messages", "prompt", "item", "split", "id", "completion", "chosen", "rejected"}
 
 
 @dataclass
@@ -28,9 +31,20 @@ def _row_problems(row: Any) -> list[tuple[str, str]]:
     if not isinstance(row, dict):
         return [("", "must be a JSON object")]
     problems: list[tuple[str, str]] = []
-    unknown = set(row) - {"messages", "prompt", "item", "split", "id"}
+    unknown = set(row) - ROW_FIELDS
     for key in sorted(unknown):
-        problems.append((key, "unknown field (allowed: messages, prompt, item, split, id)"))
+        problems.append((key, f"unknown field (allowed: {', '.join(sorted(ROW_FIELDS))})"))
+    if "completion" in row and not isinstance(row["completion"], str):
+        problems.append(("completion", "must be a string (the assistant's reply an SFT run trains on)"))
+    if ("chosen" in row) != ("rejected" in row):
+        problems.append(
+            ("chosen" if "rejected" in row else "rejected", "a preference row needs both chosen and rejected")
+        )
+    for key in ("chosen", "rejected"):
+        value = row.get(key, "")
+        if not (isinstance(value, str) or (isinstance(value, dict) and value.get("role", "assistant") == "assistant"
+                                           and isinstance(value.get("content"), str))):  # fmt: skip
+            problems.append((key, "must be a string or an assistant message {role: assistant, content}"))
     has_messages, has_prompt = "messages" in row, "prompt" in row
     if has_messages == has_prompt:
         problems.append(("messages", "give exactly one of 'messages' or 'prompt'"))

@@ -185,3 +185,41 @@ def test_worker_logs_json_lines_naming_the_run(start_worker, api, inputs):
     banner_end = next(i for i, line in enumerate(worker.output().splitlines()) if "ready." in line)
     after_banner = [line for line in worker.output().splitlines()[banner_end:] if line.strip()]
     assert all(line.startswith("{") for line in after_banner), after_banner[:5]
+
+
+def test_an_sft_run_trains_on_the_rows_targets_and_an_rl_run_continues_it(start_worker, api, inputs):
+    rows = [{"prompt": f"Say {w}", "completion": f"{w} {w}", "item": {"answer": w}} for w in "abcdef"]
+    sft_set = api.post("/api/v1/task-sets/", {"project": inputs["project"], "name": "targets", "rows": rows,
+                                              "validation_fraction": 0.34}, format="json")  # fmt: skip
+    assert sft_set.status_code == 201, sft_set.json()
+    model = api.post("/api/v1/models/", {"project": inputs["project"], "name": "sft", "base_model": "tiny"},
+                     format="json").json()["id"]  # fmt: skip
+    body = {"kind": "dpo", "model": model, "task_set": sft_set.json()["id"], "environment": inputs["environment"],
+            "reward": inputs["reward"], "config": {"steps": 3, "groups_per_step": 2, "learning_rate": 1e-2}}  # fmt: skip
+    refused = api.post("/api/v1/runs/", body, format="json")  # rows without chosen / rejected
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "task_set", refused.json()
+    assert "chosen" in refused.json()["error"]["message"]
+    worker = start_worker()
+    created = api.post("/api/v1/runs/", {**body, "kind": "sft"}, format="json")
+    assert created.status_code == 201 and created.json()["kind"] == "sft", created.json()
+    run_id = created.json()["id"]
+    wait_for(lambda: status_of(run_id) in TERMINAL, timeout=180, what="SFT run to finish", worker=worker)
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.SUCCEEDED, (run.error, worker.output()[-3000:])
+    metrics = api.get(f"/api/v1/runs/{run_id}/metrics/").json()["data"]
+    assert [m["step"] for m in metrics] == [1, 2, 3] and all(m["loss"] > 0 for m in metrics)
+    before = RunEvent.objects.get(run=run, message__startswith="Held-out before training").data[
+        "heldout_loss"
+    ]
+    assert metrics[-1]["metrics"]["heldout_loss"] < before
+    assert not Trajectory.objects.filter(run=run).exists()
+    assert [c.step for c in Checkpoint.objects.filter(run=run).order_by("step")] == [0, 1, 2, 3]
+    # An RL run on the same model starts from the SFT run's last checkpoint.
+    rl = api.post("/api/v1/runs/", {"model": model, "task_set": inputs["task_set"], "environment": inputs["environment"],
+                                    "reward": inputs["reward"], "config": {**SMALL, "steps": 1}}, format="json")  # fmt: skip
+    assert rl.status_code == 201 and rl.json()["start_step"] == 3 and rl.json()["kind"] == "platform"
+    wait_for(
+        lambda: status_of(rl.json()["id"]) in TERMINAL, timeout=180, what="RL run to finish", worker=worker
+    )
+    assert status_of(rl.json()["id"]) == RunStatus.SUCCEEDED
+    assert Checkpoint.objects.filter(model_id=model, step=4).exists()

@@ -45,3 +45,9 @@ def test_step_event_shows_a_tiny_loss_without_rounding_it_to_minus_zero():
 def test_step_event_says_when_a_step_made_no_update():
     message = _step_message("Step 1/20", {"reward_mean": 0.0, "loss": 0.0, "trainable_tokens": 0.0})
     assert message == "Step 1/20: reward 0, no update (every group had the same reward)"
+
+
+def test_a_step_without_rollouts_says_its_loss_and_held_out_loss():
+    assert _step_message("Step 2/8", {"loss": 1.25, "trainable_tokens": 9.0}) == "Step 2/8: loss 1.25"
+    message = _step_message("Step 8/8", {"loss": 0.5, "heldout_loss": 0.75, "trainable_tokens": 9.0})
+    assert message == "Step 8/8: loss 0.5, held-out loss 0.75"

@@ -162,3 +162,37 @@ def test_run_create_checks_max_new_tokens_and_prompts_against_the_base_model_con
     assert "context of 1024 tokens" in error["message"]
     ok = key_client.post("/api/v1/runs/", _run_body(alpha_setup, max_new_tokens=64), format="json")
     assert ok.status_code == 201, ok.json()
+
+
+def test_sft_and_dpo_runs_need_rows_with_their_targets(alpha_setup, key_client, cast):
+    response = key_client.post("/api/v1/runs/", {**_run_body(alpha_setup), "kind": "ppo"}, format="json")
+    assert response.status_code == 400 and error_of(response)["param"] == "kind"
+    response = key_client.post("/api/v1/runs/", {**_run_body(alpha_setup), "kind": "sft"}, format="json")
+    assert response.status_code == 400 and error_of(response)["param"] == "task_set"
+    assert "completion" in error_of(response)["message"]
+    rows = [
+        {"prompt": "q", "completion": "a"},
+        {"prompt": "r", "chosen": "x", "rejected": {"role": "assistant", "content": "y"}},
+    ]
+    targets = services.task_set_create(project=alpha_setup.project, name="targets", rows=rows)
+    body = {**_run_body(alpha_setup), "task_set": targets.pk}
+    response = key_client.post("/api/v1/runs/", {**body, "kind": "dpo"}, format="json")
+    assert response.status_code == 400 and "task row 0" in error_of(response)["message"]
+    response = key_client.post("/api/v1/runs/", {**body, "kind": "sft"}, format="json")
+    assert response.status_code == 400 and "task row 1" in error_of(response)["message"]
+    sft_only = services.task_set_create(project=alpha_setup.project, name="sft", rows=rows[:1])
+    response = key_client.post(
+        "/api/v1/runs/", {**body, "task_set": sft_only.pk, "kind": "sft"}, format="json"
+    )
+    assert response.status_code == 201 and response.json()["kind"] == "sft"
+
+
+def test_task_rows_with_malformed_targets_are_refused_naming_the_field(alpha_setup, key_client):
+    for row, field in (
+        ({"prompt": "q", "completion": 3}, "completion"),
+        ({"prompt": "q", "chosen": "a"}, "rejected"),
+        ({"prompt": "q", "chosen": {"role": "user", "content": "a"}, "rejected": "b"}, "chosen"),
+    ):
+        body = {"project": alpha_setup.project.pk, "name": f"bad-{field}", "rows": [row]}
+        response = key_client.post("/api/v1/task-sets/", body, format="json")
+        assert response.status_code == 400 and field in error_of(response)["message"], response.json()
