@@ -148,6 +148,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--model", default=BUNDLED_MODEL)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--learning-rate", type=float, help="instead of the demo's")
+    parser.add_argument(
+        "--overrides",
+        type=json.loads,
+        default={},
+        help="JSON hyperparameters over the demo's, e.g. '{\"ppo_epochs\": 2}'",
+    )
     parser.add_argument("--checkpoint", type=Path, nargs="*", help="only evaluate these checkpoint folders")
     arguments = parser.parse_args(argv)
     torch.set_num_threads(arguments.threads)
@@ -159,10 +165,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for result in results:
             print(json.dumps(result), flush=True)
         return {"checkpoints": results}
-    report: dict[str, Any] = {"steps": arguments.steps, "config": RUN_CONFIG, "seeds": {}}
+    report: dict[str, Any] = {
+        "steps": arguments.steps,
+        "config": {**RUN_CONFIG, **arguments.overrides},
+        "seeds": {},
+    }
     for seed in arguments.seeds:
         started = time.monotonic()
-        overrides = {"learning_rate": arguments.learning_rate} if arguments.learning_rate else {}
+        overrides = dict(arguments.overrides)
+        if arguments.learning_rate:
+            overrides["learning_rate"] = arguments.learning_rate
         hooks = demo_run(
             steps=arguments.steps,
             seed=seed,

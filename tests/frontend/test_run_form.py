@@ -143,3 +143,21 @@ def test_every_hyperparameter_says_its_default_and_the_form_where_they_come_from
     html = response.content.decode()
     assert "training/config.py" in html and "GET /api/v1/hyperparameters" in html
     assert "artweb/demo/__init__.py" in html  # the demo's own values, and where they are
+
+
+def test_the_form_starts_an_sft_run_and_says_which_row_lacks_its_target(cast, alpha_setup):
+    client = client_for(cast.alice)
+    response = client.post(new_run_url(alpha_setup), _run_form(alpha_setup, kind="sft"))
+    assert response.status_code == 200 and not Run.objects.exists()
+    (error,) = response.context["form"].errors["task_set"]
+    assert "cannot train a sft run" in error and "completion" in error
+    targets = services.task_set_create(project=alpha_setup.project, name="targets",
+                                       rows=[{"prompt": "a", "completion": "b"}])  # fmt: skip
+    response = client.post(
+        new_run_url(alpha_setup), _run_form(alpha_setup, kind="sft", task_set=str(targets.pk))
+    )
+    assert response.status_code == 302, response.context["form"].errors
+    run = Run.objects.get()
+    assert run.kind == "sft" and run.task_set == targets
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "SFT run" in page
