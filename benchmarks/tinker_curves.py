@@ -20,18 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._model import ROOT, add_model_arguments, prepared_model
-from benchmarks.tinker_overhead import _free_port, _manage, _wait_up
+from benchmarks._model import add_model_arguments, prepared_model
+from benchmarks.tinker_overhead import _manage, live_stack
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -66,26 +62,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     validation = [row for row in rows if row.get("split") == "validation"]
     grader = build_grader(REWARD_SPEC)
 
-    data_dir = Path(tempfile.mkdtemp(prefix="tinker-curves-"))
-    (data_dir / "models").symlink_to(cache.resolve(), target_is_directory=True)
-    port = _free_port()
-    env = {**os.environ, "ARTWEB_DATA_DIR": str(data_dir), "DEBUG": "1", "HF_HUB_OFFLINE": "1",
-           "TINKER_POLL_S": "10", "GATEWAY_RATE_LIMIT_PER_MINUTE": "0"}  # fmt: skip
-    env.pop("DATABASE_URL", None)
-    env.pop("CELERY_BROKER_URL", None)
-    if args.broker:
-        env["CELERY_BROKER_URL"] = args.broker
-    log = data_dir / "up.log"
-    url = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as handle:
-        stack = subprocess.Popen(
-            [sys.executable, "manage.py", "up", "--port", str(port), "--demo-steps", "0", "--base-model", source,
-             "--inference-port", "0", "--trainer-port", str(_free_port())],
-            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
     report: dict[str, Any] = {"model": source, "sft": {}, "rl": {}}
-    try:
-        _wait_up(url, stack, log)
+    with live_stack(cache, source, args.broker) as (url, env):
         base_name = _manage(env, "from projects.models import BaseModel; print(BaseModel.objects.get().name)")
         key = _manage(env, "from projects import services; from projects.models import Team; "
                       "team, _ = Team.objects.get_or_create(name='bench'); "
@@ -170,12 +148,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(json.dumps({"rl_step": step, "reward": round(rewards[-1], 3)}), flush=True)
         report["rl"] = {"reward": rewards, "seconds": round(time.monotonic() - started, 1), "lr": args.rl_lr,
                         "batch": args.rl_batch, "group": args.group}  # fmt: skip
-    finally:
-        stack.terminate()
-        try:
-            stack.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            stack.kill()
     sft_curve = report["sft"]["held_out"]
     print(f"== {source}: SFT held-out loss {sft_curve[0][1]:.3f} -> {sft_curve[-1][1]:.3f} "
           f"({args.sft_steps} steps, {report['sft']['seconds']} s)")  # fmt: skip

@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,38 @@ def _wait_up(url: str, process: subprocess.Popen, log: Path, timeout: float = 60
                 pass
         time.sleep(0.5)
     raise SystemExit(f"the stack did not come up in {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+@contextmanager
+def live_stack(cache: Path, source: str, broker: str = "") -> Iterator[tuple[str, dict[str, str]]]:
+    """``manage.py up`` on ``source`` in a scratch data folder (SQLite; the embedded filesystem
+    broker unless ``broker`` names one), up until the block ends: its URL and environment."""
+    data_dir = Path(tempfile.mkdtemp(prefix="tinker-bench-"))
+    (data_dir / "models").symlink_to(cache.resolve(), target_is_directory=True)
+    port = _free_port()
+    env = {**os.environ, "ARTWEB_DATA_DIR": str(data_dir), "DEBUG": "1", "HF_HUB_OFFLINE": "1",
+           "TINKER_POLL_S": "10", "GATEWAY_RATE_LIMIT_PER_MINUTE": "0"}  # fmt: skip
+    env.pop("DATABASE_URL", None)
+    env.pop("CELERY_BROKER_URL", None)
+    if broker:
+        env["CELERY_BROKER_URL"] = broker
+    log = data_dir / "up.log"
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "wb") as handle:
+        stack = subprocess.Popen(
+            [sys.executable, "manage.py", "up", "--port", str(port), "--demo-steps", "0", "--base-model", source,
+             "--inference-port", "0", "--trainer-port", str(_free_port())],
+            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        _wait_up(url, stack, log)
+        yield url, env
+    finally:
+        stack.terminate()
+        try:
+            stack.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            stack.kill()
 
 
 def _datums(tokenizer: Any, count: int, seed: int) -> list[tuple[list[int], list[float]]]:
@@ -98,25 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from training.session import Datum, TrainingSession
     from training.trainer import Trainer
 
-    data_dir = Path(tempfile.mkdtemp(prefix="tinker-bench-"))
-    (data_dir / "models").symlink_to(cache.resolve(), target_is_directory=True)
-    port = _free_port()
-    env = {**os.environ, "ARTWEB_DATA_DIR": str(data_dir), "DEBUG": "1", "HF_HUB_OFFLINE": "1",
-           "TINKER_POLL_S": "10", "GATEWAY_RATE_LIMIT_PER_MINUTE": "0"}  # fmt: skip
-    env.pop("DATABASE_URL", None)
-    env.pop("CELERY_BROKER_URL", None)
-    if args.broker:
-        env["CELERY_BROKER_URL"] = args.broker
-    log = data_dir / "up.log"
-    url = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as handle:
-        stack = subprocess.Popen(
-            [sys.executable, "manage.py", "up", "--port", str(port), "--demo-steps", "0", "--base-model", source,
-             "--inference-port", "0", "--trainer-port", str(_free_port())],
-            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    try:
-        _wait_up(url, stack, log)
+    with live_stack(cache, source, args.broker) as (url, env):
         base_name = _manage(env, "from projects.models import BaseModel; print(BaseModel.objects.get().name)")
         key = _manage(env, "from projects import services; from projects.models import Team; "
                       "team, _ = Team.objects.get_or_create(name='bench'); "
@@ -173,12 +189,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 reply = json.loads(response.read())
             report["sample"]["gateway"].append(time.perf_counter() - started)
             report["sample"]["gateway_tokens"].append(reply["usage"]["completion_tokens"])
-    finally:
-        stack.terminate()
-        try:
-            stack.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            stack.kill()
 
     # The first step of each side loads (the service opens the session): medians of the rest.
     sdk_train = statistics.median(report["train"]["sdk"][1:] or report["train"]["sdk"])
