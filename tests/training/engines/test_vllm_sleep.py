@@ -149,9 +149,9 @@ def test_the_loop_sleeps_vllm_through_each_update_and_wakes_it_before_the_new_ad
     )
     train_step = training.trainer.Trainer.train_step
 
-    def recorded_train_step(self, groups):
+    def recorded_train_step(self, groups, **options):
         fake_vllm.calls.append(("train_step", None))
-        return train_step(self, groups)
+        return train_step(self, groups, **options)
 
     monkeypatch.setattr(training.trainer.Trainer, "train_step", recorded_train_step)
     spec = RunSpec(
