@@ -48,6 +48,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 API_PREFIX = "/api/"
 GATEWAY_PREFIX = "/v1/"
 PREVIEW_PREFIX = "/v1/preview/"
+FINE_TUNING_PREFIX = "/v1/fine_tuning/"  # OpenAI's fine-tuning API: DRF views (projects.api.fine_tuning)
+FILES_UPLOAD = re.compile(r"^/v1/files/?$")  # POST: a multipart fine-tuning `file`, a task set
 TASK_SET_UPLOAD = re.compile(r"^/api/v1/task-sets/?$")  # POST: a multipart `file` (projects.api.views)
 # A task-set upload is its file (bounded by MAX_TASKSET_BYTES in the view) plus the multipart
 # boundaries and a few short fields (project, name, validation_fraction, seed).
@@ -71,7 +73,7 @@ GATEWAY_BAD_KEY = ("Incorrect API key provided, or the key was revoked.", "inval
 class Route:
     limit: int  # bytes
     setting: str  # the setting that sets the limit, named in the 413
-    gateway: bool  # /v1/ outside /v1/preview/: the gateway's own 401s, not DRF's
+    gateway: bool  # /v1/ outside /v1/preview/, /v1/files and /v1/fine_tuning/: the gateway's own 401s
     sessions: bool  # a signed-in session counts as credentials (/api/ only)
 
 
@@ -80,6 +82,12 @@ def route_of(path: str) -> Route | None:
     operators change the settings."""
     if path.startswith(PREVIEW_PREFIX):  # OpenPipe ART's training jobs: many megabytes of groups
         return Route(settings.PREVIEW_MAX_BODY_BYTES, "PREVIEW_MAX_BODY_BYTES", gateway=False, sessions=False)
+    if FILES_UPLOAD.match(path):
+        limit = settings.MAX_TASKSET_BYTES + MULTIPART_OVERHEAD_BYTES
+        return Route(limit, "MAX_TASKSET_BYTES", gateway=False, sessions=False)
+    if path.startswith(FINE_TUNING_PREFIX) or path.startswith("/v1/files/"):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Route(limit, "DATA_UPLOAD_MAX_MEMORY_SIZE", gateway=False, sessions=False)
     if path.startswith(GATEWAY_PREFIX):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return Route(limit, "DATA_UPLOAD_MAX_MEMORY_SIZE", gateway=True, sessions=False)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from projects.api import preview
+from projects.api import fine_tuning, graders, preview
 from projects.gateway import views
 
 # Client-driven training, OpenPipe ART's ServerlessBackend protocol (projects.api.preview).
@@ -38,8 +38,39 @@ preview_urlpatterns = [
     ),
 ]
 
+# OpenAI's fine-tuning API on runs, task sets and graders (projects.api.fine_tuning).
+files, jobs = fine_tuning.FilesView.as_view, fine_tuning.JobsView.as_view
+fine_tuning_urlpatterns = [
+    path("files", files({"get": "list", "post": "create"}), name="openai-files"),
+    path("files/<str:file_id>", files({"get": "retrieve", "delete": "destroy"}), name="openai-file"),
+    path("files/<str:file_id>/content", files({"get": "content"}), name="openai-file-content"),
+    path("fine_tuning/jobs", jobs({"get": "list", "post": "create"}), name="openai-jobs"),
+    path("fine_tuning/jobs/<str:job_id>", jobs({"get": "retrieve"}), name="openai-job"),
+    *(
+        path(f"fine_tuning/jobs/<str:job_id>/{action}", jobs({method: action}), name=f"openai-job-{action}")
+        for method, action in (
+            ("post", "cancel"),
+            ("post", "pause"),
+            ("post", "resume"),
+            ("get", "events"),
+            ("get", "checkpoints"),
+        )
+    ),  # fmt: skip
+    path(
+        "fine_tuning/alpha/graders/run",
+        graders.GraderRunView.as_view({"post": "create"}),
+        name="openai-graders-run",
+    ),
+    path(
+        "fine_tuning/alpha/graders/validate",
+        graders.GraderValidateView.as_view({"post": "create"}),
+        name="openai-graders-validate",
+    ),
+]
+
 urlpatterns = [
     *preview_urlpatterns,
+    *fine_tuning_urlpatterns,
     path("chat/completions", views.chat_completions, name="gateway-chat-completions"),
     path("models", views.models, name="gateway-models"),
     path("models/<path:model_id>", views.model_detail, name="gateway-model"),

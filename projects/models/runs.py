@@ -62,6 +62,12 @@ class Run(ClaimedWork):
     current_step = models.PositiveIntegerField(default=0, help_text="last step recorded")
     total_steps = models.PositiveIntegerField(default=0)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    fine_tuning = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="a run created as an OpenAI fine-tuning job: what the job was asked (method, files, "
+        "suffix, metadata, hyperparameters); {} for every other run (projects.services.fine_tuning)",
+    )
     forked_from = models.ForeignKey(
         "Checkpoint",
         null=True,

@@ -1,0 +1,345 @@
+"""OpenAI's fine-tuning API under ``/v1/``: ``files``, ``fine_tuning/jobs`` (create, list, retrieve,
+cancel, pause, resume, events, checkpoints) and ``fine_tuning/alpha/graders/{run,validate}``, so
+the ``openai`` client's fine-tuning calls train on artweb unchanged (projects.services.fine_tuning
+says how the objects map). DRF views on the tenancy base, like ``/v1/preview/``: team API keys, the
+caller's team only (another team's file, job or checkpoint is a 404), a read-only key cannot
+create, OpenAI's error objects. Ids are OpenAI's shape (``file-12``, ``ftjob-7``, ``ftevent-40``,
+``ftckpt-3``); lists are newest first with ``after`` (the last id seen) and ``limit``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from projects import services
+from projects.api.base import TeamViewSet
+from projects.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, list_body, rows_after
+from projects.api.serializers import InputSerializer
+from projects.errors import NotFound, ValidationFailed
+from projects.models import Checkpoint, Run, RunEvent, RunStatus, StepMetrics, TaskRow, TaskSet
+from projects.services import fine_tuning
+from projects.services.fine_tuning import parse_id
+
+
+def _stamp(moment: Any) -> int | None:
+    return int(moment.timestamp()) if moment is not None else None
+
+
+def _page(request: Request, queryset: Any, prefix: str, body: Callable[[Any], dict[str, Any]]) -> Response:
+    """One page of ``queryset`` (its own order) for OpenAI's ``?after=<prefix>-<n>&limit=``."""
+    raw_limit = request.query_params.get("limit", str(DEFAULT_LIMIT if prefix != "ftevent" else 20))
+    if not raw_limit.isascii() or not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+        raise ValidationFailed(f"must be an integer between 1 and {MAX_LIMIT}", field="limit")
+    after = request.query_params.get("after")
+    if after:
+        number = parse_id(after, prefix)
+        if number is None:
+            raise ValidationFailed(f"must be an id of this list ({prefix}-…)", field="after")
+        queryset = rows_after(queryset, number)
+    rows = list(queryset[: int(raw_limit) + 1])
+    return Response(
+        list_body([body(row) for row in rows[: int(raw_limit)]], has_more=len(rows) > int(raw_limit))
+    )
+
+
+def _header_project(request: Request) -> str | None:
+    return request.headers.get("OpenAI-Project") or None
+
+
+# ---------------------------------------------------------------- files
+
+
+def file_body(task_set: TaskSet) -> dict[str, Any]:
+    meta = task_set.source.get("openai_file", {})
+    return {
+        "id": f"file-{task_set.pk}",
+        "object": "file",
+        "bytes": meta.get("bytes", 0),
+        "created_at": _stamp(task_set.created_at),
+        "filename": meta.get("filename", f"{task_set.name}.jsonl"),
+        "purpose": "fine-tune",
+        "status": "processed",
+        "status_details": None,
+        "expires_at": None,
+    }
+
+
+class FileIn(InputSerializer):
+    """What OPTIONS and the schema describe; projects.services.fine_tuning checks the rows."""
+
+    file = serializers.FileField(help_text="JSONL in OpenAI's reinforcement, chat or preference format")
+    purpose = serializers.ChoiceField(choices=["fine-tune"])
+
+
+class JobIn(InputSerializer):
+    """OpenAI's job body, for OPTIONS and the schema; projects.services.fine_tuning.job_create
+    checks every field (and refuses any other) with a 400 naming it."""
+
+    model = serializers.CharField(help_text="a base model's catalogue name")
+    training_file = serializers.CharField(help_text="file-<n>")
+    validation_file = serializers.CharField(required=False, allow_null=True)
+    suffix = serializers.CharField(required=False, allow_null=True, max_length=64)
+    seed = serializers.IntegerField(required=False, allow_null=True)
+    metadata = serializers.DictField(child=serializers.CharField(), required=False, allow_null=True)
+    method = serializers.JSONField(
+        required=False, help_text="{type: reinforcement|supervised|dpo, <type>: {...}}"
+    )
+    hyperparameters = serializers.JSONField(
+        required=False, help_text="deprecated: supervised hyperparameters"
+    )
+    integrations = serializers.JSONField(required=False, help_text="refused unless empty")
+
+
+class FilesView(TeamViewSet):
+    """``/v1/files``: a file is a task set of the project (every task set of it lists as one)."""
+
+    model = TaskSet
+    serializer_class = FileIn  # what OPTIONS describes
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # ``content`` answers bytes whatever the client accepts (the openai client sends
+        # ``Accept: application/binary``); errors stay JSON.
+        return super().perform_content_negotiation(request, force=force or self.action == "content")
+
+    def _project(self, *, create: bool) -> Any:
+        return fine_tuning.job_project(team=self.team, name=_header_project(self.request), create=create)
+
+    def _task_set(self, file_id: str) -> TaskSet:
+        number = parse_id(file_id, "file")
+        found = None if number is None else self.get_queryset().filter(pk=number).first()
+        if found is None:
+            raise NotFound(f"No such File object: {file_id}", field="file_id")
+        return found
+
+    @extend_schema(request={"multipart/form-data": FileIn}, responses={200: dict})
+    def create(self, request: Request) -> Response:
+        upload = request.FILES.get("file")
+        if upload is None:
+            raise ValidationFailed("attach the JSONL file as multipart field 'file'", field="file")
+        if upload.size > settings.MAX_TASKSET_BYTES:
+            raise ValidationFailed(f"larger than {settings.MAX_TASKSET_BYTES} bytes", field="file")
+        try:
+            text = upload.read().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValidationFailed(f"not UTF-8 text (byte {exc.start})", field="file") from exc
+        project = self._project(create=True)
+        assert project is not None  # create=True makes it
+        task_set = fine_tuning.file_create(
+            project=project,
+            filename=upload.name or "file.jsonl",
+            jsonl=text,
+            purpose=str(request.data.get("purpose", "")) if isinstance(request.data, dict) else "",
+        )
+        return Response(file_body(task_set), status=status.HTTP_200_OK)
+
+    @extend_schema(responses={200: dict})
+    def list(self, request: Request) -> Response:
+        purpose = request.query_params.get("purpose")
+        if purpose not in (None, "", "fine-tune"):
+            return Response(list_body([]))  # no file of any other purpose exists here
+        project = self._project(create=False)
+        order = request.query_params.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise ValidationFailed("must be asc or desc", field="order")
+        queryset = self.get_queryset().filter(project=project).order_by("id" if order == "asc" else "-id")
+        return _page(request, queryset, "file", file_body)
+
+    @extend_schema(responses={200: dict})
+    def retrieve(self, request: Request, file_id: str) -> Response:
+        return Response(file_body(self._task_set(file_id)))
+
+    @extend_schema(responses={200: dict})
+    def destroy(self, request: Request, file_id: str) -> Response:
+        task_set = self._task_set(file_id)
+        services.task_set_delete(task_set=task_set)
+        return Response({"id": file_id, "object": "file", "deleted": True})
+
+    @extend_schema(responses={200: str})
+    def content(self, request: Request, file_id: str) -> HttpResponse:
+        rows = TaskRow.objects.filter(task_set=self._task_set(file_id)).order_by("index")
+        lines = [json.dumps(fine_tuning.openai_line(row.data), ensure_ascii=False) for row in rows]
+        return HttpResponse("\n".join(lines) + "\n", content_type="application/jsonl; charset=utf-8")
+
+
+# ---------------------------------------------------------------- jobs
+
+METADATA_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+STATUSES: dict[str, str] = {  # a run's status as a job's (the same words but for nothing)
+    RunStatus.QUEUED: "queued",
+    RunStatus.RUNNING: "running",
+    RunStatus.PAUSED: "paused",
+    RunStatus.SUCCEEDED: "succeeded",
+    RunStatus.FAILED: "failed",
+    RunStatus.CANCELLED: "cancelled",
+}
+
+
+def checkpoint_name(checkpoint: Checkpoint) -> str:
+    """The model id ``/v1/chat/completions`` serves the checkpoint under (projects.gateway.routing)."""
+    return f"{checkpoint.model.project.name}/{checkpoint.model.name}:{checkpoint.step}"
+
+
+def job_body(run: Run) -> dict[str, Any]:
+    asked = run.fine_tuning
+    latest = (
+        Checkpoint.objects.filter(run=run, step__gt=run.start_step)
+        .select_related("model__project")
+        .order_by("-step")
+        .first()
+    )
+    tokens = sum(
+        float(metrics.get("trainable_tokens", 0.0))
+        for metrics in StepMetrics.objects.filter(run=run).values_list("metrics", flat=True)
+    )
+    estimated = None
+    if run.status == RunStatus.RUNNING and run.started_at and run.steps_done and run.heartbeat_at:
+        per_step = (run.heartbeat_at - run.started_at) / run.steps_done
+        estimated = _stamp(run.heartbeat_at + per_step * max(0, run.total_steps - run.steps_done))
+    method = asked["method"]
+    return {
+        "object": "fine_tuning.job",
+        "id": f"ftjob-{run.pk}",
+        "model": asked["model"],
+        "created_at": _stamp(run.created_at),
+        "finished_at": _stamp(run.finished_at),
+        "fine_tuned_model": checkpoint_name(latest) if latest and run.status == RunStatus.SUCCEEDED else None,
+        "organization_id": f"team-{run.project.team_id}",
+        "result_files": [],
+        "status": STATUSES[run.status],
+        "validation_file": f"file-{asked['validation_file']}" if asked.get("validation_file") else None,
+        "training_file": f"file-{asked['training_file']}",
+        "hyperparameters": method[method["type"]]["hyperparameters"],
+        "trained_tokens": int(tokens) if run.status == RunStatus.SUCCEEDED else None,
+        "error": {"code": "run_failed", "message": run.error, "param": None}
+        if run.status == RunStatus.FAILED
+        else None,
+        "user_provided_suffix": asked.get("suffix"),
+        "seed": asked.get("seed"),
+        "estimated_finish": estimated,
+        "integrations": [],
+        "metadata": asked.get("metadata"),
+        "method": method,
+        # artweb's own: the run behind the job (dashboard, /api/v1/runs/{id}/)
+        "run_id": run.pk,
+    }
+
+
+def event_body(event: RunEvent, run: Run) -> dict[str, Any]:
+    data = dict(event.data)
+    if event.type == "metrics":
+        data.setdefault("total_steps", run.start_step + run.total_steps)
+        if data.get("loss") is not None:
+            data["train_loss"] = data["loss"]
+        if data.get("reward_mean") is not None:
+            data["train_mean_reward"] = data["reward_mean"]
+    return {
+        "object": "fine_tuning.job.event",
+        "id": f"ftevent-{event.pk}",
+        "created_at": _stamp(event.created_at),
+        "level": event.level,
+        "message": event.message,
+        "data": data,
+        "type": event.type,
+    }
+
+
+def checkpoint_body(checkpoint: Checkpoint, run: Run) -> dict[str, Any]:
+    step = StepMetrics.objects.filter(run=run, step=checkpoint.step).first()
+    metrics: dict[str, Any] = {"step": checkpoint.step}
+    if step is not None:
+        metrics.update(train_loss=step.loss, train_mean_reward=step.reward_mean)
+    for key, value in (checkpoint.metrics or {}).items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            metrics[key] = value
+    return {
+        "object": "fine_tuning.job.checkpoint",
+        "id": f"ftckpt-{checkpoint.pk}",
+        "created_at": _stamp(checkpoint.created_at),
+        "fine_tuned_model_checkpoint": checkpoint_name(checkpoint),
+        "fine_tuning_job_id": f"ftjob-{run.pk}",
+        "metrics": metrics,
+        "step_number": checkpoint.step,
+    }
+
+
+class JobsView(TeamViewSet):
+    """``/v1/fine_tuning/jobs``: a job is a run created through this API."""
+
+    model = Run
+    serializer_class = JobIn  # what OPTIONS describes
+
+    def _job(self, job_id: str) -> Run:
+        return fine_tuning.job_lookup(team=self.team, job_id=job_id)
+
+    @extend_schema(request=JobIn, responses={200: dict})
+    def create(self, request: Request) -> Response:
+        if not isinstance(request.data, dict):
+            raise ValidationFailed("the body must be a JSON object", field="non_field_errors")
+        project = fine_tuning.job_project(team=self.team, name=_header_project(request), create=True)
+        assert project is not None  # create=True makes it
+        user = request.user if getattr(request.user, "is_authenticated", False) and request.user.pk else None
+        run = fine_tuning.job_create(project=project, body=dict(request.data), created_by=user)
+        return Response(job_body(run))
+
+    @extend_schema(responses={200: dict})
+    def list(self, request: Request) -> Response:
+        queryset = self.get_queryset().filter(fine_tuning__has_key="method")
+        if _header_project(request):
+            queryset = queryset.filter(project__name=_header_project(request))
+        for key, value in request.query_params.items():
+            if key.startswith("metadata[") and key.endswith("]"):
+                name = key[len("metadata[") : -1]
+                if not METADATA_KEY.fullmatch(name) or "__" in name:
+                    raise ValidationFailed(
+                        "a metadata key is letters, digits, - and _ (64 at most)", field=key
+                    )
+                queryset = queryset.filter(**{f"fine_tuning__metadata__{name}": value})
+        return _page(request, queryset.select_related("project").order_by("-id"), "ftjob", job_body)
+
+    @extend_schema(responses={200: dict})
+    def retrieve(self, request: Request, job_id: str) -> Response:
+        return Response(job_body(self._job(job_id)))
+
+    def _control(self, job_id: str, action: Callable[..., Run]) -> Response:
+        run = self._job(job_id)
+        action(run=run)
+        return Response(job_body(Run.objects.get(pk=run.pk)))
+
+    @extend_schema(request=None, responses={200: dict})
+    def cancel(self, request: Request, job_id: str) -> Response:
+        return self._control(job_id, services.run_cancel)
+
+    @extend_schema(request=None, responses={200: dict})
+    def pause(self, request: Request, job_id: str) -> Response:
+        return self._control(job_id, services.run_pause)
+
+    @extend_schema(request=None, responses={200: dict})
+    def resume(self, request: Request, job_id: str) -> Response:
+        return self._control(job_id, services.run_resume)
+
+    @extend_schema(responses={200: dict})
+    def events(self, request: Request, job_id: str) -> Response:
+        run = self._job(job_id)
+        queryset = RunEvent.objects.filter(run=run).order_by("-id")
+        return _page(request, queryset, "ftevent", lambda event: event_body(event, run))
+
+    @extend_schema(responses={200: dict})
+    def checkpoints(self, request: Request, job_id: str) -> Response:
+        run = self._job(job_id)
+        # The steps the job trained (its start, the untrained adapter, is not a result of it).
+        queryset = (
+            Checkpoint.objects.filter(run=run, step__gt=run.start_step)
+            .select_related("model__project")
+            .order_by("-step")
+        )
+        return _page(request, queryset, "ftckpt", lambda checkpoint: checkpoint_body(checkpoint, run))

@@ -1,0 +1,493 @@
+"""OpenAI's fine-tuning API on artweb's own objects (``/v1/files``, ``/v1/fine_tuning/jobs``): a file
+is a task set, a job is a run (kind platform for ``reinforcement``, sft, dpo), a grader is a reward
+definition, a job checkpoint is a checkpoint. Nothing here is a second copy of a run: a job is
+created by ``run_create`` and trained, recorded, cancelled, paused and resumed as every run is.
+
+Where the objects live: the project the request's ``OpenAI-Project`` header names (the openai
+client's ``project=``), or the team's ``fine-tuning`` project, made on the first upload.
+
+Rows: a file is JSONL in any of OpenAI's three formats and is stored as task rows, line by line:
+- reinforcement: ``{"messages": [...], <any other field>}``: the prompt, and the other fields as the
+  grader's ``item``;
+- supervised (chat): ``{"messages": [..., {"role": "assistant", "content": ...}]}``: the last
+  assistant message is the row's ``completion`` (what an SFT run trains on), the rest the prompt;
+- preference (DPO): ``{"input": {"messages": [...]}, "preferred_output": [assistant message],
+  "non_preferred_output": [assistant message]}``: ``chosen`` and ``rejected``.
+A supervised or preference row's target is also its ``item.reference``, so a job's default grader
+(text similarity to the reference) scores held-out answers. Which method a file can train is
+checked when a job names it, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from typing import Any
+
+from django.db import transaction
+from django.utils.text import slugify
+
+from projects.errors import NotFound, ValidationFailed
+from projects.models import (
+    BaseModel,
+    Environment,
+    Project,
+    Run,
+    RunKind,
+    TaskRow,
+    TaskSet,
+    Team,
+)
+from projects.services import task_sets
+from projects.services.environments import environment_create
+from projects.services.projects import project_create, trainable_model_create
+from projects.services.rewards import grader_problems, reward_definition_create
+from projects.services.runs import run_create
+from training import strict_json
+from training.config import TrainConfig
+
+DEFAULT_PROJECT = "fine-tuning"
+ENVIRONMENT = "fine-tuning-chat"  # one user turn, one reply: what OpenAI's fine-tuning trains
+METHODS = {"reinforcement": RunKind.PLATFORM, "supervised": RunKind.SFT, "dpo": RunKind.DPO}
+# The grader of a supervised or DPO job (OpenAI's take none): similarity of a held-out answer to
+# the row's target, so the run's evaluations say something beside the held-out loss.
+REFERENCE_GRADER = {
+    "type": "text_similarity",
+    "name": "similarity-to-reference",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.reference}}",
+    "evaluation_metric": "fuzzy_match",
+}
+# Per method, the hyperparameters OpenAI's API takes; each is honoured (mapped below) or refused.
+HYPERPARAMETERS = {
+    "reinforcement": {
+        "n_epochs", "batch_size", "learning_rate_multiplier", "eval_interval", "eval_samples",
+        "reasoning_effort", "compute_multiplier",
+    },
+    "supervised": {"n_epochs", "batch_size", "learning_rate_multiplier"},
+    "dpo": {"n_epochs", "batch_size", "learning_rate_multiplier", "beta"},
+}  # fmt: skip
+DEFAULTS = TrainConfig()
+
+
+# ---------------------------------------------------------------- where the objects live
+
+
+def job_project(*, team: Team, name: str | None, create: bool) -> Project | None:
+    """The project a request's objects live in (see the module docstring); None when the default
+    one does not exist yet and ``create`` is false (a list is then empty)."""
+    if name:
+        project = Project.objects.filter(team=team, name=name).first()
+        if project is None:
+            raise ValidationFailed(
+                f"this team has no project named {name!r} (the OpenAI-Project header names an "
+                "artweb project; leave it out for the team's fine-tuning project)",
+                field="OpenAI-Project",
+            )
+        return project
+    project = Project.objects.filter(team=team, name=DEFAULT_PROJECT).first()
+    if project is None and create:
+        try:
+            project = project_create(
+                team=team, name=DEFAULT_PROJECT, description="Files and jobs of the OpenAI fine-tuning API"
+            )
+        except ValidationFailed:  # created by a concurrent request
+            project = Project.objects.get(team=team, name=DEFAULT_PROJECT)
+    return project
+
+
+# ---------------------------------------------------------------- files
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content as text: a string, or OpenAI's list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        for part in content
+    ):
+        return "".join(part["text"] for part in content)
+    raise _RowError(f"{where}.content", "must be a string or a list of text parts (images are not supported)")
+
+
+class _RowError(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+def _messages(value: Any, where: str) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise _RowError(where, "must be a non-empty list of messages")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise _RowError(f"{where}[{i}]", "must be an object")
+        if message.get("tool_calls") or message.get("function_call"):
+            raise _RowError(f"{where}[{i}]", "tool calls in fine-tuning files are not supported")
+        if message.get("weight", 1) not in (0, 1):
+            raise _RowError(f"{where}[{i}].weight", "must be 0 or 1")
+        if message.get("role") not in {"system", "developer", "user", "assistant"}:
+            raise _RowError(f"{where}[{i}].role", "must be system, developer, user or assistant")
+        role = "system" if message["role"] == "developer" else message["role"]
+        messages.append({"role": role, "content": _text(message.get("content"), f"{where}[{i}]")})
+    return messages
+
+
+def _one_reply(value: Any, where: str) -> str:
+    if not isinstance(value, list) or len(value) != 1:
+        raise _RowError(where, "must be a list of exactly one assistant message")
+    (message,) = _messages(value, where)
+    if message["role"] != "assistant":
+        raise _RowError(f"{where}[0].role", "must be assistant")
+    return message["content"]
+
+
+def task_row(line: dict[str, Any]) -> dict[str, Any]:
+    """One line of an OpenAI fine-tuning file as an artweb task row (the module docstring)."""
+    if "input" in line or "preferred_output" in line or "non_preferred_output" in line:
+        unknown = set(line) - {"input", "preferred_output", "non_preferred_output"}
+        if unknown:
+            raise _RowError(sorted(unknown)[0], "unknown field in a preference row")
+        source = line.get("input")
+        if not isinstance(source, dict):
+            raise _RowError("input", "must be an object with messages")
+        if set(source) - {"messages"}:
+            raise _RowError(f"input.{sorted(set(source) - {'messages'})[0]}", "not supported (tools are not)")
+        chosen = _one_reply(line.get("preferred_output"), "preferred_output")
+        rejected = _one_reply(line.get("non_preferred_output"), "non_preferred_output")
+        messages = _messages(source.get("messages"), "input.messages")
+        return {"messages": messages, "chosen": chosen, "rejected": rejected, "item": {"reference": chosen}}
+    if "messages" not in line:
+        raise _RowError(
+            "messages", "a row needs messages (or input with preferred_output and non_preferred_output)"
+        )
+    for field in ("tools", "functions", "parallel_tool_calls"):
+        if field in line:
+            raise _RowError(field, "tools in fine-tuning files are not supported")
+    messages = _messages(line["messages"], "messages")
+    item = {key: value for key, value in line.items() if key != "messages"}
+    if messages[-1]["role"] != "assistant":  # reinforcement: the prompt, and the grader's item
+        return {"messages": messages, "item": item}
+    if line["messages"][-1].get("weight", 1) == 0:
+        raise _RowError(
+            f"messages[{len(messages) - 1}].weight",
+            "the last assistant message is the target: weight 0 is not supported",
+        )
+    prompt = messages[:-1]
+    if not any(message["role"] == "user" for message in prompt):
+        raise _RowError("messages", "a supervised row needs a user message before the assistant's reply")
+    completion = messages[-1]["content"]
+    return {"messages": prompt, "completion": completion, "item": {**item, "reference": completion}}
+
+
+def openai_line(row: dict[str, Any]) -> dict[str, Any]:
+    """A task row written back as a line of OpenAI's format (a file's ``content``)."""
+    item = dict(row.get("item") or {})
+    if "chosen" in row:
+        if item.get("reference") == row["chosen"]:
+            item.pop("reference")
+        return {
+            "input": {"messages": row["messages"]},
+            "preferred_output": [{"role": "assistant", "content": row["chosen"]}],
+            "non_preferred_output": [{"role": "assistant", "content": row["rejected"]}],
+            **({"item": item} if item else {}),
+        }
+    messages = row.get("messages") or [{"role": "user", "content": row.get("prompt", "")}]
+    if "completion" in row:
+        if item.get("reference") == row["completion"]:
+            item.pop("reference")
+        messages = [*messages, {"role": "assistant", "content": row["completion"]}]
+    return {"messages": messages, **item}
+
+
+def file_create(*, project: Project, filename: str, jsonl: str, purpose: str) -> TaskSet:
+    """An uploaded fine-tuning file as a task set (every row a training row; a job's validation
+    file supplies the held-out rows). Bad lines: one 400 listing them, as task-set uploads."""
+    if purpose != "fine-tune":
+        raise ValidationFailed("only purpose 'fine-tune' is supported", field="purpose")
+    rows: list[Any] = []
+    problems: list[tuple[str, str]] = []
+    for number, raw in enumerate(jsonl.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = strict_json.loads(raw, allow_nul=False)
+        except strict_json.JSONError as exc:
+            problems.append((f"line {number}", f"invalid JSON: {exc.message} (column {exc.column})"))
+            continue
+        if not isinstance(line, dict):
+            problems.append((f"line {number}", "must be a JSON object"))
+            continue
+        try:
+            rows.append(task_row(line))
+        except _RowError as exc:
+            problems.append((f"line {number}: {exc.field}", exc.message))
+    if problems:
+        shown = problems[: task_sets.MAX_ERRORS_REPORTED]
+        more = f" (and {len(problems) - len(shown)} more)" if len(problems) > len(shown) else ""
+        raise ValidationFailed(
+            "; ".join(f"{where}: {why}" for where, why in shown) + more, field="file", problems=shown
+        )
+    stem = slugify(filename.rsplit(".", 1)[0])[:40].strip("-_") or "file"
+    task_set = task_sets.task_set_create(
+        project=project,
+        name=f"{stem}-{secrets.token_hex(3)}",
+        rows=[{**row, "split": "train"} for row in rows],
+    )
+    task_set.source = {
+        "openai_file": {"filename": filename[:255], "bytes": len(jsonl.encode()), "purpose": purpose}
+    }
+    task_set.save(update_fields=["source"])
+    return task_set
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def _choice(value: Any, field: str, *, default: Any, kind: type, low: float, high: float) -> Any:
+    """A hyperparameter: ``"auto"`` (or absent) is ``default``; otherwise a number in range."""
+    if value is None or value == "auto":
+        return default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (kind is int and not float(value).is_integer())
+    ):
+        raise ValidationFailed(
+            f'must be "auto" or {"an integer" if kind is int else "a number"}', field=field
+        )
+    if not low <= value <= high:
+        raise ValidationFailed(f"must be between {low:g} and {high:g}", field=field)
+    return kind(value)
+
+
+def _method(method: Any, legacy: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``(type, its hyperparameters, its grader or {})`` from ``method`` (or the deprecated
+    top-level ``hyperparameters``, which OpenAI reads as supervised ones)."""
+    if method is None:
+        if legacy is not None and not isinstance(legacy, dict):
+            raise ValidationFailed("must be an object", field="hyperparameters")
+        return "supervised", dict(legacy or {}), {}
+    if legacy is not None:
+        raise ValidationFailed("give hyperparameters inside method, not beside it", field="hyperparameters")
+    if not isinstance(method, dict) or method.get("type") not in METHODS:
+        raise ValidationFailed(
+            "must be an object with type reinforcement, supervised or dpo", field="method.type"
+        )
+    kind = method["type"]
+    unknown = set(method) - {"type", kind}
+    if unknown:
+        raise ValidationFailed(f"unknown field for method {kind}", field=f"method.{sorted(unknown)[0]}")
+    body = method.get(kind) or {}
+    if not isinstance(body, dict):
+        raise ValidationFailed("must be an object", field=f"method.{kind}")
+    allowed = {"hyperparameters"} | ({"grader", "response_format"} if kind == "reinforcement" else set())
+    unknown = set(body) - allowed
+    if unknown:
+        raise ValidationFailed("unknown field", field=f"method.{kind}.{sorted(unknown)[0]}")
+    if body.get("response_format") is not None:
+        raise ValidationFailed(
+            "not supported: the environment's reply is free text", field=f"method.{kind}.response_format"
+        )
+    hyper = body.get("hyperparameters") or {}
+    if not isinstance(hyper, dict):
+        raise ValidationFailed("must be an object", field=f"method.{kind}.hyperparameters")
+    grader = body.get("grader")
+    if kind == "reinforcement" and grader is None:
+        raise ValidationFailed("a reinforcement job needs a grader", field="method.reinforcement.grader")
+    return kind, hyper, grader or {}
+
+
+def job_config(
+    *, kind: str, hyper: dict[str, Any], train_rows: int, seed: int | None, where: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run's TrainConfig overrides for OpenAI's hyperparameters, and the hyperparameters as
+    the job reports them (``auto`` resolved)."""
+    unknown = set(hyper) - HYPERPARAMETERS[kind]
+    if unknown:
+        raise ValidationFailed(f"not a {kind} hyperparameter", field=f"{where}.{sorted(unknown)[0]}")
+    field = lambda name: f"{where}.{name}"  # noqa: E731
+    batch = _choice(hyper.get("batch_size"), field("batch_size"), default=min(DEFAULTS.groups_per_step, train_rows),
+                    kind=int, low=1, high=1024)  # fmt: skip
+    epochs = _choice(hyper.get("n_epochs"), field("n_epochs"), default=None, kind=int, low=1, high=50)
+    multiplier = _choice(hyper.get("learning_rate_multiplier"), field("learning_rate_multiplier"), default=1.0,
+                         kind=float, low=1e-3, high=100)  # fmt: skip
+    steps = DEFAULTS.steps if epochs is None else max(1, math.ceil(epochs * train_rows / batch))
+    config: dict[str, Any] = {
+        "groups_per_step": batch,
+        "steps": steps,
+        "learning_rate": DEFAULTS.learning_rate * multiplier,
+    }
+    if seed is not None:
+        config["seed"] = seed
+    reported: dict[str, Any] = {
+        "n_epochs": epochs if epochs is not None else max(1, math.ceil(steps * batch / train_rows)),
+        "batch_size": batch,
+        "learning_rate_multiplier": multiplier,
+    }
+    if kind == "dpo":
+        beta = _choice(
+            hyper.get("beta"), field("beta"), default=DEFAULTS.dpo_beta, kind=float, low=1e-3, high=10
+        )
+        config["dpo_beta"] = reported["beta"] = beta
+    if kind == "reinforcement":
+        effort = hyper.get("reasoning_effort", "default")
+        if effort != "default":
+            raise ValidationFailed(
+                'only "default": artweb\'s base models take no reasoning effort',
+                field=field("reasoning_effort"),
+            )
+        compute = _choice(hyper.get("compute_multiplier"), field("compute_multiplier"), default=1.0,
+                          kind=float, low=0.5, high=16)  # fmt: skip
+        config["group_size"] = max(2, round(DEFAULTS.group_size * compute))  # completions per prompt
+        interval = _choice(hyper.get("eval_interval"), field("eval_interval"), default=DEFAULTS.eval_interval,
+                           kind=int, low=0, high=100_000)  # fmt: skip
+        samples = _choice(hyper.get("eval_samples"), field("eval_samples"), default=DEFAULTS.eval_samples_per_row,
+                          kind=int, low=1, high=64)  # fmt: skip
+        config.update(eval_interval=interval, eval_samples_per_row=samples)
+        reported.update(reasoning_effort=effort, compute_multiplier=compute, eval_interval=interval or "auto",
+                        eval_samples=samples)  # fmt: skip
+    return config, reported
+
+
+def _file(project: Project, value: Any, field: str) -> TaskSet:
+    task_set = file_lookup(project=project, file_id=value) if isinstance(value, str) else None
+    if task_set is None:
+        raise ValidationFailed(f"no file {value!r} in this project", field=field)
+    return task_set
+
+
+def file_lookup(*, project: Project, file_id: str) -> TaskSet | None:
+    number = parse_id(file_id, "file")
+    return None if number is None else TaskSet.objects.filter(project=project, pk=number).first()
+
+
+def parse_id(value: str, prefix: str) -> int | None:
+    """The number in ``<prefix>-<n>`` (the ids this API hands out), or None for anything else."""
+    head, _, digits = value.partition("-")
+    if head != prefix or not digits.isascii() or not digits.isdigit() or len(digits) > 18:
+        return None
+    return int(digits)
+
+
+def _job_rows(project: Project, training: TaskSet, validation: TaskSet | None) -> TaskSet:
+    """The run's task set: the training file itself, or (with a validation file) a task set of
+    its rows for training and the validation file's rows held out."""
+    if validation is None:
+        return training
+    rows = [
+        {**data, "split": "train"}
+        for data in TaskRow.objects.filter(task_set=training).values_list("data", flat=True)
+    ]
+    rows += [{**data, "split": "validation"} for data in TaskRow.objects.filter(task_set=validation).values_list("data", flat=True)]  # fmt: skip
+    combined = task_sets.task_set_create(project=project, name=f"job-data-{secrets.token_hex(4)}", rows=rows)
+    combined.source = {"fine_tuning": {"training_file": training.pk, "validation_file": validation.pk}}
+    combined.save(update_fields=["source"])
+    return combined
+
+
+def _environment(project: Project) -> Environment:
+    found = Environment.objects.filter(project=project, name=ENVIRONMENT).first()
+    if found is not None:
+        return found
+    try:
+        return environment_create(project=project, name=ENVIRONMENT, max_turns=1)
+    except ValidationFailed:  # made by a concurrent request
+        return Environment.objects.get(project=project, name=ENVIRONMENT)
+
+
+JOB_FIELDS = {
+    "model", "training_file", "validation_file", "suffix", "seed", "metadata", "method",
+    "hyperparameters", "integrations",
+}  # fmt: skip
+
+
+def job_create(*, project: Project, body: dict[str, Any], created_by: Any = None) -> Run:
+    """A fine-tuning job's request (OpenAI's body) as a queued run; every field is honoured or
+    refused with a 400 naming it."""
+    unknown = set(body) - JOB_FIELDS
+    if unknown:
+        raise ValidationFailed("unknown field", field=sorted(unknown)[0])
+    if body.get("integrations"):
+        raise ValidationFailed(
+            "not supported: runs report to artweb's dashboard and webhooks", field="integrations"
+        )
+    kind, hyper, grader = _method(body.get("method"), body.get("hyperparameters"))
+    model_name = body.get("model")
+    if not isinstance(model_name, str) or not model_name:
+        raise ValidationFailed("must name a base model", field="model")
+    base = BaseModel.objects.filter(name=model_name).first()
+    if base is None:
+        raise ValidationFailed(
+            f"no base model {model_name!r} (GET /v1/models lists them; continuing from a fine-tuned "
+            "checkpoint is not supported yet)",
+            field="model",
+        )
+    suffix = body.get("suffix")
+    if suffix is not None and (not isinstance(suffix, str) or not 1 <= len(suffix) <= 64):
+        raise ValidationFailed("must be a string of 1 to 64 characters", field="suffix")
+    seed = body.get("seed")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**31 - 1
+    ):
+        raise ValidationFailed("must be an integer between 0 and 2147483647", field="seed")
+    metadata = body.get("metadata")
+    if metadata is not None and (
+        not isinstance(metadata, dict)
+        or len(metadata) > 16
+        or any(not isinstance(k, str) or len(k) > 64 or not isinstance(v, str) or len(v) > 512 for k, v in metadata.items())
+    ):  # fmt: skip
+        raise ValidationFailed(
+            "at most 16 string keys (64 characters) with string values (512)", field="metadata"
+        )
+    training = _file(project, body.get("training_file"), "training_file")
+    validation = (
+        _file(project, body["validation_file"], "validation_file") if body.get("validation_file") else None
+    )
+    where = f"method.{kind}.hyperparameters" if body.get("method") is not None else "hyperparameters"
+    config, reported = job_config(
+        kind=kind, hyper=hyper, train_rows=training.train_count, seed=seed, where=where
+    )
+    grader_spec = grader_problems(grader, field="method.reinforcement.grader") if grader else REFERENCE_GRADER
+    label = slugify(suffix or "")[:40].strip("-_")
+    token = secrets.token_hex(3)
+    with transaction.atomic():
+        data = _job_rows(project, training, validation)
+        model = trainable_model_create(
+            project=project, name=f"ft-{label + '-' if label else ''}{token}", base_model=base
+        )
+        reward = reward_definition_create(project=project, name=f"ft-grader-{token}", spec=grader_spec)
+        try:
+            run = run_create(
+                model=model, task_set=data, environment=_environment(project), reward=reward, config=config,
+                created_by=created_by, kind=METHODS[kind],
+            )  # fmt: skip
+        except ValidationFailed as exc:  # the rows cannot train this method: the file is at fault
+            if exc.field == "task_set":
+                raise ValidationFailed(exc.message, field="training_file") from exc
+            raise
+        run.fine_tuning = {
+            "model": model_name,
+            "training_file": training.pk,
+            "validation_file": validation.pk if validation else None,
+            "suffix": suffix,
+            "seed": config.get("seed", DEFAULTS.seed),
+            "metadata": metadata,
+            "method": {"type": kind, kind: {"hyperparameters": reported, **({"grader": grader_spec} if grader else {})}},
+        }  # fmt: skip
+        run.save(update_fields=["fine_tuning"])
+    return run
+
+
+def job_lookup(*, team: Team, job_id: str) -> Run:
+    number = parse_id(job_id, "ftjob")
+    run = (
+        None
+        if number is None
+        else Run.objects.filter(project__team=team, pk=number).filter(fine_tuning__has_key="method").first()
+    )
+    if run is None:
+        raise NotFound(f"No fine-tuning job found with id '{job_id}'.", field="fine_tuning_job_id")
+    return run
