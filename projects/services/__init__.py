@@ -9,7 +9,9 @@ module per subject; this package re-exports them all, so callers write ``service
 - ``environments``: environments, and building one for use (MCP headers decrypted)
 - ``runs``: the run state machine, create, claim, heartbeat, fail, requeue
 - ``run_control``: cancel, pause, resume, and the runs a stopped ``manage.py up`` left running
-- ``run_forks``: a fork: a new model whose step 0 copies a run's checkpoint, and its run
+- ``run_forks``: a fork: a new model whose step 0 copies a run's checkpoint, and its run (and
+  ``checkpoint_fork``, which a fine-tuning job continuing a checkpoint shares)
+- ``fine_tuning``: OpenAI's fine-tuning API on these objects (a file is a task set, a job a run)
 - ``adapters``: a LoRA adapter trained elsewhere imported as a model's step 0
 - ``transitions``: the one state-machine transition under runs, evaluations and training jobs
 - ``steps``: a step's metrics, trajectories and checkpoint, recorded once

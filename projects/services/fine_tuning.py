@@ -30,6 +30,7 @@ from django.utils.text import slugify
 from projects.errors import NotFound, ValidationFailed
 from projects.models import (
     BaseModel,
+    Checkpoint,
     Environment,
     Project,
     Run,
@@ -37,11 +38,13 @@ from projects.models import (
     TaskRow,
     TaskSet,
     Team,
+    TrainableModel,
 )
 from projects.services import task_sets
 from projects.services.environments import environment_create
 from projects.services.projects import project_create, trainable_model_create
 from projects.services.rewards import grader_problems, reward_definition_create
+from projects.services.run_forks import checkpoint_fork
 from projects.services.runs import run_create
 from training import strict_json
 from training.config import TrainConfig
@@ -417,14 +420,9 @@ def job_create(*, project: Project, body: dict[str, Any], created_by: Any = None
     kind, hyper, grader = _method(body.get("method"), body.get("hyperparameters"))
     model_name = body.get("model")
     if not isinstance(model_name, str) or not model_name:
-        raise ValidationFailed("must name a base model", field="model")
+        raise ValidationFailed("must name a base model or a fine-tuned checkpoint", field="model")
     base = BaseModel.objects.filter(name=model_name).first()
-    if base is None:
-        raise ValidationFailed(
-            f"no base model {model_name!r} (GET /v1/models lists them; continuing from a fine-tuned "
-            "checkpoint is not supported yet)",
-            field="model",
-        )
+    source = None if base is not None else _checkpoint(project.team, model_name)
     suffix = body.get("suffix")
     if suffix is not None and (not isinstance(suffix, str) or not 1 <= len(suffix) <= 64):
         raise ValidationFailed("must be a string of 1 to 64 characters", field="suffix")
@@ -455,19 +453,27 @@ def job_create(*, project: Project, body: dict[str, Any], created_by: Any = None
     token = secrets.token_hex(3)
     with transaction.atomic():
         data = _job_rows(project, training, validation)
-        model = trainable_model_create(
-            project=project, name=f"ft-{label + '-' if label else ''}{token}", base_model=base
-        )
         reward = reward_definition_create(project=project, name=f"ft-grader-{token}", spec=grader_spec)
-        try:
-            run = run_create(
-                model=model, task_set=data, environment=_environment(project), reward=reward, config=config,
-                created_by=created_by, kind=METHODS[kind],
-            )  # fmt: skip
-        except ValidationFailed as exc:  # the rows cannot train this method: the file is at fault
-            if exc.field == "task_set":
-                raise ValidationFailed(exc.message, field="training_file") from exc
-            raise
+        environment, name = _environment(project), f"ft-{label + '-' if label else ''}{token}"
+
+        def start(model: TrainableModel) -> Run:
+            try:
+                return run_create(
+                    model=model, task_set=data, environment=environment, reward=reward, config=config,
+                    created_by=created_by, kind=METHODS[kind], forked_from=source,
+                )  # fmt: skip
+            except ValidationFailed as exc:  # the rows cannot train this method: the file is at fault
+                if exc.field == "task_set":
+                    raise ValidationFailed(exc.message, field="training_file") from exc
+                raise
+
+        if source is None:
+            assert base is not None
+            run = start(trainable_model_create(project=project, name=name, base_model=base))
+        else:  # continue a fine-tuned checkpoint: a new model whose step 0 is a copy of it
+            run = checkpoint_fork(
+                source=source, project=project, name=name, config=config, start=start, field="model"
+            )
         run.fine_tuning = {
             "model": model_name,
             "training_file": training.pk,
@@ -479,6 +485,30 @@ def job_create(*, project: Project, body: dict[str, Any], created_by: Any = None
         }  # fmt: skip
         run.save(update_fields=["fine_tuning"])
     return run
+
+
+def _checkpoint(team: Team, name: str) -> Checkpoint:
+    """The team's checkpoint a job's ``model`` names (``<project>/<model>:<step>``, as a job's
+    ``fine_tuned_model`` and every checkpoint's ``fine_tuned_model_checkpoint`` are written;
+    ``:latest`` or no tag: the model's latest)."""
+    path, _, tag = name.rpartition(":") if ":" in name else (name, "", "latest")
+    project_name, slash, model = path.partition("/")
+    found = None
+    if slash and (tag == "latest" or (tag.isascii() and tag.isdigit() and len(tag) < 10)):
+        checkpoints = Checkpoint.objects.filter(
+            model__project__team=team, model__project__name=project_name, model__name=model
+        ).select_related("model__base_model")
+        found = (
+            checkpoints.order_by("-step").first()
+            if tag == "latest"
+            else checkpoints.filter(step=int(tag)).first()
+        )
+    if found is None:
+        raise ValidationFailed(
+            f"no base model or fine-tuned checkpoint {name!r} (GET /v1/models lists what you can use)",
+            field="model",
+        )
+    return found
 
 
 def job_lookup(*, team: Team, job_id: str) -> Run:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from projects.errors import Conflict, ValidationFailed
-from projects.models import Checkpoint, Run, TrainableModel
+from projects.models import Checkpoint, Project, Run, TrainableModel
 from projects.services.runs import _refuse_client_run, run_create, run_event_add, run_platform_inputs
 from training.config import TrainConfig
 
@@ -40,7 +41,6 @@ def run_fork(
     on it with the run's task set, environment, reward and config, ``config`` overriding any
     hyperparameters. The copy is the fork's own object in the checkpoint store: pruning or
     deleting the source later leaves it whole."""
-    from projects import storage
 
     _refuse_client_run(run, "fork")
     task_set, environment, reward = run_platform_inputs(run=run)
@@ -52,17 +52,55 @@ def run_fork(
             + (f" (it has steps {', '.join(map(str, steps))})" if steps else ""),
             field="from_step",
         )
+    merged = {**run.config, **(config or {})}
+
+    def start(model: TrainableModel) -> Run:
+        forked = run_create(
+            model=model,
+            task_set=task_set,
+            environment=environment,
+            reward=reward,
+            config=merged,
+            created_by=created_by,
+            forked_from=source,
+        )
+        run_event_add(
+            run=run,
+            message=f"Forked from checkpoint step {from_step} as model {model.name} (run #{forked.pk})",
+            data={"fork_run": forked.pk, "fork_model": model.pk, "step": from_step},
+        )
+        return forked
+
+    return checkpoint_fork(
+        source=source, project=run.project, name=name, config=merged, start=start, field="from_step"
+    )
+
+
+def checkpoint_fork(
+    *,
+    source: Checkpoint,
+    project: Project,
+    name: str,
+    config: dict[str, Any],
+    start: Callable[[TrainableModel], Run],
+    field: str,
+) -> Run:
+    """A new model ``name`` in ``project`` whose step 0 is a copy of ``source`` (the fork's own
+    object in the checkpoint store), and the run ``start`` makes on it, in one transaction: a
+    fork that did not happen leaves nothing behind, not its folder, not its stored copy. A fork
+    of a run (``run_fork``) and a fine-tuning job continuing a checkpoint both come here."""
+    from projects import storage
+
     try:
         folder = storage.checkpoint_local_dir(source)  # None: a client model's untrained step 0
     except storage.StorageError as exc:
         raise Conflict(
-            f"the files of checkpoint step {from_step} cannot be read: {exc}",
-            field="from_step",
+            f"the files of checkpoint step {source.step} cannot be read: {exc}",
+            field=field,
             code="checkpoint_files_missing",
         ) from exc
     if folder is not None:
-        _check_forkable(folder, step=from_step)
-    merged = {**run.config, **(config or {})}
+        _check_forkable(folder, step=source.step, field=field)
     written: Path | None = None
     key = ""
     try:
@@ -72,38 +110,23 @@ def run_fork(
             from projects.services.steps import checkpoint_record
 
             model = trainable_model_create(
-                project=run.project, name=name, base_model=run.model.base_model, lora=run.model.lora
+                project=project, name=name, base_model=source.model.base_model, lora=source.model.lora
             )
             if folder is not None:
                 written = model_checkpoint_root(model)
-                step_zero = _copy_checkpoint(folder, written, source=source, config=merged)
+                step_zero = _copy_checkpoint(folder, written, source=source, config=config)
                 key = storage.checkpoint_key(model_id=model.pk, step=0)
                 stored = storage.checkpoint_store().put_dir(key, step_zero)
                 checkpoint_record(
                     model=model, run=None, step=0, path=str(step_zero), metrics={}, stored=stored
                 )
-            forked = run_create(
-                model=model,
-                task_set=task_set,
-                environment=environment,
-                reward=reward,
-                config=merged,
-                created_by=created_by,
-                forked_from=source,
-            )
-            run_event_add(
-                run=run,
-                message=f"Forked from checkpoint step {from_step} as model {model.name} (run #{forked.pk})",
-                data={"fork_run": forked.pk, "fork_model": model.pk, "step": from_step},
-            )
+            return start(model)
     except BaseException:
-        # Nothing of a fork that did not happen stays behind: not its folder, not its stored copy.
         if written is not None:
             shutil.rmtree(written, ignore_errors=True)
         if key:
             storage.checkpoint_store().delete(key)
         raise
-    return forked
 
 
 # What Trainer.save_checkpoint writes besides the adapter, for a resume (training.trainer); retention
@@ -111,12 +134,12 @@ def run_fork(
 OPTIMIZER_STATE, RNG_STATE = "optimizer.pt", "rng_state.pt"
 
 
-def _check_forkable(folder: Path, *, step: int) -> None:
+def _check_forkable(folder: Path, *, step: int, field: str) -> None:
     missing = [name for name in ("adapter_model.safetensors", "state.json") if not (folder / name).is_file()]
     if missing:
         raise Conflict(
             f"the files of checkpoint step {step} are incomplete (missing {', '.join(missing)})",
-            field="from_step",
+            field=field,
             code="checkpoint_files_missing",
         )
 

@@ -120,6 +120,18 @@ def test_openai_client_fine_tunes_with_every_method_and_serves_the_result(
         assert run.kind == {"reinforcement": "platform", "supervised": "sft", "dpo": "dpo"}[method]
         status, _, body = http("GET", f"{gateway.url}/api/v1/runs/{run.pk}/", key=key)
         assert status == 200 and body["status"] == "succeeded", body
+    # A job may continue a fine-tuned checkpoint: its model's step 0 is a copy of that checkpoint.
+    tuned = client.fine_tuning.jobs.retrieve(jobs["reinforcement"].id).fine_tuned_model
+    more = client.fine_tuning.jobs.create(
+        model=tuned, training_file=upload(client, SFT[:2]),
+        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 2}}},
+    )  # fmt: skip
+    job, events = follow(client, more.id, worker)
+    assert job.status == "succeeded" and job.model == tuned, (job.error, [e.message for e in events][-5:])
+    continued = Run.objects.get(pk=job.run_id)
+    assert continued.forked_from is not None and continued.forked_from.model.name in tuned
+    assert continued.model.checkpoints.filter(step=0).exists()
+    assert [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data] == [1]
     rl_run = Run.objects.get(pk=jobs["reinforcement"].run_id)
     assert rl_run.reward.spec["type"] == "multi" and rl_run.task_set.validation_count == 2
     assert rl_run.trajectories.count() == 2 * 2 * 4  # 2 steps × 2 groups × 4 completions
