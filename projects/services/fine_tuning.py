@@ -27,6 +27,7 @@ from typing import Any
 from django.db import transaction
 from django.utils.text import slugify
 
+from artweb.demo import RUN_CONFIG
 from projects.errors import NotFound, ValidationFailed
 from projects.models import (
     BaseModel,
@@ -71,6 +72,30 @@ HYPERPARAMETERS = {
     "dpo": {"n_epochs", "batch_size", "learning_rate_multiplier", "beta"},
 }  # fmt: skip
 DEFAULTS = TrainConfig()
+# What a job trains with where OpenAI's hyperparameters say nothing, per method; the learning
+# rate is the one ``learning_rate_multiplier`` multiplies. Reinforcement: the levers the demo
+# measured best on the bundled model (artweb.demo.RUN_CONFIG, README "The demo": cosine from a
+# 1e-3 peak, warm-up 1, two passes per batch, dynamic sampling, 6 completions per prompt).
+# Supervised: AdamW 5e-4, the rate of the bundled model's SFT curve (benchmarks/README.md,
+# tinker_curves.py). DPO: 1e-4, not measured here (README says so).
+RECIPES: dict[str, dict[str, Any]] = {
+    "reinforcement": {
+        key: RUN_CONFIG[key]
+        for key in (
+            "learning_rate",
+            "lr_schedule",
+            "warmup_steps",
+            "min_lr_ratio",
+            "ppo_epochs",
+            "dynamic_sampling",
+            "max_resample_factor",
+            "temperature",
+            "group_size",
+        )
+    },  # fmt: skip
+    "supervised": {"learning_rate": 5e-4},
+    "dpo": {"learning_rate": 1e-4},
+}
 
 
 # ---------------------------------------------------------------- where the objects live
@@ -318,10 +343,12 @@ def job_config(
     multiplier = _choice(hyper.get("learning_rate_multiplier"), field("learning_rate_multiplier"), default=1.0,
                          kind=float, low=1e-3, high=100)  # fmt: skip
     steps = DEFAULTS.steps if epochs is None else max(1, math.ceil(epochs * train_rows / batch))
+    recipe = RECIPES[kind]
     config: dict[str, Any] = {
+        **recipe,
         "groups_per_step": batch,
         "steps": steps,
-        "learning_rate": DEFAULTS.learning_rate * multiplier,
+        "learning_rate": recipe["learning_rate"] * multiplier,
     }
     if seed is not None:
         config["seed"] = seed
@@ -344,7 +371,7 @@ def job_config(
             )
         compute = _choice(hyper.get("compute_multiplier"), field("compute_multiplier"), default=1.0,
                           kind=float, low=0.5, high=16)  # fmt: skip
-        config["group_size"] = max(2, round(DEFAULTS.group_size * compute))  # completions per prompt
+        config["group_size"] = max(2, round(recipe["group_size"] * compute))  # completions per prompt
         interval = _choice(hyper.get("eval_interval"), field("eval_interval"), default=DEFAULTS.eval_interval,
                            kind=int, low=0, high=100_000)  # fmt: skip
         samples = _choice(hyper.get("eval_samples"), field("eval_samples"), default=DEFAULTS.eval_samples_per_row,
