@@ -1,4 +1,4 @@
-"""Request bodies on ``/api/`` and ``/v1/`` are refused before they are read (issue 22).
+"""Request bodies on ``/api/``, ``/v1/`` and ``/tinker/`` are refused before they are read (issue 22).
 
 Django's ASGI handler writes a whole request body to a temporary file before any middleware or
 view runs, so a limit or a key checked there comes after the spooling: a 200 MB body without a key
@@ -6,7 +6,8 @@ was written to disk to be answered 401. This wrapper, in front of both handlers
 (projects.gateway.asgi), answers on those paths before the handler reads anything:
 
 - a body without valid credentials: 401 before any of it is read. Valid: a live API key
-  (``Authorization: Bearer``) or, on ``/api/`` only, a signed-in session (the gateway has none);
+  (``Authorization: Bearer``; on ``/tinker/`` also the SDK's ``X-API-Key: tml-<key>``) or, on
+  ``/api/`` only, a signed-in session (the gateway has none);
 - then a ``Content-Length`` over the route's limit: 413 at once; a body without one (chunked) is
   cut at the limit with a 413 (the handler sees a disconnect and answers nothing).
 
@@ -37,6 +38,7 @@ from projects.gateway.db import in_db_thread
 from projects.middleware import HEADER as REQUEST_ID_HEADER
 from projects.middleware import new_request_id
 from projects.models import ApiKey
+from projects.tinker.views import KEY_PREFIX as TINKER_KEY_PREFIX
 from training.openai_errors import error_object
 
 Scope = dict[str, Any]
@@ -50,6 +52,7 @@ GATEWAY_PREFIX = "/v1/"
 PREVIEW_PREFIX = "/v1/preview/"
 FINE_TUNING_PREFIX = "/v1/fine_tuning/"  # OpenAI's fine-tuning API: DRF views (projects.api.fine_tuning)
 FILES_UPLOAD = re.compile(r"^/v1/files/?$")  # POST: a multipart fine-tuning `file`, a task set
+TINKER_PREFIX = "/tinker/"  # the Tinker SDK's API (projects.tinker): its own key header and 401s
 TASK_SET_UPLOAD = re.compile(r"^/api/v1/task-sets/?$")  # POST: a multipart `file` (projects.api.views)
 # A task-set upload is its file (bounded by MAX_TASKSET_BYTES in the view) plus the multipart
 # boundaries and a few short fields (project, name, validation_fraction, seed).
@@ -67,6 +70,12 @@ API_BAD_SCHEME = ("use 'Authorization: Bearer <api key>'", "authentication_faile
 API_BAD_KEY = ("invalid or revoked API key", "authentication_failed")
 GATEWAY_MISSING = ("Missing API key: use 'Authorization: Bearer <team API key>'.", "missing_api_key")
 GATEWAY_BAD_KEY = ("Incorrect API key provided, or the key was revoked.", "invalid_api_key")
+# The Tinker views' own (projects.tinker.views._access), with the 401's default code.
+TINKER_MISSING = ("send your key as X-API-Key: tml-<artweb API key>", error_object(401, "")["error"]["code"])
+TINKER_BAD_KEY = (
+    "invalid or revoked API key (the Tinker SDK takes tml- followed by an artweb key)",
+    error_object(401, "")["error"]["code"],
+)
 
 
 @dataclass(frozen=True)
@@ -75,11 +84,20 @@ class Route:
     setting: str  # the setting that sets the limit, named in the 413
     gateway: bool  # /v1/ outside /v1/preview/, /v1/files and /v1/fine_tuning/: the gateway's own 401s
     sessions: bool  # a signed-in session counts as credentials (/api/ only)
+    tinker: bool = False  # /tinker/: the SDK's X-API-Key (tml-…) and the Tinker views' 401s
 
 
 def route_of(path: str) -> Route | None:
     """The limits of ``path``, or None outside /api/ and /v1/. Read per request: tests and
     operators change the settings."""
+    if path.startswith(TINKER_PREFIX):  # forward_backward batches: as large as ART's groups
+        return Route(
+            settings.PREVIEW_MAX_BODY_BYTES,
+            "PREVIEW_MAX_BODY_BYTES",
+            gateway=False,
+            sessions=False,
+            tinker=True,
+        )
     if path.startswith(PREVIEW_PREFIX):  # OpenPipe ART's training jobs: many megabytes of groups
         return Route(settings.PREVIEW_MAX_BODY_BYTES, "PREVIEW_MAX_BODY_BYTES", gateway=False, sessions=False)
     if FILES_UPLOAD.match(path):
@@ -133,7 +151,7 @@ def too_large(route: Route) -> Refusal:
 def unauthenticated(route: Route, reason: tuple[str, str]) -> Refusal:
     message, code = reason
     # DRF names the scheme to use (its first authenticator's, projects.api.authentication).
-    headers = () if route.gateway else ((b"www-authenticate", b"Bearer"),)
+    headers = () if route.gateway or route.tinker else ((b"www-authenticate", b"Bearer"),)
     return Refusal(401, message, code, headers)
 
 
@@ -141,6 +159,16 @@ async def credentials_refusal(scope: Scope, route: Route) -> Refusal | None:
     """None when the request carries valid credentials for ``route``, else its 401. An
     Authorization header decides alone, as in DRF (a bad key is a 401 even beside a session)."""
     headers = _headers(scope)
+    if route.tinker:  # as projects.tinker.views._access reads it
+        raw = headers.get(b"x-api-key", b"").decode("latin-1")
+        if not raw:
+            bearer = headers.get(b"authorization", b"").decode("latin-1")
+            raw = bearer[7:] if bearer.startswith("Bearer ") else ""
+        if not raw:
+            return unauthenticated(route, TINKER_MISSING)
+        if await _key_valid(scope, raw.removeprefix(TINKER_KEY_PREFIX)):
+            return None
+        return unauthenticated(route, TINKER_BAD_KEY)
     authorization = headers.get(b"authorization", b"").decode("latin-1")
     if authorization:
         # Each side's own parsing (projects.gateway.views._bearer, ApiKeyAuthentication).

@@ -133,7 +133,11 @@ def signed_in(user) -> list[tuple[bytes, bytes]]:
 
 
 @pytest.mark.parametrize("length", ["content-length", "chunked"])
-@pytest.mark.parametrize("path", ["/api/v1/projects/", "/v1/chat/completions", "/v1/preview/training-jobs"])
+@pytest.mark.parametrize(
+    "path",
+    ["/api/v1/projects/", "/v1/chat/completions", "/v1/preview/training-jobs", "/v1/files", "/v1/fine_tuning/jobs",
+     "/tinker/api/v1/create_session"],
+)  # fmt: skip
 def test_a_200_mb_body_without_a_key_is_a_401_with_nothing_read(cast, path, length):
     answer = call(path, Sender(BIG), length=length)
     assert answer.status == 401, answer.body
@@ -161,6 +165,10 @@ def test_a_body_without_framing_headers_is_refused_after_its_first_chunk(cast):
         ("/v1/chat/completions", "Basic YWxpY2U6cHc="),
         ("/v1/preview/training-jobs", None),
         ("/v1/preview/training-jobs", "Bearer aw_nope_nope"),
+        ("/v1/fine_tuning/jobs", None),
+        ("/v1/fine_tuning/jobs", "Bearer aw_nope_nope"),
+        ("/tinker/api/v1/create_session", None),
+        ("/tinker/api/v1/create_session", "Bearer aw_nope_nope"),
     ],
 )
 def test_the_gates_401_is_the_one_the_view_gives_for_the_same_request_without_a_body(
@@ -192,7 +200,11 @@ def test_a_session_cookie_does_not_count_on_the_gateway(cast):
 # --- with credentials: 413 at the limit -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/api/v1/projects/", "/v1/chat/completions", "/v1/preview/training-jobs"])
+@pytest.mark.parametrize(
+    "path",
+    ["/api/v1/projects/", "/v1/chat/completions", "/v1/preview/training-jobs", "/v1/files",
+     "/tinker/api/v1/forward_backward"],
+)  # fmt: skip
 def test_a_content_length_over_the_limit_is_a_413_before_any_read(cast, alpha_key, path):
     answer = call(path, Sender(BIG), headers=bearer(alpha_key))
     assert answer.status == 413, answer.body
@@ -235,6 +247,10 @@ def test_a_signed_in_session_gets_the_same_limit(cast):
         ("/api/v1/task-sets/", 50 * MiB + body_limits.MULTIPART_OVERHEAD_BYTES, "MAX_TASKSET_BYTES"),
         ("/api/v1/task-sets", 50 * MiB + body_limits.MULTIPART_OVERHEAD_BYTES, "MAX_TASKSET_BYTES"),
         ("/api/v1/task-sets/generate", 10 * MiB, "DATA_UPLOAD_MAX_MEMORY_SIZE"),
+        ("/v1/files", 50 * MiB + body_limits.MULTIPART_OVERHEAD_BYTES, "MAX_TASKSET_BYTES"),
+        ("/v1/files/file-3", 10 * MiB, "DATA_UPLOAD_MAX_MEMORY_SIZE"),
+        ("/v1/fine_tuning/jobs", 10 * MiB, "DATA_UPLOAD_MAX_MEMORY_SIZE"),
+        ("/tinker/api/v1/forward_backward", 64 * MiB, "PREVIEW_MAX_BODY_BYTES"),
     ],
 )
 def test_each_route_takes_its_limit_from_its_setting(settings, path, limit, setting):
@@ -273,6 +289,17 @@ def test_a_small_chunked_body_with_a_key_reaches_the_gateway(alpha_key):
                   length="chunked")  # fmt: skip
     assert answer.status == 404, answer.body  # the body was read: it names a model that is not there
     assert "nowhere/nothing:1" in answer.error["message"]
+
+
+def test_the_tinker_sdks_key_header_passes_the_gate_and_a_bad_one_does_not(cast, alpha_key):
+    # The SDK sends X-API-Key: tml-<key> (projects.tinker.views._access reads it the same way).
+    body = json.dumps({"tags": [], "user_metadata": {}, "sdk_version": "0.38.0", "type": "create_session"})
+    answer = call("/tinker/api/v1/create_session", Sender(content=body.encode()),
+                  headers=[(b"x-api-key", f"tml-{alpha_key}".encode())])  # fmt: skip
+    assert answer.status == 200 and answer.body.get("session_id"), answer.body
+    refused = call("/tinker/api/v1/create_session", Sender(BIG), headers=[(b"x-api-key", b"tml-aw_nope")])
+    assert refused.status == 401 and refused.read == 0
+    assert "tml-" in refused.error["message"] and "www-authenticate" not in refused.headers
 
 
 def test_a_signed_in_session_posts_through_the_gate(cast):
