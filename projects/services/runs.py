@@ -40,6 +40,8 @@ from projects.models import (
     RunStatus,
     TaskRow,
     TaskSet,
+    TinkerFuture,
+    TinkerFutureStatus,
     TrainableModel,
     TrainingJob,
 )
@@ -171,6 +173,13 @@ def run_create(
             .exists()
         ):
             raise Conflict("this model already has an active run; cancel it or wait", code="model_busy")
+        pending = TinkerFuture.objects.filter(model__model=model, status=TinkerFutureStatus.PENDING).first()
+        if pending is not None:  # a Tinker client's request still to run: wait for it (tinker_future_submit)
+            raise Conflict(
+                f"a Tinker training client's request {pending.pk} ({pending.kind}) on this model has not "
+                "run yet; one writer at a time: wait for its future",
+                code="model_busy",
+            )
         job = TrainingJob.objects.filter(model=model, status__in=("queued", "running")).order_by("id").first()
         if job is not None:
             raise Conflict(

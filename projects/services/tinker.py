@@ -16,8 +16,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from projects.errors import NotFound, ValidationFailed
+from projects.errors import Conflict, NotFound, ValidationFailed
 from projects.models import (
+    CLIENT_KINDS,
     BaseModel,
     Checkpoint,
     Project,
@@ -160,6 +161,7 @@ def tinker_future_submit(
         existing = TinkerFuture.objects.filter(model=model, seq_id=seq_id).first()
         if existing is not None:
             return existing
+        _check_sole_writer(model)
     try:
         with transaction.atomic():
             future = TinkerFuture.objects.create(
@@ -171,6 +173,37 @@ def tinker_future_submit(
 
     transaction.on_commit(lambda: enqueue(future))
     return future
+
+
+def _check_sole_writer(model: TinkerModel) -> None:
+    """One writer per model: a platform run may continue a Tinker client's model between its
+    requests (runs.run_create waits for pending ones), but while that run is active, and after it
+    has trained the model past the client's own steps, the client's resident state is not the
+    model's any more: its training requests are refused (409) instead of writing over the run's."""
+    from projects.services.runs import ACTIVE_STATUSES
+
+    other = (
+        Run.objects.filter(model=model.model, status__in=ACTIVE_STATUSES)
+        .exclude(kind__in=CLIENT_KINDS)
+        .first()
+    )
+    if other is not None:
+        raise Conflict(
+            f"run {other.pk} is training this model; one writer at a time: wait for it, then "
+            "create a training client from its checkpoint",
+            field="model_id",
+            code="model_busy",
+        )
+    latest = (
+        Checkpoint.objects.filter(model=model.model).order_by("-step").values_list("step", flat=True).first()
+    )
+    if latest is not None and latest > model.run.current_step:
+        raise Conflict(
+            f"another run trained this model to step {latest}, past this training client's step "
+            f"{model.run.current_step}; create a training client from that checkpoint",
+            field="model_id",
+            code="model_busy",
+        )
 
 
 def tinker_future_finish(

@@ -54,6 +54,33 @@ def test_second_active_run_on_a_model_is_409(alpha_setup, key_client):
     assert response.status_code == 409 and error_of(response)["code"] == "model_busy"
 
 
+def test_a_tinker_client_and_a_platform_run_never_write_one_model_at_once(alpha_setup, key_client, cast):
+    # A platform run may continue a Tinker client's model between the client's requests; while a
+    # request is pending the run is refused, and while the run is active (or after it trained
+    # the model past the client's step) the client's training requests are refused.
+    from projects.errors import Conflict
+    from projects.models import Checkpoint, Run
+
+    session = services.tinker_session_create(team=cast.alpha, project="math", tags=[], user_metadata=None,
+                                             sdk_version="0.38.0")  # fmt: skip
+    tinker = services.tinker_model_create(session=session, model_seq_id=0, base_model="tiny", lora_config={})
+    future = services.tinker_future_submit(team=cast.alpha, kind="forward_backward", model=tinker, seq_id=1)
+    body = {**_run_body(alpha_setup), "model": tinker.model.pk}
+    response = key_client.post("/api/v1/runs/", body, format="json")
+    assert response.status_code == 409 and error_of(response)["code"] == "model_busy"
+    assert future.pk in error_of(response)["message"]
+    services.tinker_future_finish(future=future, result={})
+    response = key_client.post("/api/v1/runs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    with pytest.raises(Conflict, match=f"run {response.json()['id']} is training this model"):
+        services.tinker_future_submit(team=cast.alpha, kind="optim_step", model=tinker, seq_id=2)
+    run = Run.objects.get(pk=response.json()["id"])
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
+    Checkpoint.objects.create(model=tinker.model, run=run, step=1, path="/x")
+    with pytest.raises(Conflict, match="past this training client's step 0"):
+        services.tinker_future_submit(team=cast.alpha, kind="optim_step", model=tinker, seq_id=2)
+
+
 def test_cancel_queued_run_then_cancel_again_is_409(alpha_setup, key_client):
     run_id = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json").json()["id"]
     cancelled = key_client.post(f"/api/v1/runs/{run_id}/cancel/")
