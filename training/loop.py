@@ -28,7 +28,7 @@ from training.learning_signal import SignalWatch
 from training.progress import phase, progress_events, step_label
 from training.rewards import grade_trajectories
 from training.schedules import learning_rate_at
-from training.trajectory import Trajectory, longest_turn, overlong_penalty, to_train_group
+from training.trajectory import Trajectory, to_train_group
 
 logger = logging.getLogger(__name__)
 
@@ -377,11 +377,11 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
         metrics = trainer.train_step(train_groups, learning_rate=rate)
         if config.dynamic_sampling:
             metrics.update(draw.summary(groups, batch))
-        if config.length_penalty_buffer:
+        if config.length_penalty_buffer:  # what to_train_group added to each reward
             penalties = [
-                overlong_penalty(longest_turn(t), config.max_new_tokens, config.length_penalty_buffer)
-                for group in batch
-                for t in group
+                sample.reward - float(t.reward)
+                for train, group in zip(train_groups, batch, strict=True)
+                for sample, t in zip(train.samples, group, strict=True)
             ]
             metrics["length_penalty_mean"] = sum(penalties) / max(len(penalties), 1)
         sync_started = time.monotonic()  # sync: save, wake the sampler, load and check the adapter

@@ -199,3 +199,14 @@ def test_dynamic_sampling_trains_only_on_groups_with_a_signal(tiny_model_dir, tm
         assert (metrics["trainable_tokens"] > 0) == (metrics["groups_trained"] > 0)
     assert any(m["groups_trained"] > 0 for m in hooks.metrics), [m["groups_drawn"] for m in hooks.metrics]
     print([(m["groups_drawn"], m["groups_dropped"], m["groups_trained"]) for m in hooks.metrics])
+
+
+def test_the_step_records_the_length_penalty_its_rewards_carried(tiny_model_dir, tmp_path):
+    spec = run_spec(tmp_path, {"type": "regex", "name": "any", "pattern": "."}, model=tiny_model_dir,
+                    cache=tiny_model_dir.parent, steps=1, max_new_tokens=3, length_penalty_buffer=2)  # fmt: skip
+    hooks = MeteredHooks()
+    assert run_training(spec, hooks) == "succeeded"
+    (metrics,) = hooks.metrics
+    penalties = [overlong_penalty(longest_turn(t), 3, 2) for t in metrics["trajectories"]]
+    assert metrics["length_penalty_mean"] == pytest.approx(sum(penalties) / len(penalties))
+    assert any(p < 0 for p in penalties), "the tiny model runs to the token limit: the penalty is real"
