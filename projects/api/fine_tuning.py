@@ -25,7 +25,7 @@ from projects import services
 from projects.api.base import TeamViewSet
 from projects.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, list_body, rows_after
 from projects.api.serializers import InputSerializer
-from projects.errors import NotFound, ValidationFailed
+from projects.errors import Conflict, NotFound, ValidationFailed
 from projects.models import Checkpoint, Run, RunEvent, RunStatus, StepMetrics, TaskRow, TaskSet
 from projects.services import fine_tuning
 from projects.services.fine_tuning import parse_id
@@ -74,6 +74,40 @@ def file_body(task_set: TaskSet) -> dict[str, Any]:
     }
 
 
+RESULT_COLUMNS = (
+    "step",
+    "train_loss",
+    "train_mean_reward",
+    "train_reward_std",
+    "learning_rate",
+    "trainable_tokens",
+)
+
+
+def results_csv(run: Run) -> str:
+    """A finished job's result file, as OpenAI's: one CSV line of metrics per step."""
+    lines = [",".join(RESULT_COLUMNS)]
+    for step in StepMetrics.objects.filter(run=run).order_by("step"):
+        values = (step.step, step.loss, step.reward_mean, step.reward_std,
+                  step.metrics.get("learning_rate"), step.metrics.get("trainable_tokens"))  # fmt: skip
+        lines.append(",".join("" if value is None else f"{value:g}" for value in values))
+    return "\n".join(lines) + "\n"
+
+
+def results_file_body(run: Run) -> dict[str, Any]:
+    return {
+        "id": f"file-r{run.pk}",
+        "object": "file",
+        "bytes": len(results_csv(run).encode()),
+        "created_at": _stamp(run.finished_at),
+        "filename": "step_metrics.csv",
+        "purpose": "fine-tune-results",
+        "status": "processed",
+        "status_details": None,
+        "expires_at": None,
+    }
+
+
 class FileIn(InputSerializer):
     """What OPTIONS and the schema describe; projects.services.fine_tuning checks the rows."""
 
@@ -113,6 +147,21 @@ class FilesView(TeamViewSet):
 
     def _project(self, *, create: bool) -> Any:
         return fine_tuning.job_project(team=self.team, name=_header_project(self.request), create=create)
+
+    def _results_of(self, file_id: str) -> Run | None:
+        """The finished job whose result file ``file_id`` is (``file-r<job>``), or None when it
+        names no result file; another team's is a 404."""
+        if not file_id.startswith("file-r"):
+            return None
+        number = parse_id("file-" + file_id.removeprefix("file-r"), "file")
+        run = None
+        if number is not None:
+            run = Run.objects.filter(
+                project__team=self.team, pk=number, fine_tuning__has_key="method"
+            ).first()
+        if run is None or run.status != RunStatus.SUCCEEDED:
+            raise NotFound(f"No such File object: {file_id}", field="file_id")
+        return run
 
     def _task_set(self, file_id: str) -> TaskSet:
         number = parse_id(file_id, "file")
@@ -156,16 +205,23 @@ class FilesView(TeamViewSet):
 
     @extend_schema(responses={200: dict})
     def retrieve(self, request: Request, file_id: str) -> Response:
+        if (run := self._results_of(file_id)) is not None:
+            return Response(results_file_body(run))
         return Response(file_body(self._task_set(file_id)))
 
     @extend_schema(responses={200: dict})
     def destroy(self, request: Request, file_id: str) -> Response:
+        if self._results_of(file_id) is not None:
+            raise Conflict("a job's result file is its run's step metrics: delete the job's run instead",
+                           field="file_id", code="in_use")  # fmt: skip
         task_set = self._task_set(file_id)
         services.task_set_delete(task_set=task_set)
         return Response({"id": file_id, "object": "file", "deleted": True})
 
     @extend_schema(responses={200: str})
     def content(self, request: Request, file_id: str) -> HttpResponse:
+        if (run := self._results_of(file_id)) is not None:
+            return HttpResponse(results_csv(run), content_type="text/csv; charset=utf-8")
         rows = TaskRow.objects.filter(task_set=self._task_set(file_id)).order_by("index")
         lines = [json.dumps(fine_tuning.openai_line(row.data), ensure_ascii=False) for row in rows]
         return HttpResponse("\n".join(lines) + "\n", content_type="application/jsonl; charset=utf-8")
@@ -214,7 +270,7 @@ def job_body(run: Run) -> dict[str, Any]:
         "finished_at": _stamp(run.finished_at),
         "fine_tuned_model": checkpoint_name(latest) if latest and run.status == RunStatus.SUCCEEDED else None,
         "organization_id": f"team-{run.project.team_id}",
-        "result_files": [],
+        "result_files": [f"file-r{run.pk}"] if run.status == RunStatus.SUCCEEDED else [],
         "status": STATUSES[run.status],
         "validation_file": f"file-{asked['validation_file']}" if asked.get("validation_file") else None,
         "training_file": f"file-{asked['training_file']}",

@@ -475,6 +475,8 @@ def job_create(*, project: Project, body: dict[str, Any], created_by: Any = None
     config, reported = job_config(
         kind=kind, hyper=hyper, train_rows=training.train_count, seed=seed, where=where
     )
+    if validation is not None:  # every held-out row is evaluated, at step 0 and at the end (eval_interval)
+        config["eval_max_rows"] = max(1, min(validation.row_count, 10_000))
     grader_spec = grader_problems(grader, field="method.reinforcement.grader") if grader else REFERENCE_GRADER
     label = slugify(suffix or "")[:40].strip("-_")
     token = secrets.token_hex(3)

@@ -158,6 +158,13 @@ def test_a_reinforcement_job_is_a_platform_run_with_the_grader_and_hyperparamete
     assert ft.fine_tuning.jobs.retrieve(job.id).hyperparameters.batch_size == 2
     assert [j.id for j in ft.fine_tuning.jobs.list(metadata={"ci": "yes"})] == [job.id]
     assert list(ft.fine_tuning.jobs.list(metadata={"ci": "no"})) == []
+    # In the dashboard: the run's page says it is this job.
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(cast.alice)
+    page = browser.get(f"/runs/{run.pk}/").content.decode()
+    assert f"ftjob-{run.pk}" in page and "reinforcement job" in page
 
 
 def test_supervised_and_dpo_jobs_are_sft_and_dpo_runs(ft):
@@ -282,13 +289,22 @@ def test_the_openai_project_header_names_an_artweb_project(ft, cast, alpha_key):
     assert error["param"] == "OpenAI-Project"
 
 
-def test_cancel_pause_resume_events_and_checkpoints(ft, django_capture_on_commit_callbacks):
+def test_cancel_pause_resume_events_and_checkpoints(ft, cast):
     job = ft.fine_tuning.jobs.create(model="tiny", training_file=upload(ft, SFT_ROWS).id)
     run = Run.objects.get(pk=int(job.id[6:]))
     assert ft.fine_tuning.jobs.pause(job.id).status == "paused"
     assert ft.fine_tuning.jobs.resume(job.id).status == "queued"
     # What a worker records: a step (its metrics event) and a checkpoint.
-    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING)
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    Run.objects.filter(pk=run.pk).update(
+        status=RunStatus.RUNNING, started_at=now - timedelta(seconds=30), heartbeat_at=now, current_step=1
+    )
+    running = ft.fine_tuning.jobs.retrieve(job.id)  # 1 of 10 steps in 30 s: 9 × 30 s to go
+    assert running.status == "running" and abs(running.estimated_finish - (now.timestamp() + 270)) <= 2
     StepMetrics.objects.create(run=run, step=1, loss=0.5, metrics={"loss": 0.5, "trainable_tokens": 40.0})
     services.run_event_add(
         run=run, message="step 1/2: loss 0.5", type="metrics", data={"step": 1, "loss": 0.5}
@@ -311,6 +327,16 @@ def test_cancel_pause_resume_events_and_checkpoints(ft, django_capture_on_commit
     Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
     done = ft.fine_tuning.jobs.retrieve(job.id)
     assert done.fine_tuned_model == listed.fine_tuned_model_checkpoint and done.trained_tokens == 40
+    # The result file, as OpenAI fills it once a job has succeeded: the step metrics as CSV.
+    (results,) = done.result_files
+    assert ft.files.retrieve(results).purpose == "fine-tune-results"
+    csv = ft.files.content(results).text.splitlines()
+    assert csv[0].startswith("step,train_loss,") and csv[1].startswith("1,0.5,")
+    with pytest.raises(openai.ConflictError):
+        ft.files.delete(results)
+    outsider = client_for(services.api_key_create(team=cast.beta, name="b").plaintext)
+    with pytest.raises(openai.NotFoundError):
+        outsider.files.content(results)
     with pytest.raises(openai.ConflictError):
         ft.fine_tuning.jobs.cancel(job.id)
     Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED)
