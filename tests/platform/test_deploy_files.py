@@ -366,3 +366,43 @@ def test_manage_py_commands_in_compose_exist():
         )
         for command in re.findall(r"manage\.py (\w+)", text):
             assert command in commands, f"{name} runs manage.py {command}, which does not exist"
+
+
+def _many_hosts_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("### Many hosts")
+    return text[start : text.index("\n## ", start)]
+
+
+def test_the_many_hosts_section_and_the_compose_profiles_are_in_step():
+    """Every profiled service (what a further host runs) and the command that starts it are in the
+    README's "Many hosts"; every variable a further host sets to reach the first is named there and
+    used by the compose file; the profile's worker consumes its own queue, one task at a time."""
+    section = _many_hosts_section()
+    text = (ROOT / "docker-compose.yml").read_text()
+    services = compose()["services"]
+    profiled = {name: service for name, service in services.items() if service.get("profiles")}
+    assert len(profiled) >= 2, "a second worker profile: a worker and an inference server"
+    for profile in {p for service in profiled.values() for p in service["profiles"]}:
+        members = sorted(name for name, service in profiled.items() if profile in service["profiles"])
+        command = re.compile(rf"docker compose --profile {re.escape(profile)} up -d --no-deps ([a-z0-9 -]+)")
+        for where in (section, text):
+            started = command.search(where)
+            assert started and sorted(started.group(1).split()) == members, (profile, members)
+        workers = [name for name in members if _command(services[name])[:2] == ["python", "-m"]]
+        assert workers, profile
+        for name in workers:
+            words = _command(services[name])
+            assert interpolated(words[words.index("-Q") + 1]) == profile  # its class's queue only
+            assert (
+                words[words.index("-c") + 1] == "1" and words[words.index("--prefetch-multiplier") + 1] == "1"
+            )
+            assert "depends_on" not in services[name], "a further host runs it alone (--no-deps)"
+    for name in profiled:
+        assert f"`{name}`" in section, name
+    for variable in re.findall(r"`([A-Z][A-Z0-9_]+)`", section):
+        assert "${" + variable in text, f"the README names {variable}, which compose does not read"
+    for needed in ("POSTGRES_HOST", "REDIS_HOST", "STORAGE_S3_ENDPOINT_URL", "GPU_LARGE_INFERENCE_URL"):
+        assert f"`{needed}`" in section, needed
+    app_env = _app_env("worker-gpu-large")
+    assert "${POSTGRES_HOST" in compose()["x-app-env"]["DATABASE_URL"] and app_env["STORAGE_BACKEND"] == "s3"
