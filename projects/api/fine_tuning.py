@@ -14,7 +14,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -25,6 +24,7 @@ from projects import services
 from projects.api.base import TeamViewSet
 from projects.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, list_body, rows_after
 from projects.api.serializers import InputSerializer
+from projects.api.views import upload_text
 from projects.errors import Conflict, NotFound, ValidationFailed
 from projects.models import Checkpoint, Run, RunEvent, RunStatus, StepMetrics, TaskRow, TaskSet
 from projects.services import fine_tuning
@@ -175,12 +175,7 @@ class FilesView(TeamViewSet):
         upload = request.FILES.get("file")
         if upload is None:
             raise ValidationFailed("attach the JSONL file as multipart field 'file'", field="file")
-        if upload.size > settings.MAX_TASKSET_BYTES:
-            raise ValidationFailed(f"larger than {settings.MAX_TASKSET_BYTES} bytes", field="file")
-        try:
-            text = upload.read().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValidationFailed(f"not UTF-8 text (byte {exc.start})", field="file") from exc
+        text = upload_text(upload)
         project = self._project(create=True)
         assert project is not None  # create=True makes it
         task_set = fine_tuning.file_create(

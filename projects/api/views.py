@@ -40,6 +40,19 @@ from projects.models import (
 from training import names
 
 
+def upload_text(upload: Any) -> str:
+    """An uploaded task file (a task set's, a fine-tuning file's) as text: a 400 on ``file`` when
+    it is over MAX_TASKSET_BYTES or not UTF-8."""
+    from django.conf import settings
+
+    if upload.size > settings.MAX_TASKSET_BYTES:
+        raise ValidationFailed(f"larger than {settings.MAX_TASKSET_BYTES} bytes", field="file")
+    try:
+        return str(upload.read().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValidationFailed(f"not UTF-8 text (byte {exc.start})", field="file") from exc
+
+
 def _valid(serializer_class: type, data: Any, partial: bool = False) -> dict[str, Any]:
     serializer = serializer_class(data=data, partial=partial)
     serializer.is_valid(raise_exception=True)
@@ -207,14 +220,7 @@ class TaskSetViewSet(TeamViewSet, mixins.RetrieveModelMixin):
         project = self.ref(Project, data["project"], "project")
         jsonl = data.get("jsonl")
         if upload := data.get("file"):
-            from django.conf import settings
-
-            if upload.size > settings.MAX_TASKSET_BYTES:
-                raise ValidationFailed(f"larger than {settings.MAX_TASKSET_BYTES} bytes", field="file")
-            try:
-                jsonl = upload.read().decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ValidationFailed(f"not UTF-8 text (byte {exc.start})", field="file") from exc
+            jsonl = upload_text(upload)
         task_set = services.task_set_create(
             project=project,
             name=data["name"],

@@ -253,11 +253,7 @@ def file_create(*, project: Project, filename: str, jsonl: str, purpose: str) ->
         except _RowError as exc:
             problems.append((f"line {number}: {exc.field}", exc.message))
     if problems:
-        shown = problems[: task_sets.MAX_ERRORS_REPORTED]
-        more = f" (and {len(problems) - len(shown)} more)" if len(problems) > len(shown) else ""
-        raise ValidationFailed(
-            "; ".join(f"{where}: {why}" for where, why in shown) + more, field="file", problems=shown
-        )
+        raise task_sets.lines_invalid(problems, field="file")
     stem = slugify(filename.rsplit(".", 1)[0])[:40].strip("-_") or "file"
     task_set = task_sets.task_set_create(
         project=project,

@@ -70,6 +70,14 @@ def _row_problems(row: Any) -> list[tuple[str, str]]:
     return problems
 
 
+def lines_invalid(problems: list[tuple[str, str]], *, field: str) -> ValidationFailed:
+    """One 400 on ``field`` listing the first MAX_ERRORS_REPORTED bad lines (and how many more)."""
+    shown = problems[:MAX_ERRORS_REPORTED]
+    more = f" (and {len(problems) - len(shown)} more)" if len(problems) > len(shown) else ""
+    summary = "; ".join(f"{where}: {message}" for where, message in shown) + more
+    return ValidationFailed(summary, field=field, problems=shown)
+
+
 def parse_rows(*, jsonl: str | None = None, rows: list[Any] | None = None) -> list[ParsedRow]:
     """Parse JSONL text or a list of row objects; raise ValidationFailed listing bad lines."""
     if (jsonl is None) == (rows is None):
@@ -97,10 +105,7 @@ def parse_rows(*, jsonl: str | None = None, rows: list[Any] | None = None) -> li
             where = f"line {line_number}" + (f": {field}" if field else "")
             problems.append((where, message))
     if problems:
-        shown = problems[:MAX_ERRORS_REPORTED]
-        more = f" (and {len(problems) - len(shown)} more)" if len(problems) > len(shown) else ""
-        summary = "; ".join(f"{where}: {message}" for where, message in shown) + more
-        raise ValidationFailed(summary, field="file" if jsonl is not None else "rows", problems=shown)
+        raise lines_invalid(problems, field="file" if jsonl is not None else "rows")
     if not numbered:
         raise ValidationFailed("the task set has no rows", field="file" if jsonl is not None else "rows")
     parsed = []
