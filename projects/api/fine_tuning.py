@@ -170,7 +170,9 @@ class FilesView(TeamViewSet):
             raise NotFound(f"No such File object: {file_id}", field="file_id")
         return found
 
-    @extend_schema(request={"multipart/form-data": FileIn}, responses={200: dict})
+    @extend_schema(
+        operation_id="files_create", request={"multipart/form-data": FileIn}, responses={200: dict}
+    )
     def create(self, request: Request) -> Response:
         upload = request.FILES.get("file")
         if upload is None:
@@ -186,7 +188,7 @@ class FilesView(TeamViewSet):
         )
         return Response(file_body(task_set), status=status.HTTP_200_OK)
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="files_list", responses={200: dict})
     def list(self, request: Request) -> Response:
         purpose = request.query_params.get("purpose")
         if purpose not in (None, "", "fine-tune"):
@@ -198,13 +200,13 @@ class FilesView(TeamViewSet):
         queryset = self.get_queryset().filter(project=project).order_by("id" if order == "asc" else "-id")
         return _page(request, queryset, "file", file_body)
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="files_retrieve", responses={200: dict})
     def retrieve(self, request: Request, file_id: str) -> Response:
         if (run := self._results_of(file_id)) is not None:
             return Response(results_file_body(run))
         return Response(file_body(self._task_set(file_id)))
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="files_delete", responses={200: dict})
     def destroy(self, request: Request, file_id: str) -> Response:
         if self._results_of(file_id) is not None:
             raise Conflict("a job's result file is its run's step metrics: delete the job's run instead",
@@ -213,7 +215,7 @@ class FilesView(TeamViewSet):
         services.task_set_delete(task_set=task_set)
         return Response({"id": file_id, "object": "file", "deleted": True})
 
-    @extend_schema(responses={200: str})
+    @extend_schema(operation_id="files_content", responses={200: str})
     def content(self, request: Request, file_id: str) -> HttpResponse:
         if (run := self._results_of(file_id)) is not None:
             return HttpResponse(results_csv(run), content_type="text/csv; charset=utf-8")
@@ -332,7 +334,7 @@ class JobsView(TeamViewSet):
     def _job(self, job_id: str) -> Run:
         return fine_tuning.job_lookup(team=self.team, job_id=job_id)
 
-    @extend_schema(request=JobIn, responses={200: dict})
+    @extend_schema(operation_id="fine_tuning_jobs_create", request=JobIn, responses={200: dict})
     def create(self, request: Request) -> Response:
         if not isinstance(request.data, dict):
             raise ValidationFailed("the body must be a JSON object", field="non_field_errors")
@@ -342,7 +344,7 @@ class JobsView(TeamViewSet):
         run = fine_tuning.job_create(project=project, body=dict(request.data), created_by=user)
         return Response(job_body(run))
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="fine_tuning_jobs_list", responses={200: dict})
     def list(self, request: Request) -> Response:
         queryset = self.get_queryset().filter(fine_tuning__has_key="method")
         if _header_project(request):
@@ -357,7 +359,7 @@ class JobsView(TeamViewSet):
                 queryset = queryset.filter(**{f"fine_tuning__metadata__{name}": value})
         return _page(request, queryset.select_related("project").order_by("-id"), "ftjob", job_body)
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="fine_tuning_jobs_retrieve", responses={200: dict})
     def retrieve(self, request: Request, job_id: str) -> Response:
         return Response(job_body(self._job(job_id)))
 
@@ -366,25 +368,25 @@ class JobsView(TeamViewSet):
         action(run=run)
         return Response(job_body(Run.objects.get(pk=run.pk)))
 
-    @extend_schema(request=None, responses={200: dict})
+    @extend_schema(operation_id="fine_tuning_jobs_cancel", request=None, responses={200: dict})
     def cancel(self, request: Request, job_id: str) -> Response:
         return self._control(job_id, services.run_cancel)
 
-    @extend_schema(request=None, responses={200: dict})
+    @extend_schema(operation_id="fine_tuning_jobs_pause", request=None, responses={200: dict})
     def pause(self, request: Request, job_id: str) -> Response:
         return self._control(job_id, services.run_pause)
 
-    @extend_schema(request=None, responses={200: dict})
+    @extend_schema(operation_id="fine_tuning_jobs_resume", request=None, responses={200: dict})
     def resume(self, request: Request, job_id: str) -> Response:
         return self._control(job_id, services.run_resume)
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="fine_tuning_jobs_events", responses={200: dict})
     def events(self, request: Request, job_id: str) -> Response:
         run = self._job(job_id)
         queryset = RunEvent.objects.filter(run=run).order_by("-id")
         return _page(request, queryset, "ftevent", lambda event: event_body(event, run))
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="fine_tuning_jobs_checkpoints", responses={200: dict})
     def checkpoints(self, request: Request, job_id: str) -> Response:
         run = self._job(job_id)
         # The steps the job trained (its start, the untrained adapter, is not a result of it).
