@@ -22,7 +22,7 @@ from rest_framework.response import Response
 
 from projects import services
 from projects.api.base import TeamViewSet
-from projects.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, list_body, rows_after
+from projects.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, int_query_param, list_body, rows_after
 from projects.api.serializers import InputSerializer
 from projects.api.views import upload_text
 from projects.errors import Conflict, NotFound, ValidationFailed
@@ -37,19 +37,17 @@ def _stamp(moment: Any) -> int | None:
 
 def _page(request: Request, queryset: Any, prefix: str, body: Callable[[Any], dict[str, Any]]) -> Response:
     """One page of ``queryset`` (its own order) for OpenAI's ``?after=<prefix>-<n>&limit=``."""
-    raw_limit = request.query_params.get("limit", str(DEFAULT_LIMIT if prefix != "ftevent" else 20))
-    if not raw_limit.isascii() or not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
-        raise ValidationFailed(f"must be an integer between 1 and {MAX_LIMIT}", field="limit")
+    limit = int_query_param(request, "limit", DEFAULT_LIMIT if prefix != "ftevent" else 20)
+    if limit is None or not 1 <= limit <= MAX_LIMIT:
+        raise ValidationFailed(f"must be between 1 and {MAX_LIMIT}", field="limit")
     after = request.query_params.get("after")
     if after:
         number = parse_id(after, prefix)
         if number is None:
             raise ValidationFailed(f"must be an id of this list ({prefix}-…)", field="after")
         queryset = rows_after(queryset, number)
-    rows = list(queryset[: int(raw_limit) + 1])
-    return Response(
-        list_body([body(row) for row in rows[: int(raw_limit)]], has_more=len(rows) > int(raw_limit))
-    )
+    rows = list(queryset[: limit + 1])
+    return Response(list_body([body(row) for row in rows[:limit]], has_more=len(rows) > limit))
 
 
 def _header_project(request: Request) -> str | None:
@@ -250,10 +248,12 @@ def job_body(run: Run) -> dict[str, Any]:
         .order_by("-step")
         .first()
     )
-    tokens = sum(
-        float(metrics.get("trainable_tokens", 0.0))
-        for metrics in StepMetrics.objects.filter(run=run).values_list("metrics", flat=True)
-    )
+    tokens = None  # OpenAI fills it once the job has succeeded
+    if run.status == RunStatus.SUCCEEDED:
+        tokens = int(sum(
+            float(metrics.get("trainable_tokens", 0.0))
+            for metrics in StepMetrics.objects.filter(run=run).values_list("metrics", flat=True)
+        ))  # fmt: skip
     estimated = None
     if run.status == RunStatus.RUNNING and run.started_at and run.steps_done and run.heartbeat_at:
         per_step = (run.heartbeat_at - run.started_at) / run.steps_done
@@ -272,7 +272,7 @@ def job_body(run: Run) -> dict[str, Any]:
         "validation_file": f"file-{asked['validation_file']}" if asked.get("validation_file") else None,
         "training_file": f"file-{asked['training_file']}",
         "hyperparameters": method[method["type"]]["hyperparameters"],
-        "trained_tokens": int(tokens) if run.status == RunStatus.SUCCEEDED else None,
+        "trained_tokens": tokens,
         "error": {"code": "run_failed", "message": run.error, "param": None}
         if run.status == RunStatus.FAILED
         else None,
@@ -306,8 +306,7 @@ def event_body(event: RunEvent, run: Run) -> dict[str, Any]:
     }
 
 
-def checkpoint_body(checkpoint: Checkpoint, run: Run) -> dict[str, Any]:
-    step = StepMetrics.objects.filter(run=run, step=checkpoint.step).first()
+def checkpoint_body(checkpoint: Checkpoint, run: Run, step: StepMetrics | None) -> dict[str, Any]:
     metrics: dict[str, Any] = {"step": checkpoint.step}
     if step is not None:
         metrics.update(train_loss=step.loss, train_mean_reward=step.reward_mean)
@@ -395,4 +394,12 @@ class JobsView(TeamViewSet):
             .select_related("model__project")
             .order_by("-step")
         )
-        return _page(request, queryset, "ftckpt", lambda checkpoint: checkpoint_body(checkpoint, run))
+        steps = {
+            row.step: row for row in StepMetrics.objects.filter(run=run).only("step", "loss", "reward_mean")
+        }
+        return _page(
+            request,
+            queryset,
+            "ftckpt",
+            lambda checkpoint: checkpoint_body(checkpoint, run, steps.get(checkpoint.step)),
+        )
