@@ -350,11 +350,21 @@ INFERENCE_DEFAULT_MAX_TOKENS = env_int("INFERENCE_DEFAULT_MAX_TOKENS", 256, mini
 INFERENCE_MAX_TOKENS = env_int("INFERENCE_MAX_TOKENS", 4096, minimum=1)
 # Servers load LoRA checkpoints only from under this directory (the path arrives over HTTP).
 INFERENCE_ADAPTER_ROOT = Path(env_str("INFERENCE_ADAPTER_ROOT", str(CHECKPOINT_DIR))).resolve()
+# STORAGE_BACKEND=s3: where an inference server keeps the checkpoints it fetched from the bucket (a
+# folder of its own: what is there is evicted, least recently used first, beyond the budget; 0 = no
+# budget). The local store's folders are the store itself and are never evicted.
+INFERENCE_CACHE_DIR = Path(env_str("INFERENCE_CACHE_DIR", str(DATA_DIR / "inference-cache"))).resolve()
+INFERENCE_CACHE_BUDGET_BYTES = env_int("INFERENCE_CACHE_BUDGET_BYTES", 20 * 1024**3, minimum=0)
 GATEWAY_RATE_LIMIT_PER_MINUTE = env_int(
     "GATEWAY_RATE_LIMIT_PER_MINUTE", 600, minimum=0
 )  # per API key; 0 = off
 GATEWAY_RETRY_AFTER_S = env_int("GATEWAY_RETRY_AFTER_S", 5, minimum=1)  # Retry-After when no server is live
 GATEWAY_UPSTREAM_TIMEOUT_S = env_float("GATEWAY_UPSTREAM_TIMEOUT_S", 600.0)
+# Spreading among the servers of one base model (projects.gateway.balance): a server that does not
+# hold the checkpoint's adapter counts as this many more requests in flight (the cost of loading
+# it); a server that refused a connection is tried last for this many seconds.
+GATEWAY_ADAPTER_LOAD_COST = env_int("GATEWAY_ADAPTER_LOAD_COST", 4, minimum=0)
+GATEWAY_SERVER_DOWN_S = env_float("GATEWAY_SERVER_DOWN_S", 10.0)
 # Seconds a web process remembers an authenticated API key and a model route (0 = off): a revoked
 # key keeps working, and a new checkpoint becomes :latest, up to this long later.
 GATEWAY_LOOKUP_CACHE_S = env_float("GATEWAY_LOOKUP_CACHE_S", 1.0)

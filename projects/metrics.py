@@ -4,7 +4,8 @@ Series (all prefixed ``artweb_``):
 - web: ``http_request_duration_seconds{route,method,status}`` (the URL pattern, never the raw path);
 - gateway: ``gateway_request_duration_seconds{model,status,stream}`` and
   ``gateway_tokens_total{model,kind}`` (``model`` is ``project/model`` without the step, so the
-  label set stays small as checkpoints accumulate);
+  label set stays small as checkpoints accumulate), ``gateway_upstream_outstanding_requests{server}``
+  (completions in flight to each inference server, what the balancer reads);
 - worker: ``step_seconds{kind}`` and ``step_phase_seconds{kind,phase}`` (rollout / update),
   ``tokens_total{kind,what}`` (sampled / trained; tokens/s is ``rate()``), ``grader_errors_total``,
   ``jobs_finished_total{kind,outcome}`` (``step_phase_seconds`` phases: rollout, update, sync);
@@ -35,6 +36,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -56,6 +58,12 @@ GATEWAY_LATENCY = Histogram(
     "Gateway chat completions (streams: until the response starts)",
     ["model", "status", "stream"],
     buckets=LATENCY_BUCKETS,
+)
+GATEWAY_OUTSTANDING = Gauge(
+    "artweb_gateway_upstream_outstanding_requests",
+    "Completions in flight from this gateway to each inference server",
+    ["server"],
+    multiprocess_mode="livesum",
 )
 GATEWAY_TOKENS = Counter("artweb_gateway_tokens_total", "Tokens served by the gateway", ["model", "kind"])
 STEP_SECONDS = Histogram("artweb_step_seconds", "Training step wall time", ["kind"], buckets=STEP_BUCKETS)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
@@ -37,7 +37,7 @@ from projects import metrics
 from projects import services as project_services
 from projects.access import TeamAccess, resolve_team_and_role
 from projects.errors import DomainError
-from projects.gateway import lookups, routing, token_ids
+from projects.gateway import balance, lookups, routing, token_ids
 from projects.gateway.db import in_db_thread
 from projects.gateway.errors import GatewayError
 from projects.gateway.http import UpstreamBroken, UpstreamUnavailable
@@ -241,22 +241,30 @@ async def _routed_completion(
     def on_usage(usage: Usage) -> None:
         _after_response(_record_usage, route, usage)
 
-    for server in route.servers:  # best first; a dead one that still looks alive is skipped
+    # Least outstanding first, adapter holders preferred (balance); a dead one is skipped.
+    for server in balance.order(route.servers, route.target):
         upstream = _upstream(server)
+        release = balance.begin(server.url)
         try:
             reply = await upstream.send(route)
         except UpstreamUnavailable:
+            release()
+            balance.mark_down(server.url)
             continue
         except UpstreamBroken as exc:
+            release()
             return GatewayError(
                 504, f"The inference server did not answer: {exc}", code="upstream_timeout"
             ).response()
-        except GatewayError as exc:
-            return exc.response()
+        except BaseException as exc:
+            release()
+            if isinstance(exc, GatewayError):
+                return exc.response()
+            raise
         if route.stream and reply.status == 200:
             content_type = upstream.stream_content_type(reply)
-            response = StreamingHttpResponse(upstream.relay(reply, route, on_usage), status=200,
-                                             content_type=content_type)  # fmt: skip
+            chunks = balance.released_at_end(upstream.relay(reply, route, on_usage), release)
+            response = balance.CountedStream(chunks, release=release, status=200, content_type=content_type)
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"  # tell a proxy in front not to buffer either
             return response
@@ -264,6 +272,8 @@ async def _routed_completion(
             answer, usage = await upstream.answer(reply, route)
         except GatewayError as exc:
             return exc.response()
+        finally:
+            release()
         answer = token_ids.annotated(answer, route)
         if usage is not None:
             on_usage(usage)

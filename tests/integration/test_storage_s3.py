@@ -215,12 +215,14 @@ def test_second_worker_resumes_from_s3_and_a_third_host_serves_the_new_checkpoin
     assert folder_digest(cache_b / resumed_from.storage_key).sha256 == resumed_from.sha256
     assert not (cache_a / checkpoints[3].storage_key).exists()
 
+    fetched_c = tmp_path / "inference-data" / "fetched"  # the server's own cache: never a trainer's folder
     env = {
         **os.environ,
         "DATABASE_URL": test_database_url(),
         "ARTWEB_DATA_DIR": str(tmp_path / "inference-data"),
         "ARTWEB_CHECKPOINT_DIR": str(cache_c),
         "INFERENCE_ADAPTER_ROOT": str(cache_c),
+        "INFERENCE_CACHE_DIR": str(fetched_c),
         "INFERENCE_SERVER_TOKEN": SERVER_TOKEN,
         "DEBUG": "1",
         "TORCH_THREADS": "1",
@@ -232,11 +234,11 @@ def test_second_worker_resumes_from_s3_and_a_third_host_serves_the_new_checkpoin
         newest = checkpoints[3]
         reply = chat(server, newest, f"it/s3m:{newest.step}")
         assert reply["model"] == "it/s3m:3" and reply["choices"][0]["message"]["role"] == "assistant"
-        assert folder_digest(cache_c / newest.storage_key).sha256 == newest.sha256
+        assert folder_digest(fetched_c / newest.storage_key).sha256 == newest.sha256
         with urllib.request.urlopen(
             urllib.request.Request(f"{server.url}/stats", headers={"Authorization": f"Bearer {SERVER_TOKEN}"})
         ) as response:
             loaded = json.loads(response.read())["adapters"]["loaded"]
-        assert loaded == [str((cache_c / newest.storage_key).resolve())]
+        assert loaded == [str((fetched_c / newest.storage_key).resolve())]
     finally:
         server.stop()

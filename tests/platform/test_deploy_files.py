@@ -346,7 +346,7 @@ def test_volumes_match_the_settings():
         mounts = {target: source for source, target in (v.split(":", 1) for v in service["volumes"])}
         data_dir = env["ARTWEB_DATA_DIR"]
         assert mounts.get(data_dir) == "data", f"{name} does not keep ARTWEB_DATA_DIR on the data volume"
-        for setting in ("ARTWEB_CHECKPOINT_DIR", "INFERENCE_ADAPTER_ROOT"):
+        for setting in ("ARTWEB_CHECKPOINT_DIR", "INFERENCE_ADAPTER_ROOT", "INFERENCE_CACHE_DIR"):
             if setting in env:
                 assert Path(env[setting]).is_relative_to(data_dir), (name, setting)
         words = _command(service)

@@ -154,7 +154,7 @@ def test_serve_inference_fetches_into_its_adapter_root(settings, tmp_path, s3_en
     settings.STORAGE_S3_BUCKET = "serve-cmd"
     settings.STORAGE_S3_ENDPOINT_URL = s3_endpoint
     settings.STORAGE_S3_ACCESS_KEY_ID = settings.STORAGE_S3_SECRET_ACCESS_KEY = "test"
-    settings.INFERENCE_ADAPTER_ROOT = tmp_path / "adapters"
+    settings.INFERENCE_CACHE_DIR = tmp_path / "adapters"
     folder = tmp_path / "src"
     folder.mkdir()
     (folder / "adapter_config.json").write_text("{}")

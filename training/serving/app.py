@@ -45,6 +45,7 @@ from training.serving.chunks import (
     token_chunk,
 )
 from training.serving.continuous import ContinuousScheduler, DecodeBatchLike
+from training.serving.fetch_cache import FetchedCheckpoints
 from training.serving.prompts import render_prompt
 from training.serving.protocol import (
     ADAPTER_HEADER,
@@ -83,6 +84,11 @@ class ServerConfig:
     # (key, sha256) of a stored checkpoint -> a verified local folder under adapter_root (it may
     # download; FileNotFoundError: no such checkpoint). None: only ADAPTER_HEADER's path is used.
     adapter_fetch: Callable[[str, str], Path] | None = None
+    # Where adapter_fetch downloads to (a folder no trainer writes into): what is there is counted
+    # against fetch_cache_budget_bytes and evicted least recently used first (0: no budget).
+    # None: fetched folders are the store's own (the local store) and are never evicted.
+    fetch_cache_root: Path | None = None
+    fetch_cache_budget_bytes: int = 0
 
 
 class InferenceApp:
@@ -91,7 +97,9 @@ class InferenceApp:
         self.config = config
         self.tokenizer = engine.tokenizer
         self.adapters = AdapterCache(engine, config.adapter_capacity)
-        self._fetched: dict[tuple[str, str], Path] = {}  # stored checkpoints already fetched here
+        self.fetched = FetchedCheckpoints(
+            self._fetch, root=config.fetch_cache_root, budget_bytes=config.fetch_cache_budget_bytes
+        )
         self.scheduler: ContinuousScheduler | BatchScheduler
         if config.scheduler == "continuous":
             self.scheduler = ContinuousScheduler(
@@ -236,6 +244,7 @@ class InferenceApp:
                 "loads": self.adapters.loads,
                 "evictions": self.adapters.evictions,
             },
+            "checkpoint_cache": self.fetched.stats(),
         }
 
     async def _adapter_path(self, headers: dict[str, str]) -> Path:
@@ -248,20 +257,34 @@ class InferenceApp:
                     "this server cannot fetch stored checkpoints", code="model_not_found", status=404
                 )
             return check_adapter_path(headers[ADAPTER_HEADER], self.config.adapter_root)
-        folder = self._fetched.get((key, sha256))
-        if folder is None or not (folder / "adapter_config.json").is_file():
-            loop = asyncio.get_running_loop()
-            try:
-                folder = await loop.run_in_executor(None, self.config.adapter_fetch, key, sha256)
-            except FileNotFoundError:
-                raise RequestError("the checkpoint's files are missing in storage",
-                                   code="model_not_found", status=404) from None  # fmt: skip
-            except Exception as exc:  # a digest that does not match, an unreachable bucket
-                log.exception("cannot fetch checkpoint %s", key)
-                raise RequestError(f"cannot fetch the checkpoint: {exc}", code="adapter_fetch_failed",
-                                   status=502) from None  # fmt: skip
-            self._fetched[(key, sha256)] = folder
-        return check_adapter_path(str(folder), self.config.adapter_root)
+        loop = asyncio.get_running_loop()
+        try:
+            folder = await loop.run_in_executor(None, self.fetched.get, key, sha256)
+        except FileNotFoundError:
+            raise RequestError("the checkpoint's files are missing in storage",
+                               code="model_not_found", status=404) from None  # fmt: skip
+        except Exception as exc:  # a digest that does not match, an unreachable bucket
+            log.exception("cannot fetch checkpoint %s", key)
+            raise RequestError(f"cannot fetch the checkpoint: {exc}", code="adapter_fetch_failed",
+                               status=502) from None  # fmt: skip
+        root = self.fetched.root
+        return check_adapter_path(
+            str(folder),
+            root if root is not None and folder.is_relative_to(root) else self.config.adapter_root,
+        )
+
+    def _fetch(self, key: str, sha256: str) -> Path:
+        if self.config.adapter_fetch is None:
+            raise RequestError(
+                "this server cannot fetch stored checkpoints", code="model_not_found", status=404
+            )
+        return self.config.adapter_fetch(key, sha256)
+
+    def loaded_checkpoints(self) -> list[str]:
+        """The adapters loaded now, least recently used first, each named by its store key when it
+        was fetched (the same name on every host: the gateway prefers a server that holds it),
+        else by its path."""
+        return [self.fetched.key_of(Path(path)) or path for path in self.adapters.loaded()]
 
     # ------------------------------------------------------------------ chat completions
     async def _chat(self, headers: dict[str, str], raw: bytes, send: Any, receive: Any = None) -> None:

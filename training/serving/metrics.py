@@ -1,6 +1,7 @@
 """Prometheus series of one inference server (``GET /metrics``, behind the server's token):
 requests by status, rows decoding together per step, time to first token, tokens generated, and
-the LoRA adapter cache (loaded now, loads, evictions). Plain prometheus_client, no Django: the
+the LoRA adapter cache (loaded now, loads, evictions), and the disk cache of fetched checkpoints
+(budget, bytes held, hits, misses, evictions: hit rate = hits / (hits + misses)). Plain prometheus_client, no Django: the
 server is a bare ASGI app (training.serving.app). ``PROMETHEUS_MULTIPROC_DIR``, when set, makes
 the values those of every process on the host, as for the web and the worker (projects.metrics).
 """
@@ -38,6 +39,26 @@ LOADED_ADAPTERS = Gauge(
 ADAPTER_LOADS = Counter("artweb_inference_adapter_loads_total", "LoRA adapters loaded")
 ADAPTER_EVICTIONS = Counter(
     "artweb_inference_adapter_evictions_total", "LoRA adapters evicted (least recently used)"
+)
+
+FETCH_CACHE_BUDGET = Gauge(
+    "artweb_inference_checkpoint_cache_budget_bytes",
+    "Disk budget of fetched checkpoints (0: none)",
+    multiprocess_mode="livemax",
+)
+FETCH_CACHE_BYTES = Gauge(
+    "artweb_inference_checkpoint_cache_bytes",
+    "Bytes of fetched checkpoints on disk now",
+    multiprocess_mode="livesum",
+)
+FETCH_CACHE_HITS = Counter(
+    "artweb_inference_checkpoint_cache_hits_total", "Checkpoint requests served without a download"
+)
+FETCH_CACHE_MISSES = Counter(
+    "artweb_inference_checkpoint_cache_misses_total", "Checkpoint requests that downloaded from the store"
+)
+FETCH_CACHE_EVICTIONS = Counter(
+    "artweb_inference_checkpoint_cache_evictions_total", "Fetched checkpoints removed to keep the disk budget"
 )
 
 

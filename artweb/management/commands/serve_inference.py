@@ -21,6 +21,7 @@ import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -125,6 +126,7 @@ class Command(BaseCommand):
             context_length=getattr(model.config, "max_position_embeddings", None),
             scheduler=scheduler,
             adapter_fetch=stored_adapter_fetch(),
+            **fetch_cache_options(),
         )
         app = InferenceApp(engine, config)
         sock = bind(host, port)
@@ -135,7 +137,7 @@ class Command(BaseCommand):
             close_old_connections()  # a connection the database dropped is reopened, not reused
             inference_server_heartbeat(
                 url=url, base_model_name=row.name, engine="transformers", capacity=capacity,
-                max_batch_size=max_batch_size, loaded_adapters=app.adapters.loaded(), pid=os.getpid(),
+                max_batch_size=max_batch_size, loaded_adapters=app.loaded_checkpoints(), pid=os.getpid(),
                 started_at=started_at,
             )  # fmt: skip
 
@@ -236,12 +238,26 @@ class Command(BaseCommand):
             raise CommandError(f"vLLM exited with status {exit_status}; the server is deregistered")
 
 
+def fetch_cache_options() -> dict[str, Any]:
+    """ServerConfig's fetch cache: INFERENCE_CACHE_DIR under INFERENCE_CACHE_BUDGET_BYTES when
+    checkpoints come from a bucket; none with the local store (its folders are the store)."""
+    if settings.STORAGE_BACKEND != "s3":
+        return {}
+    cache, written = Path(settings.INFERENCE_CACHE_DIR), Path(settings.CHECKPOINT_DIR)
+    if cache == written or cache in written.parents or written in cache.parents:
+        # Eviction deletes folders in the cache: it must never reach what a trainer wrote.
+        raise CommandError(
+            f"INFERENCE_CACHE_DIR ({cache}) must not be, hold or lie inside ARTWEB_CHECKPOINT_DIR ({written})"
+        )
+    return {"fetch_cache_root": cache, "fetch_cache_budget_bytes": settings.INFERENCE_CACHE_BUDGET_BYTES}
+
+
 def stored_adapter_fetch() -> Callable[[str, str], Path]:
-    """(key, sha256) of a stored checkpoint -> a verified folder under INFERENCE_ADAPTER_ROOT (the
-    S3 store's cache on this host; the local store's own folder), for training.serving."""
+    """(key, sha256) of a stored checkpoint -> a verified local folder, for training.serving: the
+    S3 store's copy in INFERENCE_CACHE_DIR, or the local store's own folder."""
     from projects.storage import ObjectNotFound, checkpoint_store
 
-    store = checkpoint_store(cache_dir=Path(settings.INFERENCE_ADAPTER_ROOT))
+    store = checkpoint_store(cache_dir=Path(settings.INFERENCE_CACHE_DIR))
 
     def fetch(key: str, sha256: str) -> Path:
         try:

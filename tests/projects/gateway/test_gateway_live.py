@@ -433,6 +433,38 @@ def test_a_killed_server_stops_being_routed_to_and_a_new_one_is_picked_up(
     assert http("POST", url, key=alpha_key, body=body)[0] == 503
 
 
+def test_two_servers_of_one_base_model_share_the_load_and_a_dead_one_is_routed_around(
+    live, serving, tiny_model_dir, alpha_key
+):
+    """Least outstanding requests first (projects.gateway.balance): a burst reaches both servers;
+    a server killed while its heartbeat is still fresh costs no request."""
+    shared = "gateway-tiny-c"  # a base model only these servers serve
+    register_base_model(tiny_model_dir, name=shared)
+    first, second = serving.start_inference_server(shared), serving.start_inference_server(shared)
+    for server in (first, second):
+        wait_for(lambda server=server: server_is_live(server), timeout=10, what="registration")
+    time.sleep(1.5)  # a route remembered without the second server expires (GATEWAY_LOOKUP_CACHE_S)
+    before = {server.url: server_stats(server)["requests"] for server in (first, second)}
+
+    async def burst():
+        api = async_client(live, alpha_key)
+        return await asyncio.gather(
+            *(api.chat.completions.create(model=shared, messages=HELLO, max_tokens=8) for _ in range(12))
+        )
+
+    assert len(asyncio.run(burst())) == 12
+    served = {server.url: server_stats(server)["requests"] - before[server.url] for server in (first, second)}
+    assert sum(served.values()) == 12 and min(served.values()) >= 2, served
+
+    first.kill()  # its row stays fresh for INFERENCE_HEARTBEAT_TIMEOUT_S: the gateway must skip it
+    body = {"model": shared, "messages": HELLO, "max_tokens": 2}
+    statuses = [
+        http("POST", f"{live.url}/v1/chat/completions", key=alpha_key, body=body)[0] for _ in range(4)
+    ]
+    assert statuses == [200] * 4
+    second.stop()
+
+
 def test_a_stream_whose_client_leaves_is_cancelled_at_once(live, inference_server):
     """Continuous batching: a stream whose client goes away is dropped before it is admitted, or
     its rows leave the decode batch before the next token; the long request goes on unharmed."""
