@@ -165,3 +165,32 @@ def test_serve_inference_fetches_into_its_adapter_root(settings, tmp_path, s3_en
     assert fetch("model-1/step-000001", stored.sha256) == tmp_path / "adapters" / "model-1" / "step-000001"
     with pytest.raises(FileNotFoundError):
         fetch("model-1/step-000002", stored.sha256)
+
+
+@pytest.mark.parametrize("cache", ["checkpoints", "checkpoints/fetched", "."])
+def test_serve_inference_refuses_a_fetch_cache_overlapping_the_checkpoint_dir(settings, tmp_path, cache):
+    """Eviction deletes folders in the fetch cache: it must never reach what a trainer wrote."""
+    from django.core.management.base import CommandError
+
+    from artweb.management.commands.serve_inference import fetch_cache_options
+
+    settings.STORAGE_BACKEND = "s3"
+    settings.CHECKPOINT_DIR = tmp_path / "checkpoints"
+    settings.INFERENCE_CACHE_DIR = (tmp_path / cache).resolve()
+    with pytest.raises(CommandError, match="INFERENCE_CACHE_DIR"):
+        fetch_cache_options()
+
+
+def test_serve_inference_budgets_its_own_fetch_cache_only_with_a_bucket(settings, tmp_path):
+    from artweb.management.commands.serve_inference import fetch_cache_options
+
+    settings.CHECKPOINT_DIR = tmp_path / "checkpoints"
+    settings.INFERENCE_CACHE_DIR = tmp_path / "inference-cache"
+    settings.INFERENCE_CACHE_BUDGET_BYTES = 123
+    settings.STORAGE_BACKEND = "local"
+    assert fetch_cache_options() == {}  # the local store's folders are the store: never evicted
+    settings.STORAGE_BACKEND = "s3"
+    assert fetch_cache_options() == {
+        "fetch_cache_root": tmp_path / "inference-cache",
+        "fetch_cache_budget_bytes": 123,
+    }
