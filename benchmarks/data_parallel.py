@@ -1,0 +1,152 @@
+"""A data-parallel update (training.distributed, 2 gloo ranks) against one process on the same batch.
+
+Prints the largest difference between the two sides' LoRA weights after --steps AdamW steps, the
+losses of each step, and the seconds per step of each side, measured inside the processes (process
+start and the group's rendezvous excluded). Both sides start from the same adapter (rank 0's init
+is broadcast) and see the same batch: --rows GRPO-like rows of --tokens tokens, `ppo` loss.
+
+On this 2-core CPU the two ranks get one core each and the single process both: two ranks are not
+a speed-up here, only the equality is the point. On GPUs each rank has its own device.
+
+    python -m benchmarks.data_parallel            # the bundled SmolLM2-135M
+    python -m benchmarks.data_parallel --tiny
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> list[Any]:
+    from training.session import Datum
+
+    rng = random.Random(seed)
+    data = []
+    for row in range(rows):
+        length = rng.randint(tokens // 2, tokens)
+        ids = [rng.randrange(10, vocab) for _ in range(length)]
+        prompt = length // 3
+        data.append(Datum(model_input=ids[:-1], loss_fn_inputs={
+            "target_tokens": ids[1:],
+            "weights": [0.0] * prompt + [1.0] * (length - 1 - prompt),
+            "logprobs": [-2.0] * (length - 1),
+            "advantages": [1.0 if row % 2 else -1.0] * (length - 1),
+        }))  # fmt: skip
+    return data
+
+
+def session(source: str, cache: Path, threads: int) -> Any:
+    from training.base_models import load_base_model
+    from training.config import LoraSpec, TrainConfig
+    from training.session import TrainingSession
+    from training.trainer import Trainer
+
+    torch.set_num_threads(threads)
+    model, tokenizer = load_base_model(source, cache, device="cpu")
+    return TrainingSession(Trainer(model, tokenizer, TrainConfig(seed=7), LoraSpec()))
+
+
+def train(target: Any, data: list[Any], steps: int, learning_rate: float) -> dict[str, Any]:
+    """``steps`` updates on ``data``; the gradient of the first (summed over ranks when parallel)."""
+    losses, seconds, first_grads = [], [], []
+    single = getattr(target, "session", target)  # the rank's own TrainingSession
+    params = single.trainer.trainable_parameters
+    for step in range(steps):
+        started = time.perf_counter()
+        losses.append(target.forward_backward(data, "ppo").loss)
+        if target is not single:
+            target.reduce_gradients()
+        if step == 0:
+            first_grads = [p.grad.detach().clone() for p in params]
+        single.optim_step(learning_rate=learning_rate)
+        seconds.append(time.perf_counter() - started)
+    return {"losses": losses, "seconds": seconds, "params": [p.detach().clone() for p in params],
+            "first_grads": first_grads}  # fmt: skip
+
+
+def _rank(rank: int, world_size: int, source: str, cache: str, out: str, rows: int, tokens: int,
+          steps: int, learning_rate: float) -> None:  # fmt: skip
+    from training.distributed import DataParallelSession
+
+    parallel = DataParallelSession(session(source, Path(cache), threads=1))
+    vocab = len(parallel.session.trainer.tokenizer)
+    result = train(parallel, batch(rows, tokens, vocab), steps, learning_rate)
+    torch.save(result, Path(out) / f"rank-{rank}.pt")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+
+    from training.base_models import BUNDLED_MODEL, build_tiny_model
+    from training.distributed import run_ranks
+
+    work = Path(tempfile.mkdtemp(prefix="artweb-ddp-bench-"))
+    cache = work / "models"
+    source = str(build_tiny_model(work / "tiny")) if args.tiny else BUNDLED_MODEL
+    common = (args.rows, args.tokens, args.steps, args.learning_rate)
+    from training.base_models import base_model_dir
+
+    base_model_dir(source, cache)  # the bundled model converted once, before two ranks read it
+    run_ranks(_rank, 2, source, str(cache), str(work), *common, rendezvous=work / "rendezvous")
+    one = session(source, cache, threads=2)
+    vocab = len(one.trainer.tokenizer)
+    single = train(one, batch(args.rows, args.tokens, vocab), args.steps, args.learning_rate)
+    ranks = [torch.load(work / f"rank-{rank}.pt") for rank in (0, 1)]
+    report = {
+        "model": source,
+        "rows": args.rows,
+        "tokens": args.tokens,
+        "steps": args.steps,
+        "ranks_identical": all(
+            torch.equal(a, b) for a, b in zip(ranks[0]["params"], ranks[1]["params"], strict=True)
+        ),
+        "max_weight_difference": max(
+            float((a - b).abs().max()) for a, b in zip(ranks[0]["params"], single["params"], strict=True)
+        ),
+        "max_weight_change": max(float(p.abs().max()) for p in single["params"]),
+        # The summed gradient against one process's, relative to its norm (the claim itself;
+        # AdamW then divides by sqrt(v), which magnifies differences where a gradient is ~0).
+        "first_gradient_relative_difference": float(
+            torch.cat(
+                [
+                    (a - b).reshape(-1)
+                    for a, b in zip(ranks[0]["first_grads"], single["first_grads"], strict=True)
+                ]
+            ).norm()
+            / torch.cat([b.reshape(-1) for b in single["first_grads"]]).norm()
+        ),
+        "losses_two_ranks": ranks[0]["losses"],
+        "losses_single": single["losses"],
+        "seconds_per_step_two_ranks": ranks[0]["seconds"],
+        "seconds_per_step_single": single["seconds"],
+    }
+    later = slice(1, None) if args.steps > 1 else slice(None)  # the first step carries warm-up
+    ratio = sum(ranks[0]["seconds"][later]) / sum(single["seconds"][later])
+    report["time_ratio_two_ranks_over_single"] = round(ratio, 2)
+    print(json.dumps(report, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Data-parallel sessions (training.distributed) on CPU: 2 processes joined with the gloo backend
+train on the same batch as one process, and the updates agree within float32 summation noise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from training.config import LoraSpec, TrainConfig
+from training.distributed import DataParallelSession, run_ranks, shares
+from training.session import Datum, TrainingSession
+
+STEPS = 2
+LEARNING_RATE = 1e-2
+# Gradients summed across ranks differ from one process's only in the order of float32 additions;
+# the tolerance is on the adapter weights after STEPS AdamW steps at LEARNING_RATE.
+WEIGHT_TOLERANCE = 1e-5
+
+
+def datum(tokens: list[int], trained_from: int, advantage: float) -> Datum:
+    targets = len(tokens) - 1
+    return Datum(
+        model_input=tokens[:-1],
+        loss_fn_inputs={
+            "target_tokens": tokens[1:],
+            "weights": [0.0] * trained_from + [1.0] * (targets - trained_from),
+            "logprobs": [-2.0] * targets,
+            "advantages": [advantage] * targets,
+        },
+    )
+
+
+DATA = [
+    datum([5, 9, 14, 3, 22, 7, 30], 2, 1.0),
+    datum([5, 9, 40, 41, 42, 43], 1, -0.5),
+    datum([8, 2, 11], 0, 2.0),
+    datum([12, 13, 14, 15, 16, 17, 18, 19], 3, -1.0),
+    datum([4, 6, 33, 35], 1, 0.5),
+]
+
+
+def make_session(model_dir: str, seed: int) -> TrainingSession:
+    from training.trainer import Trainer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    config = TrainConfig(micro_batch_tokens=16, seed=seed)
+    return TrainingSession(Trainer(model, tokenizer, config, LoraSpec(rank=2, alpha=4)))
+
+
+def train(session, steps: int) -> dict:
+    history = []
+    for _ in range(steps):
+        result = session.forward_backward(DATA, "ppo")
+        stepped = session.optim_step(learning_rate=LEARNING_RATE)
+        history.append({"loss": result.loss, "metrics": result.metrics, "logprobs": result.logprobs,
+                        "grad_norm": stepped["grad_norm"]})  # fmt: skip
+    params = (
+        session.parameters
+        if isinstance(session, DataParallelSession)
+        else session.trainer.trainable_parameters
+    )
+    return {"history": history, "params": [p.detach().clone() for p in params]}
+
+
+def _rank(rank: int, world_size: int, model_dir: str, out: str) -> None:
+    # Another seed on rank 1: its own LoRA init, which the broadcast replaces with rank 0's.
+    parallel = DataParallelSession(make_session(model_dir, seed=100 + rank))
+    torch.save(train(parallel, STEPS), Path(out) / f"rank-{rank}.pt")
+    parallel.save_state(Path(out) / "state", step=STEPS, metrics={})
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ddp")
+    run_ranks(_rank, 2, str(tiny_model_dir), str(out), rendezvous=out / "rendezvous")
+    return out
+
+
+def test_two_gloo_ranks_update_as_one_process_does_on_the_same_batch(two_ranks, tiny_model_dir):
+    single = train(make_session(str(tiny_model_dir), seed=100), STEPS)
+    ranks = [torch.load(two_ranks / f"rank-{rank}.pt") for rank in (0, 1)]
+    # The ranks hold the very same weights (rank 1 started from another init).
+    assert all(torch.equal(a, b) for a, b in zip(ranks[0]["params"], ranks[1]["params"], strict=True))
+    differences = [
+        float((a - b).abs().max()) for a, b in zip(ranks[0]["params"], single["params"], strict=True)
+    ]
+    assert max(differences) < WEIGHT_TOLERANCE, max(differences)
+    assert max(float(p.abs().max()) for p in single["params"]) > 100 * WEIGHT_TOLERANCE  # it did train
+    for parallel, alone in zip(ranks[0]["history"], single["history"], strict=True):
+        assert parallel["loss"] == pytest.approx(alone["loss"], rel=1e-5, abs=1e-6)
+        assert parallel["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-5)
+        for name in ("positions", "padding", "loss:sum", "entropy"):
+            assert parallel["metrics"][name] == pytest.approx(alone["metrics"][name], rel=1e-5, abs=1e-6), (
+                name
+            )
+        for got, expected in zip(parallel["logprobs"], alone["logprobs"], strict=True):
+            assert got == pytest.approx(expected, abs=1e-5)
+
+
+def test_rank_zero_writes_the_state_and_it_resumes_as_the_single_process_state(two_ranks, tiny_model_dir):
+    state = two_ranks / "state"
+    assert (state / "adapter_model.safetensors").is_file() and (state / "optimizer.pt").is_file()
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    resumed = TrainingSession.load_state(
+        model, tokenizer, state, TrainConfig(micro_batch_tokens=16, seed=100), LoraSpec(rank=2, alpha=4)
+    )
+    rank_zero = torch.load(two_ranks / "rank-0.pt")["params"]
+    assert all(
+        torch.equal(a, b.detach())
+        for a, b in zip(rank_zero, resumed.trainer.trainable_parameters, strict=True)
+    )
+    assert resumed.trainer.step == STEPS
+
+
+def test_the_split_balances_tokens_and_covers_every_datum_once():
+    split = shares(DATA, 2)
+    assert sorted(i for part in split for i in part) == list(range(len(DATA)))
+    loads = [sum(len(DATA[i].model_input) for i in part) for part in split]
+    assert abs(loads[0] - loads[1]) <= max(len(d.model_input) for d in DATA)
+    assert shares(DATA, 2) == split  # every rank computes the same split
+    assert shares(DATA[:1], 3) == [[0], [], []]  # a rank may have nothing: it still takes part
+
+
+def test_a_loss_over_the_whole_call_is_refused(tmp_path, tiny_model_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        parallel = DataParallelSession(make_session(str(tiny_model_dir), seed=1))
+        with pytest.raises(ValueError, match="whole call"):
+            parallel.forward_backward(DATA, "art")
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,189 @@
+"""Data-parallel training sessions over torch.distributed (gloo on CPU, NCCL on CUDA).
+
+Every rank holds the same policy and optimizer state. Each primitive is called on every rank with
+the whole data; a rank computes only its share (balanced by tokens), and before each optimizer step
+the accumulated gradients are summed across the ranks in one all-reduce over one flat buffer, so
+every rank steps with the whole data's gradient and the ranks stay identical. Losses are sums over
+tokens (training.session), so the summed gradient is one process's gradient on the whole data, up
+to the order of floating-point additions (tests/training/test_distributed.py states the tolerance).
+
+Why not torch's DistributedDataParallel wrapper: it all-reduces inside every backward, while a
+call here runs one backward per packed row and gradients accumulate across calls (a Tinker client
+calls forward_backward several times per optim_step). One all-reduce per optimizer step is what
+DDP gives with ``no_sync`` on all but the last backward; here it is the same collective, explicit.
+FSDP2 (parameters sharded across devices, for a model that does not fit one) is not built.
+
+Invariants:
+- every rank calls the same primitives in the same order with the same arguments, as collectives
+  require; a rank whose share is empty still takes part (its gradient is zero);
+- on construction rank 0's adapter weights are broadcast to every rank (a fresh init drawn with
+  another seed, a resumed checkpoint: the same policy everywhere from the first step);
+- only rank 0 writes a checkpoint (the state is the same on every rank); the others wait for it.
+- ``art`` (ART's loss) averages its KL term over the whole call: it cannot be split by datum and
+  is refused here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training.session import WHOLE_CALL_LOSSES, Datum, ForwardBackwardResult, TrainingSession
+
+# Metrics of a forward_backward that are sums over the call (the rest are per-token averages).
+SUMMED_METRICS = frozenset({"loss:sum", "positions", "padding"})
+
+
+def backend_for(device: str) -> str:
+    """NCCL for CUDA devices, gloo otherwise."""
+    return "nccl" if str(device).startswith("cuda") else "gloo"
+
+
+def shares(data: Sequence[Datum], world_size: int) -> list[list[int]]:
+    """The indices of ``data`` each rank computes: longest first, each to the rank with the fewest
+    tokens so far (ties: the lowest rank). Deterministic, so every rank computes the same split."""
+    loads = [0] * world_size
+    split: list[list[int]] = [[] for _ in range(world_size)]
+    for index in sorted(range(len(data)), key=lambda i: (-len(data[i].model_input), i)):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        split[rank].append(index)
+        loads[rank] += len(data[index].model_input)
+    return [sorted(indices) for indices in split]
+
+
+def trained_tokens(datum: Datum) -> int:
+    """Targets the loss is on: nonzero weights, or every target when the datum has no weights."""
+    weights = datum.loss_fn_inputs.get("weights")
+    if weights is None:
+        return len(datum.loss_fn_inputs["target_tokens"])
+    return sum(1 for weight in weights if weight != 0)
+
+
+class DataParallelSession:
+    """A TrainingSession's primitives over every rank of the default process group (see the module
+    doc). Wraps one rank's session; ``dist.init_process_group`` has been called."""
+
+    def __init__(self, session: TrainingSession) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("DataParallelSession needs torch.distributed.init_process_group first")
+        self.session = session
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        with torch.no_grad():
+            for parameter in self.parameters:
+                dist.broadcast(parameter.data, src=0)
+
+    @property
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self.session.trainer.trainable_parameters)
+
+    # ------------------------------------------------------------------ primitives
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None,
+        *, forward_only: bool = False,
+    ) -> ForwardBackwardResult:  # fmt: skip
+        """TrainingSession.forward_backward over every rank: this rank's share computed and its
+        gradients accumulated here; the loss, metrics and logprobs of the whole data returned on
+        every rank."""
+        if loss_fn in WHOLE_CALL_LOSSES:
+            raise ValueError(f"loss {loss_fn!r} needs the whole call in one process: not data-parallel")
+        mine = shares(data, self.world_size)[self.rank]
+        result = (
+            self.session.forward_backward(
+                [data[i] for i in mine], loss_fn, loss_fn_config, forward_only=forward_only
+            )
+            if mine
+            else ForwardBackwardResult(loss=0.0, metrics={}, logprobs=[])
+        )
+        tokens = sum(trained_tokens(data[i]) for i in mine)
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, (mine, tokens, result.loss, result.metrics, result.logprobs))
+        logprobs: list[list[float]] = [[] for _ in data]
+        loss, all_tokens = 0.0, 0
+        sums: dict[str, float] = {}
+        for indices, count, part_loss, metrics, part_logprobs in gathered:
+            loss += part_loss
+            all_tokens += count
+            for index, values in zip(indices, part_logprobs, strict=True):
+                logprobs[index] = values
+            for name, value in metrics.items():
+                sums[name] = sums.get(name, 0.0) + (value if name in SUMMED_METRICS else value * count)
+        combined = {
+            name: value if name in SUMMED_METRICS else value / max(all_tokens, 1)
+            for name, value in sums.items()
+        }
+        return ForwardBackwardResult(loss=loss, metrics=combined, logprobs=logprobs)
+
+    def forward(self, data: Sequence[Datum], *, reference: Path | str | None = None) -> list[list[float]]:
+        """TrainingSession.forward over every rank (no gradients)."""
+        mine = shares(data, self.world_size)[self.rank]
+        part = self.session.forward([data[i] for i in mine], reference=reference) if mine else []
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, (mine, part))
+        logprobs: list[list[float]] = [[] for _ in data]
+        for indices, values in gathered:
+            for index, row in zip(indices, values, strict=True):
+                logprobs[index] = row
+        return logprobs
+
+    def optim_step(self, **options: Any) -> dict[str, float]:
+        """Sum the gradients of every rank (``reduce_gradients``), then TrainingSession.optim_step
+        with ``options``: the same step on every rank."""
+        self.reduce_gradients()
+        return self.session.optim_step(**options)
+
+    def reduce_gradients(self) -> None:
+        """Replace each rank's accumulated gradients by their sum over the ranks (one all-reduce of
+        one flat buffer): afterwards every rank holds the whole data's gradient."""
+        parameters = self.parameters
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for parameter in parameters:
+            count = parameter.numel()
+            parameter.grad = flat[offset : offset + count].view_as(parameter).clone()
+            offset += count
+
+    def save_state(self, path: Path, *, step: int, metrics: dict[str, Any]) -> None:
+        """Rank 0 writes the checkpoint; every rank is at ``step`` once it is complete."""
+        if self.rank == 0:
+            self.session.save_state(path, step=step, metrics=metrics)
+        else:
+            self.session.trainer.step = step
+        dist.barrier()
+
+    def save_weights_for_sampler(self, path: Path) -> None:
+        if self.rank == 0:
+            self.session.save_weights_for_sampler(path)
+        dist.barrier()
+
+
+def run_ranks(
+    target: Callable[..., None], world_size: int, *args: Any, rendezvous: Path, backend: str = "gloo"
+) -> None:
+    """Run ``target(rank, world_size, *args)`` in ``world_size`` fresh processes joined in one
+    process group (a file rendezvous at ``rendezvous``, which must not exist yet); returns when all
+    have finished, raises if any failed. torch.multiprocessing's spawn: each rank imports anew."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(
+        _rank_main, args=(target, world_size, str(rendezvous), backend, args), nprocs=world_size,
+        start_method="spawn", join=True,
+    )  # fmt: skip
+
+
+def _rank_main(rank: int, target: Callable[..., None], world_size: int, rendezvous: str, backend: str,
+               args: tuple[Any, ...]) -> None:  # fmt: skip
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world_size)
+    try:
+        target(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
