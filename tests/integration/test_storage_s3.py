@@ -1,9 +1,10 @@
 """Checkpoints in an S3-compatible bucket shared by hosts that share nothing else on disk.
 
 A real S3 HTTP server (moto's standalone ``moto_server``, started here as a subprocess), real
-Celery workers and a real inference server, each with its own CHECKPOINT_DIR (its local cache):
-worker A trains and is killed, worker B resumes from what A uploaded, and an inference server on a
-third cache fetches the newest checkpoint by key and digest and serves it.
+Celery workers, a real inference server and the gateway, on two simulated hosts (a data folder
+each): worker A trains and is killed, and A's folder is moved away; worker B resumes from what A
+uploaded, B's inference server serves the newest checkpoint through the gateway, fetched by key
+and digest; a fork is trained by a new worker on host A.
 """
 
 from __future__ import annotations
@@ -137,35 +138,46 @@ def start_inference_server(tmp_path: Path, env: dict[str, str]) -> Process:
     return server
 
 
-def chat(server: Process, checkpoint: Checkpoint, public_id: str) -> dict:
-    """A request as the gateway sends it (projects.gateway.upstream.InferenceServerUpstream): the
-    writer's path (which does not exist on this host), the storage key and the digest."""
-    from training.serving.protocol import (
-        ADAPTER_HEADER,
-        ADAPTER_KEY_HEADER,
-        ADAPTER_SHA256_HEADER,
-        MODEL_HEADER,
-    )
-
-    request = urllib.request.Request(
-        f"{server.url}/v1/chat/completions",
-        data=json.dumps(
-            {"model": public_id, "messages": [{"role": "user", "content": "Say a"}], "max_tokens": 4}
-        ).encode(),
-        headers={
-            "Authorization": f"Bearer {SERVER_TOKEN}",
-            "Content-Type": "application/json",
-            MODEL_HEADER: public_id,
-            ADAPTER_HEADER: checkpoint.path,
-            ADAPTER_KEY_HEADER: checkpoint.storage_key,
-            ADAPTER_SHA256_HEADER: checkpoint.sha256,
-        },
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return dict(json.loads(response.read()))
+def host_env(root: Path, s3_server: S3Server) -> dict[str, str]:
+    """One simulated host: a data folder of its own (its checkpoint folder and its inference
+    server's cache inside), and the installation's bucket."""
+    return {
+        "ARTWEB_DATA_DIR": str(root),
+        "ARTWEB_CHECKPOINT_DIR": str(root / "checkpoints"),
+        "INFERENCE_ADAPTER_ROOT": str(root / "checkpoints"),
+        "INFERENCE_CACHE_DIR": str(root / "inference-cache"),
+        **s3_server.env(),
+    }
 
 
-def test_second_worker_resumes_from_s3_and_a_third_host_serves_the_new_checkpoint(
+def start_gateway(tmp_path: Path, s3_server: S3Server) -> Process:
+    port = free_port()
+    env = {
+        **os.environ, "DATABASE_URL": test_database_url(), "ARTWEB_DATA_DIR": str(tmp_path / "web-data"),
+        "INFERENCE_SERVER_TOKEN": SERVER_TOKEN, "DEBUG": "1", "HF_HUB_OFFLINE": "1",
+        "GATEWAY_RATE_LIMIT_PER_MINUTE": "0", **s3_server.env(),
+    }  # fmt: skip
+    log = tmp_path / "gateway.log"
+    with open(log, "wb") as handle:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "artweb.asgi:application", "--port", str(port), "--log-level", "warning"],
+            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    gateway = Process("gateway", process, log)
+    gateway.url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _answers(f"{gateway.url}/healthz"), timeout=120, what="the gateway")
+    return gateway
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def test_two_hosts_share_only_the_bucket_the_database_and_the_broker(
     start_worker,
     api,
     inputs,
@@ -173,8 +185,17 @@ def test_second_worker_resumes_from_s3_and_a_third_host_serves_the_new_checkpoin
     s3_settings,
     tmp_path,
 ):
-    cache_a, cache_b, cache_c = (tmp_path / name for name in ("cache-a", "cache-b", "cache-c"))
-    first = start_worker(ARTWEB_CHECKPOINT_DIR=str(cache_a), **s3_server.env())
+    """Host A trains a run and is killed mid-run; its data folder is then moved away, so nothing
+    can read it by any path a row names. Host B's worker resumes the run from the bucket to the
+    end, B's inference server serves the newest checkpoint through the gateway, and a fork of the
+    run (its step 0 put in the bucket by the web host) is trained by a new worker on host A."""
+    from openai import OpenAI
+
+    from projects import services
+
+    host_a, host_b = tmp_path / "host-a", tmp_path / "host-b"
+    cache_a, cache_b = host_a / "checkpoints", host_b / "checkpoints"
+    first = start_worker(**host_env(host_a, s3_server))
     run_id = create_run(api, inputs, "s3m", steps=3, max_new_tokens=8)
     wait_for(
         lambda: Run.objects.get(pk=run_id).current_step >= 1, timeout=240, what="a first step", worker=first
@@ -182,8 +203,10 @@ def test_second_worker_resumes_from_s3_and_a_third_host_serves_the_new_checkpoin
     first.kill()
     killed_at = Run.objects.get(pk=run_id).current_step
     assert status_of(run_id) == RunStatus.RUNNING, "worker A finished before it was killed"
+    gone_a = host_a.rename(tmp_path / "host-a-gone")  # A's disk: unreachable from now on
+    cache_gone = gone_a / "checkpoints"
 
-    second = start_worker(ARTWEB_CHECKPOINT_DIR=str(cache_b), **s3_server.env())
+    second = start_worker(**host_env(host_b, s3_server))
     wait_for(lambda: status_of(run_id) in TERMINAL, timeout=300, what="the resumed run", worker=second)
     run = Run.objects.get(pk=run_id)
     assert run.status == RunStatus.SUCCEEDED, (run.error, second.output()[-3000:])
@@ -206,39 +229,67 @@ def test_second_worker_resumes_from_s3_and_a_third_host_serves_the_new_checkpoin
         # their optimizer state in the bucket: retention, services.checkpoints).
         fetched = checkpoint_local_dir(checkpoint)
         assert fetched is not None and fetched.is_relative_to(tmp_path / "web-cache")
+        written = (cache_gone if step <= killed_at else cache_b) / checkpoint.storage_key
         for name in ("adapter_model.safetensors", "adapter_config.json", "state.json"):
-            assert (fetched / name).read_bytes() == (
-                writer_cache / checkpoint.storage_key / name
-            ).read_bytes()
+            assert (fetched / name).read_bytes() == (written / name).read_bytes()
     # B never saw A's disk: the checkpoint it resumed from came from the bucket into its cache.
     resumed_from = checkpoints[killed_at]
     assert folder_digest(cache_b / resumed_from.storage_key).sha256 == resumed_from.sha256
-    assert not (cache_a / checkpoints[3].storage_key).exists()
+    assert not (cache_gone / checkpoints[3].storage_key).exists()
 
-    fetched_c = tmp_path / "inference-data" / "fetched"  # the server's own cache: never a trainer's folder
+    # Host B's inference server, through the gateway: the newest checkpoint, fetched by its key.
     env = {
-        **os.environ,
-        "DATABASE_URL": test_database_url(),
-        "ARTWEB_DATA_DIR": str(tmp_path / "inference-data"),
-        "ARTWEB_CHECKPOINT_DIR": str(cache_c),
-        "INFERENCE_ADAPTER_ROOT": str(cache_c),
-        "INFERENCE_CACHE_DIR": str(fetched_c),
-        "INFERENCE_SERVER_TOKEN": SERVER_TOKEN,
-        "DEBUG": "1",
-        "TORCH_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        **s3_server.env(),
-    }
+        **os.environ, "DATABASE_URL": test_database_url(), "INFERENCE_SERVER_TOKEN": SERVER_TOKEN,
+        "DEBUG": "1", "TORCH_THREADS": "1", "HF_HUB_OFFLINE": "1", **host_env(host_b, s3_server),
+    }  # fmt: skip
     server = start_inference_server(tmp_path, env)
+    gateway = start_gateway(tmp_path, s3_server)
     try:
         newest = checkpoints[3]
-        reply = chat(server, newest, f"it/s3m:{newest.step}")
-        assert reply["model"] == "it/s3m:3" and reply["choices"][0]["message"]["role"] == "assistant"
-        assert folder_digest(fetched_c / newest.storage_key).sha256 == newest.sha256
+        key = services.api_key_create(team=run.project.team, name="two-hosts").plaintext
+        client = OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0, timeout=120)
+        public = f"{run.project.name}/s3m"
+        reply = wait_for(
+            lambda: _completion(client, f"{public}:latest"), timeout=60, what="a completion", worker=server
+        )
+        assert reply.model == f"{public}:3" and reply.choices[0].message.role == "assistant"
+        fetched_b = host_b / "inference-cache" / newest.storage_key
+        assert folder_digest(fetched_b).sha256 == newest.sha256
         with urllib.request.urlopen(
             urllib.request.Request(f"{server.url}/stats", headers={"Authorization": f"Bearer {SERVER_TOKEN}"})
         ) as response:
-            loaded = json.loads(response.read())["adapters"]["loaded"]
-        assert loaded == [str((fetched_c / newest.storage_key).resolve())]
+            stats = json.loads(response.read())
+        assert stats["adapters"]["loaded"] == [str(fetched_b.resolve())]
+        assert stats["checkpoint_cache"]["misses"] == 1 and stats["checkpoint_cache"]["used_bytes"] > 0
     finally:
+        gateway.stop()
         server.stop()
+
+    # A fork of step 3 (host B wrote it): its step 0 is the web host's copy, in the bucket; B
+    # stops, and a new worker on host A (an empty data folder) trains the fork from there.
+    second.kill()
+    response = api.post(f"/api/v1/runs/{run_id}/fork/", {"from_step": 3, "name": "s3fork",
+                                                         "config": {"steps": 1}}, format="json")  # fmt: skip
+    assert response.status_code == 201, response.json()
+    fork_id = response.json()["id"]
+    third = start_worker(**host_env(host_a, s3_server))
+    wait_for(lambda: status_of(fork_id) in TERMINAL, timeout=300, what="the fork's run", worker=third)
+    fork = Run.objects.get(pk=fork_id)
+    assert fork.status == RunStatus.SUCCEEDED, (fork.error, third.output()[-3000:])
+    start = Checkpoint.objects.get(model=fork.model, step=0)
+    assert start.storage_key and checkpoint_store().stat(start.storage_key) is not None
+    assert folder_digest(cache_a / start.storage_key).sha256 == start.sha256  # fetched into A's cache
+    assert Path(Checkpoint.objects.get(model=fork.model, step=1).path).is_relative_to(cache_a)
+
+
+def _completion(client, model: str):
+    import openai
+
+    try:
+        return client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Say a"}], max_tokens=4
+        )
+    except openai.APIStatusError as exc:
+        if exc.status_code == 503:  # the server's registration is not seen yet
+            return None
+        raise
