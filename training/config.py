@@ -245,6 +245,14 @@ class TrainConfig(_Settings):
             bounds=Bounds(1, 256, why="more updates than completions per step train on single samples"),
         ),
     )
+    devices: int = field(
+        default=1,
+        metadata=_help(
+            "Devices (processes) the policy update runs on, data-parallel with torch.distributed; "
+            "rollouts and grading stay in the first.",
+            bounds=Bounds(1, 16, why="one host's devices"),
+        ),
+    )
     ppo_epochs: int = field(
         default=1,
         metadata=_help(

@@ -13,6 +13,11 @@ calls forward_backward several times per optim_step). One all-reduce per optimiz
 DDP gives with ``no_sync`` on all but the last backward; here it is the same collective, explicit.
 FSDP2 (parameters sharded across devices, for a model that does not fit one) is not built.
 
+A run with ``devices: N`` (training.loop.data_parallel_ranks): rank 0 is the worker's own process,
+which rolls out, grades, checkpoints and records; ``Followers`` are ranks 1..N-1, spawned on the
+same host, resumed from rank 0's checkpoint, sent each step's groups, and updated with it
+(Trainer._update makes its session data-parallel whenever a process group of several is up).
+
 Invariants:
 - every rank calls the same primitives in the same order with the same arguments, as collectives
   require; a rank whose share is empty still takes part (its gradient is zero);
@@ -25,8 +30,13 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +45,24 @@ import torch.distributed as dist
 
 from training.session import WHOLE_CALL_LOSSES, Datum, ForwardBackwardResult, TrainingSession
 
+log = logging.getLogger(__name__)
+
+# How long a rank waits in a collective for the others (an update, not the rollouts between them:
+# followers wait for work on a pipe, not in a collective).
+COLLECTIVE_TIMEOUT_S = 900.0
+
 # Metrics of a forward_backward that are sums over the call (the rest are per-token averages).
 SUMMED_METRICS = frozenset({"loss:sum", "positions", "padding"})
+
+
+def is_data_parallel() -> bool:
+    """Whether this process is one rank of several (a data-parallel update is running)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank_device(device: str, rank: int) -> str:
+    """Rank ``rank``'s device: ``cuda:<rank>`` on a CUDA host, else ``device`` (CPU: every rank)."""
+    return f"cuda:{rank}" if str(device).startswith("cuda") else device
 
 
 def backend_for(device: str) -> str:
@@ -187,3 +213,133 @@ def _rank_main(rank: int, target: Callable[..., None], world_size: int, rendezvo
         target(rank, world_size, *args)
     finally:
         dist.destroy_process_group()
+
+
+@dataclass
+class FollowerSpec:
+    """What a follower needs to hold the same trainer as rank 0 (plain values: it is pickled)."""
+
+    base_model_source: str
+    model_cache_dir: Path
+    device: str
+    unsloth: str
+    config: Any  # training.config.TrainConfig
+    lora: Any  # training.config.LoraSpec
+    checkpoint: Path  # the checkpoint rank 0 holds now: every follower resumes from it
+
+
+class Followers:
+    """Ranks 1..N-1 of a run's data-parallel update: processes started here (spawn) that resume the
+    trainer from the checkpoint rank 0 (this process) holds, then take each update with it.
+
+    Rank 0 rolls out and grades alone; for each update it sends the step's groups and rate down a
+    pipe to every follower (``train_step``) and then runs ``Trainer.train_step`` itself, whose
+    session is data-parallel (``is_data_parallel``): the ranks meet in the update's collectives.
+    Followers wait on their pipe, not in a collective, so rollouts of any length never time one
+    out; a follower whose parent is gone (the worker was killed) exits within a second.
+    """
+
+    def __init__(self, spec: FollowerSpec, world_size: int, *, rendezvous_dir: Path,
+                 start_timeout_s: float = 600.0) -> None:  # fmt: skip
+        import multiprocessing
+
+        if is_data_parallel() or dist.is_initialized():
+            raise RuntimeError("a data-parallel update is already running in this process")
+        self.backend = backend_for(spec.device)
+        self.world_size = world_size
+        rendezvous_dir.mkdir(parents=True, exist_ok=True)
+        rendezvous = rendezvous_dir / f".rendezvous-{uuid.uuid4().hex}"
+        context = multiprocessing.get_context("spawn")
+        self.pipes: list[Any] = []
+        self.processes: list[Any] = []
+        for rank in range(1, world_size):
+            ours, theirs = context.Pipe()
+            process = context.Process(
+                target=_follow, args=(rank, world_size, str(rendezvous), self.backend, spec, theirs, os.getpid()),
+                name=f"artweb-rank-{rank}", daemon=True,
+            )  # fmt: skip
+            process.start()
+            theirs.close()
+            self.pipes.append(ours)
+            self.processes.append(process)
+        try:
+            if self.backend == "nccl":
+                torch.cuda.set_device(0)
+            dist.init_process_group(self.backend, init_method=f"file://{rendezvous}", rank=0,
+                                    world_size=world_size, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))  # fmt: skip
+            for rank, pipe in enumerate(self.pipes, start=1):
+                self._expect_ready(rank, pipe, start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            rendezvous.unlink(missing_ok=True)
+
+    def _expect_ready(self, rank: int, pipe: Any, timeout_s: float) -> None:
+        if not pipe.poll(timeout_s):
+            raise RuntimeError(f"data-parallel rank {rank} did not load the policy within {timeout_s:.0f}s")
+        message = pipe.recv()
+        if message[0] != "ready":
+            raise RuntimeError(f"data-parallel rank {rank} failed to start: {message[1]}")
+
+    def train_step(self, groups: list[Any], *, learning_rate: float) -> None:
+        """Send the update to every follower (rank 0 runs it next, with them)."""
+        for rank, (pipe, process) in enumerate(zip(self.pipes, self.processes, strict=True), start=1):
+            if not process.is_alive():
+                raise RuntimeError(f"data-parallel rank {rank} exited (status {process.exitcode})")
+            pipe.send(("train", groups, learning_rate))
+
+    def close(self) -> None:
+        """Stop the followers and leave the process group (idempotent)."""
+        for pipe in self.pipes:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                pipe.send(("stop",))
+        for process in self.processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=5)
+        self.pipes, self.processes = [], []
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: FollowerSpec, pipe: Any,
+            parent_pid: int) -> None:  # fmt: skip
+    from training.loop import load_policy_model
+    from training.trainer import Trainer
+
+    device = rank_device(spec.device, rank)
+    threads = int(os.environ.get("TORCH_THREADS") or 0) or max(1, (os.cpu_count() or 1) // world_size)
+    torch.set_num_threads(threads)
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))  # fmt: skip
+        base_model, tokenizer, _ = load_policy_model(
+            spec.base_model_source, spec.model_cache_dir, device=device, unsloth=spec.unsloth
+        )
+        trainer = Trainer.resume(
+            base_model, tokenizer, spec.checkpoint, spec.config, spec.lora, device=device
+        )
+        pipe.send(("ready",))
+        while True:
+            if not pipe.poll(1.0):
+                if os.getppid() != parent_pid:  # the worker died: nobody will send work again
+                    return
+                continue
+            message = pipe.recv()
+            if message[0] == "stop":
+                return
+            _, groups, learning_rate = message
+            trainer.train_step(groups, learning_rate=learning_rate)
+    except (EOFError, BrokenPipeError):
+        return
+    except Exception as exc:  # told to rank 0 when it waits for "ready"; logged either way
+        log.exception("data-parallel rank %d failed", rank)
+        with contextlib.suppress(BrokenPipeError, OSError):
+            pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

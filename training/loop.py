@@ -9,11 +9,13 @@ I stop?". Invariants the loop keeps:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -321,16 +323,49 @@ def start_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
 
 
 def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
+    if spec.objective in ("sft", "dpo"):
+        from training.supervised import run_supervised
+
+        if spec.config.devices > 1:
+            raise ValueError(
+                f"devices: {spec.config.devices} applies to GRPO runs only, not {spec.objective}"
+            )
+
+        return run_supervised(spec, hooks)
+    trainer, tokenizer, dtype, current = start_trainer(spec, hooks)
+    with data_parallel_ranks(spec, current, hooks) as followers:
+        return _train(spec, hooks, trainer, tokenizer, dtype, current, followers)
+
+
+@contextlib.contextmanager
+def data_parallel_ranks(spec: RunSpec, current: int, hooks: RunHooks) -> Iterator[Any]:
+    """With ``devices`` > 1, the update's other ranks (training.distributed.Followers), started
+    on the checkpoint at ``current`` and stopped when the run ends however it ends; else None."""
+    if spec.config.devices <= 1:
+        yield None
+        return
+    from training.distributed import Followers, FollowerSpec
+
+    follower_spec = FollowerSpec(
+        base_model_source=spec.base_model_source, model_cache_dir=spec.model_cache_dir, device=spec.device,
+        unsloth=spec.unsloth, config=spec.config, lora=spec.lora,
+        checkpoint=checkpoint_path(spec.checkpoint_root, current),
+    )  # fmt: skip
+    followers = Followers(follower_spec, spec.config.devices, rendezvous_dir=spec.checkpoint_root)
+    hooks.event(f"Policy update data-parallel on {spec.config.devices} devices ({followers.backend})")
+    try:
+        yield followers
+    finally:
+        followers.close()
+
+
+def _train(spec: RunSpec, hooks: RunHooks, trainer: Any, tokenizer: Any, dtype: Any, current: int,
+           followers: Any) -> str:  # fmt: skip
     import torch
 
     from training.adapter_check import verify_sampler
 
-    if spec.objective in ("sft", "dpo"):
-        from training.supervised import run_supervised
-
-        return run_supervised(spec, hooks)
     config = spec.config
-    trainer, tokenizer, dtype, current = start_trainer(spec, hooks)
     sampler = PolicySampler(spec, trainer, tokenizer, dtype, current)
     # A fixed probe prompt: after every save, the sampler must score it exactly as the trainer does.
     probes = [spec.environment.start(spec.train_rows[0]["data"], seed=0).messages]
@@ -374,6 +409,8 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
             for group in batch
         ]  # fmt: skip
         rate = learning_rate_at(config, step - spec.start_step, config.steps)
+        if followers is not None:  # the other ranks take the same update, in step with this one
+            followers.train_step(train_groups, learning_rate=rate)
         metrics = trainer.train_step(train_groups, learning_rate=rate)
         if config.dynamic_sampling:
             metrics.update(draw.summary(groups, batch))

@@ -37,6 +37,7 @@ from training.checkpoint_files import (  # noqa: F401 (re-exported: callers impo
     read_checkpoint_state,
 )
 from training.config import LoraSpec, TrainConfig
+from training.distributed import is_data_parallel
 from training.grpo import compute_advantages, entropy_from_logits, is_zero_variance
 from training.minibatches import grpo_data, split_evenly  # noqa: F401 (grpo_data: re-exported)
 from training.trajectory import TrainGroup, TrainSample
@@ -193,7 +194,12 @@ class Trainer:
             metrics["train_seconds"] = time.perf_counter() - start
             return metrics
 
-        session = TrainingSession(self)
+        session: Any = TrainingSession(self)
+        if is_data_parallel():  # every rank runs this update on the same samples (training.distributed)
+            from training.distributed import DataParallelSession
+
+            session = DataParallelSession(session)
+            metrics["update_devices"] = float(session.world_size)
         minibatches = [grpo_data(chunk, config) for chunk in split_evenly(samples, config.num_minibatches)]
         if config.kl_coef > 0:
             with torch.no_grad(), self.model.disable_adapter():

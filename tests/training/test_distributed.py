@@ -136,3 +136,45 @@ def test_a_loss_over_the_whole_call_is_refused(tmp_path, tiny_model_dir):
             parallel.forward_backward(DATA, "art")
     finally:
         dist.destroy_process_group()
+
+
+def test_a_run_with_two_devices_trains_as_a_run_with_one(tiny_model_dir, tmp_path):
+    """The run loop with ``devices: 2``: rank 0 rolls out and grades, a spawned follower takes each
+    update with it (gloo); the checkpoints match the one-device run's within float32 noise."""
+    from safetensors.torch import load_file
+
+    from tests.training.test_cost_loop import MeteredHooks
+    from tests.training.test_recipes import run_spec
+    from training.loop import run_training
+
+    results = {}
+    for devices in (1, 2):
+        root = tmp_path / f"devices-{devices}"
+        spec = run_spec(root, {"type": "regex", "name": "vowel", "pattern": "[aeiou]"}, model=tiny_model_dir,
+                        cache=tiny_model_dir.parent, steps=2, max_new_tokens=6, group_size=4,
+                        learning_rate=1e-2, devices=devices)  # fmt: skip
+        hooks = MeteredHooks()
+        assert run_training(spec, hooks) == "succeeded"
+        results[devices] = (hooks, root)
+    (one, one_root), (two, two_root) = results[1], results[2]
+    assert any("data-parallel on 2 devices (gloo)" in event["message"] for event in two.events)
+    first = [m for m in (one.metrics[0], two.metrics[0])]
+    assert first[0]["trainable_tokens"] > 0, "the tiny model's first step carried no signal"
+    assert first[1]["reward_mean"] == first[0]["reward_mean"]  # the same rollouts
+    assert first[1]["loss"] == pytest.approx(first[0]["loss"], rel=1e-4, abs=1e-6)
+    weights = [load_file(root / "step-000001" / "adapter_model.safetensors") for root in (one_root, two_root)]
+    assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < WEIGHT_TOLERANCE
+    assert len(two.metrics) == 2
+    # Rank 0's update was the data-parallel one, whose collectives need the follower.
+    updated = [m.get("update_devices") for m in two.metrics if m["trainable_tokens"] > 0]
+    assert updated and updated == [2.0] * len(updated)
+    assert "update_devices" not in one.metrics[0]
+
+
+def test_devices_is_a_validated_run_setting():
+    from training.config import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig(devices=0)
+    assert caught.value.field == "devices"
+    assert TrainConfig().devices == 1
