@@ -31,11 +31,13 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -241,17 +243,25 @@ class Followers:
 
     def __init__(self, spec: FollowerSpec, world_size: int, *, rendezvous_dir: Path,
                  start_timeout_s: float = 600.0) -> None:  # fmt: skip
-        import multiprocessing
-
         if is_data_parallel() or dist.is_initialized():
             raise RuntimeError("a data-parallel update is already running in this process")
+        self.spec = spec
         self.backend = backend_for(spec.device)
         self.world_size = world_size
-        rendezvous_dir.mkdir(parents=True, exist_ok=True)
-        rendezvous = rendezvous_dir / f".rendezvous-{uuid.uuid4().hex}"
-        context = multiprocessing.get_context("spawn")
+        self.rendezvous_dir = rendezvous_dir
+        self.start_timeout_s = start_timeout_s
         self.pipes: list[Any] = []
         self.processes: list[Any] = []
+        self.restarts = 0
+        self._start(spec)
+
+    def _start(self, spec: FollowerSpec) -> None:
+        import multiprocessing
+
+        world_size, start_timeout_s = self.world_size, self.start_timeout_s
+        self.rendezvous_dir.mkdir(parents=True, exist_ok=True)
+        rendezvous = self.rendezvous_dir / f".rendezvous-{uuid.uuid4().hex}"
+        context = multiprocessing.get_context("spawn")
         for rank in range(1, world_size):
             ours, theirs = context.Pipe()
             process = context.Process(
@@ -286,11 +296,53 @@ class Followers:
         """Send the update to every follower (rank 0 runs it next, with them)."""
         for rank, (pipe, process) in enumerate(zip(self.pipes, self.processes, strict=True), start=1):
             if not process.is_alive():
-                raise RuntimeError(f"data-parallel rank {rank} exited (status {process.exitcode})")
-            pipe.send(("train", groups, learning_rate))
+                raise RankLost(f"data-parallel rank {rank} exited (status {process.exitcode})")
+            try:
+                pipe.send(("train", groups, learning_rate))
+            except (BrokenPipeError, OSError) as exc:
+                raise RankLost(f"data-parallel rank {rank} cannot be reached: {exc}") from exc
+
+    def update(self, trainer: Any, groups: list[Any], *, learning_rate: float, checkpoint: Path,
+               on_restart: Callable[[str], None] | None = None) -> dict[str, float]:  # fmt: skip
+        """``trainer.train_step(groups)`` on every rank. If a follower dies before or during it,
+        rank 0's trainer is put back as it was before the update, the followers are started
+        again from ``checkpoint`` (the state rank 0 held before the update) and the update is
+        redone once: nothing is lost, the step's result is the one an unbroken update gives."""
+        before = _snapshot(trainer)
+        try:
+            self.train_step(groups, learning_rate=learning_rate)
+            return dict(trainer.train_step(groups, learning_rate=learning_rate))
+        except Exception as exc:
+            if not self._lost():
+                raise
+            reason = str(exc).splitlines()[0][:200]
+        _restore(trainer, before)
+        self.restarts += 1
+        if on_restart is not None:
+            on_restart(f"A data-parallel rank was lost during the update ({reason}); restarting the ranks "
+                       f"from {Path(checkpoint).name} and redoing the update")  # fmt: skip
+        self._stop()
+        self.spec = replace(self.spec, checkpoint=Path(checkpoint))
+        self._start(self.spec)
+        self.train_step(groups, learning_rate=learning_rate)
+        return dict(trainer.train_step(groups, learning_rate=learning_rate))
+
+    def _lost(self, wait_s: float = 5.0) -> bool:
+        """Whether a follower is gone (waiting briefly: a collective may fail before its peer's
+        exit is visible)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            if any(not process.is_alive() for process in self.processes):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
     def close(self) -> None:
         """Stop the followers and leave the process group (idempotent)."""
+        self._stop()
+
+    def _stop(self) -> None:
         for pipe in self.pipes:
             with contextlib.suppress(BrokenPipeError, OSError):
                 pipe.send(("stop",))
@@ -302,6 +354,28 @@ class Followers:
         self.pipes, self.processes = [], []
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class RankLost(RuntimeError):
+    """A follower of a data-parallel update exited or cannot be reached."""
+
+
+def _snapshot(trainer: Any) -> dict[str, Any]:
+    """What an update changes on rank 0: the adapter weights, the optimizer state, the step."""
+    return {
+        "params": [p.detach().clone() for p in trainer.trainable_parameters],
+        "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
+        "step": trainer.step,
+    }
+
+
+def _restore(trainer: Any, snapshot: dict[str, Any]) -> None:
+    with torch.no_grad():
+        for parameter, saved in zip(trainer.trainable_parameters, snapshot["params"], strict=True):
+            parameter.copy_(saved)
+    trainer.optimizer.load_state_dict(snapshot["optimizer"])
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.step = snapshot["step"]
 
 
 def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: FollowerSpec, pipe: Any,

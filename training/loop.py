@@ -346,6 +346,14 @@ def data_parallel_ranks(spec: RunSpec, current: int, hooks: RunHooks) -> Iterato
         return
     from training.distributed import Followers, FollowerSpec
 
+    if spec.device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.device_count() < spec.config.devices:
+            raise ValueError(
+                f"devices: {spec.config.devices} needs that many GPUs on the worker's host; it has "
+                f"{torch.cuda.device_count()}"
+            )
     follower_spec = FollowerSpec(
         base_model_source=spec.base_model_source, model_cache_dir=spec.model_cache_dir, device=spec.device,
         unsloth=spec.unsloth, config=spec.config, lora=spec.lora,
@@ -409,9 +417,13 @@ def _train(spec: RunSpec, hooks: RunHooks, trainer: Any, tokenizer: Any, dtype: 
             for group in batch
         ]  # fmt: skip
         rate = learning_rate_at(config, step - spec.start_step, config.steps)
-        if followers is not None:  # the other ranks take the same update, in step with this one
-            followers.train_step(train_groups, learning_rate=rate)
-        metrics = trainer.train_step(train_groups, learning_rate=rate)
+        if followers is None:
+            metrics = trainer.train_step(train_groups, learning_rate=rate)
+        else:  # the other ranks take the same update with this one; a lost rank is restarted
+            metrics = followers.update(
+                trainer, train_groups, learning_rate=rate, checkpoint=checkpoint_path(spec.checkpoint_root, step - 1),
+                on_restart=lambda message: hooks.event(message, level="warn"),
+            )  # fmt: skip
         if config.dynamic_sampling:
             metrics.update(draw.summary(groups, batch))
         if config.length_penalty_buffer:  # what to_train_group added to each reward

@@ -3,6 +3,7 @@ train on the same batch as one process, and the updates agree within float32 sum
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,39 @@ def test_devices_is_a_validated_run_setting():
         TrainConfig(devices=0)
     assert caught.value.field == "devices"
     assert TrainConfig().devices == 1
+
+
+def test_a_rank_killed_mid_run_is_restarted_and_the_run_loses_nothing(tiny_model_dir, tmp_path):
+    """The follower is killed (SIGKILL) once step 1 is recorded: step 2's update restarts it from
+    the step-1 checkpoint and redoes the update; every checkpoint equals an unbroken run's."""
+    import multiprocessing
+    import signal
+
+    from safetensors.torch import load_file
+
+    from tests.training.test_cost_loop import MeteredHooks
+    from tests.training.test_recipes import run_spec
+    from training.loop import run_training
+
+    class KillingHooks(MeteredHooks):
+        def record_step(self, *, step, metrics, trajectories, path) -> bool:
+            if step == 1:
+                (follower,) = [p for p in multiprocessing.active_children() if p.name == "artweb-rank-1"]
+                os.kill(follower.pid, signal.SIGKILL)
+                follower.join(timeout=10)
+            return super().record_step(step=step, metrics=metrics, trajectories=trajectories, path=path)
+
+    roots = {}
+    for name, hooks in (("unbroken", MeteredHooks()), ("killed", KillingHooks())):
+        roots[name] = tmp_path / name
+        spec = run_spec(roots[name], {"type": "regex", "name": "vowel", "pattern": "[aeiou]"}, model=tiny_model_dir,
+                        cache=tiny_model_dir.parent, steps=3, max_new_tokens=6, group_size=4,
+                        learning_rate=1e-2, devices=2)  # fmt: skip
+        assert run_training(spec, hooks) == "succeeded"
+        if name == "killed":
+            warnings = [e["message"] for e in hooks.events if e["level"] == "warn"]
+            assert any("data-parallel rank was lost" in w and "step-000001" in w for w in warnings), warnings
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("artweb-rank-")]
+    for step in (1, 2, 3):
+        weights = [load_file(roots[n] / f"step-00000{step}" / "adapter_model.safetensors") for n in roots]
+        assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < 1e-6, step
