@@ -75,6 +75,7 @@ class FetchedCheckpoints:
         self.hits = self.misses = self.evictions = 0
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # key -> entry, least recently used first
         self._lock = threading.Lock()
+        self._fetching: dict[str, threading.Lock] = {}  # one per key ever asked for: a few bytes each
         self._scan()
         metrics.FETCH_CACHE_BUDGET.set(budget_bytes)
         self._evict(keep="")
@@ -83,17 +84,27 @@ class FetchedCheckpoints:
     def get(self, key: str, sha256: str) -> Path:
         """The folder holding stored checkpoint ``key`` with digest ``sha256``; the fetch's own
         errors (FileNotFoundError, a digest mismatch, an unreachable store) pass through."""
+        found = self._lookup(key, sha256)
+        if found is not None:
+            return found
+        with self._lock:
+            fetching = self._fetching.setdefault(key, threading.Lock())
+        with fetching:  # one download per key: concurrent requests for it wait for the first
+            found = self._lookup(key, sha256)
+            return found if found is not None else self._fetch(key, sha256)
+
+    def _lookup(self, key: str, sha256: str) -> Path | None:
         with self._lock:
             entry = self._entries.get(key)
-            if (
-                entry is not None
-                and entry.sha256 == sha256
-                and (entry.path / "adapter_config.json").is_file()
-            ):
+            usable = entry is not None and entry.sha256 == sha256
+            if entry is not None and usable and (entry.path / "adapter_config.json").is_file():
                 entry.used_at = time.monotonic()
                 self._entries.move_to_end(key)
                 self._count_hit()
                 return entry.path
+        return None
+
+    def _fetch(self, key: str, sha256: str) -> Path:
         before = _identity(self.root / key) if self.root is not None else None
         path = Path(self.fetch(key, sha256)).resolve()
         # Only our own folders are counted and evicted; another folder (the local store's) is the

@@ -141,3 +141,27 @@ def test_a_fetch_error_passes_through_and_records_nothing(store):
 def test_a_negative_budget_is_refused(store):
     with pytest.raises(ValueError, match="budget"):
         FetchedCheckpoints(store.fetch, root=store.cache, budget_bytes=-1)
+
+
+def test_concurrent_requests_for_one_checkpoint_download_it_once(store):
+    import threading
+    import time
+
+    slow_fetch = store.fetch
+
+    def fetch(key: str, sha256: str) -> Path:
+        time.sleep(0.2)  # a download in progress while the other requests arrive
+        return slow_fetch(key, sha256)
+
+    cache = FetchedCheckpoints(fetch, root=store.cache, budget_bytes=0)
+    results: list[Path] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(cache.get("model-1/step-000001", "a")))
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert store.downloads == ["model-1/step-000001"] and len(set(results)) == 1
+    assert (cache.stats()["misses"], cache.stats()["hits"]) == (1, 3)
