@@ -34,6 +34,8 @@ import contextlib
 import copy
 import logging
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -253,25 +255,19 @@ class Followers:
         self.pipes: list[Any] = []
         self.processes: list[Any] = []
         self.restarts = 0
+        _active.append(self)
         self._start(spec)
 
     def _start(self, spec: FollowerSpec) -> None:
-        import multiprocessing
-
         world_size, start_timeout_s = self.world_size, self.start_timeout_s
         self.rendezvous_dir.mkdir(parents=True, exist_ok=True)
         rendezvous = self.rendezvous_dir / f".rendezvous-{uuid.uuid4().hex}"
-        context = multiprocessing.get_context("spawn")
         for rank in range(1, world_size):
-            ours, theirs = context.Pipe()
-            process = context.Process(
-                target=_follow, args=(rank, world_size, str(rendezvous), self.backend, spec, theirs, os.getpid()),
-                name=f"artweb-rank-{rank}", daemon=True,
-            )  # fmt: skip
-            process.start()
-            theirs.close()
-            self.pipes.append(ours)
+            pipe, process = _start_follower()
+            self.pipes.append(pipe)
             self.processes.append(process)
+            # The run's settings go down the pipe, never into the child's arguments or environment.
+            pipe.send(("start", rank, world_size, str(rendezvous), self.backend, spec, os.getpid()))
         try:
             if self.backend == "nccl":
                 torch.cuda.set_device(0)
@@ -285,6 +281,9 @@ class Followers:
         finally:
             rendezvous.unlink(missing_ok=True)
 
+    def pids(self) -> list[int]:
+        return [process.pid for process in self.processes]
+
     def _expect_ready(self, rank: int, pipe: Any, timeout_s: float) -> None:
         if not pipe.poll(timeout_s):
             raise RuntimeError(f"data-parallel rank {rank} did not load the policy within {timeout_s:.0f}s")
@@ -295,8 +294,8 @@ class Followers:
     def train_step(self, groups: list[Any], *, learning_rate: float) -> None:
         """Send the update to every follower (rank 0 runs it next, with them)."""
         for rank, (pipe, process) in enumerate(zip(self.pipes, self.processes, strict=True), start=1):
-            if not process.is_alive():
-                raise RankLost(f"data-parallel rank {rank} exited (status {process.exitcode})")
+            if process.poll() is not None:
+                raise RankLost(f"data-parallel rank {rank} exited (status {process.returncode})")
             try:
                 pipe.send(("train", groups, learning_rate))
             except (BrokenPipeError, OSError) as exc:
@@ -332,7 +331,7 @@ class Followers:
         exit is visible)."""
         deadline = time.monotonic() + wait_s
         while True:
-            if any(not process.is_alive() for process in self.processes):
+            if any(process.poll() is not None for process in self.processes):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -341,19 +340,32 @@ class Followers:
     def close(self) -> None:
         """Stop the followers and leave the process group (idempotent)."""
         self._stop()
+        if self in _active:
+            _active.remove(self)
 
     def _stop(self) -> None:
         for pipe in self.pipes:
             with contextlib.suppress(BrokenPipeError, OSError):
                 pipe.send(("stop",))
         for process in self.processes:
-            process.join(timeout=30)
-            if process.is_alive():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
                 process.kill()
-                process.join(timeout=5)
+                process.wait(timeout=10)
+        for pipe in self.pipes:
+            pipe.close()
         self.pipes, self.processes = [], []
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+_active: list[Followers] = []  # this process's running followers (at most one data-parallel run)
+
+
+def follower_pids() -> list[int]:
+    """Process ids of this process's followers (operators' tools and tests)."""
+    return [pid for followers in _active for pid in followers.pids()]
 
 
 class RankLost(RuntimeError):
@@ -376,6 +388,59 @@ def _restore(trainer: Any, snapshot: dict[str, Any]) -> None:
     trainer.optimizer.load_state_dict(snapshot["optimizer"])
     trainer.optimizer.zero_grad(set_to_none=True)
     trainer.step = snapshot["step"]
+
+
+def _start_follower() -> tuple[Any, subprocess.Popen[bytes]]:
+    """A follower process (``python -m training.follower``) and a two-way pipe to it. A plain
+    subprocess, not multiprocessing's: a Celery pool process is daemonic and may not have
+    multiprocessing children. Its arguments are the pipe's two descriptors, nothing else."""
+    from multiprocessing.connection import Connection
+
+    down_read, down_write = os.pipe()  # rank 0 -> follower
+    up_read, up_write = os.pipe()  # follower -> rank 0
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "training.follower", str(down_read), str(up_write)],
+            pass_fds=(down_read, up_write),
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+    finally:
+        os.close(down_read)
+        os.close(up_write)
+    return _Duplex(Connection(up_read, writable=False), Connection(down_write, readable=False)), process
+
+
+class _Duplex:
+    """One end of the two pipes as one connection (send, recv, poll, close)."""
+
+    def __init__(self, incoming: Any, outgoing: Any) -> None:
+        self.incoming, self.outgoing = incoming, outgoing
+
+    def send(self, message: Any) -> None:
+        self.outgoing.send(message)
+
+    def recv(self) -> Any:
+        return self.incoming.recv()
+
+    def poll(self, timeout: float) -> bool:
+        return bool(self.incoming.poll(timeout))
+
+    def close(self) -> None:
+        self.incoming.close()
+        self.outgoing.close()
+
+
+def follower_main(read_fd: int, write_fd: int) -> None:
+    """The follower process: read its orders from rank 0 (see ``Followers``) and follow them."""
+    from multiprocessing.connection import Connection
+
+    pipe = _Duplex(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
+    try:
+        message = pipe.recv()
+    except EOFError:
+        return
+    _, rank, world_size, rendezvous, backend, spec, parent_pid = message
+    _follow(rank, world_size, rendezvous, backend, spec, pipe, parent_pid)
 
 
 def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: FollowerSpec, pipe: Any,

@@ -93,6 +93,20 @@ def test_run_succeeds_with_metrics_trajectories_and_checkpoint_files(start_worke
     assert "error" not in levels
 
 
+def test_a_two_device_run_takes_its_updates_data_parallel_in_the_celery_worker(start_worker, api, inputs):
+    """``devices: 2`` through the API and a real worker: the worker's task process spawns the
+    second rank (gloo), every update with a signal ran on both, and the ranks are gone after."""
+    worker = start_worker()
+    run_id = create_run(api, inputs, "ddp", steps=2, devices=2)
+    wait_for(lambda: status_of(run_id) in TERMINAL, timeout=240, what="run to finish", worker=worker)
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.SUCCEEDED, (run.error, worker.output()[-3000:])
+    assert RunEvent.objects.filter(run=run, message__contains="data-parallel on 2 devices (gloo)").exists()
+    metrics = api.get(f"/api/v1/runs/{run_id}/metrics/").json()["data"]
+    updated = [m["metrics"].get("update_devices") for m in metrics if m["metrics"]["trainable_tokens"] > 0]
+    assert updated and updated == [2.0] * len(updated) and len(metrics) == 2
+
+
 def test_cancel_stops_run_within_one_step(start_worker, api, inputs):
     worker = start_worker()
     run_id = create_run(api, inputs, "m2", steps=200)

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from training.config import LoraSpec, TrainConfig
-from training.distributed import DataParallelSession, run_ranks, shares
+from training.distributed import DataParallelSession, follower_pids, run_ranks, shares
 from training.session import Datum, TrainingSession
 
 STEPS = 2
@@ -184,7 +184,6 @@ def test_devices_is_a_validated_run_setting():
 def test_a_rank_killed_mid_run_is_restarted_and_the_run_loses_nothing(tiny_model_dir, tmp_path):
     """The follower is killed (SIGKILL) once step 1 is recorded: step 2's update restarts it from
     the step-1 checkpoint and redoes the update; every checkpoint equals an unbroken run's."""
-    import multiprocessing
     import signal
 
     from safetensors.torch import load_file
@@ -196,9 +195,8 @@ def test_a_rank_killed_mid_run_is_restarted_and_the_run_loses_nothing(tiny_model
     class KillingHooks(MeteredHooks):
         def record_step(self, *, step, metrics, trajectories, path) -> bool:
             if step == 1:
-                (follower,) = [p for p in multiprocessing.active_children() if p.name == "artweb-rank-1"]
-                os.kill(follower.pid, signal.SIGKILL)
-                follower.join(timeout=10)
+                (follower,) = follower_pids()
+                os.kill(follower, signal.SIGKILL)
             return super().record_step(step=step, metrics=metrics, trajectories=trajectories, path=path)
 
     roots = {}
@@ -211,7 +209,7 @@ def test_a_rank_killed_mid_run_is_restarted_and_the_run_loses_nothing(tiny_model
         if name == "killed":
             warnings = [e["message"] for e in hooks.events if e["level"] == "warn"]
             assert any("data-parallel rank was lost" in w and "step-000001" in w for w in warnings), warnings
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("artweb-rank-")]
+    assert follower_pids() == []
     for step in (1, 2, 3):
         weights = [load_file(roots[n] / f"step-00000{step}" / "adapter_model.safetensors") for n in roots]
         assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < 1e-6, step
