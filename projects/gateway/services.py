@@ -33,6 +33,7 @@ def inference_server_heartbeat(
     loaded_adapters: list[str] | None = None,
     pid: int | None = None,
     started_at: datetime | None = None,
+    fetch_url: str = "",
 ) -> InferenceServer:
     """Register the server at ``url`` or refresh its heartbeat (the same call does both).
 
@@ -51,6 +52,7 @@ def inference_server_heartbeat(
         "hostname": socket.gethostname(),
         "pid": pid,
         "heartbeat_at": now,
+        "fetch_url": fetch_url,
     }
     if loaded_adapters is not None:
         fields["loaded_adapters"] = loaded_adapters

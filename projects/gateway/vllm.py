@@ -4,6 +4,9 @@ checkpoint's LoRA adapter into vLLM on first use and speaks vLLM's dialect of th
 
 - Names: a checkpoint's adapter is ``model-<trainable model id>-step-<step>`` on every server.
   The request's ``model`` is rewritten to it; the response's ``model`` back to the public id.
+- Where vLLM loads an adapter from: the folder the server's checkpoint fetcher (``fetch_url``,
+  training.serving.fetch_server) answers after fetching it by store key into its host's cache, so a
+  vLLM host needs no shared volume; the writer's folder only for a server without a fetcher.
 - Which adapters a server holds is recorded in ``InferenceServer.loaded_adapters``, least
   recently used first (``services.inference_server_adapter_use``, under a row lock); beyond the
   server's capacity the least recently used is unloaded before the new one is loaded.
@@ -33,6 +36,7 @@ from projects.gateway.services import inference_server_adapter_forget, inference
 from projects.gateway.upstream import StreamFilter, Upstream, Usage
 from projects.models import Checkpoint, InferenceServer
 from training.openai_errors import error_object
+from training.serving.fetch_server import FETCH_PATH
 from training.serving.vllm import HttpCall, load_adapter_call, unload_adapter_call
 
 log = logging.getLogger(__name__)
@@ -56,7 +60,7 @@ class VLLMUpstream(Upstream):
         body = request_body(route.chat.decoded, model=adapter or target.base_model.name)
         if adapter is None or target.checkpoint is None:
             return await _post(server, "/v1/chat/completions", body)
-        path, public_model = target.checkpoint.path, target.model_id
+        path, public_model = await _adapter_folder(server, target.checkpoint), target.model_id
         await _ensure_loaded(server, adapter, path, public_model)
         response = await _post(server, "/v1/chat/completions", body)
         if response.status != 404:
@@ -135,6 +139,32 @@ async def _unload(server: InferenceServer, name: str) -> None:
             log.warning("vLLM at %s did not unload %s: %s", server.url, name, _error_message(body))
     except Exception:
         log.exception("unloading %s from %s failed", name, server.url)
+
+
+async def _adapter_folder(server: InferenceServer, checkpoint: Checkpoint) -> str:
+    """The folder vLLM loads the checkpoint from, on its own host: fetched there by store key and
+    digest through the server's checkpoint fetcher (training.serving.fetch_server); the writer's
+    own folder only for a server without one, or a row recorded before storage keys."""
+    if not (server.fetch_url and checkpoint.storage_key):
+        return checkpoint.path
+    body = json.dumps({"key": checkpoint.storage_key, "sha256": checkpoint.sha256}).encode()
+    headers = {
+        "Authorization": f"Bearer {settings.INFERENCE_SERVER_TOKEN}",
+        "Content-Type": "application/json",
+    }
+    response = await pool().request(
+        server.fetch_url, FETCH_PATH, headers=headers, body=body, timeout=settings.GATEWAY_UPSTREAM_TIMEOUT_S
+    )
+    answered = await response.read()
+    if response.status == 200:
+        try:
+            return str(json.loads(answered)["path"])
+        except (ValueError, KeyError, TypeError):
+            raise GatewayError(502, "The checkpoint fetcher answered without a path.",
+                               code="adapter_fetch_failed") from None  # fmt: skip
+    status = 404 if response.status == 404 else 502
+    raise GatewayError(status, f"The inference server's host could not fetch the checkpoint: "
+                       f"{_error_message(answered)}", code="model_not_found" if status == 404 else "adapter_fetch_failed")  # fmt: skip
 
 
 async def _call(server: InferenceServer, call: HttpCall) -> UpstreamResponse:

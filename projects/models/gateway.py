@@ -23,6 +23,10 @@ class InferenceServer(models.Model):
     capacity = models.PositiveIntegerField(default=8, help_text="LoRA adapters it keeps loaded at once")
     max_batch_size = models.PositiveIntegerField(default=32)
     loaded_adapters = models.JSONField(default=list, blank=True)
+    fetch_url = models.CharField(
+        max_length=300, blank=True, default="",
+        help_text="a vLLM server's checkpoint fetcher (training.serving.fetch_server); empty: none",
+    )  # fmt: skip
     hostname = models.CharField(max_length=255, blank=True, default="")
     pid = models.PositiveIntegerField(null=True, blank=True)
     started_at = models.DateTimeField()

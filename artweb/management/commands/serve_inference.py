@@ -68,11 +68,16 @@ class Command(BaseCommand):
             "--vllm-gpu-memory-utilization", type=float, default=0.85,
             help="share of GPU memory vLLM may take (lower it when a trainer shares the GPU)",
         )  # fmt: skip
+        parser.add_argument(
+            "--fetch-port", type=int, default=0,
+            help="vLLM: port of the checkpoint fetcher beside vLLM (0 picks a free one); the gateway dials "
+            "the --url host at this port",
+        )  # fmt: skip
 
     def handle(self, *args, base_model: str, host: str, port: int, url: str, capacity: int,
                max_batch_size: int, batch_window_ms: float, engine: str, vllm_command: str,
                vllm_startup_timeout: float, vllm_gpu_memory_utilization: float, scheduler: str = "continuous",
-               **options):  # fmt: skip
+               fetch_port: int = 0, **options):  # fmt: skip
         if engine not in ENGINES:  # a bad INFERENCE_ENGINE (argparse checks only given values)
             raise CommandError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         row = BaseModel.objects.filter(name=base_model).first()
@@ -88,7 +93,7 @@ class Command(BaseCommand):
             self._serve_vllm(row, host=host, port=port, url=url, capacity=capacity,
                              max_batch_size=max_batch_size, command=vllm_command,
                              startup_timeout=vllm_startup_timeout,
-                             gpu_memory_utilization=vllm_gpu_memory_utilization)  # fmt: skip
+                             gpu_memory_utilization=vllm_gpu_memory_utilization, fetch_port=fetch_port)  # fmt: skip
         else:
             self._serve_transformers(row, host=host, port=port, url=url, capacity=capacity,
                                      max_batch_size=max_batch_size, batch_window_ms=batch_window_ms,
@@ -156,9 +161,29 @@ class Command(BaseCommand):
             on_stop=deregister,
         )
 
+    def _start_fetcher(self, host: str, port: int, public_url: str) -> tuple[Any, str]:
+        """The checkpoint fetcher beside vLLM (training.serving.fetch_server) and the URL the
+        gateway dials for it: --url's host at the fetcher's port."""
+        from urllib.parse import urlsplit
+
+        from training.serving.fetch_cache import FetchedCheckpoints
+        from training.serving.fetch_server import start_fetch_server
+
+        options = fetch_cache_options()
+        cache = FetchedCheckpoints(
+            stored_adapter_fetch(), root=options.get("fetch_cache_root"),
+            budget_bytes=options.get("fetch_cache_budget_bytes", 0),
+        )  # fmt: skip
+        server = start_fetch_server(cache, host=host, port=port, token=settings.INFERENCE_SERVER_TOKEN)
+        parts = urlsplit(public_url)
+        name = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+        fetch_url = f"{parts.scheme}://{name}:{server.server_address[1]}"
+        self.stdout.write(f"checkpoint fetcher on {fetch_url}", ending="\n")
+        return server, fetch_url
+
     def _serve_vllm(self, row: BaseModel, *, host: str, port: int, url: str, capacity: int,
                     max_batch_size: int, command: str, startup_timeout: float,
-                    gpu_memory_utilization: float) -> None:  # fmt: skip
+                    gpu_memory_utilization: float, fetch_port: int = 0) -> None:  # fmt: skip
         from training.base_models import base_model_dir
         from training.engines import vllm_installed
         from training.serving.server import advertised_url
@@ -210,6 +235,7 @@ class Command(BaseCommand):
                 return
             raise CommandError(str(exc)) from exc
         started_at = timezone.now()
+        fetcher, fetch_url = self._start_fetcher(host, fetch_port, public_url)
 
         def heartbeat(first: bool) -> None:
             close_old_connections()
@@ -217,7 +243,7 @@ class Command(BaseCommand):
                 url=public_url, base_model_name=row.name, engine="vllm", capacity=capacity,
                 max_batch_size=max_batch_size, pid=child.pid, started_at=started_at,
                 # A fresh vLLM holds no adapters; afterwards the gateway keeps this list.
-                loaded_adapters=[] if first else None,
+                loaded_adapters=[] if first else None, fetch_url=fetch_url,
             )  # fmt: skip
 
         self.stdout.write(f"inference server for {row.name} on {public_url}", ending="\n")
@@ -229,6 +255,7 @@ class Command(BaseCommand):
             )  # fmt: skip
         finally:
             stop_child(child)
+            fetcher.shutdown()
             try:
                 close_old_connections()
                 inference_server_deregister(url=public_url)

@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -184,6 +185,40 @@ def test_checkpoints_are_loaded_on_first_use_and_the_least_recently_used_is_unlo
 
     rows = wait_for(metered, timeout=10, what="usage from vLLM's bodies")
     assert rows[VLLM_MODEL] == 1 and rows["vl/agent:1"] == 2
+
+
+def test_a_checkpoint_written_elsewhere_is_fetched_by_key_on_the_vllm_host(
+    live, serving, vllm_server, tiny_model_dir, cast, alpha_key
+):
+    """The row names the writer's folder on another host (absent here) and a store key: the
+    gateway asks the server's fetcher for the checkpoint, and vLLM loads the folder it answers."""
+    from projects.storage import checkpoint_key, folder_digest
+
+    row = InferenceServer.objects.get(url=vllm_server.url)
+    assert row.fetch_url and row.fetch_url != row.url
+    model, (first,) = checkpoints(serving, tiny_model_dir, cast.alpha, [1], project="fx")
+    key = checkpoint_key(model_id=model.pk, step=1)
+    stored = serving.checkpoint_dir / key  # the local store of the server's host (ARTWEB_DATA_DIR)
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    Path(first.path).rename(stored)
+    digest = folder_digest(stored)
+    first.path = "/another-host/checkpoints/" + key  # where the writer had it: not on this host
+    first.storage_key, first.sha256, first.size_bytes = key, digest.sha256, digest.size_bytes
+    first.save(update_fields=["path", "storage_key", "sha256", "size_bytes"])
+
+    reply = client(live, alpha_key).chat.completions.create(model="fx/agent:1", messages=HELLO, max_tokens=5)
+    assert reply.choices[0].message.content == f"canned reply from model-{model.pk}-step-1"
+    name = f"model-{model.pk}-step-1"
+    load = next(c for c in fake(vllm_server, "calls") if c["body"] and c["body"].get("lora_name") == name)
+    assert Path(load["body"]["lora_path"]).resolve() == stored.resolve()
+
+    first.sha256 = "0" * 64  # a row whose digest the stored folder does not have: refused, not loaded
+    first.save(update_fields=["sha256"])
+    InferenceServer.objects.filter(url=vllm_server.url).update(loaded_adapters=[])
+    time.sleep(1.5)  # the gateway remembers a route for GATEWAY_LOOKUP_CACHE_S
+    with pytest.raises(openai.APIStatusError) as refused:
+        client(live, alpha_key).chat.completions.create(model="fx/agent:1", messages=HELLO, max_tokens=5)
+    assert refused.value.status_code == 502 and refused.value.body["code"] == "adapter_fetch_failed"
 
 
 def test_streams_are_relayed_with_the_public_model_id_and_metered(live, serving, vllm_server, tiny_model_dir,
