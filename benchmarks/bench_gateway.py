@@ -228,29 +228,36 @@ def measure_batching(url: str, key: str, server: Client, args: argparse.Namespac
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="artweb-gateway-bench-"))
+def bench_environment(data_dir: Path, database_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a benchmark's processes (scratch data dir, SQLite unless
+    ``database_url``, no broker), applied to this process too, with Django set up in it."""
     env = {
         **os.environ,
         "ARTWEB_DATA_DIR": str(data_dir),
         "DEBUG": "1",
         "INFERENCE_SERVER_TOKEN": SERVER_TOKEN,
-        "INFERENCE_BATCH_WINDOW_MS": str(args.batch_window_ms),
         "GATEWAY_RATE_LIMIT_PER_MINUTE": "0",
         "DJANGO_SETTINGS_MODULE": "artweb.settings",
+        **extra,
     }
     env.pop("CELERY_BROKER_URL", None)
     env.pop("DATABASE_URL", None)
-    if args.database_url:
-        env["DATABASE_URL"] = args.database_url
+    if database_url:
+        env["DATABASE_URL"] = database_url
     os.environ.update(env)
-    if not args.database_url:
+    if not database_url:
         os.environ.pop("DATABASE_URL", None)
 
     import django
 
     django.setup()
+    return env
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="artweb-gateway-bench-"))
+    env = bench_environment(data_dir, args.database_url, INFERENCE_BATCH_WINDOW_MS=str(args.batch_window_ms))
     from django.core.management import call_command
 
     from projects import services

@@ -34,7 +34,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_gateway import SERVER_TOKEN, Client, Processes, free_port, percentile, wait_until
+from benchmarks.bench_gateway import (
+    SERVER_TOKEN,
+    Client,
+    Processes,
+    bench_environment,
+    free_port,
+    percentile,
+    wait_until,
+)
 
 BASE_MODEL_NAME = "spread-base"
 MESSAGES = [{"role": "user", "content": "Write one short sentence about the sea."}]
@@ -94,26 +102,7 @@ def workload(url: str, key: str, clients: int, per_client: int, max_tokens: int)
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     data_dir = Path(tempfile.mkdtemp(prefix="artweb-spread-bench-"))
-    env = {
-        **os.environ,
-        "ARTWEB_DATA_DIR": str(data_dir),
-        "DEBUG": "1",
-        "INFERENCE_SERVER_TOKEN": SERVER_TOKEN,
-        "GATEWAY_RATE_LIMIT_PER_MINUTE": "0",
-        "DJANGO_SETTINGS_MODULE": "artweb.settings",
-        "TORCH_THREADS": str(args.server_threads),
-    }
-    env.pop("CELERY_BROKER_URL", None)
-    env.pop("DATABASE_URL", None)
-    if args.database_url:
-        env["DATABASE_URL"] = args.database_url
-    os.environ.update(env)
-    if not args.database_url:
-        os.environ.pop("DATABASE_URL", None)
-
-    import django
-
-    django.setup()
+    env = bench_environment(data_dir, args.database_url, TORCH_THREADS=str(args.server_threads))
     from django.core.management import call_command
 
     from projects import services
