@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "0",
         ]
         if args.echo_upstream:
-            double = REPO_ROOT / "tests" / "gateway" / "fake_vllm.py"
+            double = REPO_ROOT / "tests" / "projects" / "gateway" / "fake_vllm.py"
             command += ["--engine", "vllm", "--vllm-command", f"{sys.executable} {double}"]
         server, server_log = processes.start("inference", command)
 
