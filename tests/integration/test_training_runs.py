@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -93,18 +95,49 @@ def test_run_succeeds_with_metrics_trajectories_and_checkpoint_files(start_worke
     assert "error" not in levels
 
 
-def test_a_two_device_run_takes_its_updates_data_parallel_in_the_celery_worker(start_worker, api, inputs):
-    """``devices: 2`` through the API and a real worker: the worker's task process spawns the
-    second rank (gloo), every update with a signal ran on both, and the ranks are gone after."""
-    worker = start_worker()
-    run_id = create_run(api, inputs, "ddp", steps=2, devices=2)
-    wait_for(lambda: status_of(run_id) in TERMINAL, timeout=240, what="run to finish", worker=worker)
+def test_a_two_device_run_takes_its_updates_data_parallel_and_survives_its_worker(start_worker, api, inputs):
+    """``devices: 2`` through the API and real workers: the worker's task process starts the second
+    rank (gloo) and every update with a signal runs on both. The worker is SIGKILLed after step 1:
+    its follower exits on its own, and a second worker resumes the run (with a new follower) to
+    the end, every step recorded once."""
+    first = start_worker()
+    run_id = create_run(api, inputs, "ddp", steps=3, devices=2)
+    wait_for(
+        lambda: Run.objects.get(pk=run_id).current_step >= 1, timeout=240, what="a first step", worker=first
+    )
+    (follower,) = _follower_pids()
+    # Kill only the process running the task (the follower's parent, a Celery pool process), as an
+    # out-of-memory kill would: the follower must notice and exit on its own.
+    task_process = int(Path(f"/proc/{follower}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(task_process, signal.SIGKILL)
+    wait_for(lambda: follower not in _follower_pids(), timeout=15, what="the orphaned follower to exit")
+    first.kill()
+    second = start_worker()
+    wait_for(lambda: status_of(run_id) in TERMINAL, timeout=240, what="the resumed run", worker=second)
     run = Run.objects.get(pk=run_id)
-    assert run.status == RunStatus.SUCCEEDED, (run.error, worker.output()[-3000:])
-    assert RunEvent.objects.filter(run=run, message__contains="data-parallel on 2 devices (gloo)").exists()
+    assert run.status == RunStatus.SUCCEEDED, (run.error, second.output()[-3000:])
+    assert (
+        RunEvent.objects.filter(run=run, message__contains="data-parallel on 2 devices (gloo)").count() == 2
+    )
     metrics = api.get(f"/api/v1/runs/{run_id}/metrics/").json()["data"]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
     updated = [m["metrics"].get("update_devices") for m in metrics if m["metrics"]["trainable_tokens"] > 0]
-    assert updated and updated == [2.0] * len(updated) and len(metrics) == 2
+    assert updated and updated == [2.0] * len(updated)
+
+
+def _follower_pids() -> list[int]:
+    """Live ``python -m training.follower`` processes on this machine (their command lines)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                command = (entry / "cmdline").read_bytes().split(b"\0")
+                status = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if b"training.follower" in command and status != "Z":
+                pids.append(int(entry.name))
+    return pids
 
 
 def test_cancel_stops_run_within_one_step(start_worker, api, inputs):
