@@ -233,7 +233,7 @@ class FollowerSpec:
 
 
 class Followers:
-    """Ranks 1..N-1 of a run's data-parallel update: processes started here (spawn) that resume the
+    """Ranks 1..N-1 of a run's data-parallel update: subprocesses started here that resume the
     trainer from the checkpoint rank 0 (this process) holds, then take each update with it.
 
     Rank 0 rolls out and grades alone; for each update it sends the step's groups and rate down a
