@@ -257,9 +257,10 @@ class InferenceApp:
                     "this server cannot fetch stored checkpoints", code="model_not_found", status=404
                 )
             return check_adapter_path(headers[ADAPTER_HEADER], self.config.adapter_root)
-        loop = asyncio.get_running_loop()
-        try:
-            folder = await loop.run_in_executor(None, self.fetched.get, key, sha256)
+        try:  # a cached checkpoint is answered here; only a download goes to a thread
+            folder = self.fetched.cached(key, sha256)
+            if folder is None:
+                folder = await asyncio.get_running_loop().run_in_executor(None, self.fetched.get, key, sha256)
         except FileNotFoundError:
             raise RequestError("the checkpoint's files are missing in storage",
                                code="model_not_found", status=404) from None  # fmt: skip

@@ -93,6 +93,11 @@ class FetchedCheckpoints:
             found = self._lookup(key, sha256)
             return found if found is not None else self._fetch(key, sha256)
 
+    def cached(self, key: str, sha256: str) -> Path | None:
+        """The folder of ``key`` if it is here already (a hit, counted), else None; never
+        downloads, so an event loop may call it and go to a thread only for a miss."""
+        return self._lookup(key, sha256)
+
     def _lookup(self, key: str, sha256: str) -> Path | None:
         with self._lock:
             entry = self._entries.get(key)

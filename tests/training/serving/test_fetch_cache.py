@@ -84,6 +84,17 @@ def test_hits_and_misses_are_counted_for_prometheus(store):
     assert sample("artweb_inference_checkpoint_cache_budget_bytes") == 0
 
 
+def test_cached_answers_a_hit_without_downloading_and_a_miss_with_none(store):
+    cache = FetchedCheckpoints(store.fetch, root=store.cache, budget_bytes=0)
+    assert cache.cached("model-1/step-000001", "a") is None and store.downloads == []
+    fetched = cache.get("model-1/step-000001", "a")
+    hits = sample("artweb_inference_checkpoint_cache_hits_total")
+    assert cache.cached("model-1/step-000001", "a") == fetched
+    assert sample("artweb_inference_checkpoint_cache_hits_total") == hits + 1
+    assert cache.cached("model-1/step-000001", "another digest") is None
+    assert store.downloads == ["model-1/step-000001"]
+
+
 def test_a_folder_used_within_the_grace_period_is_not_evicted(store):
     one = folder_bytes(store.sources / "model-1/step-000001")
     cache = FetchedCheckpoints(store.fetch, root=store.cache, budget_bytes=one, grace_s=3600)
