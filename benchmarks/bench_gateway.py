@@ -134,6 +134,19 @@ class Client:
         return json.loads(self.connection.getresponse().read())
 
 
+def gateway_routes(gateway_url: str, key: str, model: str = BASE_MODEL_NAME) -> bool:
+    """Whether the gateway answers with ``key`` and routes a one-token completion of base model
+    ``model`` to a registered server."""
+    request = urllib.request.Request(f"{gateway_url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5):
+            pass
+        Client(gateway_url, key).complete({"model": model, "messages": MESSAGES, "max_tokens": 1})
+        return True
+    except (OSError, RuntimeError):
+        return False
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
@@ -311,21 +324,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ],  # fmt: skip
         )
 
-        def gateway_routes() -> bool:
-            request = urllib.request.Request(
-                f"{gateway_url}/v1/models", headers={"Authorization": f"Bearer {key}"}
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=5):
-                    pass
-                Client(gateway_url, key).complete(
-                    {"model": BASE_MODEL_NAME, "messages": MESSAGES, "max_tokens": 1}
-                )
-                return True
-            except (OSError, RuntimeError):
-                return False
-
-        wait_until(gateway_routes, "the gateway (and the server's registration)", web, web_log)
+        wait_until(lambda: gateway_routes(gateway_url, key), "the gateway (and the server's registration)",
+                   web, web_log)  # fmt: skip
         direct = Client(direct_url, SERVER_TOKEN)
         report = {
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg": os.getloadavg()},

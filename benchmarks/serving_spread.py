@@ -40,6 +40,7 @@ from benchmarks.bench_gateway import (
     Processes,
     bench_environment,
     free_port,
+    gateway_routes,
     percentile,
     wait_until,
 )
@@ -142,16 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "--log-level", "warning"],
         )  # fmt: skip
 
-        def routes() -> bool:
-            try:
-                Client(gateway_url, key).complete(
-                    {"model": BASE_MODEL_NAME, "messages": MESSAGES, "max_tokens": 1}
-                )
-                return True
-            except (OSError, RuntimeError):
-                return False
-
-        wait_until(routes, "the gateway", web, web_log)
+        wait_until(lambda: gateway_routes(gateway_url, key, BASE_MODEL_NAME), "the gateway", web, web_log)
         plan = (gateway_url, key, args.clients, args.per_client, args.max_tokens)
         workload(gateway_url, key, args.clients, 1, args.max_tokens)  # warm-up: both sides start warm
         before = served()
