@@ -49,8 +49,8 @@ from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec, build_messages
-from training.loop import rows_for_step
 from training.rewards import Sample, build_grader, grade_many, grade_trajectories
+from training.run_steps import rows_for_step
 from training.trainer import Trainer, peft_lora_config
 from training.trajectory import to_train_group
 

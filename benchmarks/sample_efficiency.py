@@ -224,8 +224,8 @@ def trl(settings: dict[str, Any], arguments: argparse.Namespace) -> dict[str, An
     from training.engines.transformers_engine import TransformersEngine
     from training.environments import EnvironmentSpec, build_messages
     from training.evaluation import LocalPolicy, evaluate
-    from training.loop import rows_for_step
     from training.rewards import Sample, build_grader, grade_many
+    from training.run_steps import rows_for_step
     from training.trainer import peft_lora_config
 
     config = TrainConfig.from_dict(base_config(arguments, settings))

@@ -30,6 +30,7 @@ CHART_SERIES = [
     ("learning_rate", "Learning rate"),
     ("zero_variance_fraction", "Zero-variance groups"),
     ("groups_dropped", "Groups dropped (dynamic sampling)"),
+    ("off_policy_steps", "Sample staleness (updates behind)"),
     ("heldout_loss", "Held-out loss (SFT / DPO)"),
     ("heldout_preference_accuracy", "Held-out preference accuracy (DPO)"),
     ("tokens_per_second", "Tokens / s (rollouts)"),
@@ -101,6 +102,8 @@ def chart_data(
             notes.append("SFT and DPO runs only, at their evaluation steps (eval_interval).")
         if key == "groups_dropped" and not config.get("dynamic_sampling"):
             notes.append("Not measured: dynamic_sampling is off, so every group drawn is trained on.")
+        if key == "off_policy_steps" and not config.get("max_off_policy_steps"):
+            notes.append("Synchronous run (max_off_policy_steps 0): every step samples the newest policy.")
         if key in UPDATE_METRICS and no_update:
             shown = ", ".join(str(step) for step in no_update[:8]) + (" …" if len(no_update) > 8 else "")
             notes.append(f"No update at step {shown} (every group had the same reward): not drawn there.")

@@ -93,6 +93,18 @@ def sampler_adapter_fingerprint(engine: Engine, adapter: str | None) -> str:
     return live_adapter_fingerprint(model, adapter)
 
 
+@dataclass
+class PolicyProbe:
+    """The trainer's side of the check, taken when a checkpoint is saved. A run whose rollouts
+    overlap training (``max_off_policy_steps``) loads a checkpoint into its sampler after the
+    trainer has moved on, so the trainer's answers are kept until then."""
+
+    checkpoint_dir: Path
+    fingerprint: str  # of the saved adapter, which the live one matched
+    prompts: list[list[int]]  # each probe rendered by the trainer's tokenizer
+    logprobs: list[torch.Tensor]  # the policy's next-token log-probabilities after each prompt
+
+
 def verify_sampler(
     engine: Engine,
     trainer_or_policy: Any,
@@ -110,39 +122,65 @@ def verify_sampler(
     an OpenAI-style message list. `tolerance` bounds the logprob gap: ~1e-4 for fp32 on one device;
     a bf16 sampler against a trainer needs far more (~5e-2), where the checksums do the exact part.
     """
+    probe = probe_policy(trainer_or_policy, tokenizer, checkpoint_dir, probe_messages)
+    return check_sampler(engine, probe, probe_messages, adapter=adapter, tolerance=tolerance)
+
+
+def probe_policy(
+    trainer_or_policy: Any, tokenizer: Any, checkpoint_dir: Path, probe_messages: list[list[dict]]
+) -> PolicyProbe:
+    """The trainer's answers to the probes; AdapterMismatchError unless its live adapter is the one
+    saved in `checkpoint_dir`."""
     policy = getattr(trainer_or_policy, "policy", trainer_or_policy)
     if not isinstance(policy, PeftModel):
         raise TypeError(f"expected a Trainer or a PeftModel, got {type(trainer_or_policy).__name__}")
     if not probe_messages:
         raise ValueError("verify_sampler needs at least one probe prompt")
-
     saved = saved_adapter_fingerprint(checkpoint_dir)
-    sampler = sampler_adapter_fingerprint(engine, adapter)
-    if sampler != saved:
-        raise AdapterMismatchError(
-            f"the sampler's adapter{_named(adapter)} is not the one saved in {checkpoint_dir}: "
-            f"fingerprints {sampler[:12]} vs {saved[:12]}; the sampler was not given the newest checkpoint"
-        )
     live = live_adapter_fingerprint(policy)
     if live != saved:
         raise AdapterMismatchError(
             f"the trainer's live adapter is not the one saved in {checkpoint_dir}: fingerprints "
             f"{live[:12]} vs {saved[:12]}; the checkpoint is stale or the policy changed after saving"
         )
+    prompts = [render_prompt(tokenizer, messages) for messages in probe_messages]
+    return PolicyProbe(
+        checkpoint_dir=Path(checkpoint_dir),
+        fingerprint=saved,
+        prompts=prompts,
+        logprobs=[next_token_logprobs(policy, prompt) for prompt in prompts],
+    )
 
+
+def check_sampler(
+    engine: Engine,
+    probe: PolicyProbe,
+    probe_messages: list[list[dict]],
+    *,
+    adapter: str | None = None,
+    tolerance: float = 1e-4,
+) -> SamplerCheck:
+    """Raise AdapterMismatchError unless `engine` (sampling with `adapter`) holds the adapter the
+    trainer had when `probe` was taken, and scores the probes as the trainer did then."""
+    sampler = sampler_adapter_fingerprint(engine, adapter)
+    if sampler != probe.fingerprint:
+        raise AdapterMismatchError(
+            f"the sampler's adapter{_named(adapter)} is not the one saved in {probe.checkpoint_dir}: "
+            f"fingerprints {sampler[:12]} vs {probe.fingerprint[:12]}; the sampler was not given the "
+            "newest checkpoint"
+        )
     # Greedy, one token: the logprob is under the untempered policy (engines/base.py).
     choices = engine.generate(
         probe_messages, SamplingParams(temperature=0.0, max_new_tokens=1), adapter=adapter
     )
     largest_gap = 0.0
-    for messages, choice in zip(probe_messages, choices, strict=True):
-        expected_prompt = render_prompt(tokenizer, messages)
+    for expected_prompt, logprobs, choice in zip(probe.prompts, probe.logprobs, choices, strict=True):
         if choice.prompt_token_ids != expected_prompt:
             raise AdapterMismatchError(
                 "the sampler renders the probe prompt into other tokens than the trainer's tokenizer: "
                 "sampler and trainer must share one tokenizer and chat template"
             )
-        expected = teacher_forced_logprob(policy, expected_prompt, choice.token_ids[0])
+        expected = float(logprobs[choice.token_ids[0]])
         gap = abs(choice.logprobs[0] - expected)
         largest_gap = max(largest_gap, gap)
         if not gap <= tolerance:  # `not <=` so that a NaN fails too
@@ -151,11 +189,11 @@ def verify_sampler(
                 f"{choice.logprobs[0]:.6f}, the trainer policy's is {expected:.6f} (gap {gap:.2e} > "
                 f"{tolerance:.0e}): the sampler{_named(adapter)} does not serve the trainer's weights"
             )
-    return SamplerCheck(fingerprint=saved, max_logprob_gap=largest_gap)
+    return SamplerCheck(fingerprint=probe.fingerprint, max_logprob_gap=largest_gap)
 
 
-def teacher_forced_logprob(policy: torch.nn.Module, prompt_token_ids: list[int], token: int) -> float:
-    """log p(token | prompt) under `policy` (untempered), from one forward pass in eval mode."""
+def next_token_logprobs(policy: torch.nn.Module, prompt_token_ids: list[int]) -> torch.Tensor:
+    """log p(· | prompt) under `policy` (untempered, float32, on the CPU), one forward pass in eval mode."""
     device = next(policy.parameters()).device
     was_training = policy.training
     policy.eval()  # LoRA dropout off, as the sampler has it
@@ -165,7 +203,7 @@ def teacher_forced_logprob(policy: torch.nn.Module, prompt_token_ids: list[int],
             logits = policy(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
     finally:
         policy.train(was_training)
-    return float(torch.log_softmax(logits[0, -1].float(), dim=-1)[token])
+    return torch.log_softmax(logits[0, -1].float(), dim=-1).cpu()
 
 
 def _named(adapter: str | None) -> str:

@@ -253,6 +253,14 @@ class TrainConfig(_Settings):
             bounds=Bounds(1, 16, why="one host's devices"),
         ),
     )
+    max_off_policy_steps: int = field(
+        default=0,
+        metadata=_help(
+            "Rollouts for the next steps run while a step trains, sampled from a policy at most this "
+            "many steps older than the one they train (0 = synchronous: each step samples the newest).",
+            bounds=Bounds(0, 16, why="older samples leave the clip range and teach little"),
+        ),
+    )
     ppo_epochs: int = field(
         default=1,
         metadata=_help(
@@ -447,6 +455,19 @@ class TrainConfig(_Settings):
                 "length_penalty_buffer must be at most max_new_tokens",
             ),
         )
+
+    def check_objective(self, objective: str) -> None:
+        """Raise ConfigError for options that only GRPO runs (rollouts and an update per step)
+        have, set in a run of another objective (``sft``, ``dpo``)."""
+        if objective == "grpo":
+            return
+        problems = [
+            (name, f"{name}: {getattr(self, name)} applies to GRPO runs only, not {objective} runs")
+            for name, default in (("devices", 1), ("max_off_policy_steps", 0))
+            if getattr(self, name) != default
+        ]
+        if problems:
+            raise ConfigError.of(problems)
 
     @property
     def clip_high(self) -> float:

@@ -261,7 +261,8 @@ def _example(build: Any, tokenizer: Any, row: dict[str, Any], system: str) -> An
 def run_supervised(spec: Any, hooks: Any) -> str:
     """Train ``spec`` (a ``training.loop.RunSpec`` with objective sft or dpo); the outcome as
     ``run_training``'s."""
-    from training.loop import PolicySampler, checkpoint_path, rows_for_step, start_trainer
+    from training.loop import PolicySampler, start_trainer
+    from training.run_steps import checkpoint_path, rows_for_step
     from training.session import TrainingSession
 
     config = spec.config
@@ -298,7 +299,7 @@ def run_supervised(spec: Any, hooks: Any) -> str:
         if path.exists():
             shutil.rmtree(path)
         trainer.save_checkpoint(path, step=step, metrics=metrics)
-        sampler.use_checkpoint(f"step-{step}", path)
+        sampler.use_checkpoint(step, path)
         metrics["step_seconds"] = time.monotonic() - started
         metrics.update(device_usage(spec.device, metrics["step_seconds"]))
         if not hooks.record_step(step=step, metrics=metrics, trajectories=[], path=path):

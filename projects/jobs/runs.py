@@ -18,7 +18,8 @@ from projects.jobs.claimed import Claimed, Heartbeat, Job, readable
 from projects.models import Run, RunStatus, Split
 from projects.storage import StoredObject, checkpoint_local_dir, checkpoint_upload
 from training.config import LoraSpec, TrainConfig
-from training.loop import RunSpec, run_training, sampled_tokens
+from training.cost import sampled_tokens
+from training.loop import RunSpec, run_training
 from training.rewards import RewardFailure
 from training.trajectory import Trajectory
 

@@ -162,11 +162,10 @@ def run_create(
         train_config = TrainConfig.from_dict(merged)
     except ConfigError as exc:
         raise config_invalid(exc, "config.") from exc
-    if kind != RunKind.PLATFORM and train_config.devices > 1:
-        raise ValidationFailed(
-            f"a data-parallel update (devices > 1) is built for GRPO runs only, not {kind} runs",
-            field="config.devices",
-        )
+    try:
+        train_config.check_objective("grpo" if kind == RunKind.PLATFORM else str(kind))
+    except ConfigError as exc:
+        raise config_invalid(exc, "config.") from exc
     _check_context(model=model, task_set=task_set, environment=environment, config=train_config)
     with transaction.atomic():
         # Lock the model row so two concurrent creates cannot both see "no active run" (a client's

@@ -96,6 +96,24 @@ def test_chart_data_has_completion_length_sub_rewards_and_validation(cast, alpha
     assert data["validation"]["evaluated"] == [evaluated, evaluated]
 
 
+def test_chart_data_draws_the_staleness_of_an_overlapped_runs_samples(cast, alpha_setup):
+    overlapped = make_run(alpha_setup, cast.alice, max_off_policy_steps=1)
+    for step, behind in ((1, 0.0), (2, 1.0), (3, 1.0)):
+        StepMetrics.objects.create(run=overlapped, step=step, reward_mean=0.5, reward_std=0.5,
+                                   metrics={**UPDATED, "off_policy_steps": behind})  # fmt: skip
+    series = client_for(cast.alice).get(f"/runs/{overlapped.pk}/metrics.json").json()["series"]
+    assert series["off_policy_steps"]["values"] == [0.0, 1.0, 1.0]
+    assert series["off_policy_steps"]["note"] == ""
+    overlapped.status = RunStatus.SUCCEEDED
+    overlapped.save(update_fields=["status"])
+    synchronous = make_run(alpha_setup, cast.alice)
+    StepMetrics.objects.create(run=synchronous, step=1, reward_mean=0.5, reward_std=0.5,
+                               metrics={**UPDATED, "off_policy_steps": 0.0})  # fmt: skip
+    series = client_for(cast.alice).get(f"/runs/{synchronous.pk}/metrics.json").json()["series"]
+    assert series["off_policy_steps"]["values"] == [0.0]
+    assert "Synchronous run" in series["off_policy_steps"]["note"]
+
+
 def test_run_page_has_a_figure_per_series_and_the_smoothing_toggle(cast, alpha_setup):
     run = make_run(alpha_setup, cast.alice)
     html = client_for(cast.alice).get(f"/runs/{run.pk}/").content.decode()

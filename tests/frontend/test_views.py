@@ -392,7 +392,7 @@ def test_run_metrics_json_has_the_chart_series(cast, alpha_setup, alpha_run):
     assert set(data["series"]) == {
         "loss", "grad_norm", "completion_tokens", "kl", "entropy", "clip_fraction",
         "zero_variance_fraction", "tokens_per_second", "ratio_std", "learning_rate", "groups_dropped",
-        "heldout_loss", "heldout_preference_accuracy",
+        "off_policy_steps", "heldout_loss", "heldout_preference_accuracy",
     }  # fmt: skip
     assert data["sub_rewards"] == {}
     assert data["validation"] == {"steps": [], "reward_mean": [], "evaluated": []}

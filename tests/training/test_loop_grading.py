@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from training.loop import rows_for_step
 from training.rewards import RewardFailure, grade_trajectories
+from training.run_steps import rows_for_step
 from training.trajectory import Trajectory
 
 

@@ -228,6 +228,8 @@ class TransformersEngine(Engine):
         else:
             previous = model.active_adapter
             flags = _requires_grad_flags(model)
+            if previous == name:  # make another active first: peft warns when deleting the active one
+                model.set_adapter(next(other for other in model.peft_config if other != name))
             model.delete_adapter(name)
             if previous != name:
                 model.set_adapter(previous)

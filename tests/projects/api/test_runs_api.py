@@ -225,7 +225,7 @@ def test_task_rows_with_malformed_targets_are_refused_naming_the_field(alpha_set
         assert response.status_code == 400 and field in error_of(response)["message"], response.json()
 
 
-def test_devices_is_checked_and_only_grpo_runs_take_more_than_one(alpha_setup, key_client):
+def test_devices_and_overlap_are_checked_and_only_grpo_runs_take_them(alpha_setup, key_client):
     response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, devices=0), format="json")
     assert response.status_code == 400 and error_of(response)["param"] == "config.devices"
     rows = [{"prompt": "q", "completion": "a"}]
@@ -234,5 +234,12 @@ def test_devices_is_checked_and_only_grpo_runs_take_more_than_one(alpha_setup, k
     response = key_client.post("/api/v1/runs/", body, format="json")
     assert response.status_code == 400 and error_of(response)["param"] == "config.devices"
     assert "GRPO runs only" in error_of(response)["message"]
+    body = {**_run_body(alpha_setup, max_off_policy_steps=1), "task_set": targets.pk, "kind": "sft"}
+    response = key_client.post("/api/v1/runs/", body, format="json")
+    assert response.status_code == 400 and error_of(response)["param"] == "config.max_off_policy_steps"
+    response = key_client.post(
+        "/api/v1/runs/", _run_body(alpha_setup, max_off_policy_steps=17), format="json"
+    )
+    assert response.status_code == 400 and error_of(response)["param"] == "config.max_off_policy_steps"
     response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, devices=2), format="json")
     assert response.status_code == 201 and response.json()["config"]["devices"] == 2
