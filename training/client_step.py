@@ -236,6 +236,13 @@ def _mean_group_std(rewards: list[list[float]]) -> float:
     return statistics.fmean(stds) if stds else 0.0
 
 
+def off_policy_steps(scored: ScoredTrajectory, from_step: int) -> int | None:
+    """Updates between the checkpoint that sampled the trajectory and ``from_step`` (the one this
+    step updates); None when no choice names its checkpoint."""
+    sampled = scored.tokenized.policy_step
+    return None if sampled is None else max(0, from_step - sampled)
+
+
 def _step_metrics(
     spec: ClientStepSpec,
     scored: list[ScoredTrajectory],
@@ -248,7 +255,17 @@ def _step_metrics(
     trainable_groups = sum(1 for group in advantages if any(a != 0.0 for a in group))
     submitted = len(spec.groups)
     exact = sum(1 for s in scored if s.tokenized.token_source == "gateway")
+    # How far behind the updated checkpoint (from_step) each trajectory's sampler was: ART's
+    # PipelineTrainer samples on while earlier steps train (its max_steps_off_policy).
+    behind = [off_policy_steps(s, spec.from_step) for s in scored]
+    known = [b for b in behind if b is not None]
+    staleness = (
+        {"off_policy_steps": statistics.fmean(known), "off_policy_steps_max": float(max(known))}
+        if known
+        else {}
+    )
     return {
+        **staleness,
         **update,
         "reward_mean": statistics.fmean(all_rewards) if all_rewards else 0.0,
         "reward_std": statistics.pstdev(all_rewards) if all_rewards else 0.0,

@@ -54,6 +54,13 @@ class TokenizedTrajectory:
     token_source: str  # "gateway" | "token_ids" | "logprobs" (the least exact of its choices)
     prompt_mismatches: int = 0  # carried prompts that differ from the re-rendered one (carried wins)
     splits: int = 0  # where a later prompt did not continue the tokens so far
+    sampled_steps: list[int] = field(default_factory=list)  # the checkpoints its choices name
+
+    @property
+    def policy_step(self) -> int | None:
+        """The oldest checkpoint that sampled a trained choice (its ``artweb_model`` ``…:N``); None
+        when no choice names one (another server, the base model)."""
+        return min(self.sampled_steps) if self.sampled_steps else None
 
     @property
     def prompt_tokens(self) -> int:
@@ -82,6 +89,12 @@ class _Segment:
         self.completion += ids
         self.mask += [0 if logprobs is None else 1] * len(ids)
         self.logprobs += [0.0] * len(ids) if logprobs is None else logprobs
+
+
+def sampled_step(sampled_by: str | None) -> int | None:
+    """The step of the checkpoint an ``artweb_model`` names (``project/model:N``), else None."""
+    _, colon, step = (sampled_by or "").rpartition(":")
+    return int(step) if colon and step.isdigit() else None
 
 
 class TrajectoryTokenizer:
@@ -144,6 +157,9 @@ class TrajectoryTokenizer:
                 continue  # context: it reaches the samples through the next choice's prompt
             prompt = self._sampler_prompt(history, index, item, result)
             ids, source = self._sampled_ids(item)
+            step = sampled_step(item.sampled_by)
+            if step is not None:
+                result.sampled_steps.append(step)
             if _SOURCE_RANK[source] > _SOURCE_RANK[result.token_source]:
                 result.token_source = source
             if current is not None and prompt[: len(current.tokens)] == current.tokens:

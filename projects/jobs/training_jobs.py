@@ -25,7 +25,7 @@ from training.art_config import ArtOptions
 from training.base_models import context_length as base_context_length
 from training.base_models import load_tokenizer
 from training.client_groups import GroupError, parse_groups
-from training.client_step import ClientStepSpec, ScoredTrajectory, train_client_step
+from training.client_step import ClientStepSpec, ScoredTrajectory, off_policy_steps, train_client_step
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.loop import load_policy_model
 from training.resident import ResidentSessions, ServiceSessions, SessionKey
@@ -134,9 +134,10 @@ def build_step_spec(job: TrainingJob, latest: Checkpoint | None) -> ClientStepSp
     )
 
 
-def trajectory_records(scored: list[ScoredTrajectory]) -> list[services.TrajectoryRecord]:
-    """What the trajectory viewer shows of each: the main conversation, the reward, and how its
-    tokens were found (``token_source``: see training.client_groups) with its advantage."""
+def trajectory_records(scored: list[ScoredTrajectory], *, from_step: int) -> list[services.TrajectoryRecord]:
+    """What the trajectory viewer shows of each: the main conversation, the reward, how its
+    tokens were found (``token_source``: see training.client_groups) with its advantage, and the
+    checkpoint that sampled it with how far behind ``from_step`` (the one updated) that was."""
     counters: dict[int, int] = {}
     records = []
     for item in scored:
@@ -160,6 +161,14 @@ def trajectory_records(scored: list[ScoredTrajectory]) -> list[services.Trajecto
                     "exact_tokens": tokenized.token_source == "gateway",
                     "prompt_mismatches": tokenized.prompt_mismatches,
                     "splits": tokenized.splits,
+                    **(
+                        {
+                            "policy_step": tokenized.policy_step,
+                            "off_policy_steps": off_policy_steps(item, from_step),
+                        }
+                        if tokenized.policy_step is not None
+                        else {}
+                    ),  # fmt: skip
                     **({"metadata": trajectory.metadata} if trajectory.metadata else {}),
                     **({"logs": trajectory.logs} if trajectory.logs else {}),
                 },
@@ -224,7 +233,7 @@ def _record(claimed: Claimed[TrainingJob], result: Any) -> str:
             *result.events[:-1],
             {**result.events[-1], "time/step_queue_wait_s": metrics["queue_seconds"]},
         ],
-        trajectories=trajectory_records(result.trajectories),
+        trajectories=trajectory_records(result.trajectories, from_step=result.step - 1),
     )
     return "succeeded" if recorded else "lost"
 

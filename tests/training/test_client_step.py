@@ -15,7 +15,8 @@ from transformers import AutoConfig, AutoTokenizer
 from tests.training.test_client_groups import Sampler, group, trajectory
 from training.art_config import EXPERIMENTAL_KEYS, art_job_config
 from training.client_groups import parse_groups
-from training.client_step import ClientStepSpec, art_advantages, train_client_step
+from training.client_step import ClientStepSpec, art_advantages, off_policy_steps, train_client_step
+from training.client_tokens import sampled_step
 from training.config import ConfigError, LoraSpec
 from training.trainer import read_checkpoint_state
 
@@ -135,6 +136,42 @@ def test_a_step_saves_the_next_checkpoint_and_resumes_from_it(tiny_model_dir: Pa
     second = train_client_step(spec(1, first.path), Hooks())
     assert second.step == 2 and read_checkpoint_state(second.path)["step"] == 2
     assert started == [1, 1]
+
+
+def test_each_trajectory_records_the_checkpoint_that_sampled_it_and_how_far_behind(tiny_model_dir, tmp_path):
+    # ART's PipelineTrainer samples on while earlier steps train: the step records the staleness.
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    sampler = Sampler(tokenizer)
+    prompt = [{"role": "user", "content": "Hi"}]
+
+    def choice(text: str, sampled_by: str) -> dict:
+        return {**sampler.choice(prompt, text), "artweb_model": sampled_by}
+
+    raw = [group(trajectory([*prompt, choice("hello", "math/agent:3")], 1.0),
+                 trajectory([*prompt, choice("bye", "math/agent:1")], 0.0)),
+           group(trajectory([*prompt, choice("yes", "math/agent:3")], 0.5),
+                 trajectory([*prompt, choice("no", "gateway-tiny")], 0.0))]  # fmt: skip
+    spec = ClientStepSpec(
+        base_model_source=str(tiny_model_dir), model_cache_dir=tmp_path / "cache",
+        checkpoint_root=tmp_path / "checkpoints", config=art_job_config({"learning_rate": 1e-3})[0],
+        lora=LoraSpec(rank=2, alpha=4), groups=parse_groups(raw), from_step=3, resume_from=None,
+    )  # fmt: skip
+
+    class Hooks:
+        def started(self, *, num_sequences: int) -> None:
+            pass
+
+    result = train_client_step(spec, Hooks())
+    assert [s.tokenized.policy_step for s in result.trajectories] == [3, 1, 3, None]
+    assert [off_policy_steps(s, 3) for s in result.trajectories] == [0, 2, 0, None]
+    # Only trajectories whose checkpoint is named count: (0 + 2 + 0) / 3.
+    assert result.metrics["off_policy_steps"] == pytest.approx(2 / 3)
+    assert result.metrics["off_policy_steps_max"] == 2.0
+    assert (sampled_step("math/agent:12"), sampled_step("gateway-tiny"), sampled_step(None)) == (
+        12,
+        None,
+        None,
+    )
 
 
 def optimizer_steps(checkpoint: Path) -> int:
