@@ -3,6 +3,7 @@ from django.http import JsonResponse
 from django.urls import include, path
 
 from projects.metrics import metrics_view
+from projects.tinker import exports as tinker_exports
 
 
 def healthz(request):
@@ -14,7 +15,10 @@ urlpatterns = [
     path("api/v1/", include("projects.api.urls")),
     # OpenAI-compatible gateway: the standard `openai` client with base_url=".../v1".
     path("v1/", include("projects.gateway.urls")),
-    path("tinker/api/v1/", include("projects.tinker.urls")),  # the tinker SDK (projects.tinker)
+    path("tinker/api/v1/", include("projects.tinker.urls")),
+    path(
+        "tinker/files/<str:token>", tinker_exports.download
+    ),  # signed export URLs (projects.tinker.exports)  # the tinker SDK (projects.tinker)
     path("healthz", healthz),
     path("metrics", metrics_view),  # Prometheus, for the operator's token only (projects.metrics)
     # The dashboard (server-rendered pages) owns every other path.

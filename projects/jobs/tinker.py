@@ -217,7 +217,7 @@ def _run(
                                     device=settings.TRAINING_DEVICE)  # fmt: skip
         model.steps = step
         return {"type": "optim_step", "metrics": {f"{k}:mean": float(v) for k, v in metrics.items()}}, None
-    if kind in ("save_weights", "save_weights_for_sampler"):
+    if kind in ("save_weights", "save_weights_for_sampler", "save_weights_external"):
         return _save(model, future), None
     if kind == "load_weights":
         return _load(model, payload), None
@@ -238,15 +238,23 @@ def _save(model: TinkerModel, future: TinkerFuture) -> dict[str, Any]:
         path = str(folder)
     else:
         stored, path = None, existing.path
-    prefix = "weights" if kind == "save_weights" else "sampler_weights"
+    prefix = {"save_weights": "weights", "save_weights_external": "external_weights"}.get(
+        kind, "sampler_weights"
+    )
     name = payload.get("path")
     label = f"{prefix}/{name}" if name else f"{prefix}/step-{step:06d}"
+    export = None
+    if kind == "save_weights_external":  # projects.tinker.exports: the adapter files, by signed URLs
+        from projects.tinker.exports import export_record
+
+        export = export_record(recipients=payload.get("age_encryption_recipients"),
+                               ttl_seconds=payload.get("ttl_seconds"))  # fmt: skip
     checkpoint = services.tinker_checkpoint_record(
-        model=model, step=step, path=path, stored=stored, name=label
+        model=model, step=step, path=path, stored=stored, name=label, export=export
     )
     tinker_path = f"tinker://{model.pk}/{label}"
-    if kind == "save_weights":
-        return {"type": "save_weights", "path": tinker_path}
+    if kind in ("save_weights", "save_weights_external"):
+        return {"type": kind, "path": tinker_path}
     if name:
         return {"type": "save_weights_for_sampler", "path": tinker_path}
     seq = payload.get("sampling_session_seq_id")

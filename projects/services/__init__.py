@@ -166,6 +166,7 @@ from projects.services.tinker import (
     tinker_checkpoint_record,
     tinker_drain_claim,
     tinker_drain_release,
+    tinker_export_ttl,
     tinker_future_finish,
     tinker_future_submit,
     tinker_loss_add,
@@ -197,6 +198,7 @@ from projects.services.training_jobs import (
 __all__ = [
     "lora_of",
     "tinker_checkpoint_forget",
+    "tinker_export_ttl",
     "tinker_checkpoint_record",
     "tinker_drain_claim",
     "tinker_drain_release",

@@ -290,12 +290,13 @@ def tinker_step_record(
 
 
 def tinker_checkpoint_record(
-    *, model: TinkerModel, step: int, path: str, stored: Any, name: str
+    *, model: TinkerModel, step: int, path: str, stored: Any, name: str, export: dict[str, Any] | None = None
 ) -> Checkpoint:
-    """A saved state at ``step`` (adapter, optimizer, RNG: one folder serves ``weights`` and
-    ``sampler_weights``), recorded as the model's checkpoint of that step; ``name`` (``weights/x``
-    or ``sampler_weights/x``) finds it again. ``stored`` None: the step's checkpoint is already
-    saved, and only gets the name."""
+    """A saved state at ``step`` (adapter, optimizer, RNG: one folder serves ``weights``,
+    ``sampler_weights`` and ``external_weights``), recorded as the model's checkpoint of that step;
+    ``name`` (``weights/x``, ``sampler_weights/x``, ``external_weights/x``) finds it again, and an
+    external export keeps ``export`` (projects.tinker.exports). ``stored`` None: the step's
+    checkpoint is already saved, and only gets the name."""
     with transaction.atomic():
         checkpoint = Checkpoint.objects.select_for_update().filter(model=model.model, step=step).first()
         if stored is None and checkpoint is None:
@@ -314,22 +315,47 @@ def tinker_checkpoint_record(
                                            stored=stored)  # fmt: skip
         names = dict(checkpoint.metrics.get("tinker_names", {}))
         names[name] = model.id
-        checkpoint.metrics = {**checkpoint.metrics, "tinker_names": names}
+        exports = dict(checkpoint.metrics.get("tinker_exports", {}))
+        if export is not None:
+            exports[name] = export
+        else:
+            exports.pop(name, None)
+        checkpoint.metrics = {**checkpoint.metrics, "tinker_names": names, "tinker_exports": exports}
         checkpoint.save(update_fields=["metrics"])
         return checkpoint
 
 
+def tinker_export_ttl(*, checkpoint: Checkpoint, name: str, ttl_seconds: int | None) -> None:
+    """Set (from now) or remove the expiry of export ``name`` of ``checkpoint``."""
+    from projects.tinker.exports import export_record
+
+    with transaction.atomic():
+        checkpoint = Checkpoint.objects.select_for_update().get(pk=checkpoint.pk)
+        exports = dict(checkpoint.metrics.get("tinker_exports", {}))
+        recipients = exports.get(name, {}).get("recipients")
+        exports[name] = export_record(recipients=recipients, ttl_seconds=ttl_seconds)
+        checkpoint.metrics = {**checkpoint.metrics, "tinker_exports": exports}
+        checkpoint.save(update_fields=["metrics"])
+
+
 def tinker_checkpoint_forget(*, checkpoint: Checkpoint, name: str) -> None:
-    """Drop ``name`` (``weights/x`` or ``sampler_weights/x``) from the checkpoint; delete the
-    checkpoint when it was the last name and nothing uses it (else a 409 says what does)."""
+    """Drop ``name`` (``weights/x``, ``sampler_weights/x``, ``external_weights/x``) from the
+    checkpoint; delete the checkpoint when it was the last name and nothing uses it (else a 409 says
+    what does). An export's name goes even then: it only named the files for download."""
     from projects.services.checkpoints import checkpoint_delete
 
     names = dict(checkpoint.metrics.get("tinker_names", {}))
     if len(names) <= 1:
-        checkpoint_delete(checkpoint=checkpoint)
-        return
+        try:
+            checkpoint_delete(checkpoint=checkpoint)
+            return
+        except Conflict:
+            if not name.startswith("external_weights/"):
+                raise
     names.pop(name, None)
-    checkpoint.metrics = {**checkpoint.metrics, "tinker_names": names}
+    exports = {label: record for label, record in checkpoint.metrics.get("tinker_exports", {}).items()
+               if label != name}  # fmt: skip
+    checkpoint.metrics = {**checkpoint.metrics, "tinker_names": names, "tinker_exports": exports}
     checkpoint.save(update_fields=["metrics"])
 
 

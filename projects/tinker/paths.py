@@ -1,4 +1,4 @@
-"""``tinker://{training client}/{weights|sampler_weights}/{name}``: the checkpoints a team saved
+"""``tinker://{training client}/{weights|sampler_weights|external_weights}/{name}``: the checkpoints a team saved
 through the Tinker API, and any platform checkpoint as ``tinker://{project}/{model}/step/{N}``."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def checkpoint_for_path(team: Team, path: str, *, param: str) -> Checkpoint:
             model__project__team=team, model__project__name=project, model__name=model,
             step=int(name) if name.isdigit() else -1,
         ).select_related("model__base_model").first()  # fmt: skip
-    elif kind in ("weights", "sampler_weights"):
+    elif kind in ("weights", "sampler_weights", "external_weights"):
         tinker = TinkerModel.objects.filter(pk=owner, session__team=team).first()
         checkpoint = None
         if tinker is not None:
@@ -36,7 +36,8 @@ def checkpoint_for_path(team: Team, path: str, *, param: str) -> Checkpoint:
                     break
     else:
         raise ValidationFailed(
-            f"{path!r}: the kind is weights, sampler_weights or step, not {kind!r}", field=param
+            f"{path!r}: the kind is weights, sampler_weights, external_weights or step, not {kind!r}",
+            field=param,
         )
     if checkpoint is None or not (checkpoint.storage_key or checkpoint.path):
         raise NotFound(f"no checkpoint {path!r} in your team", field=param)

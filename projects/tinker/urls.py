@@ -29,6 +29,12 @@ urlpatterns = [
     path("training_runs", views.training_runs),
     path("training_runs/<str:model_id>", views.training_run_detail),
     path("training_runs/<str:model_id>/checkpoints", views.training_run_checkpoints),
+    path("save_weights_external", views.save_weights_external),
+    path(
+        "training_runs/<str:model_id>/checkpoints/<str:kind>/<str:name>/external_weights_urls",
+        views.external_weights_urls,
+    ),
+    path("training_runs/<str:model_id>/checkpoints/<str:kind>/<str:name>/ttl", views.checkpoint_ttl),
     path(
         "training_runs/<str:model_id>/checkpoints/<path:checkpoint_id>", views.training_run_checkpoint_delete
     ),

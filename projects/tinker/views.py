@@ -35,6 +35,7 @@ from projects.models import (
     TinkerSampler,
     TinkerSession,
 )
+from projects.tinker import exports
 from projects.tinker.paths import checkpoint_for_path
 from training.openai_errors import error_object
 from training.tinker_wire import PROTOBUF, WireError
@@ -461,17 +462,46 @@ def retrieve_future(request: HttpRequest, access: TeamAccess) -> HttpResponse:
 
 
 # ---------------------------------------------------------------------- checkpoints
+_KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+
+
 def _checkpoint_rows(model: TinkerModel) -> list[dict[str, Any]]:
     rows = []
     for checkpoint in Checkpoint.objects.filter(model=model.model).order_by("step"):
         for label in sorted(checkpoint.metrics.get("tinker_names", {})):
-            kind = "training" if label.startswith("weights/") else "sampler"
+            expiry = exports.expires_at(checkpoint, label)
             rows.append({
-                "checkpoint_id": label, "checkpoint_type": kind, "time": checkpoint.created_at.isoformat(),
-                "tinker_path": f"tinker://{model.pk}/{label}", "size_bytes": checkpoint.size_bytes or None,
-                "public": False,
+                "checkpoint_id": label, "checkpoint_type": _KINDS.get(label.partition("/")[0], "sampler"),
+                "time": checkpoint.created_at.isoformat(), "tinker_path": f"tinker://{model.pk}/{label}",
+                "size_bytes": checkpoint.size_bytes or None, "public": False,
+                "expires_at": expiry.isoformat() if expiry else None,
             })  # fmt: skip
     return rows
+
+
+@endpoint("POST", write=True)
+def save_weights_external(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    return _submit(access, "save_weights_external", exports.checked_export(_checked_name(_json(request))))
+
+
+@endpoint("GET")
+def external_weights_urls(
+    request: HttpRequest, access: TeamAccess, model_id: str, kind: str, name: str
+) -> dict[str, Any]:
+    return exports.signed_urls(request, access.team, _model(access, model_id).pk, f"{kind}/{name}")
+
+
+@endpoint("PUT", write=True)
+def checkpoint_ttl(
+    request: HttpRequest, access: TeamAccess, model_id: str, kind: str, name: str
+) -> HttpResponse:
+    """``set_checkpoint_ttl_from_tinker_path``: an export's expiry from now (null: never)."""
+    checkpoint_id = f"{kind}/{name}"
+    ttl = _json(request).get("ttl_seconds")
+    exports.check_ttl(ttl)
+    checkpoint, _ = exports.live_export(access.team, _model(access, model_id).pk, checkpoint_id)
+    services.tinker_export_ttl(checkpoint=checkpoint, name=checkpoint_id, ttl_seconds=ttl)
+    return HttpResponse(status=204)
 
 
 @endpoint("GET")

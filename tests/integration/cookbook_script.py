@@ -263,6 +263,28 @@ def checkpoints(log_path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
+def download_weights(base_url: str, log_dir: Path, saved: list[dict]) -> dict:
+    """``tinker_cookbook.weights.download`` of the SL loop's final training state (the cookbook
+    exports it encrypted to a key made for the download, decrypts, deletes the export), and of an
+    unencrypted export saved by name from a training client loaded from that state."""
+    from tinker_cookbook import weights
+
+    state = next(c["state_path"] for c in saved if c.get("name") == "final")
+    training_dir = log_dir / "download-training"
+    weights.download(tinker_path=state, output_dir=str(training_dir), base_url=base_url)
+    service = tinker.ServiceClient(base_url=base_url)
+    client = service.create_training_client_from_state(state).result()
+    export = client.save_weights_external("plain", ttl_seconds=7200).result().path
+    external_dir = log_dir / "download-external"
+    weights.download(tinker_path=export, output_dir=str(external_dir), base_url=base_url)
+    listed = tinker.RestClient(base_url=base_url).list_checkpoints(client.model_id).result()
+    service.close("success").result()
+    return {"state": state, "export": export, "training_dir": str(training_dir), "external_dir": str(external_dir),
+            "training_files": sorted(p.name for p in training_dir.iterdir() if not p.name.startswith(".")),
+            "external_files": sorted(p.name for p in external_dir.iterdir() if not p.name.startswith(".")),
+            "listed": [(c.checkpoint_id, c.checkpoint_type, str(c.expires_at)) for c in listed.checkpoints]}  # fmt: skip
+
+
 async def dry_run(sl: sl_train.Config, rl: rl_train.Config, tokenizer) -> dict:
     """Everything up to the first server call: datasets, a batch, env observations, parsing."""
     train_ds, test_ds = sl.dataset_builder()
@@ -309,6 +331,9 @@ def main() -> int:
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--only", choices=["sl", "rl"], default=None)
     p.add_argument("--dry-run", action="store_true", help="build everything, contact no server")
+    p.add_argument(
+        "--download", action="store_true", help="after SL: download its final weights (weights.download)"
+    )
     args = p.parse_args()
 
     base_url = args.base_url.rstrip("/")
@@ -356,6 +381,13 @@ def main() -> int:
                             # The loop's last act is `with ServiceClient(...)` exiting, which POSTs
                             # /api/v1/sessions/{id}/finish: an error there comes after training.
                             reached_final_checkpoint=any(c.get("name") == "final" for c in saved))  # fmt: skip
+        if name == "sl" and result[name]["ok"] and args.download:
+            try:
+                result["download"] = download_weights(base_url, log_dir, saved)
+            except Exception as exc:  # noqa: BLE001
+                ok = False
+                traceback.print_exc()
+                result["download"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     print("RESULT " + json.dumps(result, default=str))
     return 0 if ok else 1
 

@@ -17,6 +17,8 @@ import os
 import subprocess
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from projects import services
 from projects.models import Checkpoint, Run, RunKind, StepMetrics
@@ -55,7 +57,7 @@ def test_the_cookbooks_sl_and_rl_loops_train_on_artweb_unchanged(
         done = subprocess.run(
             [str(COOKBOOK_PYTHON), str(SCRIPT), "--base-url", gateway.url, "--api-key", key,
              "--base-model", BASE_MODEL, "--tokenizer", str(tiny_model_dir), "--log-dir", str(tmp_path / "runs"),
-             "--renderer", "qwen3_instruct"],
+             "--renderer", "qwen3_instruct", "--download"],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
     if done.returncode != 0:
@@ -66,12 +68,31 @@ def test_the_cookbooks_sl_and_rl_loops_train_on_artweb_unchanged(
     assert result["sl"]["ok"] and result["rl"]["ok"], result
     assert result["sl"]["reached_final_checkpoint"] and result["rl"]["reached_final_checkpoint"]
 
-    # Each loop's training client is a run of kind tinker, closed by the loop's end as succeeded.
-    runs = Run.objects.filter(kind=RunKind.TINKER, project__team=cast.alpha).order_by("id")
-    assert [run.status for run in runs] == ["succeeded", "succeeded"]
-    sl, rl = runs
+    # Each loop's training client is a run of kind tinker, closed by the loop's end as succeeded;
+    # so are the two the downloads loaded the SL state into (after SL, before RL), which trained nothing.
+    runs = list(Run.objects.filter(kind=RunKind.TINKER, project__team=cast.alpha).order_by("id"))
+    assert [run.status for run in runs] == ["succeeded"] * 4
+    sl, *loaded, rl = runs
+    assert [StepMetrics.objects.filter(run=run).count() for run in loaded] == [0, 0]
     assert StepMetrics.objects.filter(run=sl).count() == 3 and StepMetrics.objects.filter(run=rl).count() == 2
     for run in (sl, rl):
         final = Checkpoint.objects.get(model=run.model, step=run.current_step)
         assert {"weights/final", "sampler_weights/final"} <= set(final.metrics["tinker_names"])
     assert "Traceback" not in worker.output()
+
+    # tinker_cookbook.weights.download, unchanged: the SL loop's final state (exported encrypted to a
+    # one-off key, decrypted, the export deleted) and a plain export saved by name with a TTL: both
+    # are the final checkpoint's adapter, tensor for tensor, and nothing else.
+    download = result["download"]
+    assert download["training_files"] == download["external_files"] == [
+        "adapter_config.json", "adapter_model.safetensors"]  # fmt: skip
+    final = Checkpoint.objects.get(model=sl.model, step=sl.current_step)
+    expected = load_file(os.path.join(final.path, "adapter_model.safetensors"))  # the worker's own folder
+    for folder in (download["training_dir"], download["external_dir"]):
+        got = load_file(os.path.join(folder, "adapter_model.safetensors"))
+        assert set(got) == set(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
+    # The one-off encrypted export is gone again; the named one is listed with its expiry.
+    (listed,) = [row for row in download["listed"] if row[1] == "external"]
+    assert listed[0] == "external_weights/plain" and listed[2] != "None"
+    assert not any("external_weights/download" in name for c in Checkpoint.objects.all()
+                   for name in c.metrics.get("tinker_names", {}))  # fmt: skip

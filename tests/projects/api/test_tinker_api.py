@@ -11,6 +11,7 @@ from django.test import Client
 
 from projects import services
 from projects.models import Run, RunKind, TinkerFuture, TinkerModel
+from projects.tinker import exports
 
 pytestmark = pytest.mark.django_db
 
@@ -145,3 +146,114 @@ def test_futures_are_long_polled_deduplicated_and_fail_readably(tinker):
     status, reply = call("retrieve_future", {"request_id": first}, key=key)
     assert status == 200 and reply.json() == {"error": "the loss is not finite", "category": "user"}
     assert TinkerModel.objects.get(pk=model_id).done_seq == 1  # the next request may run
+
+
+# ---------------------------------------------------------------------- external weights (exports)
+def _exported(tinker, tmp_path, *, recipients=None):
+    """A training client with a saved step whose adapter is exported as external_weights/final."""
+    from projects.storage import checkpoint_upload
+
+    model_id = _model(tinker["alpha"])
+    model = TinkerModel.objects.get(pk=model_id)
+    folder = tmp_path / "step-000001"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"r": 4}')
+    (folder / "adapter_model.safetensors").write_bytes(bytes(range(256)) * 40)
+    (folder / "optimizer.pt").write_bytes(b"not exported")
+    stored = checkpoint_upload(model_id=model.model_id, step=1, folder=folder)
+    record = exports.export_record(recipients=recipients, ttl_seconds=None)
+    services.tinker_checkpoint_record(model=model, step=1, path=str(folder), stored=stored,
+                                      name="external_weights/final", export=record)  # fmt: skip
+    return model_id, folder
+
+
+def _get(url: str):
+    return Client().get(url.removeprefix("http://testserver"))
+
+
+def test_an_export_is_downloaded_file_by_file_from_signed_urls(tinker, tmp_path):
+    key = f"tml-{tinker['alpha']}"
+    model_id, folder = _exported(tinker, tmp_path)
+    route = f"training_runs/{model_id}/checkpoints/external_weights/final/external_weights_urls"
+    status, reply = call(route, key=key, method="GET")
+    assert status == 200, reply.content
+    urls = reply.json()["urls"]
+    assert set(urls) == {"adapter_config.json", "adapter_model.safetensors"}  # the optimizer stays home
+    for name, url in urls.items():
+        response = _get(url)  # no key: the signature is the permission
+        assert (
+            response.status_code == 200
+            and b"".join(response.streaming_content) == (folder / name).read_bytes()
+        )
+    # Another team sees no such training run; a forged or altered URL is refused.
+    assert call(route, key=f"tml-{tinker['beta']}", method="GET")[0] == 404
+    url = urls["adapter_model.safetensors"]
+    assert _get(url[:-3] + ("AAA" if not url.endswith("AAA") else "BBB")).status_code == 403
+    # Training weights are not downloadable this way: a 400 saying what is.
+    status, reply = call(f"training_runs/{model_id}/checkpoints/weights/final/external_weights_urls",
+                         key=key, method="GET")  # fmt: skip
+    assert status == 400 and "save_weights_external" in reply.json()["error"]["message"]
+    rows = call(f"training_runs/{model_id}/checkpoints", key=key, method="GET")[1].json()["checkpoints"]
+    assert [(r["checkpoint_id"], r["checkpoint_type"]) for r in rows] == [
+        ("external_weights/final", "external")
+    ]
+    # Deleting the export's name ends its URLs.
+    response = Client().delete(f"/tinker/api/v1/training_runs/{model_id}/checkpoints/external_weights/final",
+                               HTTP_X_API_KEY=key)  # fmt: skip
+    assert response.status_code == 204
+    assert _get(url).status_code == 404
+
+
+def test_an_encrypted_export_serves_only_age_ciphertext_its_recipient_opens(tinker, tmp_path):
+    import pyrage
+
+    identity = pyrage.x25519.Identity.generate()
+    model_id, folder = _exported(tinker, tmp_path, recipients=[str(identity.to_public())])
+    route = f"training_runs/{model_id}/checkpoints/external_weights/final/external_weights_urls"
+    urls = call(route, key=f"tml-{tinker['alpha']}", method="GET")[1].json()["urls"]
+    assert set(urls) == {"adapter_config.json.age", "adapter_model.safetensors.age"}
+    response = _get(urls["adapter_model.safetensors.age"])
+    assert response.status_code == 200
+    plain = (folder / "adapter_model.safetensors").read_bytes()
+    assert plain not in response.content
+    assert pyrage.decrypt(response.content, [identity]) == plain
+
+
+def test_an_exports_ttl_is_set_checked_and_ends_it(tinker, tmp_path):
+    key = f"tml-{tinker['alpha']}"
+    model_id, _ = _exported(tinker, tmp_path)
+    ttl_route = f"/tinker/api/v1/training_runs/{model_id}/checkpoints/external_weights/final/ttl"
+    response = Client().put(ttl_route, json.dumps({"ttl_seconds": 10}), content_type="application/json",
+                            HTTP_X_API_KEY=key)  # fmt: skip
+    assert response.status_code == 400 and response.json()["error"]["param"] == "ttl_seconds"
+    response = Client().put(ttl_route, json.dumps({"ttl_seconds": 3600}), content_type="application/json",
+                            HTTP_X_API_KEY=key)  # fmt: skip
+    assert response.status_code == 204
+    (row,) = call(f"training_runs/{model_id}/checkpoints", key=key, method="GET")[1].json()["checkpoints"]
+    assert row["expires_at"] is not None
+    route = f"training_runs/{model_id}/checkpoints/external_weights/final/external_weights_urls"
+    url = call(route, key=key, method="GET")[1].json()["urls"]["adapter_config.json"]
+    # Past its expiry the export is gone: its URLs and the name answer 404.
+    checkpoint = TinkerModel.objects.get(pk=model_id).model.checkpoints.get(step=1)
+    checkpoint.metrics["tinker_exports"]["external_weights/final"]["expires_at"] = "2020-01-01T00:00:00+00:00"
+    checkpoint.save(update_fields=["metrics"])
+    response = _get(url)
+    assert response.status_code == 404 and "expired" in response.json()["error"]["message"]
+    # The expired name was dropped on that read: the export is gone from the list and its route.
+    assert call(route, key=key, method="GET")[0] == 404
+    assert call(f"training_runs/{model_id}/checkpoints", key=key, method="GET")[1].json()["checkpoints"] == []
+
+
+def test_save_weights_external_checks_its_input(tinker):
+    key = f"tml-{tinker['alpha']}"
+    model_id = _model(tinker["alpha"])
+    body = {"model_id": model_id, "seq_id": 1, "path": "final"}
+    for extra, param in (({"path": None}, "path"), ({"ttl_seconds": 60}, "ttl_seconds"),
+                         ({"age_encryption_recipients": ["ssh-ed25519 AAAA"]}, "age_encryption_recipients[0]"),
+                         ({"age_encryption_recipients": ["age1x"] * 11}, "age_encryption_recipients")):  # fmt: skip
+        status, reply = call("save_weights_external", {**body, **extra}, key=key)
+        assert status == 400 and reply.json()["error"]["param"] == param, reply.content
+    status, reply = call("save_weights_external", body, key=f"tml-{tinker['reader']}")
+    assert status == 403
+    status, reply = call("save_weights_external", body, key=key)
+    assert status == 200 and reply.json()["request_id"]

@@ -1,0 +1,159 @@
+"""Tinker's external weights: a checkpoint's LoRA adapter in Hugging Face PEFT form
+(``adapter_config.json``, ``adapter_model.safetensors``), saved by name with
+``TrainingClient.save_weights_external`` and downloaded file by file from signed URLs
+(``RestClient.get_external_weights_urls``; ``tinker_cookbook.weights.download`` does both).
+
+- ``tinker://<training run>/external_weights/<name>`` names the export; it lists, deletes and takes
+  a TTL (``set_checkpoint_ttl_from_tinker_path``) like any checkpoint name. An expired export is a
+  404 and its name is dropped on the next read.
+- ``age_encryption_recipients`` (at most 10 ``age1…`` keys): every file is served age-encrypted to
+  them (with pyrage) under its name + ``.age``; the plain bytes never leave the server.
+- A signed URL (``TINKER_EXPORT_URL_S``, 1 h) needs no key: it names one file of one export of one
+  team's checkpoint, and stops working when it expires, the export is deleted or the TTL passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from typing import Any
+
+from django.core import signing
+from django.http import FileResponse, HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+from projects.errors import Conflict, NotFound, ValidationFailed
+from projects.models import Checkpoint
+from projects.tinker.paths import checkpoint_for_path
+
+EXPORT_FILES = ("adapter_config.json", "adapter_model.safetensors")
+AGE_SUFFIX = ".age"
+URL_SECONDS = 3600
+MAX_RECIPIENTS = 10
+TTL_RANGE = (3600, 10 * 365 * 24 * 3600)  # the SDK's: 1 hour to 10 years
+_SALT = "artweb.tinker.external-weights"
+
+
+def checked_export(body: dict[str, Any]) -> dict[str, Any]:
+    """``save_weights_external``'s body, checked: a 400 naming the field otherwise."""
+    if not isinstance(body.get("path"), str) or not body["path"]:
+        raise ValidationFailed("is required: the export's name", field="path")
+    check_ttl(body.get("ttl_seconds"))
+    recipients = body.get("age_encryption_recipients")
+    if recipients is not None:
+        if not isinstance(recipients, list) or not recipients or len(recipients) > MAX_RECIPIENTS:
+            raise ValidationFailed(f"must be a list of 1 to {MAX_RECIPIENTS} age recipients",
+                                   field="age_encryption_recipients")  # fmt: skip
+        for index, recipient in enumerate(recipients):
+            _recipient(recipient, f"age_encryption_recipients[{index}]")
+    return body
+
+
+def check_ttl(ttl: Any) -> None:
+    low, high = TTL_RANGE
+    if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool) or not low <= ttl <= high):
+        raise ValidationFailed(f"must be whole seconds from {low} (1 hour) to {high} (10 years), or null",
+                               field="ttl_seconds")  # fmt: skip
+
+
+def _recipient(value: Any, field: str) -> Any:
+    import pyrage
+
+    if isinstance(value, str) and value.startswith("age1"):
+        try:
+            return pyrage.x25519.Recipient.from_str(value)
+        except Exception:  # noqa: BLE001 (pyrage raises its own error types for a malformed key)
+            pass
+    raise ValidationFailed(
+        "is not an age X25519 recipient (age1…); SSH keys are not accepted here", field=field
+    )
+
+
+def export_record(*, recipients: list[str] | None, ttl_seconds: int | None) -> dict[str, Any]:
+    """What a checkpoint keeps about one export (``metrics["tinker_exports"][label]``)."""
+    expires = timezone.now() + datetime.timedelta(seconds=ttl_seconds) if ttl_seconds else None
+    return {"recipients": list(recipients or []), "expires_at": expires.isoformat() if expires else None}
+
+
+def expires_at(checkpoint: Checkpoint, label: str) -> datetime.datetime | None:
+    record = checkpoint.metrics.get("tinker_exports", {}).get(label, {})
+    raw = record.get("expires_at")
+    return datetime.datetime.fromisoformat(raw) if raw else None
+
+
+def live_export(team: Any, model_id: str, checkpoint_id: str) -> tuple[Checkpoint, dict[str, Any]]:
+    """The checkpoint and export record ``tinker://<model_id>/<checkpoint_id>`` names, if it is an
+    unexpired external-weights export of the team's; a 404 otherwise (an expired name is dropped)."""
+    from projects import services
+
+    if not checkpoint_id.startswith("external_weights/"):
+        raise ValidationFailed("only external weights (external_weights/<name>) are downloadable; save "
+                               "them with save_weights_external", field="checkpoint_id")  # fmt: skip
+    path = f"tinker://{model_id}/{checkpoint_id}"
+    checkpoint = checkpoint_for_path(team, path, param="checkpoint_id")
+    expiry = expires_at(checkpoint, checkpoint_id)
+    if expiry is not None and expiry <= timezone.now():
+        with contextlib.suppress(Conflict):  # the step is still in use: only the name goes later
+            services.tinker_checkpoint_forget(checkpoint=checkpoint, name=checkpoint_id)
+        raise NotFound(f"{path} expired at {expiry.isoformat()}", field="checkpoint_id")
+    return checkpoint, checkpoint.metrics.get("tinker_exports", {}).get(checkpoint_id, {})
+
+
+def signed_urls(request: HttpRequest, team: Any, model_id: str, checkpoint_id: str) -> dict[str, Any]:
+    """``ExternalWeightsUrlsResponse``: a signed URL per file, valid ``URL_SECONDS``."""
+    checkpoint, record = live_export(team, model_id, checkpoint_id)
+    suffix = AGE_SUFFIX if record.get("recipients") else ""
+    urls = {}
+    for name in EXPORT_FILES:
+        token = signing.dumps([checkpoint.pk, team.pk, model_id, checkpoint_id, name], salt=_SALT)
+        urls[name + suffix] = request.build_absolute_uri(f"/tinker/files/{token}")
+    expires = timezone.now() + datetime.timedelta(seconds=URL_SECONDS)
+    expiry = expires_at(checkpoint, checkpoint_id)
+    if expiry is not None:
+        expires = min(expires, expiry)
+    return {"urls": urls, "expires": expires.isoformat()}
+
+
+@csrf_exempt
+def download(request: HttpRequest, token: str) -> HttpResponse | FileResponse:
+    """One file of an export, by a signed URL (no key: the signature is the permission)."""
+    from projects.models import Team
+    from projects.storage import checkpoint_local_dir
+    from training.openai_errors import error_object
+
+    def refuse(status: int, message: str) -> HttpResponse:
+        from django.http import JsonResponse
+
+        return JsonResponse(error_object(status, message), status=status)
+
+    if request.method != "GET":
+        return refuse(405, "use GET here")
+    try:
+        checkpoint_pk, team_pk, model_id, checkpoint_id, name = signing.loads(
+            token, salt=_SALT, max_age=URL_SECONDS
+        )
+    except signing.SignatureExpired:
+        return refuse(403, "this download URL has expired: ask for new ones (get_external_weights_urls)")
+    except signing.BadSignature:
+        return refuse(403, "not a valid download URL")
+    team = Team.objects.filter(pk=team_pk).first()
+    try:
+        checkpoint, record = live_export(team, model_id, checkpoint_id)
+    except (NotFound, ValidationFailed) as exc:
+        return refuse(404, str(exc))
+    if checkpoint.pk != checkpoint_pk or name not in EXPORT_FILES:
+        return refuse(404, "this export no longer holds that file")
+    folder = checkpoint_local_dir(checkpoint)
+    if folder is None or not (folder / name).is_file():
+        return refuse(404, "this export's files are missing")
+    path = folder / name
+    if not record.get("recipients"):
+        return FileResponse(path.open("rb"), as_attachment=True, filename=name)
+    import pyrage
+
+    recipients = [_recipient(r, "recipient") for r in record["recipients"]]
+    encrypted = pyrage.encrypt(path.read_bytes(), recipients)
+    response = HttpResponse(encrypted, content_type="application/octet-stream")
+    response["Content-Disposition"] = f'attachment; filename="{name}{AGE_SUFFIX}"'
+    return response
