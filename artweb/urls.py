@@ -15,10 +15,9 @@ urlpatterns = [
     path("api/v1/", include("projects.api.urls")),
     # OpenAI-compatible gateway: the standard `openai` client with base_url=".../v1".
     path("v1/", include("projects.gateway.urls")),
-    path("tinker/api/v1/", include("projects.tinker.urls")),
-    path(
-        "tinker/files/<str:token>", tinker_exports.download
-    ),  # signed export URLs (projects.tinker.exports)  # the tinker SDK (projects.tinker)
+    path("tinker/api/v1/", include("projects.tinker.urls")),  # the tinker SDK (projects.tinker)
+    # Signed download URLs of Tinker exports (projects.tinker.exports): no key, the signature is it.
+    path("tinker/files/<str:token>", tinker_exports.download),
     path("healthz", healthz),
     path("metrics", metrics_view),  # Prometheus, for the operator's token only (projects.metrics)
     # The dashboard (server-rendered pages) owns every other path.

@@ -38,7 +38,7 @@ from training.openai_errors import error_object
 
 logger = logging.getLogger("artweb.errors")
 
-JSON_PREFIXES = ("/api/", "/v1/")
+JSON_PREFIXES = ("/api/", "/v1/", "/tinker/")
 HEADER = "X-Request-Id"
 
 

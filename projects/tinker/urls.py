@@ -4,9 +4,29 @@ from __future__ import annotations
 
 from django.urls import path
 
-from projects.tinker import views
+from projects.tinker import rest, views
 
 urlpatterns = [
+    # Routes of the SDK artweb does not offer: a clear 400, never an HTML 404 or a retried 5xx.
+    *[
+        path(route, rest.not_offered, {"what": what})
+        for route, what in (
+            ("cancel_future", "cancel_future"),
+            ("copy_weights", "copy_weights"),
+            ("retrieve_futures", "retrieve_futures"),
+            ("join_sampling_session", "join_sampling_session"),
+            ("create_custom_loss", "create_custom_loss"),
+            ("training_runs/<str:model_id>/checkpoints/<str:kind>/<str:name>/publish", "publish"),
+            ("sessions", "sessions"),
+            ("sessions/search", "sessions"),
+            ("sessions/<str:session_id>/trace_export", "trace_export"),
+            ("sessions/<str:session_id>/project", "project"),
+            ("audit", "audit"),
+            ("billing/<path:rest>", "billing"),
+            ("auth/<path:rest>", "auth"),
+            ("client/dynamic_config", "dynamic_config"),
+        )
+    ],  # fmt: skip
     path("healthz", views.healthz),
     path("client/config", views.client_config),
     path("telemetry", views.telemetry),
@@ -26,16 +46,18 @@ urlpatterns = [
     path("samplers/<str:sampler_id>", views.sampler_detail),
     path("asample", views.asample),
     path("retrieve_future", views.retrieve_future),
-    path("training_runs", views.training_runs),
-    path("training_runs/<str:model_id>", views.training_run_detail),
-    path("training_runs/<str:model_id>/checkpoints", views.training_run_checkpoints),
-    path("save_weights_external", views.save_weights_external),
+    path("training_runs", rest.training_runs),
+    path("training_runs/<str:model_id>", rest.training_run_detail),
+    path("training_runs/<str:model_id>/checkpoints", rest.training_run_checkpoints),
+    path("save_weights_external", rest.save_weights_external),
     path(
         "training_runs/<str:model_id>/checkpoints/<str:kind>/<str:name>/external_weights_urls",
-        views.external_weights_urls,
+        rest.external_weights_urls,
     ),
-    path("training_runs/<str:model_id>/checkpoints/<str:kind>/<str:name>/ttl", views.checkpoint_ttl),
+    path("training_runs/<str:model_id>/checkpoints/<str:kind>/<str:name>/ttl", rest.checkpoint_ttl),
+    path("checkpoints", rest.user_checkpoints),
+    path("weights_info", rest.weights_info),
     path(
-        "training_runs/<str:model_id>/checkpoints/<path:checkpoint_id>", views.training_run_checkpoint_delete
+        "training_runs/<str:model_id>/checkpoints/<path:checkpoint_id>", rest.training_run_checkpoint_delete
     ),
 ]

@@ -25,17 +25,15 @@ from django.views.decorators.csrf import csrf_exempt
 
 from projects import services
 from projects.access import Permission, TeamAccess, key_role
-from projects.errors import Conflict, DomainError, NotFound, ValidationFailed
+from projects.errors import DomainError, NotFound, ValidationFailed
 from projects.models import (
     BaseModel,
-    Checkpoint,
     TinkerFuture,
     TinkerFutureStatus,
     TinkerModel,
     TinkerSampler,
     TinkerSession,
 )
-from projects.tinker import exports
 from projects.tinker.paths import checkpoint_for_path
 from training.openai_errors import error_object
 from training.tinker_wire import PROTOBUF, WireError
@@ -459,95 +457,3 @@ def retrieve_future(request: HttpRequest, access: TeamAccess) -> HttpResponse:
     if future.blob is not None:
         return HttpResponse(bytes(future.blob), content_type=PROTOBUF)
     return JsonResponse(future.result or {})
-
-
-# ---------------------------------------------------------------------- checkpoints
-_KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
-
-
-def _checkpoint_rows(model: TinkerModel) -> list[dict[str, Any]]:
-    rows = []
-    for checkpoint in Checkpoint.objects.filter(model=model.model).order_by("step"):
-        for label in sorted(checkpoint.metrics.get("tinker_names", {})):
-            expiry = exports.expires_at(checkpoint, label)
-            rows.append({
-                "checkpoint_id": label, "checkpoint_type": _KINDS.get(label.partition("/")[0], "sampler"),
-                "time": checkpoint.created_at.isoformat(), "tinker_path": f"tinker://{model.pk}/{label}",
-                "size_bytes": checkpoint.size_bytes or None, "public": False,
-                "expires_at": expiry.isoformat() if expiry else None,
-            })  # fmt: skip
-    return rows
-
-
-@endpoint("POST", write=True)
-def save_weights_external(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
-    return _submit(access, "save_weights_external", exports.checked_export(_checked_name(_json(request))))
-
-
-@endpoint("GET")
-def external_weights_urls(
-    request: HttpRequest, access: TeamAccess, model_id: str, kind: str, name: str
-) -> dict[str, Any]:
-    return exports.signed_urls(request, access.team, _model(access, model_id).pk, f"{kind}/{name}")
-
-
-@endpoint("PUT", write=True)
-def checkpoint_ttl(
-    request: HttpRequest, access: TeamAccess, model_id: str, kind: str, name: str
-) -> HttpResponse:
-    """``set_checkpoint_ttl_from_tinker_path``: an export's expiry from now (null: never)."""
-    checkpoint_id = f"{kind}/{name}"
-    ttl = _json(request).get("ttl_seconds")
-    exports.check_ttl(ttl)
-    checkpoint, _ = exports.live_export(access.team, _model(access, model_id).pk, checkpoint_id)
-    services.tinker_export_ttl(checkpoint=checkpoint, name=checkpoint_id, ttl_seconds=ttl)
-    return HttpResponse(status=204)
-
-
-@endpoint("GET")
-def training_run_checkpoints(request: HttpRequest, access: TeamAccess, model_id: str) -> dict[str, Any]:
-    return {"checkpoints": _checkpoint_rows(_model(access, model_id)), "cursor": None}
-
-
-@endpoint("DELETE", write=True)
-def training_run_checkpoint_delete(
-    request: HttpRequest, access: TeamAccess, model_id: str, checkpoint_id: str
-) -> HttpResponse:
-    """``RestClient.delete_checkpoint``: the name goes; the checkpoint itself once no name is left
-    (a 400 saying what still uses it: the model's latest step, an evaluation, an export)."""
-    model = _model(access, model_id)
-    checkpoint = checkpoint_for_path(
-        access.team, f"tinker://{model.pk}/{checkpoint_id}", param="checkpoint_id"
-    )
-    try:
-        services.tinker_checkpoint_forget(checkpoint=checkpoint, name=checkpoint_id)
-    except Conflict as exc:  # a 400: the SDK retries a 409 for minutes, as if it could clear up
-        return _error(400, str(exc), "checkpoint_id")
-    return HttpResponse(status=204)
-
-
-@endpoint("GET")
-def training_run_detail(request: HttpRequest, access: TeamAccess, model_id: str) -> dict[str, Any]:
-    return _run_row(access, _model(access, model_id))
-
-
-def _run_row(access: TeamAccess, model: TinkerModel) -> dict[str, Any]:
-    rows = _checkpoint_rows(model)
-    training = [r for r in rows if r["checkpoint_type"] == "training"]
-    sampler = [r for r in rows if r["checkpoint_type"] == "sampler"]
-    return {
-        "training_run_id": model.pk, "base_model": model.model.base_model.name, "model_owner": access.team.name,
-        "is_lora": True, "corrupted": bool(model.lost), "lora_rank": model.model.lora.get("rank"),
-        "last_request_time": (model.drained_at or model.created_at).isoformat(),
-        "last_checkpoint": training[-1] if training else None, "last_sampler_checkpoint": sampler[-1] if sampler else None,
-        "user_metadata": None,
-    }  # fmt: skip
-
-
-@endpoint("GET")
-def training_runs(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
-    models = TinkerModel.objects.filter(session__team=access.team).select_related("model__base_model")
-    return {
-        "training_runs": [_run_row(access, m) for m in models.order_by("-created_at")[:100]],
-        "cursor": None,
-    }

@@ -318,7 +318,7 @@ OTHER_KWARGS = {"format": "json", "app_label": "projects", "object_id": "1", "co
                 "id": "1", "url": "nowhere/",
                 # the Tinker API's (projects.tinker): ids the SDK holds, none of them existing here
                 "session_id": "session-0", "sampler_id": "session-0:sample:0", "model_id": "session-0:train:0",
-                "kind": "external_weights", "name": "final", "token": "not-signed",
+                "kind": "external_weights", "name": "final", "token": "not-signed", "rest": "usage",
                 # OpenAI's fine-tuning API (projects.api.fine_tuning): a file id no team has
                 "file_id": "file-0"}  # fmt: skip
 _GROUP = re.compile(r"\(\?P<(\w+)>[^()]*\)")

@@ -257,3 +257,26 @@ def test_save_weights_external_checks_its_input(tinker):
     assert status == 403
     status, reply = call("save_weights_external", body, key=key)
     assert status == 200 and reply.json()["request_id"]
+
+
+def test_user_checkpoints_weights_info_and_what_is_not_offered(tinker, tmp_path):
+    key = f"tml-{tinker['alpha']}"
+    model_id, _ = _exported(tinker, tmp_path)
+    status, reply = call("checkpoints?limit=5&offset=0", key=key, method="GET")
+    assert status == 200 and reply.json()["cursor"] == {"offset": 0, "limit": 5, "total_count": 1}
+    assert [c["tinker_path"] for c in reply.json()["checkpoints"]] == [f"tinker://{model_id}/external_weights/final"]
+    assert call("checkpoints", key=f"tml-{tinker['beta']}", method="GET")[1].json()["checkpoints"] == []
+    assert call("checkpoints?limit=0", key=key, method="GET")[1].json()["error"]["param"] == "limit"
+    status, reply = call("weights_info", {"tinker_path": f"tinker://{model_id}/external_weights/final"}, key=key)
+    assert status == 200 and reply.json()["base_model"] == BASE and reply.json()["lora_rank"] == 4
+    assert call("weights_info", {"tinker_path": f"tinker://{model_id}/external_weights/final"},
+                key=f"tml-{tinker['beta']}")[0] == 404  # fmt: skip
+    # An SDK call artweb does not offer: a 400 saying so, which the SDK must not retry.
+    status, reply = call("copy_weights", {"tinker_path": "x"}, key=key)
+    assert status == 400 and "does not offer" in reply.json()["error"]["message"]
+    assert reply["x-should-retry"] == "false"
+    status, reply = call(f"training_runs/{model_id}/checkpoints/external_weights/final/publish", key=key)
+    assert status == 400 and "public checkpoints" in reply.json()["error"]["message"]
+    # A path nothing serves is a JSON 404, not an HTML page.
+    status, reply = call("no_such_route", key=key)
+    assert status == 404 and "No endpoint" in reply.json()["error"]["message"]

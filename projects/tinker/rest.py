@@ -1,0 +1,167 @@
+"""The Tinker API's ``RestClient`` routes (and a training client's ``save_weights_external``):
+training runs, checkpoint names across them, external-weights exports (projects.tinker.exports)
+with their TTLs, weights info, and the SDK's routes artweb does not offer (a 400 saying so)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from projects import services
+from projects.access import TeamAccess
+from projects.errors import Conflict, ValidationFailed
+from projects.models import Checkpoint, TinkerModel
+from projects.tinker import exports
+from projects.tinker.paths import checkpoint_for_path
+from projects.tinker.views import _checked_name, _error, _json, _model, _submit, _text, endpoint
+
+# ---------------------------------------------------------------------- checkpoints
+_KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+
+
+def _checkpoint_rows(model: TinkerModel) -> list[dict[str, Any]]:
+    rows = []
+    for checkpoint in Checkpoint.objects.filter(model=model.model).order_by("step"):
+        for label in sorted(checkpoint.metrics.get("tinker_names", {})):
+            expiry = exports.expires_at(checkpoint, label)
+            rows.append({
+                "checkpoint_id": label, "checkpoint_type": _KINDS.get(label.partition("/")[0], "sampler"),
+                "time": checkpoint.created_at.isoformat(), "tinker_path": f"tinker://{model.pk}/{label}",
+                "size_bytes": checkpoint.size_bytes or None, "public": False,
+                "expires_at": expiry.isoformat() if expiry else None,
+            })  # fmt: skip
+    return rows
+
+
+@endpoint("POST", write=True)
+def save_weights_external(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    return _submit(access, "save_weights_external", exports.checked_export(_checked_name(_json(request))))
+
+
+@endpoint("GET")
+def external_weights_urls(
+    request: HttpRequest, access: TeamAccess, model_id: str, kind: str, name: str
+) -> dict[str, Any]:
+    return exports.signed_urls(request, access.team, _model(access, model_id).pk, f"{kind}/{name}")
+
+
+@endpoint("PUT", write=True)
+def checkpoint_ttl(
+    request: HttpRequest, access: TeamAccess, model_id: str, kind: str, name: str
+) -> HttpResponse:
+    """``set_checkpoint_ttl_from_tinker_path``: an export's expiry from now (null: never)."""
+    checkpoint_id = f"{kind}/{name}"
+    ttl = _json(request).get("ttl_seconds")
+    exports.check_ttl(ttl)
+    checkpoint, _ = exports.live_export(access.team, _model(access, model_id).pk, checkpoint_id)
+    services.tinker_export_ttl(checkpoint=checkpoint, name=checkpoint_id, ttl_seconds=ttl)
+    return HttpResponse(status=204)
+
+
+@endpoint("GET")
+def training_run_checkpoints(request: HttpRequest, access: TeamAccess, model_id: str) -> dict[str, Any]:
+    return {"checkpoints": _checkpoint_rows(_model(access, model_id)), "cursor": None}
+
+
+@endpoint("DELETE", write=True)
+def training_run_checkpoint_delete(
+    request: HttpRequest, access: TeamAccess, model_id: str, checkpoint_id: str
+) -> HttpResponse:
+    """``RestClient.delete_checkpoint``: the name goes; the checkpoint itself once no name is left
+    (a 400 saying what still uses it: the model's latest step, an evaluation, an export)."""
+    model = _model(access, model_id)
+    checkpoint = checkpoint_for_path(
+        access.team, f"tinker://{model.pk}/{checkpoint_id}", param="checkpoint_id"
+    )
+    try:
+        services.tinker_checkpoint_forget(checkpoint=checkpoint, name=checkpoint_id)
+    except Conflict as exc:  # a 400: the SDK retries a 409 for minutes, as if it could clear up
+        return _error(400, str(exc), "checkpoint_id")
+    return HttpResponse(status=204)
+
+
+@endpoint("GET")
+def training_run_detail(request: HttpRequest, access: TeamAccess, model_id: str) -> dict[str, Any]:
+    return _run_row(access, _model(access, model_id))
+
+
+def _run_row(access: TeamAccess, model: TinkerModel) -> dict[str, Any]:
+    rows = _checkpoint_rows(model)
+    training = [r for r in rows if r["checkpoint_type"] == "training"]
+    sampler = [r for r in rows if r["checkpoint_type"] == "sampler"]
+    return {
+        "training_run_id": model.pk, "base_model": model.model.base_model.name, "model_owner": access.team.name,
+        "is_lora": True, "corrupted": bool(model.lost), "lora_rank": model.model.lora.get("rank"),
+        "last_request_time": (model.drained_at or model.created_at).isoformat(),
+        "last_checkpoint": training[-1] if training else None, "last_sampler_checkpoint": sampler[-1] if sampler else None,
+        "user_metadata": None,
+    }  # fmt: skip
+
+
+@endpoint("GET")
+def user_checkpoints(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    """``RestClient.list_user_checkpoints``: every checkpoint name of the team's training clients,
+    newest first, ``limit`` / ``offset`` paged."""
+    limit, offset = _int_param(request, "limit", 100, 1, 1000), _int_param(request, "offset", 0, 0, 10**9)
+    models = (
+        TinkerModel.objects.filter(session__team=access.team).select_related("model").order_by("-created_at")
+    )
+    rows = sorted(
+        (row for model in models for row in _checkpoint_rows(model)), key=lambda r: r["time"], reverse=True
+    )
+    return {"checkpoints": rows[offset : offset + limit],
+            "cursor": {"offset": offset, "limit": limit, "total_count": len(rows)}}  # fmt: skip
+
+
+def _int_param(request: HttpRequest, name: str, default: int, low: int, high: int) -> int:
+    raw = request.GET.get(name)
+    if raw is None or raw in ("", "None"):
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise ValidationFailed(f"must be a whole number from {low} to {high}", field=name)
+    return int(raw)
+
+
+@endpoint("POST")
+def weights_info(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    """``RestClient.get_weights_info_by_tinker_path``: what loading the checkpoint needs."""
+    checkpoint = checkpoint_for_path(access.team, _text(_json(request), "tinker_path"), param="tinker_path")
+    lora = checkpoint.model.lora or {}
+    return {"base_model": checkpoint.model.base_model.name, "is_lora": True, "lora_rank": lora.get("rank"),
+            "train_unembed": False, "train_mlp": True, "train_attn": True}  # fmt: skip
+
+
+# What the SDK can call that artweb does not offer: a 400 the SDK raises at once (never a retry).
+NOT_OFFERED = {
+    "cancel_future": "cancelling a request (it runs in its turn; its result is discarded if unread)",
+    "copy_weights": "copying a checkpoint into another project (load it with load_state instead)",
+    "retrieve_futures": "the batched poll (the client config switches it off)",
+    "join_sampling_session": "joining a sampling session (the client config switches it off)",
+    "create_custom_loss": "server-side custom losses (the SDK runs forward_backward_custom itself)",
+    "publish": "public checkpoints (a checkpoint is its team's; share it through a team)",
+    "sessions": "listing and searching sessions (the dashboard lists every Tinker run)",
+    "trace_export": "session traces",
+    "project": "moving a session to another project",
+    "audit": "audit logs",
+    "billing": "billing (the run's cost line counts its device seconds)",
+    "auth": "token exchange and whoami (artweb keys are team API keys)",
+    "dynamic_config": "dynamic client config",
+}
+
+
+@csrf_exempt
+def not_offered(request: HttpRequest, what: str, **_: Any) -> HttpResponse:
+    response = _error(400, f"artweb's Tinker API does not offer {NOT_OFFERED[what]}")
+    response["x-should-retry"] = "false"
+    return response
+
+
+@endpoint("GET")
+def training_runs(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    models = TinkerModel.objects.filter(session__team=access.team).select_related("model__base_model")
+    return {
+        "training_runs": [_run_row(access, m) for m in models.order_by("-created_at")[:100]],
+        "cursor": None,
+    }
