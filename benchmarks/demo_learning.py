@@ -66,6 +66,7 @@ class MemoryHooks:
             "reward_mean": statistics.fmean(t.reward for _, _, t in trajectories),
             "zero_variance_fraction": metrics.get("zero_variance_fraction"),
             "step_seconds": round(metrics.get("step_seconds", 0.0), 1),
+            "off_policy_steps": metrics.get("off_policy_steps"),
         }
         self.steps.append(row)
         if self.echo:

@@ -118,8 +118,10 @@ def train_overlapped(
         return record_step(spec, hooks, watch, drawn, metrics, path, step_seconds=step_seconds,
                            sampler_logprob_gap=gaps[drawn.policy_step])  # fmt: skip
 
-    with split_threads(spec.device), ThreadPoolExecutor(1, thread_name_prefix="artweb-update") as updates:
+    threads = contextlib.ExitStack()  # the split lasts while the two sides run at once
+    with ThreadPoolExecutor(1, thread_name_prefix="artweb-update") as updates:
         try:
+            threads.enter_context(split_threads(spec.device))
             for step in range(current + 1, final_step + 1):
                 reason = hooks.should_stop()
                 if reason:
@@ -141,6 +143,7 @@ def train_overlapped(
             while pending:
                 if not finish():
                     return "lost"
+            threads.close()
             # Checkpoints no rollouts sampled: the last one (the run's result) is checked in the
             # sampler like every other, and any due for evaluation is evaluated.
             for version in range((sampler.step or current) + 1, final_step + 1):
@@ -150,6 +153,7 @@ def train_overlapped(
                     probes_taken.pop(version)
             return "succeeded"
         finally:
+            threads.close()
             for _, future in pending:  # an update not yet started is not wanted any more
                 future.cancel()
 
