@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -190,3 +191,18 @@ def browser(monkeypatch) -> Iterator[Browser]:
         connections.close_all()
         context.close()
         chromium.close()
+
+
+def chat_in_playground(page: Any, prompt: str, max_tokens: int) -> dict[str, str]:
+    """Send ``prompt`` from a checkpoint page's playground and wait for both answers (the
+    checkpoint's and its base model's); fail on an answer shown as an error. The answers' texts."""
+    page.fill("#pg-prompt", prompt)
+    page.fill("#pg-max-tokens", str(max_tokens))
+    page.click("#playground-form button[type=submit]")
+    answers = {}
+    for side in ("checkpoint", "base"):
+        page.wait_for_selector(f"#pg-answer-{side}[data-done]", timeout=60_000)
+        answer = page.locator(f"#pg-answer-{side}")
+        assert "error" not in (answer.get_attribute("class") or ""), answer.inner_text()
+        answers[side] = answer.inner_text()
+    return answers

@@ -15,6 +15,7 @@ import pytest
 from projects import services
 from projects.models import ApiKey, BaseModel, EnvironmentKind, Evaluation, Membership, Run, RunStatus
 from projects.services import judges
+from tests.browser.conftest import chat_in_playground
 from tests.openai_stub import openai_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -212,16 +213,8 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
     assert page.locator("#pg-system").input_value() == "Answer with one word."
     assert float(page.locator("#pg-temperature").input_value()) == run.config.get("eval_temperature", 0.0)
     assert f"run #{run.pk}" in page.locator("#pg-defaults").inner_text()
-    page.fill("#pg-prompt", "Say a")
-    page.fill("#pg-max-tokens", "12")
-    page.click("#playground-form button[type=submit]")
-    page.wait_for_selector("#pg-answer-checkpoint[data-done]", timeout=60_000)
-    page.wait_for_selector("#pg-answer-base[data-done]", timeout=60_000)
-    for answer in ("#pg-answer-checkpoint", "#pg-answer-base"):
-        assert "error" not in (page.locator(answer).get_attribute("class") or ""), page.locator(
-            answer
-        ).inner_text()
-    assert page.locator("#pg-answer-checkpoint").inner_text() or page.locator("#pg-answer-base").inner_text()
+    answers = chat_in_playground(page, "Say a", max_tokens=12)
+    assert answers["checkpoint"] or answers["base"]
     browser.screenshot("10-checkpoint-playground")
 
     # Evaluate the checkpoint against its base model from the checkpoint page (the form is

@@ -8,6 +8,7 @@ import pytest
 
 from projects import services
 from projects.storage import checkpoint_upload
+from tests.browser.conftest import chat_in_playground
 from tests.browser.test_dashboard import workspace  # noqa: F401  (the fixture)
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
@@ -54,14 +55,6 @@ def test_a_tinker_sampler_checkpoint_answers_in_the_playground(
     page.wait_for_selector("#playground")
     served_as = f"{workspace.name}/{tinker.model.name}:1"
     assert served_as in page.locator("#snippet-python").inner_text()
-    page.fill("#pg-prompt", "Say a")
-    page.fill("#pg-max-tokens", "8")
-    page.click("#playground-form button[type=submit]")
-    page.wait_for_selector("#pg-answer-checkpoint[data-done]", timeout=60_000)
-    page.wait_for_selector("#pg-answer-base[data-done]", timeout=60_000)
-    for answer in ("#pg-answer-checkpoint", "#pg-answer-base"):
-        classes = page.locator(answer).get_attribute("class") or ""
-        assert "error" not in classes, page.locator(answer).inner_text()
-    assert page.locator("#pg-answer-checkpoint").inner_text().strip()
+    assert chat_in_playground(page, "Say a", max_tokens=8)["checkpoint"].strip()
     browser.screenshot("tinker-checkpoint-playground")
     assert not browser.console_errors, browser.console_errors
