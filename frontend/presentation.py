@@ -102,7 +102,8 @@ def chart_data(
             notes.append("SFT and DPO runs only, at their evaluation steps (eval_interval).")
         if key == "groups_dropped" and not config.get("dynamic_sampling"):
             notes.append("Not measured: dynamic_sampling is off, so every group drawn is trained on.")
-        if key == "off_policy_steps" and not config.get("max_off_policy_steps"):
+        if key == "off_policy_steps" and not config.get("max_off_policy_steps") and not any(series):
+            # (an ART client's PipelineTrainer samples ahead on its own: its staleness is drawn as measured)
             notes.append("Synchronous run (max_off_policy_steps 0): every step samples the newest policy.")
         if key in UPDATE_METRICS and no_update:
             shown = ", ".join(str(step) for step in no_update[:8]) + (" …" if len(no_update) > 8 else "")

@@ -112,6 +112,11 @@ def test_chart_data_draws_the_staleness_of_an_overlapped_runs_samples(cast, alph
     series = client_for(cast.alice).get(f"/runs/{synchronous.pk}/metrics.json").json()["series"]
     assert series["off_policy_steps"]["values"] == [0.0]
     assert "Synchronous run" in series["off_policy_steps"]["note"]
+    # A run without the option whose steps were sampled ahead (an ART client's PipelineTrainer).
+    StepMetrics.objects.create(run=synchronous, step=2, reward_mean=0.5, reward_std=0.5,
+                               metrics={**UPDATED, "off_policy_steps": 1.5})  # fmt: skip
+    series = client_for(cast.alice).get(f"/runs/{synchronous.pk}/metrics.json").json()["series"]
+    assert series["off_policy_steps"]["values"] == [0.0, 1.5] and series["off_policy_steps"]["note"] == ""
 
 
 def test_run_page_has_a_figure_per_series_and_the_smoothing_toggle(cast, alpha_setup):

@@ -264,10 +264,14 @@ def test_user_checkpoints_weights_info_and_what_is_not_offered(tinker, tmp_path)
     model_id, _ = _exported(tinker, tmp_path)
     status, reply = call("checkpoints?limit=5&offset=0", key=key, method="GET")
     assert status == 200 and reply.json()["cursor"] == {"offset": 0, "limit": 5, "total_count": 1}
-    assert [c["tinker_path"] for c in reply.json()["checkpoints"]] == [f"tinker://{model_id}/external_weights/final"]
+    assert [c["tinker_path"] for c in reply.json()["checkpoints"]] == [
+        f"tinker://{model_id}/external_weights/final"
+    ]
     assert call("checkpoints", key=f"tml-{tinker['beta']}", method="GET")[1].json()["checkpoints"] == []
     assert call("checkpoints?limit=0", key=key, method="GET")[1].json()["error"]["param"] == "limit"
-    status, reply = call("weights_info", {"tinker_path": f"tinker://{model_id}/external_weights/final"}, key=key)
+    status, reply = call(
+        "weights_info", {"tinker_path": f"tinker://{model_id}/external_weights/final"}, key=key
+    )
     assert status == 200 and reply.json()["base_model"] == BASE and reply.json()["lora_rank"] == 4
     assert call("weights_info", {"tinker_path": f"tinker://{model_id}/external_weights/final"},
                 key=f"tml-{tinker['beta']}")[0] == 404  # fmt: skip
