@@ -147,7 +147,6 @@ NOT_OFFERED = {
     "audit": "audit logs",
     "billing": "billing (the run's cost line counts its device seconds)",
     "auth": "token exchange and whoami (artweb keys are team API keys)",
-    "dynamic_config": "dynamic client config",
 }
 
 

@@ -24,11 +24,11 @@ urlpatterns = [
             ("audit", "audit"),
             ("billing/<path:rest>", "billing"),
             ("auth/<path:rest>", "auth"),
-            ("client/dynamic_config", "dynamic_config"),
         )
     ],  # fmt: skip
     path("healthz", views.healthz),
     path("client/config", views.client_config),
+    path("client/dynamic_config", views.client_dynamic_config),
     path("telemetry", views.telemetry),
     path("get_server_capabilities", views.server_capabilities),
     path("create_session", views.create_session),

@@ -172,6 +172,13 @@ def client_config(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
 
 
 @endpoint("POST")
+def client_dynamic_config(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    """The flags the SDK re-reads while it runs: no cancel requests for abandoned samples (a sample
+    runs to its end; its result is dropped unread)."""
+    return {"refresh_interval_sec": 300, "sample_cancel_enabled": False, "sample_cancel_max_batch_size": 64}
+
+
+@endpoint("POST")
 def telemetry(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     """The SDK's own error reports: accepted and dropped (artweb keeps its own logs)."""
     _body(request)

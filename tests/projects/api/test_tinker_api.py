@@ -61,6 +61,9 @@ def test_keys_are_tml_prefixed_team_keys(tinker):
     assert call("client/config", key="tml-aw_nope_nope")[0] == 401
     status, reply = call("client/config", key=f"tml-{tinker['alpha']}")
     assert status == 200 and reply.json()["use_pyqwest_transport"] is False
+    # Read when the SDK's client starts (anything but a 200 or a 404 fails the client's construction).
+    status, reply = call("client/dynamic_config", {"sdk_version": "0.38.0"}, key=f"tml-{tinker['alpha']}")
+    assert status == 200 and reply.json()["sample_cancel_enabled"] is False
     status, reply = call("get_server_capabilities", key=f"tml-{tinker['alpha']}", method="GET")
     assert BASE in [m["model_name"] for m in reply.json()["supported_models"]]
 
