@@ -125,6 +125,36 @@ def test_a_two_device_run_takes_its_updates_data_parallel_and_survives_its_worke
     assert updated and updated == [2.0] * len(updated)
 
 
+def test_an_overlapped_run_records_staleness_and_resumes_after_its_worker_is_killed(
+    start_worker, api, inputs
+):
+    """``max_off_policy_steps: 1`` through the API and real workers: the updates run on the task's
+    update thread while the next rollouts run; every trajectory stores the checkpoint it was
+    sampled from. The worker is killed after step 2 and another resumes the run to the end, each
+    step recorded once and never sampled more than one update behind."""
+    first = start_worker()
+    run_id = create_run(api, inputs, "overlap", steps=5, max_off_policy_steps=1)
+    wait_for(
+        lambda: Run.objects.get(pk=run_id).current_step >= 2, timeout=240, what="two steps", worker=first
+    )
+    first.kill()
+    second = start_worker()
+    wait_for(lambda: status_of(run_id) in TERMINAL, timeout=240, what="the resumed run", worker=second)
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.SUCCEEDED, (run.error, second.output()[-3000:])
+    metrics = api.get(f"/api/v1/runs/{run_id}/metrics/").json()["data"]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
+    behind = [m["metrics"]["off_policy_steps"] for m in metrics]
+    assert behind[:2] == [0.0, 1.0] and set(behind) <= {0.0, 1.0}, behind
+    for step, stale in zip(range(1, 6), behind, strict=True):
+        stored = Trajectory.objects.filter(run=run, step=step)
+        assert stored.count() == 8
+        assert {t.metrics["off_policy_steps"] for t in stored} == {stale}
+        assert {t.metrics["policy_step"] for t in stored} == {step - 1 - int(stale)}
+    assert [c.step for c in Checkpoint.objects.filter(model=run.model).order_by("step")] == list(range(0, 6))
+    assert "Traceback" not in second.output()
+
+
 def _follower_pids() -> list[int]:
     """Live ``python -m training.follower`` processes on this machine (their command lines)."""
     pids = []
