@@ -8,7 +8,7 @@
   404 and its name is dropped on the next read.
 - ``age_encryption_recipients`` (at most 10 ``age1…`` keys): every file is served age-encrypted to
   them (with pyrage) under its name + ``.age``; the plain bytes never leave the server.
-- A signed URL (``TINKER_EXPORT_URL_S``, 1 h) needs no key: it names one file of one export of one
+- A signed URL (valid ``URL_SECONDS``, 1 h) needs no key: it names one file of one export of one
   team's checkpoint, and stops working when it expires, the export is deleted or the TTL passes.
 """
 
