@@ -19,13 +19,14 @@ import datetime
 from typing import Any
 
 from django.core import signing
-from django.http import FileResponse, HttpRequest, HttpResponse
+from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from projects.errors import Conflict, NotFound, ValidationFailed
 from projects.models import Checkpoint
 from projects.tinker.paths import checkpoint_for_path
+from training.openai_errors import error_object
 
 EXPORT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 AGE_SUFFIX = ".age"
@@ -115,38 +116,36 @@ def signed_urls(request: HttpRequest, team: Any, model_id: str, checkpoint_id: s
     return {"urls": urls, "expires": expires.isoformat()}
 
 
+def _refuse(status: int, message: str) -> JsonResponse:
+    return JsonResponse(error_object(status, message), status=status)
+
+
 @csrf_exempt
 def download(request: HttpRequest, token: str) -> HttpResponse | FileResponse:
     """One file of an export, by a signed URL (no key: the signature is the permission)."""
     from projects.models import Team
     from projects.storage import checkpoint_local_dir
-    from training.openai_errors import error_object
-
-    def refuse(status: int, message: str) -> HttpResponse:
-        from django.http import JsonResponse
-
-        return JsonResponse(error_object(status, message), status=status)
 
     if request.method != "GET":
-        return refuse(405, "use GET here")
+        return _refuse(405, "use GET here")
     try:
         checkpoint_pk, team_pk, model_id, checkpoint_id, name = signing.loads(
             token, salt=_SALT, max_age=URL_SECONDS
         )
     except signing.SignatureExpired:
-        return refuse(403, "this download URL has expired: ask for new ones (get_external_weights_urls)")
+        return _refuse(403, "this download URL has expired: ask for new ones (get_external_weights_urls)")
     except signing.BadSignature:
-        return refuse(403, "not a valid download URL")
+        return _refuse(403, "not a valid download URL")
     team = Team.objects.filter(pk=team_pk).first()
     try:
         checkpoint, record = live_export(team, model_id, checkpoint_id)
     except (NotFound, ValidationFailed) as exc:
-        return refuse(404, str(exc))
+        return _refuse(404, str(exc))
     if checkpoint.pk != checkpoint_pk or name not in EXPORT_FILES:
-        return refuse(404, "this export no longer holds that file")
+        return _refuse(404, "this export no longer holds that file")
     folder = checkpoint_local_dir(checkpoint)
     if folder is None or not (folder / name).is_file():
-        return refuse(404, "this export's files are missing")
+        return _refuse(404, "this export's files are missing")
     path = folder / name
     if not record.get("recipients"):
         return FileResponse(path.open("rb"), as_attachment=True, filename=name)

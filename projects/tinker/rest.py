@@ -22,16 +22,21 @@ _KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights
 
 
 def _checkpoint_rows(model: TinkerModel) -> list[dict[str, Any]]:
+    return [row for checkpoint in Checkpoint.objects.filter(model=model.model).order_by("step")
+            for row in _rows_of(model.pk, checkpoint)]  # fmt: skip
+
+
+def _rows_of(model_id: str, checkpoint: Checkpoint) -> list[dict[str, Any]]:
+    """The SDK's checkpoint rows of one checkpoint: one per name it was saved under."""
     rows = []
-    for checkpoint in Checkpoint.objects.filter(model=model.model).order_by("step"):
-        for label in sorted(checkpoint.metrics.get("tinker_names", {})):
-            expiry = exports.expires_at(checkpoint, label)
-            rows.append({
-                "checkpoint_id": label, "checkpoint_type": _KINDS.get(label.partition("/")[0], "sampler"),
-                "time": checkpoint.created_at.isoformat(), "tinker_path": f"tinker://{model.pk}/{label}",
-                "size_bytes": checkpoint.size_bytes or None, "public": False,
-                "expires_at": expiry.isoformat() if expiry else None,
-            })  # fmt: skip
+    for label in sorted(checkpoint.metrics.get("tinker_names", {})):
+        expiry = exports.expires_at(checkpoint, label)
+        rows.append({
+            "checkpoint_id": label, "checkpoint_type": _KINDS.get(label.partition("/")[0], "sampler"),
+            "time": checkpoint.created_at.isoformat(), "tinker_path": f"tinker://{model_id}/{label}",
+            "size_bytes": checkpoint.size_bytes or None, "public": False,
+            "expires_at": expiry.isoformat() if expiry else None,
+        })  # fmt: skip
     return rows
 
 
@@ -105,12 +110,11 @@ def user_checkpoints(request: HttpRequest, access: TeamAccess) -> dict[str, Any]
     """``RestClient.list_user_checkpoints``: every checkpoint name of the team's training clients,
     newest first, ``limit`` / ``offset`` paged."""
     limit, offset = _int_param(request, "limit", 100, 1, 1000), _int_param(request, "offset", 0, 0, 10**9)
-    models = (
-        TinkerModel.objects.filter(session__team=access.team).select_related("model").order_by("-created_at")
-    )
-    rows = sorted(
-        (row for model in models for row in _checkpoint_rows(model)), key=lambda r: r["time"], reverse=True
-    )
+    # Two queries whatever the number of training clients: their ids by model, then the checkpoints.
+    clients = dict(TinkerModel.objects.filter(session__team=access.team).values_list("model_id", "id"))
+    checkpoints = Checkpoint.objects.filter(model_id__in=clients)
+    rows = sorted((row for checkpoint in checkpoints for row in _rows_of(clients[checkpoint.model_id], checkpoint)),
+                  key=lambda r: r["time"], reverse=True)  # fmt: skip
     return {"checkpoints": rows[offset : offset + limit],
             "cursor": {"offset": offset, "limit": limit, "total_count": len(rows)}}  # fmt: skip
 
