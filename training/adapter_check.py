@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import PeftModel, get_peft_model_state_dict
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from training.engines.base import Engine, SamplingParams
@@ -150,6 +150,33 @@ def probe_policy(
         prompts=prompts,
         logprobs=[next_token_logprobs(policy, prompt) for prompt in prompts],
     )
+
+
+def probe_saved(
+    trainer_or_policy: Any, tokenizer: Any, checkpoint_dir: Path, probe_messages: list[list[dict]]
+) -> PolicyProbe:
+    """The probe of a checkpoint the trainer saved before the one it holds (a resumed run whose
+    rollouts overlap training samples those again): its adapter is loaded into the trainer's policy
+    for the probe only, then the live weights are put back, exactly (checked)."""
+    policy = getattr(trainer_or_policy, "policy", trainer_or_policy)
+    if not isinstance(policy, PeftModel):
+        raise TypeError(f"expected a Trainer or a PeftModel, got {type(trainer_or_policy).__name__}")
+    name = policy.active_adapter
+    live = {
+        key: value.detach().clone()
+        for key, value in get_peft_model_state_dict(policy, adapter_name=name).items()
+    }
+    before = adapter_fingerprint(live)
+    device = next(iter(live.values())).device
+    with torch.no_grad():
+        set_peft_model_state_dict(policy, load_file(Path(checkpoint_dir) / ADAPTER_WEIGHTS, device=str(device)),
+                                  adapter_name=name)  # fmt: skip
+        try:
+            return probe_policy(policy, tokenizer, checkpoint_dir, probe_messages)
+        finally:
+            set_peft_model_state_dict(policy, live, adapter_name=name)
+            if live_adapter_fingerprint(policy, name) != before:
+                raise AdapterMismatchError("the trainer's adapter did not come back exactly after a probe")
 
 
 def check_sampler(

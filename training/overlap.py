@@ -3,7 +3,7 @@
 The synchronous loop takes turns: roll out step N from checkpoint N−1, update, save, roll out
 N+1. Here the update of step N runs on a thread of its own while the main thread rolls out step
 N+1, N+2 … from an older checkpoint, never more than k updates behind: the rollouts of step s
-sample checkpoint v(s) = max(c, s − 1 − k), where c is the checkpoint this attempt started from.
+sample checkpoint v(s) = max(f, s − 1 − k), where f is the run's first checkpoint.
 The sampler is detached from the trainer (``PolicySampler(detached=True)``: a copy of the base
 model of its own on the CPU, a vLLM that stays awake on a GPU) and loads each checkpoint once, in
 order, after the trainer saved it. The importance ratio of the update is taken against the
@@ -12,9 +12,12 @@ sampler's own logprobs, as always, so the clipping bounds how far a stale sample
 What stays as in the synchronous loop: steps are recorded in order, each only after its checkpoint
 is saved; every checkpoint the sampler loads is checked against the trainer's policy at the moment
 it was saved (training.adapter_check.probe_policy / check_sampler); the hooks are called from this
-thread only. What differs: a resumed run restarts the lag at its resume point (its first steps
-sample the resume checkpoint), so it is not bit-identical to an uninterrupted one; the update
-thread holds the trainer, the main thread only the sampler.
+thread only; a resumed run is bit-identical to an uninterrupted one. The lag does not restart at
+the resume checkpoint c: the first steps after it sample the checkpoints before c they sampled
+the first time (fetched with c; their probes are taken by loading each into the trainer for the
+probe only, training.adapter_check.probe_saved), with the same per-step seeds. Only when one of
+those was deleted (a retention policy) does the attempt restart the lag at c, and says so. What
+differs: the update thread holds the trainer, the main thread only the sampler.
 """
 
 from __future__ import annotations
@@ -26,20 +29,41 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from training.adapter_check import PolicyProbe, check_sampler, probe_policy
+from training.adapter_check import PolicyProbe, check_sampler, probe_policy, probe_saved
 from training.evaluation import evaluate_during_run, is_evaluation_step
 from training.learning_signal import SignalWatch
 from training.loop import PolicySampler, RunHooks, RunSpec, evaluate_start
 from training.progress import phase, step_label
 from training.run_steps import DrawnStep, checkpoint_path, draw_step, record_step, update_step
+from training.trainer import ADAPTER_WEIGHTS
 
 Update = tuple[dict[str, Any], Any, PolicyProbe, list[str]]  # metrics, folder, probe, rank restarts
 
 
-def policy_step_for(step: int, *, lag: int, current: int) -> int:
+def policy_step_for(step: int, *, lag: int, first: int) -> int:
     """The checkpoint the rollouts of ``step`` sample: ``lag`` updates behind at most, never
-    before ``current`` (where this attempt started)."""
-    return max(current, step - 1 - lag)
+    before ``first`` (the run's first checkpoint, whatever attempt this is)."""
+    return max(first, step - 1 - lag)
+
+
+def lag_floor(spec: RunSpec, hooks: RunHooks, current: int) -> int:
+    """The first checkpoint this attempt may sample: the run's first, so that a resumed attempt
+    samples what the uninterrupted run did; ``current`` when a checkpoint it would need is gone."""
+    lag, first = spec.config.max_off_policy_steps, spec.start_step
+    needed = range(policy_step_for(current + 1, lag=lag, first=first), current)
+    missing = [
+        v for v in needed if not (checkpoint_path(spec.checkpoint_root, v) / ADAPTER_WEIGHTS).is_file()
+    ]
+    if not missing:
+        return first
+    hooks.event(
+        f"Checkpoint{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+        f"{'are' if len(missing) > 1 else 'is'} gone (a retention policy?): the steps after "
+        f"{current} sample checkpoint {current} and later, so this resumed run is no longer "
+        "identical to an uninterrupted one",
+        level="warn",
+    )
+    return current
 
 
 @contextlib.contextmanager
@@ -79,9 +103,15 @@ def train_overlapped(
     root = spec.checkpoint_root
     phase(hooks, "loading", "Loading the rollout sampler: rollouts overlap the updates "
           f"(at most {lag} step{'s' if lag > 1 else ''} off-policy)")  # fmt: skip
-    sampler = PolicySampler(spec, trainer, tokenizer, dtype, current, detached=True)
-    probes_taken = {current: probe_policy(trainer, tokenizer, checkpoint_path(root, current), probes)}
-    gaps = {current: _check(sampler, probes_taken.pop(current), probes, tolerance)}
+    first = lag_floor(spec, hooks, current)
+    start = policy_step_for(current + 1, lag=lag, first=first)  # < current: a resumed attempt
+    sampler = PolicySampler(spec, trainer, tokenizer, dtype, start, detached=True)
+    # The trainer's answers for the checkpoints the sampler will load, taken before it trains on.
+    probes_taken = {
+        v: probe_saved(trainer, tokenizer, checkpoint_path(root, v), probes) for v in range(start, current)
+    }
+    probes_taken[current] = probe_policy(trainer, tokenizer, checkpoint_path(root, current), probes)
+    gaps = {start: _check(sampler, probes_taken.pop(start), probes, tolerance)}
 
     def due(step: int) -> bool:
         return is_evaluation_step(step, start_step=spec.start_step, final_step=final_step,
@@ -91,7 +121,8 @@ def train_overlapped(
         """Load checkpoint ``version`` into the sampler, check it, evaluate it if due."""
         sampler.use_checkpoint(version, checkpoint_path(root, version))
         gaps[version] = _check(sampler, probes_taken.pop(version), probes, tolerance)
-        if due(version):
+        # A checkpoint up to the resume point was evaluated by the attempt before, unless it died first.
+        if due(version) and (version > current or not hooks.is_evaluated(step=version)):
             evaluate_during_run(spec, sampler.engine, sampler.adapter, version, hooks)
 
     def update(drawn: DrawnStep) -> Update:  # on the update thread: no hooks here
@@ -99,7 +130,8 @@ def train_overlapped(
         metrics, path = update_step(spec, trainer, followers, drawn, on_restart=restarts.append)
         return metrics, path, probe_policy(trainer, tokenizer, path, probes), restarts
 
-    evaluate_start(spec, hooks, sampler, current)
+    if start == current:  # else the sampler reaches ``current`` later, and advance() evaluates it
+        evaluate_start(spec, hooks, sampler, current)
     pending: deque[tuple[DrawnStep, Future[Update]]] = deque()
     last_recorded = time.monotonic()
 
@@ -126,7 +158,7 @@ def train_overlapped(
                 reason = hooks.should_stop()
                 if reason:
                     return reason
-                version = policy_step_for(step, lag=lag, current=current)
+                version = policy_step_for(step, lag=lag, first=first)
                 while pending and pending[0][0].step <= version:
                     if not finish():
                         return "lost"
@@ -146,7 +178,7 @@ def train_overlapped(
             threads.close()
             # Checkpoints no rollouts sampled: the last one (the run's result) is checked in the
             # sampler like every other, and any due for evaluation is evaluated.
-            for version in range((sampler.step or current) + 1, final_step + 1):
+            for version in range((sampler.step if sampler.step is not None else current) + 1, final_step + 1):
                 if version == final_step or due(version):
                     advance(version)
                 else:

@@ -114,14 +114,19 @@ def build_run_spec(run: Run) -> RunSpec:
     pause and a crash-resume alike continue from the checkpoint of the last recorded step."""
     model = run.model
     resume = selectors.checkpoint_exists(model=model, step=run.current_step)
+    config = TrainConfig.from_dict(run.config)
     if resume:  # its files, fetched into this host's CHECKPOINT_DIR (where the loop reads them)
         checkpoint_local_dir(model.checkpoints.get(step=run.current_step))
+        # Rollouts that overlap training sample up to that many checkpoints before it again.
+        window = range(max(run.start_step, run.current_step - config.max_off_policy_steps), run.current_step)
+        for checkpoint in model.checkpoints.filter(step__in=list(window)).exclude(path=""):
+            checkpoint_local_dir(checkpoint)
     task_set, environment, reward = services.run_platform_inputs(run=run)
     return RunSpec(
         base_model_source=model.base_model.source,
         model_cache_dir=settings.MODEL_CACHE_DIR,
         checkpoint_root=services.model_checkpoint_root(model),
-        config=TrainConfig.from_dict(run.config),
+        config=config,
         lora=LoraSpec.from_dict(model.lora),
         environment=services.environment_build(environment=environment),
         grader_spec=reward.spec,

@@ -53,6 +53,11 @@ def checkpoint_users(*, model: TrainableModel, checkpoints: list[Checkpoint]) ->
         for step, what in ((run.start_step, "started from"), (run.current_step, "resumes from")):
             if step in steps:
                 users.setdefault(step, f"run #{run.pk} ({run.status}) {what} it")
+        # Rollouts overlapping training: a resumed run samples the checkpoints just before again.
+        lag = int((run.config or {}).get("max_off_policy_steps") or 0)
+        for step in range(max(run.start_step, run.current_step - lag), run.current_step):
+            if step in steps:
+                users.setdefault(step, f"run #{run.pk} ({run.status}) samples it again if it resumes")
     evaluations = Evaluation.objects.filter(status__in=BUSY_EVALUATIONS).filter(
         Q(checkpoint__in=checkpoints) | Q(reference_checkpoint__in=checkpoints)
     )

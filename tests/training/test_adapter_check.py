@@ -10,7 +10,10 @@ from safetensors.torch import load_file
 from training.adapter_check import (
     AdapterMismatchError,
     adapter_fingerprint,
+    check_sampler,
     live_adapter_fingerprint,
+    probe_policy,
+    probe_saved,
     saved_adapter_fingerprint,
     verify_sampler,
 )
@@ -151,6 +154,33 @@ def test_live_weights_changed_after_saving_fail(run, tiny_model_dir):
         next(p for n, p in trainer.policy.named_parameters() if "lora_B" in n).add_(0.01)
     with pytest.raises(AdapterMismatchError, match="fingerprints"):
         verify_sampler(engine, trainer, tokenizer, run.root / "step-1", PROBES)
+
+
+def test_an_earlier_checkpoints_probe_is_the_trainers_at_that_checkpoint_and_leaves_it_as_it_was(
+    run, tiny_model_dir
+):
+    # The trainer holds step 1; a resumed overlapped run needs the probe of step 0 too.
+    live = {
+        name: tensor.clone() for name, tensor in run.trainer.policy.state_dict().items() if "lora_" in name
+    }
+    earlier = probe_saved(run.trainer, run.tokenizer, run.root / "step-0", PROBES)
+    after = run.trainer.policy.state_dict()
+    assert all(torch.equal(after[name], tensor) for name, tensor in live.items())
+    assert earlier.fingerprint == saved_adapter_fingerprint(run.root / "step-0")
+    model, tokenizer = load_base_model(str(tiny_model_dir), run.root)
+    at_step_0 = probe_policy(Trainer.resume(model, tokenizer, run.root / "step-0", CONFIG, LORA),
+                             tokenizer, run.root / "step-0", PROBES)  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(earlier.logprobs, at_step_0.logprobs, strict=True))
+    # A sampler holding step 0 passes against it; one holding step 1 does not.
+    check_sampler(
+        serving_engine(tiny_model_dir, run.tokenizer, "s0", run.root / "step-0"),
+        earlier,
+        PROBES,
+        adapter="s0",
+    )
+    with pytest.raises(AdapterMismatchError, match="fingerprints"):
+        engine = serving_engine(tiny_model_dir, run.tokenizer, "s1", run.root / "step-1")
+        check_sampler(engine, earlier, PROBES, adapter="s1")
 
 
 def test_same_adapter_on_another_base_model_fails_the_logprob_probe(run, tmp_path):

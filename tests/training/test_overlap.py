@@ -7,6 +7,8 @@ import time
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 import training.run_steps as run_steps
 from tests.training.test_cost_loop import MeteredHooks
@@ -15,7 +17,8 @@ from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import build_environment
 from training.loop import RunSpec, run_training
 from training.overlap import policy_step_for
-from training.trainer import Trainer
+from training.run_steps import checkpoint_path
+from training.trainer import ADAPTER_WEIGHTS, Trainer
 
 # Matches some of what the tiny random model writes: groups carry a signal, so updates move weights.
 GRADER = {"type": "regex", "name": "vowel", "pattern": "[aeiou]"}
@@ -48,11 +51,11 @@ def spec(tiny_model_dir, root, *, steps: int = 4, resume_step: int | None = None
 
 
 def test_the_policy_a_step_samples_is_never_more_than_the_lag_behind():
-    assert [policy_step_for(s, lag=1, current=0) for s in (1, 2, 3, 4)] == [0, 0, 1, 2]
-    assert [policy_step_for(s, lag=2, current=0) for s in (1, 2, 3, 4, 5)] == [0, 0, 0, 1, 2]
-    # A resumed attempt starts the lag again at its checkpoint: never before it.
-    assert [policy_step_for(s, lag=2, current=5) for s in (6, 7, 8, 9)] == [5, 5, 5, 6]
-    assert [policy_step_for(s, lag=0, current=0) for s in (1, 2, 3)] == [0, 1, 2]
+    assert [policy_step_for(s, lag=1, first=0) for s in (1, 2, 3, 4)] == [0, 0, 1, 2]
+    assert [policy_step_for(s, lag=2, first=0) for s in (1, 2, 3, 4, 5)] == [0, 0, 0, 1, 2]
+    # A fork (or a continued model) starts at its own first checkpoint: never before it.
+    assert [policy_step_for(s, lag=2, first=5) for s in (6, 7, 8, 9)] == [5, 5, 5, 6]
+    assert [policy_step_for(s, lag=0, first=0) for s in (1, 2, 3)] == [0, 1, 2]
     with pytest.raises(ConfigError) as caught:
         TrainConfig(max_off_policy_steps=17)
     assert caught.value.field == "max_off_policy_steps"
@@ -160,9 +163,58 @@ def test_cancelling_stops_before_the_next_rollouts_and_records_no_half_step(tiny
     assert not [t for t in threading.enumerate() if t.name.startswith("artweb-update")]
 
 
-def test_a_resumed_overlapped_run_starts_the_lag_at_its_checkpoint(tiny_model_dir, tmp_path):
-    first = MeteredHooks()
-    assert run_training(spec(tiny_model_dir, tmp_path, steps=2, max_off_policy_steps=1), first) == "succeeded"
+class LostAt(MeteredHooks):
+    """A worker that loses the run when it comes to record ``step`` (its update may be saved)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.lost_at = step
+
+    def record_step(self, *, step, metrics, trajectories, path) -> bool:
+        return step < self.lost_at and super().record_step(
+            step=step, metrics=metrics, trajectories=trajectories, path=path
+        )
+
+
+def adapter_tensors(root, step: int) -> dict[str, torch.Tensor]:
+    return load_file(checkpoint_path(root, step) / ADAPTER_WEIGHTS)
+
+
+def test_a_resumed_overlapped_run_is_the_uninterrupted_run_bit_for_bit(tiny_model_dir, tmp_path):
+    whole = MeteredHooks()
+    assert run_training(spec(tiny_model_dir, tmp_path / "whole", steps=5, max_off_policy_steps=2), whole) == (
+        "succeeded"
+    )
+    broken = tmp_path / "broken"
+    assert run_training(spec(tiny_model_dir, broken, steps=5, max_off_policy_steps=2), LostAt(3)) == "lost"
+    resumed = MeteredHooks()
+    outcome = run_training(
+        spec(tiny_model_dir, broken, steps=5, resume_step=2, max_off_policy_steps=2), resumed
+    )
+    assert outcome == "succeeded" and resumed.steps == [3, 4, 5]
+    # Steps 3, 4 sample checkpoints 0 and 1 (before the resume point) as the first time, then 2.
+    assert [m["trajectories"][0].metrics["policy_step"] for m in resumed.metrics] == [0, 1, 2]
+    assert [m["off_policy_steps"] for m in resumed.metrics] == [2.0, 2.0, 2.0]
+    for again, first in zip(resumed.metrics, whole.metrics[2:], strict=True):
+        assert [t.completion_token_ids for t in again["trajectories"]] == [
+            t.completion_token_ids for t in first["trajectories"]
+        ]
+        assert again["loss"] == first["loss"]
+    assert whole.metrics[2]["trainable_tokens"] > 0, "no signal at step 3: the comparison says nothing"
+    for step in (3, 4, 5):
+        same, other = adapter_tensors(broken, step), adapter_tensors(tmp_path / "whole", step)
+        assert same.keys() == other.keys()
+        assert all(torch.equal(same[name], other[name]) for name in same), f"step {step} differs"
+    # The updates moved the weights, so equal checkpoints are not equal for want of training.
+    moved = adapter_tensors(tmp_path / "whole", 2), adapter_tensors(tmp_path / "whole", 5)
+    assert any(not torch.equal(moved[0][name], moved[1][name]) for name in moved[0])
+
+
+def test_a_resumed_overlapped_run_whose_older_checkpoint_is_gone_restarts_the_lag_and_says_so(
+    tiny_model_dir, tmp_path
+):
+    assert run_training(spec(tiny_model_dir, tmp_path, steps=4, max_off_policy_steps=1), LostAt(3)) == "lost"
+    (checkpoint_path(tmp_path, 1) / ADAPTER_WEIGHTS).unlink()  # a retention policy deleted it
     resumed = MeteredHooks()
     outcome = run_training(
         spec(tiny_model_dir, tmp_path, steps=4, resume_step=2, max_off_policy_steps=1), resumed
@@ -170,6 +222,8 @@ def test_a_resumed_overlapped_run_starts_the_lag_at_its_checkpoint(tiny_model_di
     assert outcome == "succeeded" and resumed.steps == [3, 4]
     assert [m["trajectories"][0].metrics["policy_step"] for m in resumed.metrics] == [2, 2]
     assert [m["off_policy_steps"] for m in resumed.metrics] == [0.0, 1.0]
+    warned = [event["message"] for event in resumed.events if event["level"] == "warn"]
+    assert any("Checkpoint 1 is gone" in message for message in warned), warned
 
 
 def test_an_overlapped_run_takes_its_updates_data_parallel_on_the_update_thread(tiny_model_dir, tmp_path):

@@ -142,6 +142,27 @@ def test_an_active_runs_start_step_is_409_naming_the_run(alpha_setup, model_with
     assert response.status_code == 409 and f"run #{run.pk} (queued)" in error_of(response)["message"]
 
 
+def test_the_checkpoints_an_overlapped_run_would_sample_again_are_409(
+    alpha_setup, model_with_steps, alice_client
+):
+    run = factories.RunFactory(
+        model=model_with_steps,
+        task_set=alpha_setup.task_set,
+        environment=alpha_setup.environment,
+        reward=alpha_setup.reward,
+    )
+    Run.objects.filter(pk=run.pk).update(
+        start_step=0,
+        current_step=3,
+        status=RunStatus.RUNNING,
+        config={**run.config, "max_off_policy_steps": 1},
+    )
+    by_step = {c.step: c for c in Checkpoint.objects.filter(model=model_with_steps)}
+    response = alice_client.delete(f"{CHECKPOINTS}/{by_step[2].pk}")  # step 3 resumes, sampled from step 2
+    assert response.status_code == 409 and "samples it again if it resumes" in error_of(response)["message"]
+    assert alice_client.delete(f"{CHECKPOINTS}/{by_step[1].pk}").status_code == 204  # outside the lag
+
+
 def test_checkpoint_endpoints_outsider_404_viewer_403(
     model_with_steps, charlie_client, bob_client, read_only_client
 ):
