@@ -260,6 +260,9 @@ TRAINING_JOB_TIME_LIMIT_S = env_int("TRAINING_JOB_TIME_LIMIT_S", 6 * 3600, minim
 # The Tinker API (projects.tinker): how long retrieve_future holds a poll before "try_again" (the
 # SDK's own poll gives up after 45 s and asks again at once).
 TINKER_POLL_S = env_int("TINKER_POLL_S", 25, minimum=1)
+# A training client whose session was lost with its trainer process is rebuilt by running its
+# requests since its last saved state again (projects.jobs.tinker_recovery); past this many, it is lost.
+TINKER_REPLAY_MAX = env_int("TINKER_REPLAY_MAX", 500, minimum=0)
 # The largest request body read into memory: JSON bodies (API and gateway) and form fields; more is
 # a 413. Multipart files are not counted (a task-set `file` is bounded by MAX_TASKSET_BYTES).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 10 * 1024 * 1024, minimum=1024)

@@ -167,8 +167,9 @@ def _plain_http_test_client(settings):
 
 
 @contextlib.contextmanager
-def trainer_service(root: Path, cache: Path, token: str = "secret-token"):
-    """A trainer service process (training.trainer_service) rooted at ``root``; its client."""
+def trainer_service(root: Path, cache: Path, token: str = "secret-token", port: int = 0):
+    """A trainer service process (training.trainer_service) rooted at ``root``; its client (with
+    ``process``: the Popen, for tests that kill it). ``port`` 0: any free port."""
     import subprocess
     import sys
     import time
@@ -177,7 +178,7 @@ def trainer_service(root: Path, cache: Path, token: str = "secret-token"):
 
     env = {**os.environ, "TRAINER_SERVICE_TOKEN": token, "HF_HUB_OFFLINE": "1", "TORCH_THREADS": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "training.trainer_service", "--root", str(root), "--port", "0",
+        [sys.executable, "-m", "training.trainer_service", "--root", str(root), "--port", str(port),
          "--model-cache-dir", str(cache)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
@@ -194,6 +195,7 @@ def trainer_service(root: Path, cache: Path, token: str = "secret-token"):
             except OSError:
                 assert time.monotonic() < deadline, "the trainer service did not answer"
                 time.sleep(0.1)
+        client.process = process  # type: ignore[attr-defined]
         yield client
     finally:
         process.terminate()

@@ -8,9 +8,11 @@ have no order and run at once.
 
 Each training client is one session of the host's keeper (training.resident: the trainer service
 when ``TRAINER_SERVICE_URL`` is set, else this worker's own pool), with its adapter and AdamW state
-kept resident between requests. A session gone from its keeper (the process restarted) cannot be
-rebuilt silently: the model is marked lost and its requests fail saying so, and the client resumes
-from its last saved state (``load_state``), as with Tinker's own service.
+kept resident between requests. A session gone from its keeper (the process restarted) is rebuilt
+exactly from its last saved state and the requests since (projects.jobs.tinker_recovery, with an
+event on the run); only when that cannot be done is the model marked lost, its requests failing
+saying so, and the client resumes from its last saved state (``load_state``), as with Tinker's own
+service.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def _config(model: TinkerModel) -> tuple[TrainConfig, LoraSpec]:
 @contextmanager
 def session_of(model: TinkerModel, *, state: Path | None = None, fresh: bool = False) -> Iterator[Any]:
     """The model's session, live for one request. ``fresh``: open it (from ``state``, or a new
-    adapter), replacing any it had; otherwise it must be resident (else ``SessionLost``)."""
+    adapter), replacing any it had; otherwise it must be resident (else it is rebuilt, or ``SessionLost``)."""
     from projects.jobs.training_jobs import resident_sessions
     from training.trainer_client import TrainerServiceError
 
@@ -115,9 +117,10 @@ def session_of(model: TinkerModel, *, state: Path | None = None, fresh: bool = F
             try:
                 session = client.claim(session_id, holder=me)
             except TrainerServiceError as exc:
-                if exc.status == 404:
-                    raise _lost(model) from None
-                raise
+                if exc.status != 404:
+                    raise
+                _rebuild(model)
+                session = client.claim(session_id, holder=me)
         try:
             yield session
         finally:
@@ -128,18 +131,29 @@ def session_of(model: TinkerModel, *, state: Path | None = None, fresh: bool = F
         pool.close(session_id)
         pool.open(session_id, source, config, lora, state=state)
     elif session_id not in pool:
-        raise _lost(model)
+        _rebuild(model)
     with pool.use(session_id) as session:
         if fresh:
             services.tinker_model_opened(model=model)
         yield session
 
 
-def _lost(model: TinkerModel) -> SessionLost:
-    why = (f"the training session of {model.pk} is gone (the trainer process holding it restarted): "
-           "create a training client from your last saved state (load_state) to continue")  # fmt: skip
+def _rebuild(model: TinkerModel) -> None:
+    """The session is gone (its keeper restarted): rebuilt exactly from what is on record
+    (projects.jobs.tinker_recovery), else the model is lost and SessionLost says why."""
+    from projects.jobs.tinker_recovery import recover
+
+    try:
+        because = recover(model, session_of)
+    except Exception as exc:  # noqa: BLE001 (whatever stopped it, the session is in no known state)
+        because = f"rebuilding it failed ({type(exc).__name__}: {exc})"
+    if because is None:
+        return
+    why = (f"the training session of {model.pk} is gone (the trainer process holding it restarted) and "
+           f"could not be rebuilt: {because}; create a training client from your last saved state "
+           "(load_state) to continue")  # fmt: skip
     services.tinker_model_lost(model=model, why=why)
-    return SessionLost(why)
+    raise SessionLost(why)
 
 
 # ---------------------------------------------------------------------- training requests
@@ -202,16 +216,9 @@ def _run(
             services.tinker_loss_add(model=model, loss=result.loss)
         return None, forward_backward_output(result)
     if kind == "optim_step":
-        params = payload.get("adam_params") or payload.get("optim_params") or {}
-        if "type" in params and params["type"] not in ("adam", "adamw"):
-            raise RequestFailed(f"optimizer {params['type']!r} is not offered: artweb trains with AdamW")
-        clip = float(params.get("grad_clip_norm", 0.0) or 0.0)
+        arguments = optim_arguments(payload)
         with session_of(model) as session:
-            metrics = session.optim_step(
-                learning_rate=float(params.get("learning_rate", 1e-4)), beta1=float(params.get("beta1", 0.9)),
-                beta2=float(params.get("beta2", 0.95)), eps=float(params.get("eps", 1e-12)),
-                weight_decay=float(params.get("weight_decay", 0.0)), max_grad_norm=clip if clip > 0 else float("inf"),
-            )  # fmt: skip
+            metrics = session.optim_step(**arguments)
         step = model.steps + 1
         services.tinker_step_record(model=model, step=step, metrics=metrics, seconds=time.monotonic() - started,
                                     device=settings.TRAINING_DEVICE)  # fmt: skip
@@ -222,6 +229,19 @@ def _run(
     if kind == "load_weights":
         return _load(model, payload), None
     raise RequestFailed(f"unknown request kind {kind!r}", category="server")
+
+
+def optim_arguments(payload: dict[str, Any]) -> dict[str, float]:
+    """An ``optim_step`` request's AdamW settings, as the session's ``optim_step`` takes them."""
+    params = payload.get("adam_params") or payload.get("optim_params") or {}
+    if "type" in params and params["type"] not in ("adam", "adamw"):
+        raise RequestFailed(f"optimizer {params['type']!r} is not offered: artweb trains with AdamW")
+    clip = float(params.get("grad_clip_norm", 0.0) or 0.0)
+    return {
+        "learning_rate": float(params.get("learning_rate", 1e-4)), "beta1": float(params.get("beta1", 0.9)),
+        "beta2": float(params.get("beta2", 0.95)), "eps": float(params.get("eps", 1e-12)),
+        "weight_decay": float(params.get("weight_decay", 0.0)), "max_grad_norm": clip if clip > 0 else float("inf"),
+    }  # fmt: skip
 
 
 def _save(model: TinkerModel, future: TinkerFuture) -> dict[str, Any]:

@@ -305,3 +305,64 @@ def test_tinker_and_platform_runs_continue_each_others_checkpoints(
     expected = local.forward(datums)
     for got, want in zip(output.loss_fn_outputs, expected, strict=True):
         assert got["logprobs"].tolist() == pytest.approx(want, abs=1e-5)
+
+
+def test_a_training_client_goes_on_unchanged_after_the_trainer_service_is_killed(
+    gateway,  # noqa: F811  (the fixture imported above)
+    serving,  # noqa: F811
+    start_worker,
+    tiny_model_dir,
+    cast,
+):
+    """The trainer service holding a session is SIGKILLed between a ``forward_backward`` and its
+    ``optim_step`` and started again: the SDK's next calls succeed and give exactly the losses of a
+    client that was never interrupted (the session is rebuilt: projects.jobs.tinker_recovery)."""
+    import socket
+
+    import tinker
+    from tinker import types
+    from transformers import AutoTokenizer
+
+    from projects.models import RunEvent, TinkerModel
+
+    register_base_model(tiny_model_dir)
+    key = services.api_key_create(team=cast.alpha, name="restart").plaintext
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    data = [_sft_datum(types, tokenizer, p) for p in _prompts(random.Random(2), 4)]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root, cache = serving.data_dir / "checkpoints", tiny_model_dir.parent
+
+    def steps(trainer: Any, count: int, losses: list[float]) -> None:
+        for _ in range(count):
+            losses.append(_mean_loss(trainer.forward_backward(data, "cross_entropy").result(), data))
+            trainer.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+
+    interrupted: list[float] = []
+    with trainer_service(root, cache, token="t-restart", port=port) as first:
+        worker = start_worker(ARTWEB_DATA_DIR=str(serving.data_dir), TRAINER_SERVICE_URL=first.url,
+                              TRAINER_SERVICE_TOKEN="t-restart", TINKER_POLL_S="5")  # fmt: skip
+        client = tinker.ServiceClient(base_url=f"{gateway.url}/tinker", api_key=f"tml-{key}")
+        ours = client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=4).result()
+        steps(ours, 2, interrupted)
+        ours.save_state(name="early").result()
+        steps(ours, 1, interrupted)
+        interrupted.append(_mean_loss(ours.forward_backward(data, "cross_entropy").result(), data))
+        first.process.kill()  # type: ignore[attr-defined]
+        first.process.wait()  # type: ignore[attr-defined]
+    with trainer_service(root, cache, token="t-restart", port=port):
+        ours.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        steps(ours, 2, interrupted)
+        whole: list[float] = []
+        reference = client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=4).result()
+        steps(reference, 6, whole)
+    print(f"losses, interrupted {[round(v, 4) for v in interrupted]} vs whole {[round(v, 4) for v in whole]}")
+    assert interrupted == whole and whole[-1] < whole[0], (interrupted, whole)
+    model = TinkerModel.objects.get(pk=ours.model_id)
+    assert not model.lost
+    [event] = RunEvent.objects.filter(run=model.run, message__contains="session was rebuilt")
+    print(event.message)
+    # From the state saved at step 2, with the one optimizer step and the pending gradient since.
+    assert "from its checkpoint of step 2 by running 3 requests again (1 optimizer step)" in event.message
+    assert "Traceback" not in worker.output()
