@@ -298,6 +298,7 @@ CELERY_TASK_ROUTES = {
     "training.requeue_orphaned_training_jobs": {"queue": Queue.DEFAULT.value},
     "training.requeue_orphaned_exports": {"queue": Queue.DEFAULT.value},
     "training.warn_unserved_queues": {"queue": Queue.DEFAULT.value},
+    "training.expire_tinker_names": {"queue": Queue.DEFAULT.value},
     "webhooks.deliver": {"queue": Queue.DEFAULT.value},
 }
 # Work queues per GPU class (projects.queues): runs, evaluations and training jobs go to their base
@@ -324,6 +325,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": RUN_REAPER_INTERVAL_S,
     },
     "warn-unserved-queues": {"task": "training.warn_unserved_queues", "schedule": RUN_REAPER_INTERVAL_S},
+    "expire-tinker-names": {"task": "training.expire_tinker_names", "schedule": RUN_REAPER_INTERVAL_S},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 

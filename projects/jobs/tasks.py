@@ -63,6 +63,12 @@ def requeue_orphaned_exports() -> list[int]:
     return services.exports_requeue_orphaned()
 
 
+@shared_task(name="training.expire_tinker_names", time_limit=300)
+def expire_tinker_names() -> int:
+    """Tinker checkpoint names past their TTL are dropped (their checkpoints deleted if unused)."""
+    return services.tinker_names_expire()
+
+
 @shared_task(name="training.requeue_orphaned_runs", time_limit=60)
 def requeue_orphaned_runs() -> list[int]:
     """Running runs whose worker stopped heartbeating go back on the queue; they resume."""

@@ -264,7 +264,8 @@ def _save(model: TinkerModel, future: TinkerFuture) -> dict[str, Any]:
     name = payload.get("path")
     label = f"{prefix}/{name}" if name else f"{prefix}/step-{step:06d}"
     export = None
-    if kind == "save_weights_external":  # projects.tinker.exports: the adapter files, by signed URLs
+    # projects.tinker.exports: an export's adapter files go by signed URLs; any name may have a TTL.
+    if kind == "save_weights_external" or payload.get("ttl_seconds"):
         from projects.tinker.exports import export_record
 
         export = export_record(recipients=payload.get("age_encryption_recipients"),

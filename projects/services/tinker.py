@@ -326,7 +326,8 @@ def tinker_checkpoint_record(
 
 
 def tinker_export_ttl(*, checkpoint: Checkpoint, name: str, ttl_seconds: int | None) -> None:
-    """Set (from now) or remove the expiry of export ``name`` of ``checkpoint``."""
+    """Set (from now) or remove the expiry of the name ``name`` of ``checkpoint`` (an export's, or
+    any other saved name's: kept alike under ``tinker_exports``)."""
     from projects.tinker.exports import export_record
 
     with transaction.atomic():
@@ -338,25 +339,44 @@ def tinker_export_ttl(*, checkpoint: Checkpoint, name: str, ttl_seconds: int | N
         checkpoint.save(update_fields=["metrics"])
 
 
-def tinker_checkpoint_forget(*, checkpoint: Checkpoint, name: str) -> None:
+def tinker_checkpoint_forget(*, checkpoint: Checkpoint, name: str, expired: bool = False) -> bool:
     """Drop ``name`` (``weights/x``, ``sampler_weights/x``, ``external_weights/x``) from the
     checkpoint; delete the checkpoint when it was the last name and nothing uses it (else a 409 says
-    what does). An export's name goes even then: it only named the files for download."""
+    what does). An export's name, or one whose TTL passed (``expired``), goes even then: the files
+    stay for what uses them. True when the checkpoint was deleted."""
     from projects.services.checkpoints import checkpoint_delete
 
     names = dict(checkpoint.metrics.get("tinker_names", {}))
     if len(names) <= 1:
         try:
             checkpoint_delete(checkpoint=checkpoint)
-            return
+            return True
         except Conflict:
-            if not name.startswith("external_weights/"):
+            if not (expired or name.startswith("external_weights/")):
                 raise
     names.pop(name, None)
     exports = {label: record for label, record in checkpoint.metrics.get("tinker_exports", {}).items()
                if label != name}  # fmt: skip
     checkpoint.metrics = {**checkpoint.metrics, "tinker_names": names, "tinker_exports": exports}
     checkpoint.save(update_fields=["metrics"])
+    return False
+
+
+def tinker_names_expire() -> int:
+    """The sweep (a beat task): drop every Tinker checkpoint name whose TTL has passed, deleting a
+    checkpoint left without one unless something uses it. How many names were dropped."""
+    from projects.tinker.paths import name_expiry
+
+    now, dropped = timezone.now(), 0
+    for checkpoint in Checkpoint.objects.filter(metrics__has_key="tinker_exports").order_by("pk"):
+        for label in sorted(checkpoint.metrics.get("tinker_exports", {})):
+            expiry = name_expiry(checkpoint, label)
+            if expiry is None or expiry > now:
+                continue
+            dropped += 1
+            if tinker_checkpoint_forget(checkpoint=checkpoint, name=label, expired=True):
+                break
+    return dropped
 
 
 def tinker_sampler_create(

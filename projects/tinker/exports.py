@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 from typing import Any
 
@@ -23,9 +22,9 @@ from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from projects.errors import Conflict, NotFound, ValidationFailed
+from projects.errors import NotFound, ValidationFailed
 from projects.models import Checkpoint
-from projects.tinker.paths import checkpoint_for_path
+from projects.tinker.paths import checkpoint_for_path, name_expiry
 from training.openai_errors import error_object
 
 EXPORT_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -77,27 +76,17 @@ def export_record(*, recipients: list[str] | None, ttl_seconds: int | None) -> d
     return {"recipients": list(recipients or []), "expires_at": expires.isoformat() if expires else None}
 
 
-def expires_at(checkpoint: Checkpoint, label: str) -> datetime.datetime | None:
-    record = checkpoint.metrics.get("tinker_exports", {}).get(label, {})
-    raw = record.get("expires_at")
-    return datetime.datetime.fromisoformat(raw) if raw else None
+expires_at = name_expiry  # a name's TTL (projects.tinker.paths)
 
 
 def live_export(team: Any, model_id: str, checkpoint_id: str) -> tuple[Checkpoint, dict[str, Any]]:
     """The checkpoint and export record ``tinker://<model_id>/<checkpoint_id>`` names, if it is an
-    unexpired external-weights export of the team's; a 404 otherwise (an expired name is dropped)."""
-    from projects import services
-
+    unexpired external-weights export of the team's; a 404 otherwise (an expired name is one, until
+    the sweep drops it: services.tinker_names_expire)."""
     if not checkpoint_id.startswith("external_weights/"):
         raise ValidationFailed("only external weights (external_weights/<name>) are downloadable; save "
                                "them with save_weights_external", field="checkpoint_id")  # fmt: skip
-    path = f"tinker://{model_id}/{checkpoint_id}"
-    checkpoint = checkpoint_for_path(team, path, param="checkpoint_id")
-    expiry = expires_at(checkpoint, checkpoint_id)
-    if expiry is not None and expiry <= timezone.now():
-        with contextlib.suppress(Conflict):  # the step is still in use: only the name goes later
-            services.tinker_checkpoint_forget(checkpoint=checkpoint, name=checkpoint_id)
-        raise NotFound(f"{path} expired at {expiry.isoformat()}", field="checkpoint_id")
+    checkpoint = checkpoint_for_path(team, f"tinker://{model_id}/{checkpoint_id}", param="checkpoint_id")
     return checkpoint, checkpoint.metrics.get("tinker_exports", {}).get(checkpoint_id, {})
 
 

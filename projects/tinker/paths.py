@@ -3,6 +3,10 @@ through the Tinker API, and any platform checkpoint as ``tinker://{project}/{mod
 
 from __future__ import annotations
 
+import datetime
+
+from django.utils import timezone
+
 from projects.errors import NotFound, ValidationFailed
 from projects.models import Checkpoint, Team, TinkerModel
 
@@ -41,4 +45,12 @@ def checkpoint_for_path(team: Team, path: str, *, param: str) -> Checkpoint:
         )
     if checkpoint is None or not (checkpoint.storage_key or checkpoint.path):
         raise NotFound(f"no checkpoint {path!r} in your team", field=param)
+    if kind != "step" and (expiry := name_expiry(checkpoint, f"{kind}/{name}")) and expiry <= timezone.now():
+        raise NotFound(f"{path} expired at {expiry.isoformat()}", field=param)
     return checkpoint
+
+
+def name_expiry(checkpoint: Checkpoint, label: str) -> datetime.datetime | None:
+    """When the name ``label`` (``weights/x`` …) of ``checkpoint`` expires (its TTL), if ever."""
+    raw = checkpoint.metrics.get("tinker_exports", {}).get(label, {}).get("expires_at")
+    return datetime.datetime.fromisoformat(raw) if raw else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from projects import services
@@ -28,9 +29,11 @@ def _checkpoint_rows(model: TinkerModel) -> list[dict[str, Any]]:
 
 def _rows_of(model_id: str, checkpoint: Checkpoint) -> list[dict[str, Any]]:
     """The SDK's checkpoint rows of one checkpoint: one per name it was saved under."""
-    rows = []
+    rows, now = [], timezone.now()
     for label in sorted(checkpoint.metrics.get("tinker_names", {})):
         expiry = exports.expires_at(checkpoint, label)
+        if expiry is not None and expiry <= now:  # gone for the client; the sweep drops the name
+            continue
         rows.append({
             "checkpoint_id": label, "checkpoint_type": _KINDS.get(label.partition("/")[0], "sampler"),
             "time": checkpoint.created_at.isoformat(), "tinker_path": f"tinker://{model_id}/{label}",
@@ -56,11 +59,12 @@ def external_weights_urls(
 def checkpoint_ttl(
     request: HttpRequest, access: TeamAccess, model_id: str, kind: str, name: str
 ) -> HttpResponse:
-    """``set_checkpoint_ttl_from_tinker_path``: an export's expiry from now (null: never)."""
+    """``set_checkpoint_ttl_from_tinker_path``: a saved name's expiry from now (null: never)."""
     checkpoint_id = f"{kind}/{name}"
     ttl = _json(request).get("ttl_seconds")
     exports.check_ttl(ttl)
-    checkpoint, _ = exports.live_export(access.team, _model(access, model_id).pk, checkpoint_id)
+    path = f"tinker://{_model(access, model_id).pk}/{checkpoint_id}"
+    checkpoint = checkpoint_for_path(access.team, path, param="checkpoint_id")
     services.tinker_export_ttl(checkpoint=checkpoint, name=checkpoint_id, ttl_seconds=ttl)
     return HttpResponse(status=204)
 

@@ -340,9 +340,13 @@ def save_weights_for_sampler(request: HttpRequest, access: TeamAccess) -> dict[s
 
 
 def _checked_name(body: dict[str, Any]) -> dict[str, Any]:
+    """A save's body: its name, and its TTL (any saved name may expire: projects.tinker.exports)."""
+    from projects.tinker.exports import check_ttl
+
     name = body.get("path")
     if name is not None and (not isinstance(name, str) or not name or "/" in name or len(name) > 100):
         raise ValidationFailed("a name without '/', up to 100 characters", field="path")
+    check_ttl(body.get("ttl_seconds"))
     return body
 
 

@@ -10,7 +10,8 @@ import pytest
 from django.test import Client
 
 from projects import services
-from projects.models import Run, RunKind, TinkerFuture, TinkerModel
+from projects.jobs.tasks import expire_tinker_names
+from projects.models import Checkpoint, Run, RunKind, TinkerFuture, TinkerModel
 from projects.tinker import exports
 
 pytestmark = pytest.mark.django_db
@@ -242,9 +243,47 @@ def test_an_exports_ttl_is_set_checked_and_ends_it(tinker, tmp_path):
     checkpoint.save(update_fields=["metrics"])
     response = _get(url)
     assert response.status_code == 404 and "expired" in response.json()["error"]["message"]
-    # The expired name was dropped on that read: the export is gone from the list and its route.
+    # Expired, the export is gone from the list and its route at once ...
     assert call(route, key=key, method="GET")[0] == 404
     assert call(f"training_runs/{model_id}/checkpoints", key=key, method="GET")[1].json()["checkpoints"] == []
+    assert "external_weights/final" in Checkpoint.objects.get(pk=checkpoint.pk).metrics["tinker_names"]
+    # ... and the sweep (a beat task) drops the name: the step is the model's latest, so it stays.
+    assert expire_tinker_names() == 1 and expire_tinker_names() == 0
+    assert Checkpoint.objects.get(pk=checkpoint.pk).metrics["tinker_names"] == {}
+
+
+def test_a_names_ttl_ends_it_for_loading_and_the_sweep_deletes_the_checkpoint_it_named(tinker, tmp_path):
+    from projects.storage import checkpoint_upload
+
+    key = f"tml-{tinker['alpha']}"
+    model_id = _model(tinker["alpha"])
+    model = TinkerModel.objects.get(pk=model_id)
+    for step in (1, 2):
+        folder = tmp_path / f"step-{step}"
+        folder.mkdir()
+        (folder / "adapter_model.safetensors").write_bytes(b"x" * 64)
+        stored = checkpoint_upload(model_id=model.model_id, step=step, folder=folder)
+        services.tinker_checkpoint_record(model=model, step=step, path=str(folder), stored=stored,
+                                          name=f"weights/s{step}")  # fmt: skip
+    path = f"tinker://{model_id}/weights/s1"
+    ttl_route = f"/tinker/api/v1/training_runs/{model_id}/checkpoints/weights/s1/ttl"
+    response = Client().put(ttl_route, json.dumps({"ttl_seconds": 3600}), content_type="application/json",
+                            HTTP_X_API_KEY=key)  # fmt: skip
+    assert response.status_code == 204
+    status, reply = call("weights_info", {"tinker_path": path}, key=key)
+    assert status == 200, reply.content
+    old = Checkpoint.objects.get(model=model.model, step=1)
+    old.metrics["tinker_exports"]["weights/s1"]["expires_at"] = "2020-01-01T00:00:00+00:00"
+    old.save(update_fields=["metrics"])
+    # Past its TTL the name loads nothing and is not listed ...
+    status, reply = call("load_weights", {"model_id": model_id, "seq_id": 1, "path": path}, key=key)
+    assert status == 404 and "expired" in reply.json()["error"]["message"], reply.content
+    listed = call(f"training_runs/{model_id}/checkpoints", key=key, method="GET")[1].json()["checkpoints"]
+    assert [row["checkpoint_id"] for row in listed] == ["weights/s2"]
+    # ... and the sweep deletes the checkpoint it was the only name of (step 2, the latest, stays).
+    assert expire_tinker_names() == 1
+    steps = set(Checkpoint.objects.filter(model=model.model).values_list("step", flat=True))
+    assert 1 not in steps and 2 in steps
 
 
 def test_save_weights_external_checks_its_input(tinker):

@@ -148,3 +148,19 @@ def test_too_many_requests_to_run_again_leave_the_session_lost(tinker, settings)
     failed = client.forward_backward(TOKENS[1])
     assert failed.status == TinkerFutureStatus.FAILED
     assert "2 requests since a fresh adapter would have to run again (more than 1)" in failed.error
+
+
+def test_a_save_may_carry_a_ttl_as_the_sdk_sends_it(tinker):  # noqa: F811
+    client = Client(tinker["alpha"])
+    client.forward_backward(TOKENS[0])
+    client.optim_step()
+    assert (
+        client.send("save_weights", {"path": "kept", "ttl_seconds": 7200}).status == TinkerFutureStatus.DONE
+    )
+    assert client.send("save_weights_for_sampler", {"path": "sampled"}).status == TinkerFutureStatus.DONE
+    rows = call(f"training_runs/{client.model_id}/checkpoints", key=client.key, method="GET")[1].json()
+    expiry = {row["checkpoint_id"]: row["expires_at"] for row in rows["checkpoints"]}
+    assert expiry["sampler_weights/sampled"] is None and expiry["weights/kept"] is not None
+    status, reply = call("save_weights", {"model_id": client.model_id, "seq_id": 9, "path": "x", "ttl_seconds": 5},
+                         key=client.key)  # fmt: skip
+    assert status == 400 and reply.json()["error"]["param"] == "ttl_seconds"
