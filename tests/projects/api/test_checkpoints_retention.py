@@ -145,12 +145,7 @@ def test_an_active_runs_start_step_is_409_naming_the_run(alpha_setup, model_with
 def test_the_checkpoints_an_overlapped_run_would_sample_again_are_409(
     alpha_setup, model_with_steps, alice_client
 ):
-    run = factories.RunFactory(
-        model=model_with_steps,
-        task_set=alpha_setup.task_set,
-        environment=alpha_setup.environment,
-        reward=alpha_setup.reward,
-    )
+    run = finished_run(alpha_setup)  # made running below, as a worker resuming it would find it
     Run.objects.filter(pk=run.pk).update(
         start_step=0,
         current_step=3,
