@@ -144,7 +144,9 @@ def _rebuild(model: TinkerModel) -> None:
     from projects.jobs.tinker_recovery import recover
 
     try:
-        because = recover(model, session_of)
+        because = recover(
+            model, session_of, lambda: services.tinker_drain_claim(model=model, holder=holder())
+        )
     except Exception as exc:  # noqa: BLE001 (whatever stopped it, the session is in no known state)
         because = f"rebuilding it failed ({type(exc).__name__}: {exc})"
     if because is None:

@@ -48,10 +48,16 @@ class Origin:
     what: str = "a fresh adapter"
 
 
-def recover(model: TinkerModel, open_session: Callable[..., AbstractContextManager[Any]]) -> str | None:
+def recover(
+    model: TinkerModel,
+    open_session: Callable[..., AbstractContextManager[Any]],
+    still_ours: Callable[[], bool],
+) -> str | None:
     """Rebuild the model's lost session through ``open_session(model, state=, fresh=True)`` and
     ``open_session(model)`` (projects.jobs.tinker.session_of); None when it is the session it was,
-    else why not (the session is then in no known state, and the caller marks the model lost)."""
+    else why not (the session is then in no known state, and the caller marks the model lost).
+    ``still_ours()`` renews this worker's hold on the model's queue after each request run again
+    (a long replay must not look like a dead worker) and says whether it still holds it."""
     started = time.monotonic()
     done = list(
         TinkerFuture.objects.filter(
@@ -74,6 +80,8 @@ def recover(model: TinkerModel, open_session: Callable[..., AbstractContextManag
             why = _run_again(session, future)
             if why:
                 return why
+            if not still_ours():
+                return "another worker took the training client over while it was being rebuilt"
     steps = sum(1 for f in replay if f.kind == "optim_step")
     services.run_event_add(
         run=model.run,

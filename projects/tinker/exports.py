@@ -76,9 +76,6 @@ def export_record(*, recipients: list[str] | None, ttl_seconds: int | None) -> d
     return {"recipients": list(recipients or []), "expires_at": expires.isoformat() if expires else None}
 
 
-expires_at = name_expiry  # a name's TTL (projects.tinker.paths)
-
-
 def live_export(team: Any, model_id: str, checkpoint_id: str) -> tuple[Checkpoint, dict[str, Any]]:
     """The checkpoint and export record ``tinker://<model_id>/<checkpoint_id>`` names, if it is an
     unexpired external-weights export of the team's; a 404 otherwise (an expired name is one, until
@@ -99,7 +96,7 @@ def signed_urls(request: HttpRequest, team: Any, model_id: str, checkpoint_id: s
         token = signing.dumps([checkpoint.pk, team.pk, model_id, checkpoint_id, name], salt=_SALT)
         urls[name + suffix] = request.build_absolute_uri(f"/tinker/files/{token}")
     expires = timezone.now() + datetime.timedelta(seconds=URL_SECONDS)
-    expiry = expires_at(checkpoint, checkpoint_id)
+    expiry = name_expiry(checkpoint, checkpoint_id)
     if expiry is not None:
         expires = min(expires, expiry)
     return {"urls": urls, "expires": expires.isoformat()}

@@ -15,7 +15,7 @@ from projects.access import TeamAccess
 from projects.errors import Conflict, ValidationFailed
 from projects.models import Checkpoint, TinkerModel
 from projects.tinker import exports
-from projects.tinker.paths import checkpoint_for_path
+from projects.tinker.paths import checkpoint_for_path, name_expiry
 from projects.tinker.views import _checked_name, _error, _json, _model, _submit, _text, endpoint
 
 # ---------------------------------------------------------------------- checkpoints
@@ -31,7 +31,7 @@ def _rows_of(model_id: str, checkpoint: Checkpoint) -> list[dict[str, Any]]:
     """The SDK's checkpoint rows of one checkpoint: one per name it was saved under."""
     rows, now = [], timezone.now()
     for label in sorted(checkpoint.metrics.get("tinker_names", {})):
-        expiry = exports.expires_at(checkpoint, label)
+        expiry = name_expiry(checkpoint, label)
         if expiry is not None and expiry <= now:  # gone for the client; the sweep drops the name
             continue
         rows.append({
