@@ -225,7 +225,7 @@ def _run(
         services.tinker_step_record(model=model, step=step, metrics=metrics, seconds=time.monotonic() - started,
                                     device=settings.TRAINING_DEVICE)  # fmt: skip
         model.steps = step
-        return {"type": "optim_step", "metrics": {f"{k}:mean": float(v) for k, v in metrics.items()}}, None
+        return optim_result(metrics), None
     if kind in ("save_weights", "save_weights_for_sampler", "save_weights_external"):
         return _save(model, future), None
     if kind == "load_weights":
@@ -244,6 +244,11 @@ def optim_arguments(payload: dict[str, Any]) -> dict[str, float]:
         "beta2": float(params.get("beta2", 0.95)), "eps": float(params.get("eps", 1e-12)),
         "weight_decay": float(params.get("weight_decay", 0.0)), "max_grad_norm": clip if clip > 0 else float("inf"),
     }  # fmt: skip
+
+
+def optim_result(metrics: dict[str, Any]) -> dict[str, Any]:
+    """An ``optim_step``'s answer to its client (what a rebuild compares against)."""
+    return {"type": "optim_step", "metrics": {f"{k}:mean": float(v) for k, v in metrics.items()}}
 
 
 def _save(model: TinkerModel, future: TinkerFuture) -> dict[str, Any]:

@@ -8,8 +8,9 @@ and the RNG. So the session is rebuilt exactly: from the newest state on record 
 fresh adapter, which ``config.seed`` makes the same again), the ``forward_backward`` /
 ``forward`` / ``optim_step`` requests done since are run again in order, without recording
 anything. Each replayed request must give what its client was sent, number for number (a
-``forward_backward`` its logprobs and metrics, an ``optim_step`` its metrics); a difference (or more requests to replay than ``TINKER_REPLAY_MAX``) leaves the model
-lost, as before, and the client resumes from its last saved state.
+``forward_backward`` its logprobs and metrics, an ``optim_step`` its metrics); a difference (or
+more requests to replay than ``TINKER_REPLAY_MAX``) leaves the model lost, as before, and the
+client resumes from its last saved state.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tinker.proto import tinker_public_pb2 as pb
 
 from projects import services
 from projects.models import Checkpoint, TinkerFuture, TinkerFutureStatus, TinkerModel
+from projects.services.run_forks import OPTIMIZER_STATE  # dropped from checkpoints no resume needs
 from projects.storage import checkpoint_local_dir
 from training.tinker_wire import forward_backward_output, parse_forward_backward
 
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
 
 SAVES = ("save_weights", "save_weights_for_sampler", "save_weights_external")
 REPLAYED = ("forward_backward", "optim_step")
-STATE_FILE = "optimizer.pt"  # a checkpoint whose resume state was dropped has only the adapter
 
 
 @dataclass
@@ -68,7 +69,7 @@ def recover(
     if isinstance(origin, str):
         return origin
     replay = [f for f in done if _seq(f) > origin.seq and f.kind in REPLAYED]
-    limit = int(getattr(settings, "TINKER_REPLAY_MAX", 500))
+    limit = settings.TINKER_REPLAY_MAX
     if len(replay) > limit:
         return f"{len(replay)} requests since {origin.what} would have to run again (more than {limit})"
     with open_session(model, state=origin.state, fresh=True):
@@ -115,7 +116,7 @@ def _origin(model: TinkerModel, done: list[TinkerFuture]) -> Origin | str:
             step = sum(1 for f in before if f.kind == "optim_step")  # the model's step at the save
             saved = Checkpoint.objects.filter(model=model.model, step=step).first()
             folder = checkpoint_local_dir(saved) if saved is not None else None
-            if folder is not None and (folder / STATE_FILE).is_file():
+            if folder is not None and (folder / OPTIMIZER_STATE).is_file():
                 since = max((_seq(f) for f in before if f.kind in ("optim_step", "load_weights")), default=0)
                 return Origin(since, folder, what=f"its checkpoint of step {step}")
     return Origin(0, None)
@@ -126,7 +127,7 @@ def _seq(future: TinkerFuture) -> int:
 
 
 def _run_again(session: Any, future: TinkerFuture) -> str | None:
-    from projects.jobs.tinker import optim_arguments
+    from projects.jobs.tinker import optim_arguments, optim_result
 
     if future.kind == "forward_backward":
         call = parse_forward_backward(bytes(future.body or b""))
@@ -140,7 +141,7 @@ def _run_again(session: Any, future: TinkerFuture) -> str | None:
         return None
     metrics = session.optim_step(**optim_arguments(future.payload))
     sent = (future.result or {}).get("metrics") or {}
-    again = {f"{k}:mean": float(v) for k, v in metrics.items()}
+    again = optim_result(metrics)["metrics"]
     if again != sent:
         return (f"running request {future.seq_id} (optim_step) again gave other metrics than its client "
                 f"was sent ({_first_difference(sent, again)})")  # fmt: skip
