@@ -227,6 +227,9 @@ RESIDENT_SESSIONS = env_int("RESIDENT_SESSIONS", 1, minimum=0)
 TRAINER_SERVICE_URL = env_str("TRAINER_SERVICE_URL", "")
 TRAINER_SERVICE_TOKEN = env_str("TRAINER_SERVICE_TOKEN", "")
 TRAINER_SERVICE_PORT = env_int("TRAINER_SERVICE_PORT", 8200, minimum=0)
+# Platform GRPO runs train on that service too (their session beside the others; the worker loads
+# the tokenizer only). False: they train in the worker process, as without a service.
+TRAINER_SERVICE_RUNS = env_bool("TRAINER_SERVICE_RUNS", True)
 # The memory the trainer service's resident sessions may hold (adapters, gradients, AdamW moments)
 # before the least recently used idle one is saved to disk and unloaded; 0: no limit.
 TRAINER_SESSION_MEMORY_MB = env_int("TRAINER_SESSION_MEMORY_MB", 4096, minimum=0)

@@ -10,6 +10,7 @@ I stop?". Invariants the loop keeps:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
 import shutil
@@ -54,6 +55,9 @@ class RunSpec:
     objective: str = (
         "grpo"  # grpo (rollouts and rewards) | sft | dpo (training.supervised: rows carry targets)
     )
+    # The host's trainer service (training.service_run.ServiceTarget): the run's session lives
+    # there when it may (service_refusal); None: it trains in this process.
+    trainer_service: Any = None
 
 
 # A finished step's trajectories as ``hooks.record_step`` gets them: (group_index, task_row_index, trajectory).
@@ -140,8 +144,11 @@ class PolicySampler:
             )
         else:
             from training.engines.transformers_engine import TransformersEngine
+            from training.service_run import ServiceTrainer, SessionEngine
 
-            if detached:
+            if isinstance(trainer, ServiceTrainer):  # the session in the service samples itself
+                self.engine = SessionEngine(trainer.session, tokenizer)
+            elif detached:
                 base, _, _ = load_policy_model(
                     spec.base_model_source, spec.model_cache_dir, device=spec.device, unsloth="off"
                 )
@@ -184,11 +191,20 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
 
 def start_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
     """The run's trainer, its tokenizer and dtype, and the step it is at: a fresh adapter saved and
-    recorded as the start step's checkpoint, or the checkpoint ``spec.resume_step`` restored."""
+    recorded as the start step's checkpoint, or the checkpoint ``spec.resume_step`` restored. On
+    the host's trainer service when the run may train there (training.service_run), else here."""
     import torch
 
+    from training.service_run import service_refusal
     from training.trainer import Trainer
 
+    if service_refusal(spec) is None:
+        try:
+            return start_service_trainer(spec, hooks)
+        except OSError as exc:  # no answer: a run is not held up by a service that is down
+            hooks.event(
+                f"The trainer service did not answer ({exc}): this run trains in the worker", level="warn"
+            )
     config = spec.config
     torch.manual_seed(config.seed)
     random.seed(config.seed)
@@ -223,16 +239,95 @@ def start_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
     return trainer, tokenizer, dtype, current
 
 
+def start_service_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
+    """``start_trainer`` with the run's session on the host's trainer service: the worker loads
+    the tokenizer only."""
+    import torch
+
+    from training.base_models import load_tokenizer
+    from training.service_run import ServiceTrainer, open_session
+
+    target = spec.trainer_service
+    started = time.monotonic()
+    phase(hooks, "loading", f"Opening the run's session on the trainer service ({spec.base_model_source})")
+    current = spec.start_step if spec.resume_step is None else spec.resume_step
+    state = None if spec.resume_step is None else checkpoint_path(spec.checkpoint_root, current)
+    session = open_session(target, spec, state)
+    tokenizer = load_tokenizer(spec.base_model_source, spec.model_cache_dir)
+    trainer = ServiceTrainer(session, tokenizer, spec.config, spec.lora, step=0 if state is None else current)
+    hooks.event(
+        f"Opened session {target.session_id} on the trainer service in {time.monotonic() - started:.1f}s"
+    )
+    if state is None:
+        path = checkpoint_path(spec.checkpoint_root, current)
+        if path.exists():  # left by a worker that died before recording it
+            shutil.rmtree(path)
+        trainer.save_checkpoint(path, step=current, metrics={})
+        hooks.record_checkpoint(step=current, path=path, metrics={})
+    elif current == spec.start_step:
+        hooks.event(f"Loaded checkpoint step {current}: training continues from it")
+    else:
+        hooks.event(f"Resumed from checkpoint step {current}")
+    dtype = torch.float32 if spec.device == "cpu" else torch.bfloat16
+    return trainer, tokenizer, dtype, current
+
+
+class _Recorded:
+    """The run's hooks, noting the last step whose checkpoint was recorded (where a run whose
+    session the trainer service lost continues)."""
+
+    def __init__(self, hooks: RunHooks) -> None:
+        self._hooks = hooks
+        self.step: int | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._hooks, name)
+
+    def record_checkpoint(self, *, step: int, path: Path, metrics: dict[str, Any]) -> None:
+        self._hooks.record_checkpoint(step=step, path=path, metrics=metrics)
+        self.step = step
+
+    def record_step(
+        self, *, step: int, metrics: dict[str, Any], trajectories: StepTrajectories, path: Path
+    ) -> bool:
+        recorded = self._hooks.record_step(step=step, metrics=metrics, trajectories=trajectories, path=path)
+        if recorded:
+            self.step = step
+        return recorded
+
+
+SESSION_REBUILDS = 3  # times one attempt of a run continues after the trainer service lost its session
+
+
 def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
+    from training.service_run import ServiceTrainer, SessionLost
+    from training.supervised import run_supervised
+
     if spec.objective in ("sft", "dpo"):
-        from training.supervised import run_supervised
-
         spec.config.check_objective(spec.objective)
-
-        return run_supervised(spec, hooks)
-    trainer, tokenizer, dtype, current = start_trainer(spec, hooks)
-    with data_parallel_ranks(spec, current, hooks) as followers:
-        return _train(spec, hooks, trainer, tokenizer, dtype, current, followers)
+    recorded: Any = _Recorded(hooks)
+    for rebuild in range(SESSION_REBUILDS + 1):
+        trainer, tokenizer, dtype, current = start_trainer(spec, recorded)
+        try:
+            if spec.objective in ("sft", "dpo"):
+                return run_supervised(spec, recorded, trainer, tokenizer, dtype, current)
+            with data_parallel_ranks(spec, current, recorded) as followers:
+                return _train(spec, recorded, trainer, tokenizer, dtype, current, followers)
+        except SessionLost as exc:
+            if rebuild == SESSION_REBUILDS:
+                raise
+            reason = hooks.should_stop()
+            if reason:  # the run is no longer this worker's (or was cancelled): nothing to rebuild
+                return reason
+            resume = recorded.step if recorded.step is not None else current
+            hooks.event(
+                f"{exc}: the run continues from checkpoint step {resume} on a new session", level="warn"
+            )
+            spec = dataclasses.replace(spec, resume_step=resume)
+        finally:
+            if isinstance(trainer, ServiceTrainer):
+                trainer.close()
+    raise AssertionError("unreachable")
 
 
 @contextlib.contextmanager
@@ -270,6 +365,7 @@ def _train(spec: RunSpec, hooks: RunHooks, trainer: Any, tokenizer: Any, dtype: 
     import torch
 
     from training.adapter_check import verify_sampler
+    from training.service_run import ServiceTrainer, check_session_sampler
 
     config = spec.config
     # A fixed probe prompt: after every save, the sampler must score it exactly as the trainer does.
@@ -308,9 +404,12 @@ def _train(spec: RunSpec, hooks: RunHooks, trainer: Any, tokenizer: Any, dtype: 
         loading = time.monotonic()  # sync: wake the sampler, load and check the adapter
         sampler.use_checkpoint(step, path)
         # Fail loudly if training did not reach the sampler (peers shipped exactly that bug).
-        check = verify_sampler(
-            sampler.engine, trainer, tokenizer, path, probes, adapter=sampler.adapter, tolerance=tolerance
-        )
+        if isinstance(trainer, ServiceTrainer):
+            check = check_session_sampler(sampler.engine, trainer, probes, tolerance=tolerance)
+        else:
+            check = verify_sampler(
+                sampler.engine, trainer, tokenizer, path, probes, adapter=sampler.adapter, tolerance=tolerance
+            )
         metrics["sync_seconds"] += time.monotonic() - loading
         step_seconds = time.monotonic() - step_started
         if not record_step(spec, hooks, watch, drawn, metrics, path, step_seconds=step_seconds,

@@ -228,6 +228,18 @@ class TrainingSession:
         """Forget AdamW's moments (the weights stay): Tinker's ``load_state`` without optimizer."""
         self.trainer.optimizer.state.clear()
 
+    def stop_token_ids(self) -> set[int]:
+        """The ids that end a completion this session samples (training.engines)."""
+        from training.engines.transformers_engine import stop_token_ids_of
+
+        return stop_token_ids_of(self.trainer.model, self.trainer.tokenizer)
+
+    def live_fingerprint(self) -> str:
+        """The fingerprint of the live adapter (training.adapter_check): a saved state holds it."""
+        from training.adapter_check import live_adapter_fingerprint
+
+        return live_adapter_fingerprint(self.trainer.model, self.trainer.adapter_name)
+
     def save_state(self, path: Path, *, step: int, metrics: dict[str, Any]) -> None:
         """Adapter, optimizer and RNG: what ``load_state`` (``Trainer.resume``) continues from.
         The session is at ``step`` from now on."""

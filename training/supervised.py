@@ -258,16 +258,17 @@ def _example(build: Any, tokenizer: Any, row: dict[str, Any], system: str) -> An
         raise RowError(f"task row {row['index']}: {exc}") from None
 
 
-def run_supervised(spec: Any, hooks: Any) -> str:
-    """Train ``spec`` (a ``training.loop.RunSpec`` with objective sft or dpo); the outcome as
-    ``run_training``'s."""
-    from training.loop import PolicySampler, start_trainer
+def run_supervised(spec: Any, hooks: Any, trainer: Any, tokenizer: Any, dtype: Any, current: int) -> str:
+    """Train ``spec`` (a ``training.loop.RunSpec`` with objective sft or dpo) from ``current`` with
+    ``trainer`` (``training.loop.start_trainer``'s: in this process, or a session on the host's
+    trainer service); the outcome as ``run_training``'s."""
+    from training.loop import PolicySampler
     from training.run_steps import checkpoint_path, rows_for_step
+    from training.service_run import ServiceTrainer
     from training.session import TrainingSession
 
     config = spec.config
-    trainer, tokenizer, dtype, current = start_trainer(spec, hooks)
-    session = TrainingSession(trainer)
+    session = trainer.session if isinstance(trainer, ServiceTrainer) else TrainingSession(trainer)
     objective = _Objective(spec, session, tokenizer, checkpoint_path(spec.checkpoint_root, spec.start_step))
     sampler = PolicySampler(spec, trainer, tokenizer, dtype, current)
     evaluation = dataclasses.replace(

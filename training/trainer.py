@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import os
 import random
 import shutil
@@ -38,8 +37,9 @@ from training.checkpoint_files import (  # noqa: F401 (re-exported: callers impo
 )
 from training.config import LoraSpec, TrainConfig
 from training.distributed import is_data_parallel
-from training.grpo import compute_advantages, entropy_from_logits, is_zero_variance
-from training.minibatches import grpo_data, split_evenly  # noqa: F401 (grpo_data: re-exported)
+from training.grpo import entropy_from_logits
+from training.grpo_update import grpo_step, update_metrics, update_samples
+from training.minibatches import grpo_data  # noqa: F401 (re-exported)
 from training.trajectory import TrainGroup, TrainSample
 
 
@@ -117,82 +117,27 @@ class Trainer:
     # ---------------------------------------------------------------- one update
     def train_step(self, groups: list[TrainGroup], *, learning_rate: float | None = None) -> dict[str, float]:
         """One GRPO step from sampled groups (``num_minibatches`` × ``ppo_epochs`` optimizer
-        steps at ``learning_rate``, the config's when None); returns the step's metrics.
-
-        When every group has zero variance there is no update: loss, grad_norm, entropy, kl and
-        trainable_tokens are 0 (the step still counts, as the run's step counter does).
-        """
-        start = time.perf_counter()
-        config = self.config
-        rewards = [[sample.reward for sample in group.samples] for group in groups]
-        advantages, zero_variance_groups = compute_advantages(rewards, scale=config.scale_rewards)
-        all_rewards = torch.tensor([r for group in rewards for r in group], dtype=torch.float64)
-        metrics: dict[str, float] = {
-            "loss": 0.0,
-            "grad_norm": 0.0,
-            "entropy": 0.0,
-            "clip_fraction": 0.0,
-            "kl": 0.0,
-            "ratio_mean": 1.0,
-            "trainable_tokens": 0.0,
-            "zero_variance_fraction": zero_variance_groups / max(len(groups), 1),
-            "reward_mean": float(all_rewards.mean()) if len(all_rewards) else 0.0,
-            "reward_std": float(all_rewards.std(unbiased=False)) if len(all_rewards) else 0.0,
-        }
-        # Groups whose rewards are all equal have zero advantage everywhere: nothing to learn. With
-        # overlong_filter, a completion cut off at max_new_tokens (its mask all 0) is not trained on
-        # either; it still counted in its group's advantages.
-        samples: list[tuple[TrainSample, float]] = []
-        for group, group_rewards, group_advantages in zip(groups, rewards, advantages, strict=True):
-            if not is_zero_variance(group_rewards):
-                samples.extend(
-                    (sample, advantage)
-                    for sample, advantage in zip(group.samples, group_advantages, strict=True)
-                    if not (config.overlong_filter and sample.trainable_tokens() == 0)
-                )
-        return self._update(samples, metrics, start, learning_rate=learning_rate)
+        steps at ``learning_rate``, the config's when None); returns the step's metrics
+        (training.grpo_update.grpo_step)."""
+        metrics = grpo_step(
+            self._session, groups, self.config, step=self.step + 1, learning_rate=learning_rate
+        )
+        self.step += 1
+        return metrics
 
     def train_samples(self, samples: list[tuple[TrainSample, float]]) -> dict[str, float]:
         """One update from samples whose advantages the caller computed (a client's trajectory
         groups, training.client_step); the same objective and metrics as ``train_step``, without
         the reward and zero-variance metrics, which belong to the caller's groups."""
-        metrics: dict[str, float] = {
-            "loss": 0.0,
-            "grad_norm": 0.0,
-            "entropy": 0.0,
-            "clip_fraction": 0.0,
-            "kl": 0.0,
-            "ratio_mean": 1.0,
-            "trainable_tokens": 0.0,
-        }
-        return self._update(samples, metrics, time.perf_counter())
-
-    def _update(
-        self,
-        samples: list[tuple[TrainSample, float]],
-        metrics: dict[str, float],
-        start: float,
-        *,
-        learning_rate: float | None = None,
-    ) -> dict[str, float]:
-        """The GRPO update as a loop over the session's primitives (training.session): the
-        samples split into ``num_minibatches`` minibatches of datums whose weights carry the loss's
-        normalisation (within the minibatch), the reference's logprobs when there is a KL term,
-        then for each of ``ppo_epochs`` passes one ``forward_backward`` with the ``grpo`` loss and
-        one ``optim_step`` per minibatch. Passes after the first take the minibatches in a seeded
-        order. Metrics are token-weighted means over the updates (loss and grad_norm: plain means);
-        ``first_update_ratio_mean`` is the first update's, where the learner is still the sampler."""
-        from training.session import TrainingSession
-
-        config = self.config
-        rate = config.learning_rate if learning_rate is None else learning_rate
-        for sample, _ in samples:
-            _check_sample(sample)
+        metrics = update_samples(self._session, samples, update_metrics(), self.config, step=self.step + 1,
+                                 start=time.perf_counter())  # fmt: skip
         self.step += 1
-        metrics["learning_rate"] = rate
-        if not samples:
-            metrics["train_seconds"] = time.perf_counter() - start
-            return metrics
+        return metrics
+
+    def _session(self, metrics: dict[str, float]) -> Any:
+        """The session the update runs over: this trainer's, over every rank when the update is
+        data-parallel (training.distributed)."""
+        from training.session import TrainingSession
 
         session: Any = TrainingSession(self)
         if is_data_parallel():  # every rank runs this update on the same samples (training.distributed)
@@ -200,52 +145,7 @@ class Trainer:
 
             session = DataParallelSession(session)
             metrics["update_devices"] = float(session.world_size)
-        minibatches = [grpo_data(chunk, config) for chunk in split_evenly(samples, config.num_minibatches)]
-        if config.kl_coef > 0:
-            with torch.no_grad(), self.model.disable_adapter():
-                for data in minibatches:
-                    for datum, values in zip(data, session.forward(data), strict=True):
-                        datum.loss_fn_inputs["ref_logprobs"] = values
-        trained = [
-            float(sum(1 for d in data for w in d.loss_fn_inputs["weights"] if w != 0)) for data in minibatches
-        ]
-        loss_config = {"loss_type": config.loss_type, "epsilon": config.epsilon, "epsilon_high": config.epsilon_high,
-                       "importance_level": config.importance_level, "kl_coef": config.kl_coef}  # fmt: skip
-        order = random.Random(config.seed * 1_000_003 + self.step)
-        losses: list[float] = []
-        norms: list[float] = []
-        tokens, positions, padding = 0.0, 0.0, 0.0
-        sums = {name: 0.0 for name in ("entropy", "clip_fraction", "kl", "ratio_mean", "ratio_sq_mean")}
-        for epoch in range(config.ppo_epochs):
-            indices = list(range(len(minibatches)))
-            if epoch:
-                order.shuffle(indices)
-            for index in indices:
-                result = session.forward_backward(minibatches[index], "grpo", loss_config)
-                stepped = session.optim_step(learning_rate=rate, weight_decay=config.weight_decay)
-                if not losses:
-                    metrics["first_update_ratio_mean"] = result.metrics["ratio_mean"]
-                losses.append(result.loss)
-                norms.append(stepped["grad_norm"])
-                count = trained[index]
-                tokens += count
-                for name in sums:
-                    sums[name] += result.metrics[name] * count
-                positions += result.metrics["positions"]
-                padding += result.metrics["padding"]
-        means = {name: value / max(tokens, 1.0) for name, value in sums.items()}
-        metrics.update({name: means[name] for name in ("entropy", "clip_fraction", "kl", "ratio_mean")})
-        metrics["ratio_std"] = math.sqrt(max(means["ratio_sq_mean"] - means["ratio_mean"] ** 2, 0.0))
-        metrics["loss"] = sum(losses) / len(losses)
-        metrics["grad_norm"] = sum(norms) / len(norms)
-        metrics["optimizer_steps"] = float(len(losses))
-        metrics["trainable_tokens"] = float(sum(sample.trainable_tokens() for sample, _ in samples))
-        # What the forward passes computed: positions (each packed prompt once) and the share
-        # of them that was padding.
-        metrics["update_positions"] = positions
-        metrics["padding_fraction"] = padding / max(positions, 1.0)
-        metrics["train_seconds"] = time.perf_counter() - start
-        return metrics
+        return session
 
     def _micro_batches(
         self, samples: list[tuple[TrainSample, float]]
@@ -425,15 +325,3 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         trainer.step = int(state["step"])
         return trainer
-
-
-def _check_sample(sample: TrainSample) -> None:
-    if len(sample.completion_logprobs) != len(sample.completion_token_ids):
-        raise ValueError("a sample needs one logprob per completion token")
-    if not sample.prompt_token_ids:
-        raise ValueError("a sample needs a non-empty prompt")
-    if sample.completion_mask is not None:
-        if len(sample.completion_mask) != len(sample.completion_token_ids):
-            raise ValueError("a sample's completion_mask needs one entry per completion token")
-        if any(value not in (0, 1) for value in sample.completion_mask):
-            raise ValueError("a sample's completion_mask holds only 0 and 1")

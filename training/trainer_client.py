@@ -85,10 +85,12 @@ class TrainerServiceClient:
         tag: Any = ...,
         config: TrainConfig | None = None,
         lease_s: float = 60.0,
+        take: bool = False,
     ) -> RemoteSession:
         """The resident session, claimed (``tag``: only if it holds that state; 412 otherwise),
-        with ``config`` as its settings from now on."""
-        body: dict[str, Any] = {"holder": holder, "lease_s": lease_s}
+        with ``config`` as its settings from now on. ``take``: even from a holder whose lease still
+        runs (the caller holds the work the session is for, e.g. a run's claim in the database)."""
+        body: dict[str, Any] = {"holder": holder, "lease_s": lease_s, "take": take}
         if config is not None:
             body["config"] = config.to_dict()
         if tag is not ...:
@@ -131,9 +133,12 @@ class RemoteSession:
     def reset_optimizer(self) -> None:
         self._call("reset_optimizer")
 
-    def save_state(self, path: Path | str, *, step: int, metrics: dict[str, Any], tag: Any = ...) -> None:
+    def save_state(
+        self, path: Path | str, *, step: int, metrics: dict[str, Any], tag: Any = ...
+    ) -> dict[str, Any]:
+        """Saved under ``path``; the answer holds the live adapter's ``fingerprint``."""
         extra = {} if tag is ... else {"tag": tag}
-        self._call("save_state", path=str(path), step=step, metrics=metrics, **extra)
+        return self._call("save_state", path=str(path), step=step, metrics=metrics, **extra)
 
     def save_weights_for_sampler(self, path: Path | str) -> None:
         self._call("save_weights_for_sampler", path=str(path))

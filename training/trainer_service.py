@@ -11,13 +11,17 @@ claims and /stats answer at once.
 
 Routes (JSON; every route but /health needs the service token as a bearer token):
     POST   /sessions                       open: {session_id, base_model, config, lora, state?, tag?, holder, lease_s}
-    POST   /sessions/{id}/claim            {holder, lease_s, tag?, config?}: 404 unknown, 409 held, 412 another tag
+    POST   /sessions/{id}/claim            {holder, lease_s, tag?, config?, take?}: 404 unknown, 409 held (unless
+                                            take: the caller holds the work elsewhere, e.g. a run's claim
+                                            in the database), 412 another tag
     POST   /sessions/{id}/heartbeat        {holder, lease_s}
     POST   /sessions/{id}/forward          {holder, data, reference?: "base" | a checkpoint folder}
     POST   /sessions/{id}/forward_backward {holder, data, loss_fn, loss_fn_config}
-    POST   /sessions/{id}/sample           {holder, prompts: [[token ids]], sampling: {temperature, max_new_tokens, ...}}
+    POST   /sessions/{id}/sample           {holder, prompts: [[token ids]], sampling: {temperature, max_new_tokens, stop,
+                                            seed, top_logprobs, ...}}: choices (token_ids, logprobs, text,
+                                            finish_reason, top_logprobs) and the policy's stop_token_ids
     POST   /sessions/{id}/optim_step       {holder, learning_rate, beta1, beta2, eps, weight_decay, max_grad_norm}
-    POST   /sessions/{id}/save_state       {holder, path, step, metrics, tag?}
+    POST   /sessions/{id}/save_state       {holder, path, step, metrics, tag?}: the live adapter's fingerprint
     POST   /sessions/{id}/save_weights_for_sampler {holder, path}
     POST   /sessions/{id}/tag              {holder, tag}: what the session holds, as its holder says
     POST   /sessions/{id}/release          {holder}: the lease ends, the session stays resident
@@ -171,7 +175,7 @@ class TrainerService:
             if session_id not in self.pool:
                 raise ServiceError(404, f"no session {session_id!r} on this trainer", code="not_found")
             lease = self.leases.setdefault(session_id, Lease())
-            if lease.held_by_other(holder, self.clock()):
+            if lease.held_by_other(holder, self.clock()) and body.get("take") is not True:
                 raise ServiceError(409, f"session {session_id!r} is held by another holder", code="conflict")
             if "tag" in body and self.pool.tag(session_id) != body["tag"]:
                 raise ServiceError(412, f"session {session_id!r} holds another state than the one asked for",
@@ -228,8 +232,10 @@ class TrainerService:
                     return {"loss": result.loss, "metrics": result.metrics, "logprobs": result.logprobs}
                 if action == "sample":
                     choices = session.sample(_prompts(body), _sampling(body))
-                    return {"choices": [{"token_ids": c.token_ids, "logprobs": c.logprobs,
-                                         "finish_reason": c.finish_reason} for c in choices]}  # fmt: skip
+                    return {"choices": [{"token_ids": c.token_ids, "logprobs": c.logprobs, "text": c.text,
+                                         "finish_reason": c.finish_reason, "top_logprobs": c.top_logprobs}
+                                        for c in choices],
+                            "stop_token_ids": sorted(session.stop_token_ids())}  # fmt: skip
                 if action == "reset_optimizer":
                     session.reset_optimizer()
                     return {}
@@ -245,6 +251,8 @@ class TrainerService:
                     session.save_state(target, step=step, metrics=body.get("metrics") or {})
                     if "tag" in body:
                         self.pool.set_tag(session_id, body["tag"])
+                    # What the session holds now, for the holder to check against the saved files.
+                    return {"path": str(target), "fingerprint": session.live_fingerprint()}
                 else:
                     session.save_weights_for_sampler(target)
                 return {"path": str(target)}
@@ -328,7 +336,17 @@ def _sampling(body: dict[str, Any]) -> Any:
     from training.engines.base import SamplingParams
 
     given = body.get("sampling") or {}
-    allowed = {"temperature", "top_p", "top_k", "min_p", "max_new_tokens", "seed", "stop_token_ids"}
+    allowed = {
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "max_new_tokens",
+        "seed",
+        "stop_token_ids",
+        "stop",
+        "top_logprobs",
+    }
     if not isinstance(given, dict) or set(given) - allowed:
         raise ServiceError(400, f"sampling takes only {', '.join(sorted(allowed))}", param="sampling")
     try:

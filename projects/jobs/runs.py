@@ -8,6 +8,8 @@ owning the run at that step).
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +145,21 @@ def build_run_spec(run: Run) -> RunSpec:
         sandbox=services.sandbox_config(team_id=run.project.team_id),
         validation_rows=selectors.task_set_rows(task_set=task_set, split=Split.VALIDATION),
         objective=run.kind if run.kind in ("sft", "dpo") else "grpo",
+        trainer_service=run_trainer_service(run),
     )
+
+
+def run_trainer_service(run: Run) -> Any:
+    """Where ``run``'s session lives when the host has a trainer service (``TRAINER_SERVICE_URL``,
+    unless ``TRAINER_SERVICE_RUNS`` is off): a training.service_run.ServiceTarget held by this
+    worker process; None: it trains in this process."""
+    if not (settings.TRAINER_SERVICE_URL and settings.TRAINER_SERVICE_RUNS):
+        return None
+    from training.service_run import ServiceTarget
+    from training.trainer_client import TrainerServiceClient
+
+    client = TrainerServiceClient(settings.TRAINER_SERVICE_URL, token=settings.TRAINER_SERVICE_TOKEN)
+    return ServiceTarget(client, holder=f"{socket.gethostname()}:{os.getpid()}", session_id=f"run-{run.pk}")
 
 
 def _claim(run_id: int, worker: str) -> Run | None:

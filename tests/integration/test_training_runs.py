@@ -11,6 +11,7 @@ import pytest
 
 from projects import services
 from projects.models import Checkpoint, Run, RunEvent, RunStatus, StepMetrics, Trajectory
+from tests.conftest import trainer_service
 from tests.integration.conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -93,6 +94,51 @@ def test_run_succeeds_with_metrics_trajectories_and_checkpoint_files(start_worke
         assert {"adapter_model.safetensors", "adapter_config.json", "state.json"} <= files, files
     levels = set(RunEvent.objects.filter(run=run).values_list("level", flat=True))
     assert "error" not in levels
+
+
+def test_a_run_trains_on_the_hosts_trainer_service_and_survives_its_worker(start_worker, api, inputs, tmp_path,
+                                                                          tiny_model_dir):  # fmt: skip
+    """With a trainer service on the host (as under `manage.py up`), the run's session lives there:
+    the worker loads no model. The worker is SIGKILLed after step 2 while it holds the session's
+    lease; the next worker takes the session over (its claim on the run is the authority), resumes
+    from the last checkpoint, and every step is recorded once; the session is closed at the end."""
+    data_dir = tmp_path / "service-host"
+    with trainer_service(data_dir / "checkpoints", tiny_model_dir.parent, token="t-runs") as service:
+        env = {
+            "ARTWEB_DATA_DIR": str(data_dir),
+            "TRAINER_SERVICE_URL": service.url,
+            "TRAINER_SERVICE_TOKEN": "t-runs",
+        }
+        first = start_worker(**env)
+        run_id = create_run(api, inputs, "on-service", steps=5)
+        wait_for(
+            lambda: Run.objects.get(pk=run_id).current_step >= 2, timeout=180, what="two steps", worker=first
+        )
+        first.kill()
+        held = service.stats()["held"]
+        assert list(held) == [f"run-{run_id}"], held  # the dead worker's lease still runs
+        second = start_worker(**env)
+        wait_for(lambda: status_of(run_id) in TERMINAL, timeout=240, what="the resumed run", worker=second)
+        stats = service.stats()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.SUCCEEDED, (run.error, second.output()[-3000:])
+    assert run.attempts == 2
+    assert list(StepMetrics.objects.filter(run=run).order_by("step").values_list("step", flat=True)) == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+    assert [c.step for c in Checkpoint.objects.filter(model=run.model).order_by("step")] == list(range(6))
+    opened = RunEvent.objects.filter(
+        run=run, message__startswith=f"Opened session run-{run_id} on the trainer service"
+    )
+    assert opened.count() == 2
+    assert not RunEvent.objects.filter(
+        run=run, message__contains="Loaded base model"
+    ).exists()  # no model in the worker
+    assert stats["sessions"] == 0 and stats["base_loads"] == 1 and stats["primitives_run"] > 10, stats
 
 
 def test_a_two_device_run_takes_its_updates_data_parallel_and_survives_its_worker(start_worker, api, inputs):

@@ -18,3 +18,16 @@ from training.base_models import load_base_model  # noqa: E402
 def tiny_model(tiny_model_dir: Path):
     """A fresh (model, tokenizer) per test: the trainer modifies its base model in place."""
     return load_base_model(str(tiny_model_dir), cache_dir=tiny_model_dir.parent)
+
+
+@pytest.fixture
+def one_thread():
+    """Torch in this process on one thread, as a trainer service started by the tests runs: sums of
+    floats depend on how they are split between threads, so a bit-for-bit comparison between the
+    two sides needs the same split (restored afterwards)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -16,8 +16,9 @@ from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import build_environment
 from training.grpo import is_zero_variance
 from training.loop import RunSpec, run_training
+from training.minibatches import split_evenly
 from training.schedules import learning_rate_at
-from training.trainer import Trainer, split_evenly
+from training.trainer import Trainer
 from training.trajectory import Trajectory, longest_turn, overlong_penalty, to_train_group
 
 

@@ -159,7 +159,17 @@ WORDS = ["red", "blue", "green", "gold", "pink", "gray", "teal", "rust"]
 def run(
     tmp_path, tiny_model_dir, objective: str, rows: list[dict], validation: list[dict], **config
 ) -> MeteredHooks:
-    spec = RunSpec(
+    hooks = Hooks()
+    assert run_training(
+        supervised_spec(tmp_path, tiny_model_dir, objective, rows, validation, **config), hooks
+    ) == ("succeeded")
+    return hooks
+
+
+def supervised_spec(
+    tmp_path, tiny_model_dir, objective: str, rows: list[dict], validation: list[dict], **config
+) -> RunSpec:
+    return RunSpec(
         base_model_source=str(tiny_model_dir),
         model_cache_dir=tiny_model_dir.parent,
         checkpoint_root=tmp_path,
@@ -182,9 +192,6 @@ def run(
         resume_step=None,
         objective=objective,
     )
-    hooks = Hooks()
-    assert run_training(spec, hooks) == "succeeded"
-    return hooks
 
 
 class Hooks(MeteredHooks):

@@ -73,6 +73,15 @@ def test_a_lease_keeps_everyone_else_out_until_it_lapses(service, tiny_model_dir
     service.handle("POST", "/sessions/team-a/release", {"holder": "job-2"})
     assert service.stats()["held"] == {}
     assert service.handle("POST", "/sessions/team-a/claim", {"holder": "job-3"})[0] == 200
+    # A holder that owns the work elsewhere (a run claimed in the database) takes a running lease.
+    assert (
+        refused(service, "POST", "/sessions/team-a/claim", {"holder": "job-4", "take": "yes"}).status == 409
+    )
+    assert (
+        service.handle("POST", "/sessions/team-a/claim", {"holder": "job-4", "take": True})[1]["holder"]
+        == "job-4"
+    )
+    assert refused(service, "POST", "/sessions/team-a/forward", {"holder": "job-3", **forward}).status == 409
 
 
 def test_bad_requests_are_400s_naming_the_field_and_paths_stay_under_the_root(
@@ -108,7 +117,7 @@ def test_bad_requests_are_400s_naming_the_field_and_paths_stay_under_the_root(
     assert (tmp_path / "states" / "s-1" / "state.json").exists()
 
 
-def test_two_teams_over_http_train_exactly_as_each_alone(live_service, tiny_model_dir, tmp_path):
+def test_two_teams_over_http_train_exactly_as_each_alone(live_service, tiny_model_dir, tmp_path, one_thread):
     source = str(tiny_model_dir)
     with pytest.raises(TrainerServiceError) as caught:
         TrainerServiceClient(live_service.url, token="wrong").stats()

@@ -92,15 +92,7 @@ class TransformersEngine(Engine):
         self.grammars.check(grammar)
 
     def _stop_token_ids(self) -> set[int]:
-        ids = set()
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        generation_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        if isinstance(generation_eos, int):
-            ids.add(generation_eos)
-        elif isinstance(generation_eos, list):
-            ids.update(int(i) for i in generation_eos)
-        return ids
+        return stop_token_ids_of(self.model, self.tokenizer)
 
     def generate_from_tokens(
         self,
@@ -249,3 +241,16 @@ def _requires_grad_flags(model: torch.nn.Module) -> dict[str, bool]:
 def _restore_requires_grad(model: torch.nn.Module, flags: dict[str, bool]) -> None:
     for name, p in model.named_parameters():
         p.requires_grad_(flags.get(name, False))
+
+
+def stop_token_ids_of(model: Any, tokenizer: Any) -> set[int]:
+    """The ids that end a completion: the tokenizer's eos and the model's generation eos ids."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(generation_eos, int):
+        ids.add(generation_eos)
+    elif isinstance(generation_eos, list):
+        ids.update(int(i) for i in generation_eos)
+    return ids

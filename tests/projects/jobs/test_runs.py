@@ -3,6 +3,8 @@ splits, and the step a first attempt starts from and resumes."""
 
 from __future__ import annotations
 
+import os
+
 from projects import services
 from projects.jobs.runs import build_run_spec
 
@@ -42,3 +44,15 @@ def test_a_first_attempt_starts_from_and_resumes_the_models_latest_checkpoint(al
     assert run is not None and run.attempts == 1
     spec = build_run_spec(run)
     assert (spec.start_step, spec.resume_step) == (3, 3)
+
+
+def test_with_a_trainer_service_on_the_host_the_runs_session_goes_there(alpha_setup, settings):
+    settings.TRAINER_SERVICE_URL, settings.TRAINER_SERVICE_TOKEN = "http://127.0.0.1:8299/", "t-1"
+    run = _run(alpha_setup)
+    target = build_run_spec(run).trainer_service
+    assert target.session_id == f"run-{run.pk}" and target.client.url == "http://127.0.0.1:8299"
+    assert target.client.token == "t-1" and target.holder.endswith(f":{os.getpid()}")
+    settings.TRAINER_SERVICE_RUNS = False
+    assert build_run_spec(run).trainer_service is None
+    settings.TRAINER_SERVICE_RUNS, settings.TRAINER_SERVICE_URL = True, ""
+    assert build_run_spec(run).trainer_service is None
