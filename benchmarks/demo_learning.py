@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -93,8 +94,9 @@ class MemoryHooks:
 
 
 def demo_run(*, steps: int, seed: int, cache_dir: Path, model: str = BUNDLED_MODEL,
-             overrides: dict[str, Any] | None = None, echo: bool = True) -> MemoryHooks:  # fmt: skip
-    """One demo run of ``steps`` steps; its hooks hold the evaluations at step 0 and ``steps``."""
+             overrides: dict[str, Any] | None = None, echo: bool = True, service: Any = None) -> MemoryHooks:  # fmt: skip
+    """One demo run of ``steps`` steps; its hooks hold the evaluations at step 0 and ``steps``.
+    ``service``: a trainer service's client the run's session lives on (training.service_run)."""
     train, validation = demo_rows()
     config = TrainConfig.from_dict({**RUN_CONFIG, **(overrides or {}), "steps": steps, "seed": seed})
     spec = RunSpec(
@@ -110,6 +112,10 @@ def demo_run(*, steps: int, seed: int, cache_dir: Path, model: str = BUNDLED_MOD
         resume_step=None,
         validation_rows=validation,
     )
+    if service is not None:
+        from training.service_run import ServiceTarget
+
+        spec.trainer_service = ServiceTarget(service, holder="demo-learning", session_id=f"run-{seed}")
     hooks = MemoryHooks(echo=echo)
     run_training(spec, hooks)
     return hooks
@@ -156,6 +162,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="JSON hyperparameters over the demo's, e.g. '{\"ppo_epochs\": 2}'",
     )
     parser.add_argument("--checkpoint", type=Path, nargs="*", help="only evaluate these checkpoint folders")
+    parser.add_argument(
+        "--service", action="store_true", help="the runs' sessions on a trainer service (a child process)"
+    )
     arguments = parser.parse_args(argv)
     torch.set_num_threads(arguments.threads)
     if arguments.checkpoint:
@@ -171,31 +180,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "config": {**RUN_CONFIG, **arguments.overrides},
         "seeds": {},
     }
-    for seed in arguments.seeds:
-        started = time.monotonic()
-        overrides = dict(arguments.overrides)
-        if arguments.learning_rate:
-            overrides["learning_rate"] = arguments.learning_rate
-        hooks = demo_run(
-            steps=arguments.steps,
-            seed=seed,
-            cache_dir=arguments.cache_dir,
-            model=arguments.model,
-            overrides=overrides,
-        )
-        before, after = hooks.evaluations[0], hooks.evaluations[arguments.steps]
-        report["seeds"][seed] = {
-            "before": before["reward_mean"],
-            "after": after["reward_mean"],
-            "seconds": round(time.monotonic() - started, 1),
-            "curve": [round(s["reward_mean"], 3) for s in hooks.steps],
-            "replies_before": before["replies"],
-            "replies_after": after["replies"],
-        }
-        print(json.dumps({"seed": seed, **report["seeds"][seed]}), flush=True)
-        if arguments.json:
-            arguments.json.write_text(json.dumps(report, indent=2))
+    with contextlib.ExitStack() as stack:
+        service = stack.enter_context(_service(arguments)) if arguments.service else None
+        for seed in arguments.seeds:
+            _one_seed(arguments, seed, report, service)
     return report
+
+
+@contextlib.contextmanager
+def _service(arguments: argparse.Namespace) -> Any:
+    """A trainer service rooted at the temporary folder (where the runs' checkpoints go)."""
+    from benchmarks.resident_jobs import start_service
+
+    process, client = start_service(Path(tempfile.gettempdir()), arguments.cache_dir, arguments.threads)
+    try:
+        yield client
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _one_seed(arguments: argparse.Namespace, seed: int, report: dict[str, Any], service: Any) -> None:
+    started = time.monotonic()
+    overrides = dict(arguments.overrides)
+    if arguments.learning_rate:
+        overrides["learning_rate"] = arguments.learning_rate
+    hooks = demo_run(
+        steps=arguments.steps,
+        seed=seed,
+        cache_dir=arguments.cache_dir,
+        model=arguments.model,
+        overrides=overrides,
+        service=service,
+    )
+    before, after = hooks.evaluations[0], hooks.evaluations[arguments.steps]
+    report["seeds"][seed] = {
+        "before": before["reward_mean"],
+        "after": after["reward_mean"],
+        "seconds": round(time.monotonic() - started, 1),
+        "curve": [round(s["reward_mean"], 3) for s in hooks.steps],
+        "replies_before": before["replies"],
+        "replies_after": after["replies"],
+    }
+    print(json.dumps({"seed": seed, **report["seeds"][seed]}), flush=True)
+    if arguments.json:
+        arguments.json.write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -253,7 +253,12 @@ def start_service_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any
     current = spec.start_step if spec.resume_step is None else spec.resume_step
     state = None if spec.resume_step is None else checkpoint_path(spec.checkpoint_root, current)
     session = open_session(target, spec, state)
-    tokenizer = load_tokenizer(spec.base_model_source, spec.model_cache_dir)
+    try:  # the tokenizer after the session: the service converts the bundled model on first use
+        tokenizer = load_tokenizer(spec.base_model_source, spec.model_cache_dir)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            session.close()
+        raise
     trainer = ServiceTrainer(session, tokenizer, spec.config, spec.lora, step=0 if state is None else current)
     hooks.event(
         f"Opened session {target.session_id} on the trainer service in {time.monotonic() - started:.1f}s"
@@ -262,7 +267,11 @@ def start_service_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any
         path = checkpoint_path(spec.checkpoint_root, current)
         if path.exists():  # left by a worker that died before recording it
             shutil.rmtree(path)
-        trainer.save_checkpoint(path, step=current, metrics={})
+        try:
+            trainer.save_checkpoint(path, step=current, metrics={})
+        except BaseException:
+            trainer.close()
+            raise
         hooks.record_checkpoint(step=current, path=path, metrics={})
     elif current == spec.start_step:
         hooks.event(f"Loaded checkpoint step {current}: training continues from it")

@@ -147,7 +147,7 @@ class ServiceTrainer:
     def close(self) -> None:
         """End the heartbeats and free the session on the service (gone already: nothing to do)."""
         self._alive.__exit__(None, None, None)
-        with contextlib.suppress(SessionLost, TrainerServiceError):
+        with contextlib.suppress(SessionLost, TrainerServiceError, OSError):
             self.session.close()
 
 

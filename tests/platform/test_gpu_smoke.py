@@ -45,7 +45,7 @@ def test_it_installs_from_the_gpu_lock_and_reads_metrics_the_loop_records():
     assert re.search(r"^install-python: \$\(STAMP\)$", makefile, re.M)
     assert re.search(r"^test-gpu: install-python$", makefile, re.M)
     recorded = "".join(
-        (ROOT / "training" / name).read_text() for name in ("loop.py", "run_steps.py", "trainer.py")
+        (ROOT / "training" / name).read_text() for name in ("loop.py", "run_steps.py", "grpo_update.py")
     )
     for key in ("rollout_seconds", "train_seconds", "sync_seconds", "step_seconds", "tokens_per_second"):
         assert f'"{key}"' in script, key
