@@ -110,7 +110,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         one_side(args)
         return {}
     cache, source = prepared_model(args)
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}  # as `manage.py up` runs its torch processes, unless set
+    env = {
+        "OMP_WAIT_POLICY": "PASSIVE",
+        **os.environ,
+    }  # as `manage.py up` runs its torch processes, unless set
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
