@@ -58,7 +58,8 @@ class ServiceTarget:
 
 
 def service_refusal(spec: Any) -> str | None:
-    """Why ``spec``'s run trains in the worker rather than on the trainer service; None: it may not."""
+    """Why ``spec``'s run trains in the worker rather than on the trainer service; None when it
+    trains there."""
     from training.engines import select_engine_kind
 
     config = spec.config

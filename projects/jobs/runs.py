@@ -158,7 +158,10 @@ def run_trainer_service(run: Run) -> Any:
     from training.service_run import ServiceTarget
     from training.trainer_client import TrainerServiceClient
 
-    client = TrainerServiceClient(settings.TRAINER_SERVICE_URL, token=settings.TRAINER_SERVICE_TOKEN)
+    # A step's rollouts are one call: on a CPU host a large batch may take many minutes.
+    client = TrainerServiceClient(
+        settings.TRAINER_SERVICE_URL, token=settings.TRAINER_SERVICE_TOKEN, timeout_s=3600
+    )
     return ServiceTarget(client, holder=f"{socket.gethostname()}:{os.getpid()}", session_id=f"run-{run.pk}")
 
 

@@ -52,6 +52,7 @@ def test_with_a_trainer_service_on_the_host_the_runs_session_goes_there(alpha_se
     target = build_run_spec(run).trainer_service
     assert target.session_id == f"run-{run.pk}" and target.client.url == "http://127.0.0.1:8299"
     assert target.client.token == "t-1" and target.holder.endswith(f":{os.getpid()}")
+    assert target.client.timeout_s == 3600  # a step's rollouts are one call
     settings.TRAINER_SERVICE_RUNS = False
     assert build_run_spec(run).trainer_service is None
     settings.TRAINER_SERVICE_RUNS, settings.TRAINER_SERVICE_URL = True, ""
