@@ -29,6 +29,7 @@ from typing import Any
 from django.conf import settings
 
 from projects import services
+from projects.errors import DomainError
 from projects.models import Checkpoint, TinkerFuture, TinkerFutureStatus, TinkerModel, TinkerSampler
 from projects.storage import checkpoint_local_dir, checkpoint_upload
 from training.config import LoraSpec, TrainConfig
@@ -296,7 +297,12 @@ def _save(model: TinkerModel, future: TinkerFuture) -> dict[str, Any]:
 def _load(model: TinkerModel, payload: dict[str, Any]) -> dict[str, Any]:
     from projects.tinker.paths import checkpoint_for_path
 
-    checkpoint = checkpoint_for_path(model.session.team, payload.get("path") or "", param="path")
+    try:
+        checkpoint = checkpoint_for_path(
+            model.session.team, payload.get("path") or "", param="path", public=True
+        )
+    except DomainError as exc:  # unpublished or deleted since the request was accepted
+        raise RequestFailed(str(exc)) from None
     if checkpoint.model.base_model_id != model.model.base_model_id:
         raise RequestFailed(f"{payload.get('path')} is a checkpoint of {checkpoint.model.base_model.name}, "
                             f"not of {model.model.base_model.name}")  # fmt: skip
@@ -314,8 +320,8 @@ def _load(model: TinkerModel, payload: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- sampling
 def sample(future_pk: str) -> None:
-    future = TinkerFuture.objects.get(pk=future_pk)
-    if future.status != TinkerFutureStatus.PENDING:
+    future = TinkerFuture.objects.filter(pk=future_pk).first()
+    if future is None or future.status != TinkerFutureStatus.PENDING:  # gone with its team, or cancelled
         return
     started = time.monotonic()
     try:
@@ -334,9 +340,16 @@ def _sample(future: TinkerFuture) -> bytes:
     from projects.jobs.training_jobs import resident_sessions
 
     payload = future.payload
-    sampler = TinkerSampler.objects.select_related("base_model", "checkpoint__model").get(
+    sampler = TinkerSampler.objects.select_related("base_model", "checkpoint__model__project").get(
         pk=payload["sampler"]
     )
+    if sampler.checkpoint is not None and sampler.checkpoint.model.project.team_id != future.team_id:
+        from projects.tinker.paths import checkpoint_for_path
+
+        try:  # another team's published checkpoint: still published?
+            checkpoint_for_path(future.team, sampler.model_path, param="model_path", public=True)
+        except DomainError as exc:
+            raise RequestFailed(str(exc)) from None
     prompt = model_input_tokens(payload.get("prompt"), "prompt")
     params = payload.get("sampling_params") or {}
     stop = params.get("stop")

@@ -69,6 +69,7 @@ class TinkerFutureStatus(models.TextChoices):
     PENDING = "pending"
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"  # a sample its client abandoned (cancel_future)
 
 
 class TinkerFuture(models.Model):

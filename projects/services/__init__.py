@@ -163,10 +163,12 @@ from projects.services.teams import (
 from projects.services.tinker import (
     lora_of,
     tinker_checkpoint_forget,
+    tinker_checkpoint_publish,
     tinker_checkpoint_record,
     tinker_drain_claim,
     tinker_drain_release,
     tinker_export_ttl,
+    tinker_future_cancel,
     tinker_future_finish,
     tinker_future_submit,
     tinker_loss_add,
@@ -181,6 +183,7 @@ from projects.services.tinker import (
     tinker_session_finish,
     tinker_session_heartbeat,
     tinker_step_record,
+    tinker_weights_copy,
 )
 from projects.services.training_jobs import (
     ART_OPTIONS,
@@ -199,10 +202,12 @@ from projects.services.training_jobs import (
 __all__ = [
     "lora_of",
     "tinker_checkpoint_forget",
+    "tinker_checkpoint_publish",
     "tinker_export_ttl",
     "tinker_checkpoint_record",
     "tinker_drain_claim",
     "tinker_drain_release",
+    "tinker_future_cancel",
     "tinker_future_finish",
     "tinker_future_submit",
     "tinker_loss_add",
@@ -213,6 +218,7 @@ __all__ = [
     "tinker_model_opened",
     "tinker_request_id",
     "tinker_sampler_create",
+    "tinker_weights_copy",
     "tinker_session_create",
     "tinker_session_finish",
     "tinker_session_heartbeat",

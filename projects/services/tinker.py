@@ -61,8 +61,8 @@ def tinker_session_create(
     sdk_version: str,
 ) -> TinkerSession:
     """A session in ``project`` (an existing project of the team, by name) or the team's
-    ``tinker`` project (created on first use)."""
-    if project:
+    ``tinker`` project (created on first use, whether named or not)."""
+    if project and project != TINKER_PROJECT:
         owner = Project.objects.filter(team=team, name=project).first()
         if owner is None:
             raise NotFound(f"no project named {project!r} in your team", field="project_id")
@@ -158,6 +158,11 @@ def tinker_future_submit(
             raise ValidationFailed("training requests need a seq_id of 1 or more", field="seq_id")
         if model.lost:
             raise ValidationFailed(model.lost, field="model_id")
+        if model.run.config.get("copied_from"):
+            raise ValidationFailed(
+                f"{model.pk} is a copy of {model.run.config['copied_from']} (copy_weights) and is not trained: "
+                "create a training client from its path", field="model_id",
+            )  # fmt: skip
         existing = TinkerFuture.objects.filter(model=model, seq_id=seq_id).first()
         if existing is not None:
             return existing
@@ -210,7 +215,14 @@ def tinker_future_finish(
     *, future: TinkerFuture, result: dict[str, Any] | None = None, blob: bytes | None = None,
     error: str = "", category: str = "user", seconds: float | None = None,
 ) -> None:  # fmt: skip
-    """The future's outcome; a training request also moves its model's ``done_seq`` on."""
+    """The future's outcome; a training request also moves its model's ``done_seq`` on. A sample
+    its client cancelled meanwhile stays cancelled (its result is dropped)."""
+    if future.model_id is None:
+        TinkerFuture.objects.filter(pk=future.pk, status=TinkerFutureStatus.PENDING).update(
+            status=TinkerFutureStatus.FAILED if error else TinkerFutureStatus.DONE, result=result, blob=blob,
+            error=error[:4000], category=category if error else "", seconds=seconds, finished_at=timezone.now(),
+        )  # fmt: skip
+        return
     with transaction.atomic():
         future.status = TinkerFutureStatus.FAILED if error else TinkerFutureStatus.DONE
         future.result, future.blob, future.error = result, blob, error[:4000]
@@ -225,6 +237,26 @@ def tinker_future_finish(
                 TinkerModel.objects.filter(pk=future.model_id).update(
                     pending_seconds=F("pending_seconds") + seconds
                 )
+
+
+CANCELLED_MESSAGE = "cancelled by its client (cancel_future)"
+
+
+def tinker_future_cancel(*, future: TinkerFuture) -> bool:
+    """``cancel_future``: a sample its client abandoned. Still queued, it never runs; running, it
+    runs to its end and its result is dropped. A training request is never cancelled (a client's
+    requests run in order, each on the state the one before left). True when it was pending."""
+    if future.model_id is not None:
+        raise ValidationFailed("only a sampling request can be cancelled: a training client's requests "
+                               "run in order, each on the state the one before left", field="request_id")  # fmt: skip
+    return bool(
+        TinkerFuture.objects.filter(pk=future.pk, status=TinkerFutureStatus.PENDING).update(
+            status=TinkerFutureStatus.CANCELLED,
+            error=CANCELLED_MESSAGE,
+            category="user",
+            finished_at=timezone.now(),
+        )  # fmt: skip
+    )
 
 
 def tinker_drain_claim(*, model: TinkerModel, holder: str) -> bool:
@@ -357,9 +389,82 @@ def tinker_checkpoint_forget(*, checkpoint: Checkpoint, name: str, expired: bool
     names.pop(name, None)
     exports = {label: record for label, record in checkpoint.metrics.get("tinker_exports", {}).items()
                if label != name}  # fmt: skip
-    checkpoint.metrics = {**checkpoint.metrics, "tinker_names": names, "tinker_exports": exports}
+    public = [label for label in checkpoint.metrics.get("tinker_public", []) if label != name]
+    checkpoint.metrics = {**checkpoint.metrics, "tinker_names": names, "tinker_exports": exports,
+                          "tinker_public": public}  # fmt: skip
     checkpoint.save(update_fields=["metrics"])
     return False
+
+
+def tinker_checkpoint_publish(*, checkpoint: Checkpoint, name: str, public: bool) -> None:
+    """Make the name ``name`` of ``checkpoint`` public (every team of this artweb may read it by its
+    tinker path: load it, sample it, copy it) or private again. Publishing a public name (or
+    unpublishing a private one) is a 400: the SDK retries a 409 as if it could clear up."""
+    with transaction.atomic():
+        checkpoint = Checkpoint.objects.select_for_update().get(pk=checkpoint.pk)
+        labels = list(checkpoint.metrics.get("tinker_public", []))
+        if (name in labels) == public:
+            raise ValidationFailed(f"{name} is already {'public' if public else 'private'}",
+                                   field="checkpoint_id")  # fmt: skip
+        labels = sorted({*labels, name}) if public else [label for label in labels if label != name]
+        checkpoint.metrics = {**checkpoint.metrics, "tinker_public": labels}
+        checkpoint.save(update_fields=["metrics"])
+
+
+def tinker_weights_copy(
+    *, team: Team, source: Checkpoint, source_path: str, session: TinkerSession | None, model_seq_id: int | None,
+    project: str | None, ttl_seconds: int | None, idempotency_key: str = "",
+) -> str:  # fmt: skip
+    """``copy_weights``: a new training client in the caller's ``session`` (slot ``model_seq_id``) or
+    ``project`` whose step 0 is a copy of ``source`` (its own object in the checkpoint store:
+    deleting the source later leaves it whole), under the source's kind and name. A copy cannot be
+    trained on (its client's training requests are refused); load it into a training client. The
+    same ``idempotency_key`` (the SDK's ``X-Idempotency-Key``) gets the first copy's path again."""
+    from projects.services.run_forks import checkpoint_fork
+    from projects.tinker.exports import export_record
+    from projects.tinker.paths import SCHEME
+
+    if idempotency_key:
+        earlier = (
+            TinkerModel.objects.filter(session__team=team, run__config__copy_idempotency_key=idempotency_key)
+            .select_related("run")
+            .first()
+        )
+        if earlier is not None:
+            return str(earlier.run.config["copy_path"])
+    if session is None:
+        session = tinker_session_create(team=team, project=project, tags=["copy_weights"], user_metadata=None,
+                                        sdk_version="")  # fmt: skip
+        model_seq_id = 0
+    assert model_seq_id is not None
+    model_id = f"{session.id}:train:{model_seq_id}"
+    if TinkerModel.objects.filter(pk=model_id).exists():
+        raise ValidationFailed(f"the session already has a training client in slot {model_seq_id}",
+                               field="model_seq_id")  # fmt: skip
+    _, kind, name = source_path[len(SCHEME) :].split("/", 2)
+    label = f"{kind}/{name}" if kind in ("weights", "sampler_weights") else (
+        f"weights/step-{name}" if kind == "step" else f"weights/{name}")  # fmt: skip
+    copy_path = f"{SCHEME}{model_id}/{label}"
+
+    def start(model: Any) -> Run:
+        now = timezone.now()
+        run = Run.objects.create(
+            kind=RunKind.TINKER, project=session.project, model=model, status=RunStatus.SUCCEEDED,
+            config={"copied_from": source_path, "copy_path": copy_path, "copy_idempotency_key": idempotency_key},
+            start_step=0, current_step=0, total_steps=0, started_at=now, finished_at=now, heartbeat_at=now,
+        )  # fmt: skip
+        run_event_add(run=run, message=f"Copied from {source_path} (copy_weights) as {copy_path}; "
+                      "a copy is not trained: load it into a training client")  # fmt: skip
+        client = TinkerModel.objects.create(id=model_id, session=session, model=model, run=run)
+        tinker_checkpoint_record(
+            model=client, step=0, path="", stored=None, name=label,
+            export=export_record(recipients=None, ttl_seconds=ttl_seconds) if ttl_seconds else None,
+        )  # fmt: skip
+        return run
+
+    checkpoint_fork(source=source, project=session.project, name=f"{session.id}-train-{model_seq_id}",
+                    config={}, start=start, field="source_path")  # fmt: skip
+    return copy_path
 
 
 def tinker_names_expire() -> int:

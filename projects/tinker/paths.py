@@ -1,5 +1,6 @@
 """``tinker://{training client}/{weights|sampler_weights|external_weights}/{name}``: the checkpoints a team saved
-through the Tinker API, and any platform checkpoint as ``tinker://{project}/{model}/step/{N}``."""
+through the Tinker API, and any platform checkpoint as ``tinker://{project}/{model}/step/{N}``. A name
+its team published is readable by every team of this artweb; nothing else crosses teams."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from projects.models import Checkpoint, Team, TinkerModel
 SCHEME = "tinker://"
 
 
-def checkpoint_for_path(team: Team, path: str, *, param: str) -> Checkpoint:
-    """The team's checkpoint ``path`` names (another team's is a 404, as a missing one is)."""
+def checkpoint_for_path(team: Team, path: str, *, param: str, public: bool = False) -> Checkpoint:
+    """The team's checkpoint ``path`` names (another team's is a 404, as a missing one is). With
+    ``public``, for reading it (loading, sampling, copying, weights info): also a name another team
+    published (``publish_checkpoint_from_tinker_path``)."""
     if not isinstance(path, str) or not path.startswith(SCHEME):
         raise ValidationFailed(f"must be a tinker:// path, got {path!r}", field=param)
     owner, _, rest = path[len(SCHEME) :].partition("/")
@@ -29,15 +32,21 @@ def checkpoint_for_path(team: Team, path: str, *, param: str) -> Checkpoint:
             step=int(name) if name.isdigit() else -1,
         ).select_related("model__base_model").first()  # fmt: skip
     elif kind in ("weights", "sampler_weights", "external_weights"):
-        tinker = TinkerModel.objects.filter(pk=owner, session__team=team).first()
+        tinker = TinkerModel.objects.filter(pk=owner).select_related("session").first()
         checkpoint = None
-        if tinker is not None:
+        if tinker is not None and (public or tinker.session.team_id == team.pk):
             for candidate in Checkpoint.objects.filter(model=tinker.model).select_related(
                 "model__base_model"
             ):
                 if f"{kind}/{name}" in candidate.metrics.get("tinker_names", {}):
                     checkpoint = candidate
                     break
+            if (
+                checkpoint is not None
+                and tinker.session.team_id != team.pk
+                and not is_public(checkpoint, f"{kind}/{name}")
+            ):
+                checkpoint = None
     else:
         raise ValidationFailed(
             f"{path!r}: the kind is weights, sampler_weights, external_weights or step, not {kind!r}",
@@ -54,3 +63,8 @@ def name_expiry(checkpoint: Checkpoint, label: str) -> datetime.datetime | None:
     """When the name ``label`` (``weights/x`` …) of ``checkpoint`` expires (its TTL), if ever."""
     raw = checkpoint.metrics.get("tinker_exports", {}).get(label, {}).get("expires_at")
     return datetime.datetime.fromisoformat(raw) if raw else None
+
+
+def is_public(checkpoint: Checkpoint, label: str) -> bool:
+    """Whether the name ``label`` (``weights/x`` …) of ``checkpoint`` was published."""
+    return label in checkpoint.metrics.get("tinker_public", [])

@@ -12,11 +12,22 @@ from django.views.decorators.csrf import csrf_exempt
 
 from projects import services
 from projects.access import TeamAccess
-from projects.errors import Conflict, ValidationFailed
-from projects.models import Checkpoint, TinkerModel
+from projects.errors import Conflict, NotFound, ValidationFailed
+from projects.models import Checkpoint, Project, TinkerModel
+from projects.services.tinker import TINKER_PROJECT
 from projects.tinker import exports
-from projects.tinker.paths import checkpoint_for_path, name_expiry
-from projects.tinker.views import _checked_name, _error, _json, _model, _submit, _text, endpoint
+from projects.tinker.paths import SCHEME, checkpoint_for_path, is_public, name_expiry
+from projects.tinker.views import (
+    _checked_name,
+    _error,
+    _json,
+    _model,
+    _session,
+    _submit,
+    _text,
+    endpoint,
+    no_access_tokens,
+)
 
 # ---------------------------------------------------------------------- checkpoints
 _KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
@@ -37,7 +48,7 @@ def _rows_of(model_id: str, checkpoint: Checkpoint) -> list[dict[str, Any]]:
         rows.append({
             "checkpoint_id": label, "checkpoint_type": _KINDS.get(label.partition("/")[0], "sampler"),
             "time": checkpoint.created_at.isoformat(), "tinker_path": f"tinker://{model_id}/{label}",
-            "size_bytes": checkpoint.size_bytes or None, "public": False,
+            "size_bytes": checkpoint.size_bytes or None, "public": is_public(checkpoint, label),
             "expires_at": expiry.isoformat() if expiry else None,
         })  # fmt: skip
     return rows
@@ -135,20 +146,63 @@ def _int_param(request: HttpRequest, name: str, default: int, low: int, high: in
 @endpoint("POST")
 def weights_info(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     """``RestClient.get_weights_info_by_tinker_path``: what loading the checkpoint needs."""
-    checkpoint = checkpoint_for_path(access.team, _text(_json(request), "tinker_path"), param="tinker_path")
+    path = _text(_json(request), "tinker_path")
+    checkpoint = checkpoint_for_path(access.team, path, param="tinker_path", public=True)
     lora = checkpoint.model.lora or {}
     return {"base_model": checkpoint.model.base_model.name, "is_lora": True, "lora_rank": lora.get("rank"),
             "train_unembed": False, "train_mlp": True, "train_attn": True}  # fmt: skip
 
 
+@endpoint("POST", "DELETE", write=True)
+def checkpoint_publish(
+    request: HttpRequest, access: TeamAccess, model_id: str, kind: str, name: str
+) -> HttpResponse:
+    """``publish_checkpoint_from_tinker_path`` (POST) and ``unpublish_…`` (DELETE): a public name is
+    readable by every team of this artweb by its tinker path (``load_state``, a sampling client,
+    ``copy_weights``, weights info); only its own team lists, deletes, exports or re-times it."""
+    if kind not in ("weights", "sampler_weights"):
+        raise ValidationFailed("only weights and sampler_weights are published (an export is shared by its "
+                               "signed URLs)", field="checkpoint_id")  # fmt: skip
+    label = f"{kind}/{name}"
+    checkpoint = checkpoint_for_path(
+        access.team, f"{SCHEME}{_model(access, model_id).pk}/{label}", param="checkpoint_id"
+    )
+    services.tinker_checkpoint_publish(checkpoint=checkpoint, name=label, public=request.method == "POST")
+    return HttpResponse(status=204)
+
+
+@endpoint("POST", write=True)
+def copy_weights(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    """``RestClient.copy_weights``: the checkpoint (the team's, or a published one) copied into a
+    session's slot or a project of the team, as a training client that is not trained on."""
+    body = _json(request)
+    no_access_tokens(request, body)
+    source_path = _text(body, "source_path")
+    source = checkpoint_for_path(access.team, source_path, param="source_path", public=True)
+    exports.check_ttl(body.get("ttl_seconds"))
+    session, seq, project = None, body.get("model_seq_id"), body.get("destination_project_id")
+    if body.get("session_id"):
+        session = _session(access, body["session_id"])
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+            raise ValidationFailed("must be an integer of 0 or more with a session_id", field="model_seq_id")
+    elif not isinstance(project, str) or not project:
+        raise ValidationFailed("name the project of your team that gets the copy (or a session_id and "
+                               "model_seq_id)", field="destination_project_id")  # fmt: skip
+    elif project != TINKER_PROJECT and not Project.objects.filter(team=access.team, name=project).exists():
+        raise NotFound(f"no project named {project!r} in your team", field="destination_project_id")
+    path = services.tinker_weights_copy(
+        team=access.team, source=source, source_path=source_path, session=session, model_seq_id=seq,
+        project=project, ttl_seconds=body.get("ttl_seconds"),
+        idempotency_key=request.headers.get("X-Idempotency-Key", "")[:200],
+    )  # fmt: skip
+    return {"tinker_path": path}
+
+
 # What the SDK can call that artweb does not offer: a 400 the SDK raises at once (never a retry).
 NOT_OFFERED = {
-    "cancel_future": "cancelling a request (it runs in its turn; its result is discarded if unread)",
-    "copy_weights": "copying a checkpoint into another project (load it with load_state instead)",
     "retrieve_futures": "the batched poll (the client config switches it off)",
     "join_sampling_session": "joining a sampling session (the client config switches it off)",
     "create_custom_loss": "server-side custom losses (the SDK runs forward_backward_custom itself)",
-    "publish": "public checkpoints (a checkpoint is its team's; share it through a team)",
     "sessions": "listing and searching sessions (the dashboard lists every Tinker run)",
     "trace_export": "session traces",
     "project": "moving a session to another project",

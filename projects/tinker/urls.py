@@ -11,12 +11,9 @@ urlpatterns = [
     *[
         path(route, rest.not_offered, {"what": what})
         for route, what in (
-            ("cancel_future", "cancel_future"),
-            ("copy_weights", "copy_weights"),
             ("retrieve_futures", "retrieve_futures"),
             ("join_sampling_session", "join_sampling_session"),
             ("create_custom_loss", "create_custom_loss"),
-            ("training_runs/<str:model_id>/checkpoints/<str:kind>/<str:name>/publish", "publish"),
             ("sessions", "sessions"),
             ("sessions/search", "sessions"),
             ("sessions/<str:session_id>/trace_export", "trace_export"),
@@ -46,6 +43,9 @@ urlpatterns = [
     path("samplers/<str:sampler_id>", views.sampler_detail),
     path("asample", views.asample),
     path("retrieve_future", views.retrieve_future),
+    path("cancel_future", views.cancel_future),
+    path("copy_weights", rest.copy_weights),
+    path("training_runs/<str:model_id>/checkpoints/<str:kind>/<str:name>/publish", rest.checkpoint_publish),
     path("training_runs", rest.training_runs),
     path("training_runs/<str:model_id>", rest.training_run_detail),
     path("training_runs/<str:model_id>/checkpoints", rest.training_run_checkpoints),

@@ -173,9 +173,8 @@ def client_config(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
 
 @endpoint("POST")
 def client_dynamic_config(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
-    """The flags the SDK re-reads while it runs: no cancel requests for abandoned samples (a sample
-    runs to its end; its result is dropped unread)."""
-    return {"refresh_interval_sec": 300, "sample_cancel_enabled": False, "sample_cancel_max_batch_size": 64}
+    """The flags the SDK re-reads while it runs: an abandoned sample is cancelled (``cancel_future``)."""
+    return {"refresh_interval_sec": 300, "sample_cancel_enabled": True, "sample_cancel_max_batch_size": 64}
 
 
 @endpoint("POST")
@@ -353,7 +352,8 @@ def _checked_name(body: dict[str, Any]) -> dict[str, Any]:
 @endpoint("POST", write=True)
 def load_weights(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     body = _json(request)
-    checkpoint = checkpoint_for_path(access.team, str(body.get("path") or ""), param="path")
+    no_access_tokens(request, body)
+    checkpoint = checkpoint_for_path(access.team, str(body.get("path") or ""), param="path", public=True)
     if body.get("model_id"):
         return _submit(access, "load_weights", body)
     # Create-via-load: a new training client from the checkpoint (its base model and LoRA shape).
@@ -369,6 +369,13 @@ def load_weights(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
         team=access.team, kind="load_weights", model=model, seq_id=0, payload=body
     )
     return _future_reply(future, model)
+
+
+def no_access_tokens(request: HttpRequest, body: dict[str, Any]) -> None:
+    """A weights access token (another account's checkpoint) is not how artweb crosses teams."""
+    if body.get("weights_access_token") or request.headers.get("X-Tinker-Weights-Access-Token"):
+        raise ValidationFailed("is not offered: another team's checkpoint is readable once its team publishes "
+                               "it (publish_checkpoint_from_tinker_path)", field="weights_access_token")  # fmt: skip
 
 
 # ---------------------------------------------------------------------- sampling
@@ -387,7 +394,7 @@ def _sampler_for(
 ) -> TinkerSampler:
     path = body.get("model_path")
     if path:
-        checkpoint = checkpoint_for_path(access.team, path, param="model_path")
+        checkpoint = checkpoint_for_path(access.team, path, param="model_path", public=True)
         return services.tinker_sampler_create(session=session, sampler_id=sampler_id,
                                               base_model=checkpoint.model.base_model, checkpoint=checkpoint,
                                               model_path=path)  # fmt: skip
@@ -450,6 +457,18 @@ def asample(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- futures
 @endpoint("POST")
+def cancel_future(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
+    """The SDK abandoned a sample (a timeout, a cancelled task): queued, it never runs; running, its
+    result is dropped. A finished one stays as it was."""
+    request_id = _json(request).get("request_id")
+    future = TinkerFuture.objects.filter(pk=str(request_id), team=access.team).first()
+    if future is None:
+        raise NotFound(f"no request {request_id!r}", field="request_id")
+    services.tinker_future_cancel(future=future)
+    return {}
+
+
+@endpoint("POST")
 def retrieve_future(request: HttpRequest, access: TeamAccess) -> HttpResponse:
     request_id = _json(request).get("request_id")
     future = TinkerFuture.objects.filter(pk=str(request_id), team=access.team).first()
@@ -463,7 +482,7 @@ def retrieve_future(request: HttpRequest, access: TeamAccess) -> HttpResponse:
         future.refresh_from_db(fields=["status", "result", "blob", "error", "category"])
     if future.status == TinkerFutureStatus.PENDING:
         return JsonResponse({"type": "try_again", "request_id": future.pk, "queue_state": "active"})
-    if future.status == TinkerFutureStatus.FAILED:
+    if future.status in (TinkerFutureStatus.FAILED, TinkerFutureStatus.CANCELLED):
         return JsonResponse({"error": future.error, "category": future.category or "unknown"})
     if future.blob is not None:
         return HttpResponse(bytes(future.blob), content_type=PROTOBUF)

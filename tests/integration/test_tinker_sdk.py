@@ -366,3 +366,83 @@ def test_a_training_client_goes_on_unchanged_after_the_trainer_service_is_killed
     # From the state saved at step 2, with the one optimizer step and the pending gradient since.
     assert "from its checkpoint of step 2 by running 3 requests again (1 optimizer step)" in event.message
     assert "Traceback" not in worker.output()
+
+
+def test_published_checkpoints_copies_and_cancelled_samples_through_the_sdk(
+    gateway,  # noqa: F811  (the fixture imported above)
+    serving,  # noqa: F811
+    start_worker,
+    tiny_model_dir,
+    cast,
+):
+    """The SDK's sample cancel, ``publish_checkpoint_from_tinker_path`` / ``unpublish_…`` and
+    ``copy_weights``, unchanged: a sample abandoned while queued never runs; another team loads a
+    published state (the same weights, logprob for logprob) only while it is published; a copy is
+    the copying team's, whole after the source is unpublished."""
+    import tinker
+    from tinker import types
+    from transformers import AutoTokenizer
+
+    from projects.models import TinkerFuture, TinkerFutureStatus, TinkerModel
+
+    register_base_model(tiny_model_dir)
+    alpha_key = services.api_key_create(team=cast.alpha, name="alpha").plaintext
+    beta_key = services.api_key_create(team=cast.beta, name="beta").plaintext
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    data = [_sft_datum(types, tokenizer, p) for p in _prompts(random.Random(5), 4)]
+    url = f"{gateway.url}/tinker"
+
+    def wait_for(check: Any, what: str) -> Any:
+        deadline = time.monotonic() + 30
+        while not (found := check()):
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.05)
+        return found
+
+    # No worker yet: the sample stays queued until its client gives up on it.
+    beta = tinker.ServiceClient(base_url=url, api_key=f"tml-{beta_key}", project_id="tinker")
+    sampler = beta.create_sampling_client(base_model=BASE_MODEL).result()
+    abandoned = sampler.sample(prompt=types.ModelInput.from_ints(tokenizer.encode("abc:")), num_samples=1,
+                               sampling_params=types.SamplingParams(max_tokens=4))  # fmt: skip
+    queued = wait_for(
+        lambda: TinkerFuture.objects.filter(team=cast.beta, kind="sample").first(), "the sample"
+    )
+    time.sleep(1.0)  # the SDK has the request's id and polls for it
+    abandoned.future().cancel()
+    wait_for(
+        lambda: TinkerFuture.objects.get(pk=queued.pk).status == TinkerFutureStatus.CANCELLED, "the cancel"
+    )
+
+    def logprobs(client: Any) -> list[list[float]]:
+        return [
+            out["logprobs"].tolist() for out in client.forward(data, "cross_entropy").result().loss_fn_outputs
+        ]
+
+    with trainer_service(serving.data_dir / "checkpoints", tiny_model_dir.parent, token="t-share") as service:
+        worker = start_worker(ARTWEB_DATA_DIR=str(serving.data_dir), TRAINER_SERVICE_URL=service.url,
+                              TRAINER_SERVICE_TOKEN="t-share", TINKER_POLL_S="5")  # fmt: skip
+        alpha = tinker.ServiceClient(base_url=url, api_key=f"tml-{alpha_key}")
+        trainer = alpha.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=1).result()
+        trainer.forward_backward(data, "cross_entropy").result()
+        trainer.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        path = trainer.save_state(name="shared").result().path
+        expected = logprobs(trainer)
+        with pytest.raises(tinker.NotFoundError):  # alpha's alone until published
+            beta.create_training_client_from_state(path).result()
+        alpha_rest = tinker.RestClient(base_url=url, api_key=f"tml-{alpha_key}")
+        alpha_rest.publish_checkpoint_from_tinker_path(path).result()
+        assert [c.public for c in alpha_rest.list_checkpoints(trainer.model_id).result().checkpoints] == [
+            True
+        ]
+        theirs = beta.create_training_client_from_state(path).result()
+        assert logprobs(theirs) == expected
+        copy_path = beta.copy_weights(path).result()
+        alpha_rest.unpublish_checkpoint_from_tinker_path(path).result()
+        with pytest.raises(tinker.NotFoundError):
+            beta.create_training_client_from_state(path).result()
+        from_copy = beta.create_training_client_from_state(copy_path).result()
+        assert logprobs(from_copy) == expected
+        copy = TinkerModel.objects.get(pk=copy_path.removeprefix("tinker://").rsplit("/", 2)[0])
+        assert copy.session.team == cast.beta and copy.run.config["copied_from"] == path
+    assert TinkerFuture.objects.get(pk=queued.pk).status == TinkerFutureStatus.CANCELLED  # never ran
+    assert "Traceback" not in worker.output()

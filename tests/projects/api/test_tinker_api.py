@@ -20,8 +20,9 @@ BASE = "tinker-tiny"
 
 
 @pytest.fixture
-def tinker(cast, tiny_model_dir, settings):
+def tinker(cast, tiny_model_dir, settings, tmp_path):
     settings.TINKER_POLL_S = 1
+    settings.CHECKPOINT_DIR = tmp_path / "checkpoints"  # the local store's root: this test's own
     services.base_model_register(name=BASE, source=str(tiny_model_dir))
     keys = {
         "alpha": services.api_key_create(team=cast.alpha, name="t").plaintext,
@@ -64,7 +65,7 @@ def test_keys_are_tml_prefixed_team_keys(tinker):
     assert status == 200 and reply.json()["use_pyqwest_transport"] is False
     # Read when the SDK's client starts (anything but a 200 or a 404 fails the client's construction).
     status, reply = call("client/dynamic_config", {"sdk_version": "0.38.0"}, key=f"tml-{tinker['alpha']}")
-    assert status == 200 and reply.json()["sample_cancel_enabled"] is False
+    assert status == 200 and reply.json()["sample_cancel_enabled"] is True
     status, reply = call("get_server_capabilities", key=f"tml-{tinker['alpha']}", method="GET")
     assert BASE in [m["model_name"] for m in reply.json()["supported_models"]]
 
@@ -318,11 +319,204 @@ def test_user_checkpoints_weights_info_and_what_is_not_offered(tinker, tmp_path)
     assert call("weights_info", {"tinker_path": f"tinker://{model_id}/external_weights/final"},
                 key=f"tml-{tinker['beta']}")[0] == 404  # fmt: skip
     # An SDK call artweb does not offer: a 400 saying so, which the SDK must not retry.
-    status, reply = call("copy_weights", {"tinker_path": "x"}, key=key)
+    status, reply = call("sessions/search", key=key)
     assert status == 400 and "does not offer" in reply.json()["error"]["message"]
     assert reply["x-should-retry"] == "false"
     status, reply = call(f"training_runs/{model_id}/checkpoints/external_weights/final/publish", key=key)
-    assert status == 400 and "public checkpoints" in reply.json()["error"]["message"]
+    assert status == 400 and "signed URLs" in reply.json()["error"]["message"]
     # A path nothing serves is a JSON 404, not an HTML page.
     status, reply = call("no_such_route", key=key)
     assert status == 404 and "No endpoint" in reply.json()["error"]["message"]
+
+
+# ---------------------------------------------------------------------- publish, copy, cancel
+def _saved(tinker, tmp_path, *, name="weights/w", team="alpha"):
+    """A training client of ``team`` with step 1 saved as ``name`` (real adapter and state files)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from projects.storage import checkpoint_upload
+
+    model_id = _model(tinker[team])
+    model = TinkerModel.objects.get(pk=model_id)
+    folder = tmp_path / f"{team}-step-000001"
+    folder.mkdir()
+    save_file({"lora_A": torch.arange(8.0).reshape(2, 4)}, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text('{"r": 4}')
+    (folder / "state.json").write_text('{"format_version": 1, "step": 1}')
+    (folder / "optimizer.pt").write_bytes(b"moments")
+    (folder / "rng_state.pt").write_bytes(b"rng")
+    stored = checkpoint_upload(model_id=model.model_id, step=1, folder=folder)
+    services.tinker_checkpoint_record(model=model, step=1, path=str(folder), stored=stored, name=name)
+    return model_id, folder
+
+
+def _send(method: str, route: str, key: str, body=None):
+    response = getattr(Client(), method)(f"/tinker/api/v1/{route}", json.dumps(body or {}),
+                                         content_type="application/json", HTTP_X_API_KEY=key)  # fmt: skip
+    return response.status_code, response
+
+
+def test_a_published_checkpoint_is_readable_by_every_team_until_unpublished(tinker, tmp_path):
+    from projects.jobs import tinker as tinker_jobs
+
+    alpha, beta = f"tml-{tinker['alpha']}", f"tml-{tinker['beta']}"
+    model_id, _ = _saved(tinker, tmp_path)
+    path, publish = (
+        f"tinker://{model_id}/weights/w",
+        f"training_runs/{model_id}/checkpoints/weights/w/publish",
+    )
+    assert call("weights_info", {"tinker_path": path}, key=beta)[0] == 404
+    assert call(publish, key=f"tml-{tinker['reader']}")[0] == 403  # a read-only key
+    assert call(publish, key=beta)[0] == 404  # only its own team publishes it
+    assert call(publish, key=alpha)[0] == 204
+    status, reply = call(publish, key=alpha)
+    assert status == 400 and "already public" in reply.json()["error"]["message"]
+    (row,) = call(f"training_runs/{model_id}/checkpoints", key=alpha, method="GET")[1].json()["checkpoints"]
+    assert row["public"] is True
+    # Another team reads it by its path: weights info, a training client made from it, a sampler.
+    status, reply = call("weights_info", {"tinker_path": path}, key=beta)
+    assert status == 200 and reply.json()["lora_rank"] == 4
+    session = call("create_session", {"tags": []}, key=beta)[1].json()["session_id"]
+    status, reply = call("load_weights", {"session_id": session, "model_seq_id": 0, "path": path,
+                                          "optimizer": False}, key=beta)  # fmt: skip
+    assert status == 200 and reply.json()["model_id"] == f"{session}:train:0", reply.content
+    status, reply = call("create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0,
+                                                     "model_path": path}, key=beta)  # fmt: skip
+    assert status == 200, reply.content
+    sampler = reply.json()["sampling_session_id"]
+    # ... but it stays alpha's: not listed, deleted, re-timed or unpublished by beta.
+    assert call(f"training_runs/{model_id}/checkpoints", key=beta, method="GET")[0] == 404
+    assert _send("delete", f"training_runs/{model_id}/checkpoints/weights/w", beta)[0] == 404
+    assert (
+        _send("put", f"training_runs/{model_id}/checkpoints/weights/w/ttl", beta, {"ttl_seconds": 3600})[0]
+        == 404
+    )
+    assert _send("delete", publish, beta)[0] == 404
+    # A weights access token is not how artweb crosses teams.
+    status, reply = call("load_weights", {"session_id": session, "model_seq_id": 1, "path": path,
+                                          "optimizer": False, "weights_access_token": "t"}, key=beta)  # fmt: skip
+    assert status == 400 and reply.json()["error"]["param"] == "weights_access_token"
+    # Unpublished, it is alpha's alone again, for new requests and for beta's sampler alike.
+    assert _send("delete", publish, alpha)[0] == 204
+    status, reply = _send("delete", publish, alpha)
+    assert status == 400 and "already private" in reply.json()["error"]["message"]
+    assert call("weights_info", {"tinker_path": path}, key=beta)[0] == 404
+    status, reply = call("asample", {"sampling_session_id": sampler, "num_samples": 1,
+                                     "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+                                     "sampling_params": {"max_tokens": 2}}, key=beta)  # fmt: skip
+    assert status == 200, reply.content
+    request_id = reply.json()["request_id"]
+    tinker_jobs.sample(request_id)  # the worker's side: refused before any model is loaded
+    status, reply = call("retrieve_future", {"request_id": request_id}, key=beta)
+    assert reply.json()["category"] == "user" and "no checkpoint" in reply.json()["error"], reply.content
+
+
+def test_copy_weights_makes_a_stored_copy_that_is_not_trained(tinker, tmp_path, cast):
+    from projects.storage import checkpoint_local_dir, checkpoint_store
+
+    alpha, beta = f"tml-{tinker['alpha']}", f"tml-{tinker['beta']}"
+    model_id, folder = _saved(tinker, tmp_path)
+    path = f"tinker://{model_id}/weights/w"
+    status, reply = call("copy_weights", {"source_path": path, "destination_project_id": "tinker"}, key=alpha,
+                         HTTP_X_IDEMPOTENCY_KEY="k1")  # fmt: skip
+    assert status == 200, reply.content
+    copy_path = reply.json()["tinker_path"]
+    copy_id = copy_path.removeprefix("tinker://").rsplit("/", 2)[0]
+    assert copy_path == f"tinker://{copy_id}/weights/w" and copy_id != model_id
+    # The same idempotency key (an SDK retry) gets the same copy; another key another copy.
+    assert call("copy_weights", {"source_path": path, "destination_project_id": "tinker"}, key=alpha,
+                HTTP_X_IDEMPOTENCY_KEY="k1")[1].json()["tinker_path"] == copy_path  # fmt: skip
+    assert TinkerModel.objects.filter(run__config__copied_from=path).count() == 1
+    copy = TinkerModel.objects.select_related("model", "run").get(pk=copy_id)
+    assert copy.run.status == "succeeded" and copy.run.kind == RunKind.TINKER
+    # Its own stored object: whole after the source's files are gone.
+    source = Checkpoint.objects.get(model__tinker__pk=model_id, step=1)
+    stored = Checkpoint.objects.get(model=copy.model, step=0)
+    assert stored.storage_key and stored.storage_key != source.storage_key
+    checkpoint_store().delete(source.storage_key)
+    copied = checkpoint_local_dir(stored)
+    assert (copied / "adapter_model.safetensors").read_bytes() == (
+        folder / "adapter_model.safetensors"
+    ).read_bytes()
+    # Listed under its name; readable as a path; not trainable.
+    status, reply = call("weights_info", {"tinker_path": copy_path}, key=alpha)
+    assert status == 200 and reply.json()["lora_rank"] == 4
+    status, reply = call("optim_step", {"model_id": copy_id, "seq_id": 1, "adam_params": {"learning_rate": 1e-3}},
+                         key=alpha)  # fmt: skip
+    assert status == 400 and "copy" in reply.json()["error"]["message"], reply.content
+    # Into a session's slot, with a TTL; the slot taken is a 400.
+    session = call("create_session", {"tags": []}, key=alpha)[1].json()["session_id"]
+    body = {"source_path": copy_path, "session_id": session, "model_seq_id": 5, "ttl_seconds": 3600}
+    status, reply = call("copy_weights", body, key=alpha)
+    assert status == 200 and reply.json()["tinker_path"] == f"tinker://{session}:train:5/weights/w", (
+        reply.content
+    )
+    (row,) = call(f"training_runs/{session}:train:5/checkpoints", key=alpha, method="GET")[1].json()[
+        "checkpoints"
+    ]
+    assert row["expires_at"] is not None
+    status, reply = call("copy_weights", body, key=alpha)
+    assert status == 400 and reply.json()["error"]["param"] == "model_seq_id"
+    # Another team copies it only once it is published, into a project of its own.
+    to_beta = {"source_path": path, "destination_project_id": "tinker"}
+    assert call("copy_weights", to_beta, key=beta)[0] == 404
+    source_model = TinkerModel.objects.get(pk=model_id)
+    services.tinker_checkpoint_publish(checkpoint=stored, name="weights/w", public=True)
+    status, reply = call("copy_weights", {**to_beta, "source_path": copy_path}, key=beta)
+    assert status == 200, reply.content
+    theirs = TinkerModel.objects.get(
+        pk=reply.json()["tinker_path"].removeprefix("tinker://").rsplit("/", 2)[0]
+    )
+    assert theirs.session.team == cast.beta and theirs.model.project.team == cast.beta
+    assert source_model.session.team == cast.alpha
+    # Bad input: a 400 naming the field.
+    for body, param in (({"source_path": path}, "destination_project_id"),
+                        ({"source_path": path, "destination_project_id": "tinker", "ttl_seconds": 5}, "ttl_seconds"),
+                        ({"source_path": "nope", "destination_project_id": "tinker"}, "source_path"),
+                        ({"source_path": path, "destination_project_id": "tinker", "weights_access_token": "x"},
+                         "weights_access_token")):  # fmt: skip
+        status, reply = call("copy_weights", body, key=alpha)
+        assert status == 400 and reply.json()["error"]["param"] == param, (body, reply.content)
+    status, reply = call("copy_weights", {"source_path": path, "destination_project_id": "nope"}, key=alpha)
+    assert status == 404 and reply.json()["error"]["param"] == "destination_project_id"
+    assert call("copy_weights", {"source_path": path, "destination_project_id": "tinker"},
+                key=f"tml-{tinker['reader']}")[0] == 403  # fmt: skip
+
+
+def test_cancel_future_stops_a_queued_sample_and_nothing_else(tinker):
+    from projects.jobs import tinker as tinker_jobs
+    from projects.models import TinkerFutureStatus
+
+    alpha, beta = f"tml-{tinker['alpha']}", f"tml-{tinker['beta']}"
+    session = call("create_session", {"tags": []}, key=alpha)[1].json()["session_id"]
+    sampler = call("create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0,
+                                               "base_model": BASE}, key=alpha)[1].json()["sampling_session_id"]  # fmt: skip
+    body = {"sampling_session_id": sampler, "num_samples": 1, "sampling_params": {"max_tokens": 2},
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]}}  # fmt: skip
+    request_id = call("asample", body, key=alpha)[1].json()["request_id"]
+    assert call("cancel_future", {"request_id": request_id}, key=beta)[0] == 404
+    assert call("cancel_future", {"request_id": "req-nope"}, key=alpha)[0] == 404
+    # A read-only key samples, so it may cancel its samples too.
+    status, reply = call("cancel_future", {"request_id": request_id}, key=f"tml-{tinker['reader']}")
+    assert status == 200, reply.content
+    future = TinkerFuture.objects.get(pk=request_id)
+    assert future.status == TinkerFutureStatus.CANCELLED
+    status, reply = call("retrieve_future", {"request_id": request_id}, key=alpha)
+    assert reply.json() == {"error": "cancelled by its client (cancel_future)", "category": "user"}
+    tinker_jobs.sample(request_id)  # the worker skips it; a late result (a running sample) is dropped
+    services.tinker_future_finish(future=future, blob=b"late")
+    future.refresh_from_db()
+    assert future.status == TinkerFutureStatus.CANCELLED and future.blob is None
+    assert call("cancel_future", {"request_id": request_id}, key=alpha)[0] == 200  # again: a no-op
+    # A finished sample stays finished; a training request is never cancelled.
+    done = call("asample", body, key=alpha)[1].json()["request_id"]
+    services.tinker_future_finish(future=TinkerFuture.objects.get(pk=done), blob=b"answer")
+    assert call("cancel_future", {"request_id": done}, key=alpha)[0] == 200
+    assert TinkerFuture.objects.get(pk=done).status == TinkerFutureStatus.DONE
+    model_id = _model(tinker["alpha"])
+    step = call("optim_step", {"model_id": model_id, "seq_id": 1, "adam_params": {"learning_rate": 1e-3}},
+                key=alpha)[1].json()["request_id"]  # fmt: skip
+    status, reply = call("cancel_future", {"request_id": step}, key=alpha)
+    assert status == 400 and reply.json()["error"]["param"] == "request_id"
+    assert TinkerFuture.objects.get(pk=step).status == TinkerFutureStatus.PENDING
