@@ -136,10 +136,36 @@ def forward_backward_output(result: ForwardBackwardResult) -> bytes:
     return message.SerializeToString()
 
 
-def sample_response(choices: Sequence[Any]) -> bytes:
+def prompt_scoring(prompt: Sequence[int], last_n: int | None = None) -> Datum | None:
+    """The datum whose ``forward`` scores the prompt: the logprob of each prompt token given the
+    tokens before it (of the last ``last_n`` only, when given). None for a one-token prompt."""
+    if len(prompt) < 2:
+        return None
+    first = len(prompt) - 1 - (last_n or len(prompt) - 1)
+    weights = [0.0] * first + [1.0] * (len(prompt) - 1 - first)
+    return Datum(model_input=list(prompt[:-1]),
+                 loss_fn_inputs={"target_tokens": [float(t) for t in prompt[1:]], "weights": weights})  # fmt: skip
+
+
+def prompt_logprobs(
+    prompt: Sequence[int], scored: Sequence[float] | None, last_n: int | None = None
+) -> list[float]:
+    """``SampleResponse.prompt_logprobs``: one per prompt token, NaN where none was computed (the
+    first token, and those before the last ``last_n``); ``scored`` is ``forward``'s answer for
+    ``prompt_scoring``'s datum."""
+    out = [float("nan")] * len(prompt)
+    if scored is not None:
+        for i in range(len(prompt) - 1 - (last_n or len(prompt) - 1), len(prompt) - 1):
+            out[i + 1] = float(scored[i])
+    return out
+
+
+def sample_response(choices: Sequence[Any], prompt_logprobs: Sequence[float] | None = None) -> bytes:
     """``SampleResponse``: each sampled sequence's tokens (the stop token last when it stopped),
-    their logprobs and why it ended."""
+    their logprobs and why it ended; the prompt's logprobs when they were asked for."""
     message = pb.SampleResponse()
+    if prompt_logprobs is not None:
+        message.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
     for choice in choices:
         sequence = message.sequences.add()
         sequence.stop_reason = (

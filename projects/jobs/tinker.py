@@ -42,6 +42,8 @@ from training.tinker_wire import (
     forward_backward_output,
     model_input_tokens,
     parse_forward_backward,
+    prompt_logprobs,
+    prompt_scoring,
     sample_response,
 )
 
@@ -376,6 +378,10 @@ def _sample(future: TinkerFuture) -> bytes:
     else:
         folder, lora = None, LoraSpec()
     prompts = [prompt] * num
+    wanted = bool(payload.get("prompt_logprobs"))
+    last_n = payload.get("prompt_logprobs_last_n")
+    scoring = prompt_scoring(prompt, last_n) if wanted else None
+    scored = None
     if isinstance(keeper, ServiceSessions):
         from training.trainer_client import TrainerServiceError
 
@@ -390,6 +396,7 @@ def _sample(future: TinkerFuture) -> bytes:
                                          lora=lora, state=str(folder) if folder else None)  # fmt: skip
         try:
             choices = [SimpleNamespace(**c) for c in session.sample(prompts, wire)]
+            scored = session.forward([scoring])[0] if scoring is not None else None
         finally:
             session.release()
     else:
@@ -398,4 +405,5 @@ def _sample(future: TinkerFuture) -> bytes:
             pool.open(session_id, source, TrainConfig(), lora, state=folder)
         with pool.use(session_id) as session:
             choices = session.sample(prompts, sampling)
-    return sample_response(choices)
+            scored = session.forward([scoring])[0] if scoring is not None else None
+    return sample_response(choices, prompt_logprobs(prompt, scored, last_n) if wanted else None)

@@ -441,15 +441,23 @@ def asample(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     num = body.get("num_samples", 1)
     if not isinstance(num, int) or isinstance(num, bool) or not 1 <= num <= 64:
         raise ValidationFailed("must be an integer from 1 to 64", field="num_samples")
-    for unsupported in ("prompt_logprobs", "record_stability_info"):
-        if body.get(unsupported):
+    if body.get("record_stability_info"):
+        raise ValidationFailed("is not offered by artweb's sampler", field="record_stability_info")
+    for unsupported in ("target_prompt_logprobs",):
+        if body.get(unsupported) is not None:
             raise ValidationFailed("is not offered by artweb's sampler", field=unsupported)
     for zero in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
         if body.get(zero):
             raise ValidationFailed("is not offered by artweb's sampler (0 only)", field=zero)
     from training.tinker_wire import model_input_tokens
 
-    model_input_tokens(body.get("prompt"), "prompt")
+    prompt = model_input_tokens(body.get("prompt"), "prompt")
+    last_n = body.get("prompt_logprobs_last_n")
+    if last_n is not None and (
+        not isinstance(last_n, int) or isinstance(last_n, bool) or not 1 <= last_n <= len(prompt) - 1
+    ):
+        raise ValidationFailed(f"must be from 1 to the prompt's length less one ({len(prompt) - 1})",
+                               field="prompt_logprobs_last_n")  # fmt: skip
     payload = {**body, "sampler": sampler.pk}
     future = services.tinker_future_submit(team=access.team, kind="sample", payload=payload)
     return _future_reply(future, sample_sequence_ids=[f"{future.pk}:{i}" for i in range(num)])

@@ -21,10 +21,10 @@ Nothing in the cookbook is edited. Offline substitutions, all from the outside:
 * API key: the loops build ``tinker.ServiceClient(base_url=config.base_url)`` with no api_key, so
   the key goes in ``TINKER_API_KEY``; no wandb (wandb_project=None), no HF hub, no HF datasets.
 
-Features left off because artweb does not offer them: ``kl_penalty_coef`` (needs prompt
-logprobs), ``compute_post_kl`` (prompt logprobs), a test split for SL (``SamplerNLLEvaluator``
-uses ``compute_logprobs`` = prompt logprobs), ``loss_fn="stable_reinforce"`` / async RL (needs
-``record_stability_info``), ``rolling_save_every`` (deletes checkpoints by tinker path).
+Prompt logprobs (``compute_logprobs``) are offered, so RL runs with ``kl_penalty_coef`` against
+the base model and ``compute_post_kl``, and SL holds out a test split (``SamplerNLLEvaluator``).
+Features left off because artweb does not offer them: ``loss_fn="stable_reinforce"`` / async RL
+(needs ``record_stability_info``), ``rolling_save_every`` (deletes checkpoints by tinker path).
 
 Usage (in a venv with tinker==0.38.0 and tinker-cookbook==0.6.1 installed --no-deps, see report):
     python sl_and_rl.py --base-url http://127.0.0.1:8000 --api-key <artweb key> \\
@@ -187,7 +187,7 @@ def sl_config(args: argparse.Namespace, log_path: Path, base_url: str) -> sl_tra
         recipe_name="artweb_cookbook_sl_smoke",
         renderer_name=args.renderer,
         dataset_builder=FromConversationFileBuilder(
-            common_config=common, file_path=str(data_file), test_size=0
+            common_config=common, file_path=str(data_file), test_size=2
         ),
         learning_rate=args.learning_rate,
         lr_schedule="constant",
@@ -195,7 +195,7 @@ def sl_config(args: argparse.Namespace, log_path: Path, base_url: str) -> sl_tra
         lora_rank=args.lora_rank,
         base_url=base_url,
         save_every=0,  # only the final checkpoint (save_state + save_weights_for_sampler "final")
-        eval_every=0,
+        eval_every=2,  # the held-out split's NLL (compute_logprobs) at steps 0 and 2
         infrequent_eval_every=0,
         max_steps=args.sl_steps,
     )
@@ -231,15 +231,20 @@ def rl_config(args: argparse.Namespace, log_path: Path, base_url: str) -> rl_tra
         base_url=base_url,
         max_steps=args.rl_steps,
         num_groups_to_log=1,
-        # left at their defaults on purpose (artweb lacks what they need): kl_penalty_coef=0.0,
-        # compute_post_kl=False, async_config=None, stream_minibatch_config=None, rolling_save_every=0
+        # A KL penalty against the base model and the KL between the policies before and after
+        # each update: both score sequences with a sampler's compute_logprobs.
+        kl_penalty_coef=0.01,
+        kl_reference_config=rl_train.KLReferenceConfig(base_model=args.base_model),
+        compute_post_kl=True,
+        # left at their defaults on purpose (artweb lacks what they need): async_config=None,
+        # stream_minibatch_config=None, rolling_save_every=0
     )
 
 
 # ----------------------------------------------------------------------------- results
 KEEP = ("train_mean_nll", "train_mean_bpb", "learning_rate", "num_tokens", "reward/total",
         "said_word", "char_overlap", "correct", "format", "kl_sample_train", "by_group/frac_mixed",
-        "entropy", "loss")  # fmt: skip
+        "entropy", "loss", "test/nll", "kl_policy_base", "kl_pre_post")  # fmt: skip
 
 
 def read_metrics(log_path: Path) -> list[dict]:
@@ -254,7 +259,7 @@ def read_metrics(log_path: Path) -> list[dict]:
             if k == "step" or (not k.startswith("time/") and any(s in k for s in KEEP))
         }
         for row in rows
-        if any(s in k for k in row for s in ("train_mean_nll", "reward/total"))
+        if any(s in k for k in row for s in ("train_mean_nll", "reward/total", "test/nll"))
     ]
 
 

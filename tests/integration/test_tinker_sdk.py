@@ -368,17 +368,18 @@ def test_a_training_client_goes_on_unchanged_after_the_trainer_service_is_killed
     assert "Traceback" not in worker.output()
 
 
-def test_published_checkpoints_copies_and_cancelled_samples_through_the_sdk(
+def test_published_checkpoints_copies_prompt_logprobs_and_cancelled_samples_through_the_sdk(
     gateway,  # noqa: F811  (the fixture imported above)
     serving,  # noqa: F811
     start_worker,
     tiny_model_dir,
     cast,
 ):
-    """The SDK's sample cancel, ``publish_checkpoint_from_tinker_path`` / ``unpublish_…`` and
-    ``copy_weights``, unchanged: a sample abandoned while queued never runs; another team loads a
-    published state (the same weights, logprob for logprob) only while it is published; a copy is
-    the copying team's, whole after the source is unpublished."""
+    """The SDK's sample cancel, ``publish_checkpoint_from_tinker_path`` / ``unpublish_…``,
+    ``copy_weights`` and ``compute_logprobs``, unchanged: a sample abandoned while queued never runs;
+    another team loads a published state (the same weights, logprob for logprob) only while it is
+    published; a copy is the copying team's, whole after the source is unpublished; a sampler's
+    prompt logprobs are its learner's."""
     import tinker
     from tinker import types
     from transformers import AutoTokenizer
@@ -444,5 +445,18 @@ def test_published_checkpoints_copies_and_cancelled_samples_through_the_sdk(
         assert logprobs(from_copy) == expected
         copy = TinkerModel.objects.get(pk=copy_path.removeprefix("tinker://").rsplit("/", 2)[0])
         assert copy.session.team == cast.beta and copy.run.config["copied_from"] == path
+
+        # Prompt logprobs (compute_logprobs: what the cookbook's KL penalty reads) are the learner's.
+        tokens = tokenizer.encode("abcde: ok", add_special_tokens=False)
+        full = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                           loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})  # fmt: skip
+        learner = trainer.forward([full], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+        sampling = trainer.save_weights_and_get_sampling_client().result()
+        scored = sampling.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+        assert scored[0] is None and scored[1:] == pytest.approx(learner, abs=1e-5)
+        tail = sampling.compute_logprobs(
+            types.ModelInput.from_ints(tokens), prompt_logprobs_last_n=2
+        ).result()
+        assert tail[:-2] == [None] * (len(tokens) - 2) and tail[-2:] == pytest.approx(learner[-2:], abs=1e-5)
     assert TinkerFuture.objects.get(pk=queued.pk).status == TinkerFutureStatus.CANCELLED  # never ran
     assert "Traceback" not in worker.output()

@@ -17,6 +17,8 @@ from training.tinker_wire import (
     forward_backward_output,
     model_input_tokens,
     parse_forward_backward,
+    prompt_logprobs,
+    prompt_scoring,
     sample_response,
 )
 
@@ -105,3 +107,23 @@ def test_results_decode_in_the_sdk_to_the_same_numbers():
     assert [s.stop_reason for s in response.sequences] == ["stop", "length"]
     assert [list(s.tokens) for s in response.sequences] == [[4, 5, 0], [6, 6]]
     assert np.allclose(response.sequences[0].logprobs, [-0.5, -1.0, -0.125])
+
+
+def test_prompt_logprobs_score_each_token_given_the_ones_before_and_decode_in_the_sdk():
+    prompt = [7, 3, 9, 4, 2]
+    datum = prompt_scoring(prompt)
+    assert datum is not None and datum.model_input == [7, 3, 9, 4]
+    assert datum.loss_fn_inputs["target_tokens"] == [3.0, 9.0, 4.0, 2.0] and datum.first_computed == 0
+    scored = [-1.0, -2.0, -3.0, -4.0]  # forward's answer: token i + 1 given tokens 0..i
+    choice = Choice(text="", prompt_token_ids=prompt, token_ids=[5], logprobs=[-0.5], finish_reason="length")
+    response = deserialize_sample_response(sample_response([choice], prompt_logprobs(prompt, scored)))
+    assert response.prompt_logprobs == [None, -1.0, -2.0, -3.0, -4.0]
+    # Only the last two: the datum weighs them alone; the rest are None in the SDK.
+    last = prompt_scoring(prompt, 2)
+    assert last is not None and last.first_computed == 2 and last.loss_fn_inputs["weights"] == [0, 0, 1, 1]
+    partial = [0.0, 0.0, -3.0, -4.0]
+    response = deserialize_sample_response(sample_response([choice], prompt_logprobs(prompt, partial, 2)))
+    assert response.prompt_logprobs == [None, None, None, -3.0, -4.0]
+    # A one-token prompt has nothing to score; not asked, no prompt logprobs at all.
+    assert prompt_scoring([7]) is None and np.isnan(prompt_logprobs([7], None)).all()
+    assert deserialize_sample_response(sample_response([choice])).prompt_logprobs is None

@@ -520,3 +520,22 @@ def test_cancel_future_stops_a_queued_sample_and_nothing_else(tinker):
     status, reply = call("cancel_future", {"request_id": step}, key=alpha)
     assert status == 400 and reply.json()["error"]["param"] == "request_id"
     assert TinkerFuture.objects.get(pk=step).status == TinkerFutureStatus.PENDING
+
+
+def test_a_samples_prompt_logprobs_options_are_checked(tinker):
+    key = f"tml-{tinker['alpha']}"
+    session = call("create_session", {"tags": []}, key=key)[1].json()["session_id"]
+    sampler = call("create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0,
+                                               "base_model": BASE}, key=key)[1].json()["sampling_session_id"]  # fmt: skip
+    body = {"sampling_session_id": sampler, "num_samples": 1, "sampling_params": {"max_tokens": 1},
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]}, "prompt_logprobs": True}  # fmt: skip
+    for extra, param in (({"prompt_logprobs_last_n": 3}, "prompt_logprobs_last_n"),
+                         ({"prompt_logprobs_last_n": 0}, "prompt_logprobs_last_n"),
+                         ({"target_prompt_logprobs": {"data": [1]}}, "target_prompt_logprobs"),
+                         ({"topk_prompt_logprobs": 2}, "topk_prompt_logprobs")):  # fmt: skip
+        status, reply = call("asample", {**body, **extra}, key=key)
+        assert status == 400 and reply.json()["error"]["param"] == param, reply.content
+    status, reply = call("asample", {**body, "prompt_logprobs_last_n": 2}, key=key)
+    assert (
+        status == 200 and TinkerFuture.objects.get(pk=reply.json()["request_id"]).payload["prompt_logprobs"]
+    )
