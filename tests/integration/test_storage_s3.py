@@ -293,3 +293,71 @@ def _completion(client, model: str):
         if exc.status_code == 503:  # the server's registration is not seen yet
             return None
         raise
+
+
+def test_a_tinker_training_client_continues_on_another_host_from_the_bucket(
+    start_worker,
+    cast,
+    alpha_key,
+    tiny_model_dir,
+    s3_server,
+    s3_settings,
+    tmp_path,
+):
+    """A Tinker training client trains on host A (its session in A's worker), saves its state,
+    takes one more step; A is killed and its data folder moved away. The SDK's next request runs
+    on host B, which rebuilds the session from the state in the bucket and the request log in the
+    database: the client's losses equal, number for number, an uninterrupted client's on B."""
+    import random
+
+    import tinker
+    from tinker import types
+    from transformers import AutoTokenizer
+
+    from projects import services
+    from projects.models import TinkerModel
+    from tests.integration.test_tinker_sdk import _mean_loss, _prompts, _sft_datum
+
+    services.base_model_register(name="tiny", source=str(tiny_model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    data = [_sft_datum(types, tokenizer, p) for p in _prompts(random.Random(3), 4)]
+    host_a, host_b = tmp_path / "host-a", tmp_path / "host-b"
+
+    def steps(trainer, count: int, losses: list[float]) -> None:
+        for _ in range(count):
+            losses.append(_mean_loss(trainer.forward_backward(data, "cross_entropy").result(), data))
+            trainer.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+
+    gateway = start_gateway(tmp_path, s3_server)
+    try:
+        first = start_worker(**host_env(host_a, s3_server), TINKER_POLL_S="5")
+        client = tinker.ServiceClient(base_url=f"{gateway.url}/tinker", api_key=f"tml-{alpha_key}")
+        ours = client.create_lora_training_client(base_model="tiny", rank=8, seed=4).result()
+        moved: list[float] = []
+        steps(ours, 2, moved)
+        ours.save_state(name="early").result()
+        steps(ours, 1, moved)
+        # A finished its queue (and let go of the client) before it dies: B need not wait out a lease.
+        wait_for(lambda: TinkerModel.objects.get(pk=ours.model_id).drainer == "", timeout=30,
+                 what="host A to let go of the client", worker=first)  # fmt: skip
+        first.kill()
+        host_a.rename(tmp_path / "host-a-gone")  # A's disk: unreachable from now on
+
+        second = start_worker(**host_env(host_b, s3_server), TINKER_POLL_S="5")
+        steps(ours, 2, moved)
+        whole: list[float] = []
+        reference = client.create_lora_training_client(base_model="tiny", rank=8, seed=4).result()
+        steps(reference, 5, whole)
+    finally:
+        gateway.stop()
+    print(f"losses, moved {[round(v, 4) for v in moved]} vs whole {[round(v, 4) for v in whole]}")
+    assert moved == whole and whole[-1] < whole[0], (moved, whole)
+    model = TinkerModel.objects.get(pk=ours.model_id)
+    assert not model.lost
+    [event] = RunEvent.objects.filter(run=model.run, message__contains="session was rebuilt")
+    assert "from its checkpoint of step 2 by running 2 requests again (1 optimizer step)" in event.message
+    # B read the saved state from the bucket into its own cache, never from A's folder.
+    saved = Checkpoint.objects.get(model=model.model, step=2)
+    assert "weights/early" in saved.metrics["tinker_names"]
+    assert folder_digest(host_b / "checkpoints" / saved.storage_key).sha256 == saved.sha256
+    assert "Traceback" not in second.output()
