@@ -59,6 +59,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "minibatches": {"num_minibatches": 2},
     "epochs": {"ppo_epochs": 2},
     "dynamic": {"dynamic_sampling": True, "max_resample_factor": 2.0},
+    # Compute-neutral: no extra rollouts, no extra passes; the same samples in two optimizer steps
+    # on a cosine schedule from a higher peak (the demo's).
+    "lean": {
+        "learning_rate": 1e-3,
+        "lr_schedule": "cosine",
+        "warmup_steps": 1,
+        "min_lr_ratio": 0.1,
+        "num_minibatches": 2,
+    },  # fmt: skip
     "combined": {
         **SCHEDULE,
         "num_minibatches": 2,

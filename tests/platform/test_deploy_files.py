@@ -325,7 +325,7 @@ def test_inference_service_runs_serve_inference_with_valid_arguments():
 
 def test_gpu_services_reserve_a_gpu_and_install_the_gpu_extra():
     services = compose()["services"]
-    for name in ("worker", "inference"):
+    for name in ("worker", "trainer", "inference"):
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices), name
         assert services[name]["build"]["args"]["EXTRAS"] == "gpu", name
@@ -389,7 +389,7 @@ def test_the_many_hosts_section_and_the_compose_profiles_are_in_step():
         for where in (section, text):
             started = command.search(where)
             assert started and sorted(started.group(1).split()) == members, (profile, members)
-        workers = [name for name in members if _command(services[name])[:2] == ["python", "-m"]]
+        workers = [name for name in members if _command(services[name])[:3] == ["python", "-m", "celery"]]
         assert workers, profile
         for name in workers:
             words = _command(services[name])
@@ -406,3 +406,33 @@ def test_the_many_hosts_section_and_the_compose_profiles_are_in_step():
         assert f"`{needed}`" in section, needed
     app_env = _app_env("worker-gpu-large")
     assert "${POSTGRES_HOST" in compose()["x-app-env"]["DATABASE_URL"] and app_env["STORAGE_BACKEND"] == "s3"
+
+
+def test_each_hosts_workers_train_on_that_hosts_trainer_service():
+    """Every worker names a trainer service of its own host (a compose service of its profile, on
+    the port that service listens on), with the token the service reads; the service writes where
+    the worker reads checkpoints from (the data volume's checkpoint folder) and is reached by no one
+    else (no published port)."""
+    services = compose()["services"]
+    workers = {name: s for name, s in services.items() if "command" in s
+               and _command(s)[:3] == ["python", "-m", "celery"] and "worker" in _command(s)}  # fmt: skip
+    assert {"worker", "worker-gpu-large"} <= set(workers)
+    for name, worker in workers.items():
+        env = _app_env(name)
+        url = re.fullmatch(r"http://([a-z0-9-]+):(\d+)", env["TRAINER_SERVICE_URL"])
+        assert url, (name, env["TRAINER_SERVICE_URL"])
+        trainer = services[url.group(1)]
+        assert trainer.get("profiles") == worker.get("profiles"), (name, url.group(1))
+        words = [interpolated(w) for w in _command(trainer)]
+        assert words[:3] == ["python", "-m", "training.trainer_service"]
+        assert (
+            words[words.index("--port") + 1] == url.group(2) and words[words.index("--host") + 1] == "0.0.0.0"
+        )
+        assert words[words.index("--root") + 1] == env["ARTWEB_CHECKPOINT_DIR"]
+        assert "ports" not in trainer, f"{url.group(1)} answers the workers only"
+        assert "TRAINER_SERVICE_TOKEN" not in " ".join(words)  # the token is read from the environment
+        token = services[name]["environment"]["TRAINER_SERVICE_TOKEN"]
+        assert trainer["environment"]["TRAINER_SERVICE_TOKEN"] == token and token.startswith(
+            "${TRAINER_SERVICE_TOKEN:?"
+        )
+    from training.trainer_service import main  # noqa: F401  (the module the command runs)
