@@ -522,7 +522,14 @@ def test_cancel_future_stops_a_queued_sample_and_nothing_else(tinker):
     assert TinkerFuture.objects.get(pk=step).status == TinkerFutureStatus.PENDING
 
 
-def test_a_samples_prompt_logprobs_options_are_checked(tinker):
+def test_a_samples_prompt_logprobs_are_checked_and_are_the_models_own(tinker, settings, tiny_model_dir):
+    import torch
+    from tinker.proto.response_conv import deserialize_sample_response
+    from transformers import AutoModelForCausalLM
+
+    from projects.jobs import tinker as tinker_jobs
+
+    settings.TRAINER_SERVICE_URL = ""  # the worker process's own sessions (training.resident)
     key = f"tml-{tinker['alpha']}"
     session = call("create_session", {"tags": []}, key=key)[1].json()["session_id"]
     sampler = call("create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0,
@@ -535,7 +542,16 @@ def test_a_samples_prompt_logprobs_options_are_checked(tinker):
                          ({"topk_prompt_logprobs": 2}, "topk_prompt_logprobs")):  # fmt: skip
         status, reply = call("asample", {**body, **extra}, key=key)
         assert status == 400 and reply.json()["error"]["param"] == param, reply.content
-    status, reply = call("asample", {**body, "prompt_logprobs_last_n": 2}, key=key)
-    assert (
-        status == 200 and TinkerFuture.objects.get(pk=reply.json()["request_id"]).payload["prompt_logprobs"]
-    )
+    status, reply = call("asample", body, key=key)
+    assert status == 200, reply.content
+    request_id = reply.json()["request_id"]
+    tinker_jobs.sample(request_id)  # the worker's side, in this process
+    future = TinkerFuture.objects.get(pk=request_id)
+    assert future.status == "done", future.error
+    scored = deserialize_sample_response(bytes(future.blob)).prompt_logprobs
+    # The base model's own logprob of each prompt token given the ones before it.
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 2, 3]])).logits.log_softmax(-1)[0]
+    expected = [logits[0, 2].item(), logits[1, 3].item()]
+    assert scored[0] is None and scored[1:] == pytest.approx(expected, abs=1e-4), (scored, expected)
