@@ -167,7 +167,7 @@ def _plain_http_test_client(settings):
 
 
 @contextlib.contextmanager
-def trainer_service(root: Path, cache: Path, token: str = "secret-token", port: int = 0):
+def trainer_service(root: Path, cache: Path, token: str = "secret-token", port: int = 0, device: str = "cpu"):
     """A trainer service process (training.trainer_service) rooted at ``root``; its client (with
     ``process``: the Popen, for tests that kill it). ``port`` 0: any free port."""
     import subprocess
@@ -179,7 +179,7 @@ def trainer_service(root: Path, cache: Path, token: str = "secret-token", port: 
     env = {**os.environ, "TRAINER_SERVICE_TOKEN": token, "HF_HUB_OFFLINE": "1", "TORCH_THREADS": "1"}
     process = subprocess.Popen(
         [sys.executable, "-m", "training.trainer_service", "--root", str(root), "--port", str(port),
-         "--model-cache-dir", str(cache)],
+         "--model-cache-dir", str(cache), "--device", device],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     try:
@@ -193,6 +193,8 @@ def trainer_service(root: Path, cache: Path, token: str = "secret-token", port: 
                 client.stats()
                 break
             except OSError:
+                if process.poll() is not None:
+                    raise AssertionError(f"the trainer service exited: {process.stdout.read()}") from None
                 assert time.monotonic() < deadline, "the trainer service did not answer"
                 time.sleep(0.1)
         client.process = process  # type: ignore[attr-defined]

@@ -152,6 +152,7 @@ class PolicySampler:
                 base, _, _ = load_policy_model(
                     spec.base_model_source, spec.model_cache_dir, device=spec.device, unsloth="off"
                 )
+                base.to(spec.device)  # loaded on the CPU; only the trainer moves its own copy
                 self.engine = TransformersEngine(base, tokenizer, device=spec.device)
             else:
                 self.engine = TransformersEngine(trainer.policy, tokenizer, device=spec.device)
