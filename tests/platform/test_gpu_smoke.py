@@ -50,3 +50,23 @@ def test_it_installs_from_the_gpu_lock_and_reads_metrics_the_loop_records():
     for key in ("rollout_seconds", "train_seconds", "sync_seconds", "step_seconds", "tokens_per_second"):
         assert f'"{key}"' in script, key
         assert f'"{key}"' in recorded, f"the loop no longer records {key}"
+
+
+IMAGE_CHECK = ROOT / "benchmarks" / "gpu_image_check.sh"
+
+
+def test_the_image_check_parses_and_carries_the_locks_versions():
+    """gpu_image_check.sh installs carried wheels beside a GPU image's torch: the versions it tells
+    to fetch are the ones the CPU lock pins, so the GPU run tests what CI tests."""
+    done = subprocess.run(["bash", "-n", str(IMAGE_CHECK)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    script = IMAGE_CHECK.read_text()
+    named = dict(re.findall(r"\b([a-z][a-z0-9-]*)==([0-9][^\s\\]*)", script))
+    assert {"transformers", "peft", "tokenizers", "llguidance", "uvicorn"} <= named.keys(), named
+    lock = dict(
+        re.findall(r"^([a-z0-9-]+)==([^\s]+)", (ROOT / "requirements" / "cpu.lock").read_text(), re.M)
+    )
+    assert {name: lock.get(name) for name in named} == named
+    # It runs the gpu-marked tests that need no vLLM, which exist and are marked so.
+    assert "tests/training/test_cuda.py" in script and "-m gpu" in script
+    assert "pytestmark = pytest.mark.gpu" in (ROOT / "tests" / "training" / "test_cuda.py").read_text()

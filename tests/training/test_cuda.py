@@ -1,8 +1,9 @@
 """The training core on a CUDA device, each path against the CPU path it mirrors: a run in bf16
 (rollouts on the GPU, the sampler check every step, checkpoints, resume), a run whose rollouts
 overlap the update, a run on a trainer service process on the GPU, SFT and DPO runs, the fp32
-update against the CPU's on the same batch, and the data-parallel session over NCCL. Marked ``gpu``: they need CUDA, not vLLM (benchmarks/gpu_image_check.sh runs
-them on a GPU host whose image has torch but no vLLM; ``make test-gpu`` runs them with the rest)."""
+update against the CPU's on the same batch under every named loss, and the data-parallel session
+over NCCL. Marked ``gpu``: they need CUDA, not vLLM (benchmarks/gpu_image_check.sh runs them on a
+GPU host whose image has torch but no vLLM; ``make test-gpu`` runs them with the rest)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.training.test_supervised import WORDS, Hooks, supervised_spec
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
 from training.loop import RunSpec, run_training
+from training.losses import LOSSES
 from training.session import Datum, TrainingSession
 
 pytestmark = pytest.mark.gpu
@@ -162,10 +164,10 @@ def fp32_session(model_dir: Path, device: str) -> TrainingSession:
     return TrainingSession(Trainer(model, tokenizer, config, LoraSpec(rank=2, alpha=4), device))
 
 
-def two_updates(session: TrainingSession) -> dict:
+def two_updates(session: TrainingSession, loss: str = "ppo") -> dict:
     losses, logprobs = [], []
     for _ in range(2):
-        result = session.forward_backward(DATA, "ppo")
+        result = session.forward_backward(DATA, loss)
         session.optim_step(learning_rate=1e-3)
         losses.append(result.loss)
         logprobs.append(result.logprobs)
@@ -173,8 +175,9 @@ def two_updates(session: TrainingSession) -> dict:
     return {"losses": losses, "logprobs": logprobs, "params": params}
 
 
-def test_the_fp32_update_on_cuda_is_the_cpu_update(tiny_model_dir):
-    cpu, gpu = (two_updates(fp32_session(tiny_model_dir, device)) for device in ("cpu", "cuda"))
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_the_fp32_update_on_cuda_is_the_cpu_update(tiny_model_dir, loss):
+    cpu, gpu = (two_updates(fp32_session(tiny_model_dir, device), loss) for device in ("cpu", "cuda"))
     weight_gap = max(float((a - b).abs().max()) for a, b in zip(cpu["params"], gpu["params"], strict=True))
     logprob_gap = max(
         abs(a - b)
@@ -182,11 +185,12 @@ def test_the_fp32_update_on_cuda_is_the_cpu_update(tiny_model_dir):
         for row_a, row_b in zip(step_a, step_b, strict=True)
         for a, b in zip(row_a, row_b, strict=True)
     )
-    print(f"cpu vs cuda fp32: losses {cpu['losses']} vs {gpu['losses']}, largest logprob gap {logprob_gap:.2e}, "
-          f"largest adapter weight gap {weight_gap:.2e}")  # fmt: skip
-    assert gpu["losses"] == pytest.approx(cpu["losses"], rel=LOSS_TOLERANCE)
+    print(f"{loss}: cpu vs cuda fp32: losses {cpu['losses']} vs {gpu['losses']}, largest logprob gap "
+          f"{logprob_gap:.2e}, largest adapter weight gap {weight_gap:.2e}")  # fmt: skip
+    assert gpu["losses"] == pytest.approx(cpu["losses"], rel=LOSS_TOLERANCE, abs=1e-6)
     assert logprob_gap < 1e-4
     assert weight_gap < WEIGHT_TOLERANCE
+    assert any(float(p.abs().max()) > 0 for p in gpu["params"])
 
 
 def _nccl_rank(rank: int, world_size: int, model_dir: str, out: str) -> None:
