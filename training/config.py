@@ -463,7 +463,7 @@ class TrainConfig(_Settings):
             return
         problems = [
             (name, f"{name}: {getattr(self, name)} applies to GRPO runs only, not {objective} runs")
-            for name, default in (("devices", 1), ("max_off_policy_steps", 0))
+            for name, default in (("max_off_policy_steps", 0),)
             if getattr(self, name) != default
         ]
         if problems:

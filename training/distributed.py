@@ -15,8 +15,11 @@ FSDP2 (parameters sharded across devices, for a model that does not fit one) is 
 
 A run with ``devices: N`` (training.loop.data_parallel_ranks): rank 0 is the worker's own process,
 which rolls out, grades, checkpoints and records; ``Followers`` are ranks 1..N-1, spawned on the
-same host, resumed from rank 0's checkpoint, sent each step's groups, and updated with it
-(Trainer._update makes its session data-parallel whenever a process group of several is up).
+same host, resumed from rank 0's checkpoint, and updated with it. A GRPO run sends each step's
+groups (Trainer._update makes its session data-parallel whenever a process group of several is
+up); an SFT or DPO run's session is a ``MirroredSession``: every primitive rank 0 calls is sent to
+the followers first, and each calls it on its own rank, so any objective written over the session
+primitives runs data-parallel without the followers knowing it.
 
 Invariants:
 - every rank calls the same primitives in the same order with the same arguments, as collectives
@@ -255,6 +258,7 @@ class Followers:
         self.pipes: list[Any] = []
         self.processes: list[Any] = []
         self.restarts = 0
+        self.generation = 0  # process groups started so far: a MirroredSession rebuilds on a new one
         _active.append(self)
         self._start(spec)
 
@@ -275,6 +279,7 @@ class Followers:
                                     world_size=world_size, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))  # fmt: skip
             for rank, pipe in enumerate(self.pipes, start=1):
                 self._expect_ready(rank, pipe, start_timeout_s)
+            self.generation += 1
         except BaseException:
             self.close()
             raise
@@ -291,26 +296,40 @@ class Followers:
         if message[0] != "ready":
             raise RuntimeError(f"data-parallel rank {rank} failed to start: {message[1]}")
 
-    def train_step(self, groups: list[Any], *, learning_rate: float) -> None:
-        """Send the update to every follower (rank 0 runs it next, with them)."""
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Send ``message`` to every follower; RankLost if one is gone."""
         for rank, (pipe, process) in enumerate(zip(self.pipes, self.processes, strict=True), start=1):
             if process.poll() is not None:
                 raise RankLost(f"data-parallel rank {rank} exited (status {process.returncode})")
             try:
-                pipe.send(("train", groups, learning_rate))
+                pipe.send(message)
             except (BrokenPipeError, OSError) as exc:
                 raise RankLost(f"data-parallel rank {rank} cannot be reached: {exc}") from exc
 
+    def train_step(self, groups: list[Any], *, learning_rate: float) -> None:
+        """Send the update to every follower (rank 0 runs it next, with them)."""
+        self.send(("train", groups, learning_rate))
+
     def update(self, trainer: Any, groups: list[Any], *, learning_rate: float, checkpoint: Path,
                on_restart: Callable[[str], None] | None = None) -> dict[str, float]:  # fmt: skip
-        """``trainer.train_step(groups)`` on every rank. If a follower dies before or during it,
-        rank 0's trainer is put back as it was before the update, the followers are started
-        again from ``checkpoint`` (the state rank 0 held before the update) and the update is
-        redone once: nothing is lost, the step's result is the one an unbroken update gives."""
-        before = _snapshot(trainer)
-        try:
+        """``trainer.train_step(groups)`` on every rank (see ``run``)."""
+
+        def step() -> dict[str, float]:
             self.train_step(groups, learning_rate=learning_rate)
             return dict(trainer.train_step(groups, learning_rate=learning_rate))
+
+        return self.run(trainer, step, checkpoint=checkpoint, on_restart=on_restart)
+
+    def run(self, trainer: Any, update: Callable[[], dict[str, float]], *, checkpoint: Path,
+            on_restart: Callable[[str], None] | None = None) -> dict[str, float]:  # fmt: skip
+        """``update()`` (rank 0's side of an update the followers take part in). If a follower
+        dies before or during it, rank 0's trainer is put back as it was before the update, the
+        followers are started again from ``checkpoint`` (the state rank 0 held before the
+        update) and the update is redone once: nothing is lost, the step's result is the one an
+        unbroken update gives."""
+        before = _snapshot(trainer)
+        try:
+            return update()
         except Exception as exc:
             if not self._lost():
                 raise
@@ -323,8 +342,7 @@ class Followers:
         self._stop()
         self.spec = replace(self.spec, checkpoint=Path(checkpoint))
         self._start(self.spec)
-        self.train_step(groups, learning_rate=learning_rate)
-        return dict(trainer.train_step(groups, learning_rate=learning_rate))
+        return update()
 
     def _lost(self, wait_s: float = 5.0) -> bool:
         """Whether a follower is gone (waiting briefly: a collective may fail before its peer's
@@ -358,6 +376,38 @@ class Followers:
         self.pipes, self.processes = [], []
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class MirroredSession:
+    """Rank 0's session of an update whose every primitive the followers mirror: each call is sent
+    down their pipes first, then run here over every rank (``DataParallelSession``, built anew
+    whenever the followers' process group is new: after a restart). The followers answer the
+    calls in order on their own ``DataParallelSession`` (``_follow``)."""
+
+    def __init__(self, session: TrainingSession, followers: Followers) -> None:
+        self.session, self.followers = session, followers
+        self._parallel: DataParallelSession | None = None
+        self._generation = -1
+
+    @property
+    def world_size(self) -> int:
+        return self.followers.world_size
+
+    def forward_backward(self, *args: Any, **kwargs: Any) -> ForwardBackwardResult:
+        return self._mirror("forward_backward", args, kwargs)  # type: ignore[no-any-return]
+
+    def forward(self, *args: Any, **kwargs: Any) -> list[list[float]]:
+        return self._mirror("forward", args, kwargs)  # type: ignore[no-any-return]
+
+    def optim_step(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        return self._mirror("optim_step", args, kwargs)  # type: ignore[no-any-return]
+
+    def _mirror(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.followers.send(("call", name, args, kwargs))
+        if self._parallel is None or self._generation != self.followers.generation:
+            self._parallel = DataParallelSession(self.session)  # meets the followers' broadcast
+            self._generation = self.followers.generation
+        return getattr(self._parallel, name)(*args, **kwargs)
 
 
 _active: list[Followers] = []  # this process's running followers (at most one data-parallel run)
@@ -462,6 +512,7 @@ def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: Fol
         trainer = Trainer.resume(
             base_model, tokenizer, spec.checkpoint, spec.config, spec.lora, device=device
         )
+        mirrored: DataParallelSession | None = None
         pipe.send(("ready",))
         while True:
             if not pipe.poll(1.0):
@@ -471,6 +522,12 @@ def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: Fol
             message = pipe.recv()
             if message[0] == "stop":
                 return
+            if message[0] == "call":  # a MirroredSession's primitive, on this rank's share
+                _, name, args, kwargs = message
+                if mirrored is None:
+                    mirrored = DataParallelSession(TrainingSession(trainer))
+                getattr(mirrored, name)(*args, **kwargs)
+                continue
             _, groups, learning_rate = message
             trainer.train_step(groups, learning_rate=learning_rate)
     except (EOFError, BrokenPipeError):

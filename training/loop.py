@@ -319,9 +319,9 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
     for rebuild in range(SESSION_REBUILDS + 1):
         trainer, tokenizer, dtype, current = start_trainer(spec, recorded)
         try:
-            if spec.objective in ("sft", "dpo"):
-                return run_supervised(spec, recorded, trainer, tokenizer, dtype, current)
             with data_parallel_ranks(spec, current, recorded) as followers:
+                if spec.objective in ("sft", "dpo"):
+                    return run_supervised(spec, recorded, trainer, tokenizer, dtype, current, followers)
                 return _train(spec, recorded, trainer, tokenizer, dtype, current, followers)
         except SessionLost as exc:
             if rebuild == SESSION_REBUILDS:

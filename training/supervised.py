@@ -23,6 +23,7 @@ grades the policy's answers to the validation prompts (``training.evaluation``),
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import shutil
 import time
@@ -258,17 +259,23 @@ def _example(build: Any, tokenizer: Any, row: dict[str, Any], system: str) -> An
         raise RowError(f"task row {row['index']}: {exc}") from None
 
 
-def run_supervised(spec: Any, hooks: Any, trainer: Any, tokenizer: Any, dtype: Any, current: int) -> str:
+def run_supervised(spec: Any, hooks: Any, trainer: Any, tokenizer: Any, dtype: Any, current: int,
+                   followers: Any = None) -> str:  # fmt: skip
     """Train ``spec`` (a ``training.loop.RunSpec`` with objective sft or dpo) from ``current`` with
     ``trainer`` (``training.loop.start_trainer``'s: in this process, or a session on the host's
-    trainer service); the outcome as ``run_training``'s."""
+    trainer service); the outcome as ``run_training``'s. With ``followers`` (``devices`` > 1,
+    training.distributed.Followers) every primitive runs over all ranks (``MirroredSession``) and
+    an update a rank is lost in is redone from the checkpoint before it."""
+    from training.distributed import MirroredSession
     from training.loop import PolicySampler
     from training.run_steps import checkpoint_path, rows_for_step
     from training.service_run import ServiceTrainer
     from training.session import TrainingSession
 
     config = spec.config
-    session = trainer.session if isinstance(trainer, ServiceTrainer) else TrainingSession(trainer)
+    session: Any = trainer.session if isinstance(trainer, ServiceTrainer) else TrainingSession(trainer)
+    if followers is not None:
+        session = MirroredSession(session, followers)
     objective = _Objective(spec, session, tokenizer, checkpoint_path(spec.checkpoint_root, spec.start_step))
     sampler = PolicySampler(spec, trainer, tokenizer, dtype, current)
     evaluation = dataclasses.replace(
@@ -289,7 +296,14 @@ def run_supervised(spec: Any, hooks: Any, trainer: Any, tokenizer: Any, dtype: A
         phase(hooks, "updating", f"{label}: {spec.objective} update", step=step)
         sampler.before_update()
         rows = rows_for_step(spec.train_rows, seed=config.seed, step=step, count=config.groups_per_step)
-        metrics = objective.update(rows, learning_rate_at(config, step - spec.start_step, config.steps))
+        rate = learning_rate_at(config, step - spec.start_step, config.steps)
+        if followers is None:
+            metrics = objective.update(rows, rate)
+        else:
+            metrics = followers.run(trainer, functools.partial(objective.update, rows, rate),
+                                    checkpoint=checkpoint_path(spec.checkpoint_root, step - 1),
+                                    on_restart=lambda message: hooks.event(message, level="warn"))  # fmt: skip
+            metrics["update_devices"] = float(followers.world_size)
         metrics["train_seconds"] = time.monotonic() - started
         evaluated = is_evaluation_step(step, start_step=spec.start_step, final_step=final_step,
                                        interval=config.eval_interval)  # fmt: skip

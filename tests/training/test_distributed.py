@@ -213,3 +213,92 @@ def test_a_rank_killed_mid_run_is_restarted_and_the_run_loses_nothing(tiny_model
     for step in (1, 2, 3):
         weights = [load_file(roots[n] / f"step-00000{step}" / "adapter_model.safetensors") for n in roots]
         assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < 1e-6, step
+
+
+@pytest.mark.parametrize("objective", ["sft", "dpo"])
+def test_sft_and_dpo_runs_with_two_devices_train_as_runs_with_one(tiny_model_dir, tmp_path, objective):
+    """An SFT or DPO run with ``devices: 2``: every session primitive rank 0 calls (the forward
+    passes of DPO's terms and its reference, the update, the held-out measurements) is mirrored on
+    the follower; the losses, held-out figures and checkpoints match the one-device run's."""
+    from safetensors.torch import load_file
+
+    from tests.training.test_supervised import WORDS, Hooks, supervised_spec
+    from training.loop import run_training
+
+    if objective == "sft":
+        rows = [{"prompt": f"Say {w}", "completion": f"{w} {w}", "item": {"word": w}} for w in WORDS]
+        options = {"learning_rate": 2e-2}
+    else:
+        rows = [{"prompt": f"Name {w}", "chosen": f"{w} is fine", "rejected": "nothing here",
+                 "item": {"word": w}} for w in WORDS]  # fmt: skip
+        options = {"learning_rate": 5e-3, "dpo_beta": 0.5}
+    results = {}
+    for devices in (1, 2):
+        root = tmp_path / f"devices-{devices}"
+        hooks = Hooks()
+        spec = supervised_spec(
+            root,
+            tiny_model_dir,
+            objective,
+            rows,
+            rows[:2],
+            steps=3,
+            devices=devices,
+            eval_interval=1,
+            **options,
+        )
+        assert run_training(spec, hooks) == "succeeded", hooks.events
+        results[devices] = (hooks, root)
+    (one, one_root), (two, two_root) = results[1], results[2]
+    assert [m.get("update_devices") for m in two.metrics] == [2.0, 2.0, 2.0]
+    assert "update_devices" not in one.metrics[0]
+    assert any("data-parallel on 2 devices (gloo)" in event["message"] for event in two.events)
+    assert follower_pids() == []
+    for mine, theirs in zip(two.metrics, one.metrics, strict=True):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-6)
+        assert mine["heldout_loss"] == pytest.approx(theirs["heldout_loss"], rel=1e-4, abs=1e-6)
+    assert one.metrics[-1]["heldout_loss"] < one.metrics[0]["heldout_loss"], (
+        "nothing learned: equality says little"
+    )
+    for step in (1, 2, 3):
+        weights = [
+            load_file(root / f"step-00000{step}" / "adapter_model.safetensors")
+            for root in (one_root, two_root)
+        ]
+        assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < WEIGHT_TOLERANCE
+
+
+def test_an_sft_run_whose_rank_is_killed_redoes_the_update_and_loses_nothing(tiny_model_dir, tmp_path):
+    """The follower of an SFT run is killed (SIGKILL) once step 1 is recorded: step 2's update
+    restarts it from the step-1 checkpoint (a new process group) and redoes the update; every
+    checkpoint equals an unbroken run's."""
+    import signal
+
+    from safetensors.torch import load_file
+
+    from tests.training.test_supervised import WORDS, Hooks, supervised_spec
+    from training.loop import run_training
+
+    class KillingHooks(Hooks):
+        def record_step(self, *, step, metrics, trajectories, path) -> bool:
+            if step == 1:
+                (follower,) = follower_pids()
+                os.kill(follower, signal.SIGKILL)
+            return super().record_step(step=step, metrics=metrics, trajectories=trajectories, path=path)
+
+    rows = [{"prompt": f"Say {w}", "completion": f"{w} {w}", "item": {"word": w}} for w in WORDS]
+    roots = {}
+    for name, hooks in (("unbroken", Hooks()), ("killed", KillingHooks())):
+        roots[name] = tmp_path / name
+        spec = supervised_spec(
+            roots[name], tiny_model_dir, "sft", rows, rows[:1], steps=3, devices=2, learning_rate=2e-2
+        )
+        assert run_training(spec, hooks) == "succeeded", hooks.events
+        if name == "killed":
+            warnings = [e["message"] for e in hooks.events if e["level"] == "warn"]
+            assert any("data-parallel rank was lost" in w and "step-000001" in w for w in warnings), warnings
+            assert len(hooks.metrics) == 3
+    assert follower_pids() == []
+    for step in (1, 2, 3):
+        weights = [load_file(roots[n] / f"step-00000{step}" / "adapter_model.safetensors") for n in roots]
+        assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < 1e-6, step

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from projects import services
-from projects.models import RunStatus, Trajectory
+from projects.models import Run, RunStatus, Trajectory
 from tests.conftest import error_of
 
 pytestmark = pytest.mark.django_db
@@ -225,21 +225,23 @@ def test_task_rows_with_malformed_targets_are_refused_naming_the_field(alpha_set
         assert response.status_code == 400 and field in error_of(response)["message"], response.json()
 
 
-def test_devices_and_overlap_are_checked_and_only_grpo_runs_take_them(alpha_setup, key_client):
+def test_devices_and_overlap_are_checked_and_only_grpo_runs_overlap(alpha_setup, key_client):
     response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, devices=0), format="json")
     assert response.status_code == 400 and error_of(response)["param"] == "config.devices"
     rows = [{"prompt": "q", "completion": "a"}]
     targets = services.task_set_create(project=alpha_setup.project, name="sft-devices", rows=rows)
-    body = {**_run_body(alpha_setup, devices=2), "task_set": targets.pk, "kind": "sft"}
-    response = key_client.post("/api/v1/runs/", body, format="json")
-    assert response.status_code == 400 and error_of(response)["param"] == "config.devices"
-    assert "GRPO runs only" in error_of(response)["message"]
     body = {**_run_body(alpha_setup, max_off_policy_steps=1), "task_set": targets.pk, "kind": "sft"}
     response = key_client.post("/api/v1/runs/", body, format="json")
     assert response.status_code == 400 and error_of(response)["param"] == "config.max_off_policy_steps"
+    assert "GRPO runs only" in error_of(response)["message"]
     response = key_client.post(
         "/api/v1/runs/", _run_body(alpha_setup, max_off_policy_steps=17), format="json"
     )
     assert response.status_code == 400 and error_of(response)["param"] == "config.max_off_policy_steps"
     response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, devices=2), format="json")
+    assert response.status_code == 201 and response.json()["config"]["devices"] == 2
+    services.run_cancel(run=Run.objects.get(pk=response.json()["id"]))
+    # SFT and DPO runs take devices too (every session primitive mirrored on each rank).
+    body = {**_run_body(alpha_setup, devices=2), "task_set": targets.pk, "kind": "sft"}
+    response = key_client.post("/api/v1/runs/", body, format="json")
     assert response.status_code == 201 and response.json()["config"]["devices"] == 2
