@@ -3,7 +3,8 @@
 Prints the largest difference between the two sides' LoRA weights after --steps AdamW steps, the
 losses of each step, and the seconds per step of each side, measured inside the processes (process
 start and the group's rendezvous excluded). Both sides start from the same adapter (rank 0's init
-is broadcast) and see the same batch: --rows GRPO-like rows of --tokens tokens, `ppo` loss.
+is broadcast) and see the same batch: --rows GRPO-like rows of --tokens tokens, the `ppo` loss
+(GRPO runs) or `--loss cross_entropy` (the update of SFT runs, and of DPO runs with per-datum weights).
 
 On this 2-core CPU the two ranks get one core each and the single process both: two ranks are not
 a speed-up here, only the equality is the point. On GPUs each rank has its own device.
@@ -59,14 +60,14 @@ def session(source: str, cache: Path, threads: int) -> Any:
     return TrainingSession(Trainer(model, tokenizer, TrainConfig(seed=7), LoraSpec()))
 
 
-def train(target: Any, data: list[Any], steps: int, learning_rate: float) -> dict[str, Any]:
+def train(target: Any, data: list[Any], steps: int, learning_rate: float, loss: str) -> dict[str, Any]:
     """``steps`` updates on ``data``; the gradient of the first (summed over ranks when parallel)."""
     losses, seconds, first_grads = [], [], []
     single = getattr(target, "session", target)  # the rank's own TrainingSession
     params = single.trainer.trainable_parameters
     for step in range(steps):
         started = time.perf_counter()
-        losses.append(target.forward_backward(data, "ppo").loss)
+        losses.append(target.forward_backward(data, loss).loss)
         if target is not single:
             target.reduce_gradients()
         if step == 0:
@@ -78,12 +79,12 @@ def train(target: Any, data: list[Any], steps: int, learning_rate: float) -> dic
 
 
 def _rank(rank: int, world_size: int, source: str, cache: str, out: str, rows: int, tokens: int,
-          steps: int, learning_rate: float) -> None:  # fmt: skip
+          steps: int, learning_rate: float, loss: str) -> None:  # fmt: skip
     from training.distributed import DataParallelSession
 
     parallel = DataParallelSession(session(source, Path(cache), threads=1))
     vocab = len(parallel.session.trainer.tokenizer)
-    result = train(parallel, batch(rows, tokens, vocab), steps, learning_rate)
+    result = train(parallel, batch(rows, tokens, vocab), steps, learning_rate, loss)
     torch.save(result, Path(out) / f"rank-{rank}.pt")
 
 
@@ -94,6 +95,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--loss", default="ppo", choices=["ppo", "cross_entropy"])
     parser.add_argument("--json", default="")
     args = parser.parse_args()
 
@@ -103,20 +105,21 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="artweb-ddp-bench-"))
     cache = work / "models"
     source = str(build_tiny_model(work / "tiny")) if args.tiny else BUNDLED_MODEL
-    common = (args.rows, args.tokens, args.steps, args.learning_rate)
+    common = (args.rows, args.tokens, args.steps, args.learning_rate, args.loss)
     from training.base_models import base_model_dir
 
     base_model_dir(source, cache)  # the bundled model converted once, before two ranks read it
     run_ranks(_rank, 2, source, str(cache), str(work), *common, rendezvous=work / "rendezvous")
     one = session(source, cache, threads=2)
     vocab = len(one.trainer.tokenizer)
-    single = train(one, batch(args.rows, args.tokens, vocab), args.steps, args.learning_rate)
+    single = train(one, batch(args.rows, args.tokens, vocab), args.steps, args.learning_rate, args.loss)
     ranks = [torch.load(work / f"rank-{rank}.pt") for rank in (0, 1)]
     report = {
         "model": source,
         "rows": args.rows,
         "tokens": args.tokens,
         "steps": args.steps,
+        "loss": args.loss,
         "ranks_identical": all(
             torch.equal(a, b) for a, b in zip(ranks[0]["params"], ranks[1]["params"], strict=True)
         ),
