@@ -181,10 +181,23 @@ def test_devices_is_a_validated_run_setting():
     assert TrainConfig().devices == 1
 
 
+def killing_follower_after_step_one(hooks: type) -> type:
+    """``hooks`` that SIGKILL the run's one follower once step 1 is recorded."""
+    import signal
+
+    class KillingHooks(hooks):
+        def record_step(self, *, step, metrics, trajectories, path) -> bool:
+            if step == 1:
+                (follower,) = follower_pids()
+                os.kill(follower, signal.SIGKILL)
+            return super().record_step(step=step, metrics=metrics, trajectories=trajectories, path=path)
+
+    return KillingHooks
+
+
 def test_a_rank_killed_mid_run_is_restarted_and_the_run_loses_nothing(tiny_model_dir, tmp_path):
     """The follower is killed (SIGKILL) once step 1 is recorded: step 2's update restarts it from
     the step-1 checkpoint and redoes the update; every checkpoint equals an unbroken run's."""
-    import signal
 
     from safetensors.torch import load_file
 
@@ -192,13 +205,7 @@ def test_a_rank_killed_mid_run_is_restarted_and_the_run_loses_nothing(tiny_model
     from tests.training.test_recipes import run_spec
     from training.loop import run_training
 
-    class KillingHooks(MeteredHooks):
-        def record_step(self, *, step, metrics, trajectories, path) -> bool:
-            if step == 1:
-                (follower,) = follower_pids()
-                os.kill(follower, signal.SIGKILL)
-            return super().record_step(step=step, metrics=metrics, trajectories=trajectories, path=path)
-
+    KillingHooks = killing_follower_after_step_one(MeteredHooks)
     roots = {}
     for name, hooks in (("unbroken", MeteredHooks()), ("killed", KillingHooks())):
         roots[name] = tmp_path / name
@@ -272,20 +279,13 @@ def test_an_sft_run_whose_rank_is_killed_redoes_the_update_and_loses_nothing(tin
     """The follower of an SFT run is killed (SIGKILL) once step 1 is recorded: step 2's update
     restarts it from the step-1 checkpoint (a new process group) and redoes the update; every
     checkpoint equals an unbroken run's."""
-    import signal
 
     from safetensors.torch import load_file
 
     from tests.training.test_supervised import WORDS, Hooks, supervised_spec
     from training.loop import run_training
 
-    class KillingHooks(Hooks):
-        def record_step(self, *, step, metrics, trajectories, path) -> bool:
-            if step == 1:
-                (follower,) = follower_pids()
-                os.kill(follower, signal.SIGKILL)
-            return super().record_step(step=step, metrics=metrics, trajectories=trajectories, path=path)
-
+    KillingHooks = killing_follower_after_step_one(Hooks)
     rows = [{"prompt": f"Say {w}", "completion": f"{w} {w}", "item": {"word": w}} for w in WORDS]
     roots = {}
     for name, hooks in (("unbroken", Hooks()), ("killed", KillingHooks())):
