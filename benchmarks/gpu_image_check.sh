@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The CUDA paths that need no vLLM, on a GPU host whose image already has torch and no package
 # registry (this workplace's lent H200: Python 3.12, torch, accelerate and safetensors preinstalled).
-#   1. installs the lock's transformers, peft, tokenizers, llguidance and uvicorn from wheels carried in .whl/ (fetched
-#      beforehand on a machine with a registry, see below) into /tmp/site, beside the image's torch,
+#   1. installs the lock's transformers, peft, tokenizers, llguidance and uvicorn from wheels carried
+#      in .whl/ (fetched beforehand on a machine with a registry, see below) into /tmp/site, beside
+#      the image's torch,
 #   2. runs tests/training/test_cuda.py (marked gpu): a bf16 run with the sampler check every step
-#      and a resume, an overlapped run, the fp32 update against the CPU's, the data-parallel
-#      session over NCCL,
+#      and a resume, an overlapped run, a run on a trainer service, SFT and DPO runs, the fp32
+#      update against the CPU's under every named loss, the data-parallel session over NCCL,
 #   3. runs benchmarks/gpu_update.py: update and rollout speed on CUDA (bf16, fp32) against this
 #      host's CPU, measured in the same run.
 # vLLM, unsloth and the platform (Django, Celery) are not exercised: benchmarks/gpu_smoke.sh does

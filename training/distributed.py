@@ -389,10 +389,6 @@ class MirroredSession:
         self._parallel: DataParallelSession | None = None
         self._generation = -1
 
-    @property
-    def world_size(self) -> int:
-        return self.followers.world_size
-
     def forward_backward(self, *args: Any, **kwargs: Any) -> ForwardBackwardResult:
         return self._mirror("forward_backward", args, kwargs)  # type: ignore[no-any-return]
 
