@@ -13,6 +13,10 @@ calls forward_backward several times per optim_step). One all-reduce per optimiz
 DDP gives with ``no_sync`` on all but the last backward; here it is the same collective, explicit.
 FSDP2 (parameters sharded across devices, for a model that does not fit one) is not built.
 
+A Tinker training client with ``devices: N`` (training.session_pool): rank 0 is its session in the
+trainer process (a ``MirroredSession`` with a ``replay_dir``: it restarts a lost follower itself and
+replays the calls since the last optim_step, since a client's gradients accumulate over requests).
+
 A run with ``devices: N`` (training.loop.data_parallel_ranks): rank 0 is the worker's own process,
 which rolls out, grades, checkpoints and records; ``Followers`` are ranks 1..N-1, spawned on the
 same host, resumed from rank 0's checkpoint, and updated with it. A GRPO run sends each step's
@@ -26,7 +30,9 @@ Invariants:
   require; a rank whose share is empty still takes part (its gradient is zero);
 - on construction rank 0's adapter weights are broadcast to every rank (a fresh init drawn with
   another seed, a resumed checkpoint: the same policy everywhere from the first step);
-- only rank 0 writes a checkpoint (the state is the same on every rank); the others wait for it.
+- only rank 0 writes a checkpoint (the state is the same on every rank); the others wait for it;
+- a primitive that fails in any rank's share (bad input) fails on every rank alike, after the
+  collective that tells them, and leaves no gradient of its own behind: the ranks stay in step.
 - ``art`` (ART's loss) averages its KL term over the whole call: it cannot be split by datum and
   is refused here.
 """
@@ -37,6 +43,7 @@ import contextlib
 import copy
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -126,20 +133,30 @@ class DataParallelSession:
         if loss_fn in WHOLE_CALL_LOSSES:
             raise ValueError(f"loss {loss_fn!r} needs the whole call in one process: not data-parallel")
         mine = shares(data, self.world_size)[self.rank]
-        result = (
-            self.session.forward_backward(
-                [data[i] for i in mine], loss_fn, loss_fn_config, forward_only=forward_only
-            )
-            if mine
-            else ForwardBackwardResult(loss=0.0, metrics={}, logprobs=[])
+        empty = ForwardBackwardResult(loss=0.0, metrics={}, logprobs=[])
+        result, error = empty, None
+        # A call that fails on any rank leaves no gradient of its own on any rank (put back below).
+        before = (
+            None if forward_only else [None if p.grad is None else p.grad.clone() for p in self.parameters]
         )
+        try:
+            if mine:
+                result = self.session.forward_backward(
+                    [data[i] for i in mine], loss_fn, loss_fn_config, forward_only=forward_only
+                )
+        except Exception as exc:  # noqa: BLE001 (told to every rank below, raised on each)
+            result, error = empty, _portable(exc)
         tokens = sum(trained_tokens(data[i]) for i in mine)
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, (mine, tokens, result.loss, result.metrics, result.logprobs))
+        dist.all_gather_object(gathered, (mine, tokens, result.loss, result.metrics, result.logprobs, error))
+        if before is not None and any(part[-1] is not None for part in gathered):
+            for parameter, grad in zip(self.parameters, before, strict=True):
+                parameter.grad = grad
+        _raise_first([part[-1] for part in gathered])
         logprobs: list[list[float]] = [[] for _ in data]
         loss, all_tokens = 0.0, 0
         sums: dict[str, float] = {}
-        for indices, count, part_loss, metrics, part_logprobs in gathered:
+        for indices, count, part_loss, metrics, part_logprobs, _ in gathered:
             loss += part_loss
             all_tokens += count
             for index, values in zip(indices, part_logprobs, strict=True):
@@ -155,11 +172,18 @@ class DataParallelSession:
     def forward(self, data: Sequence[Datum], *, reference: Path | str | None = None) -> list[list[float]]:
         """TrainingSession.forward over every rank (no gradients)."""
         mine = shares(data, self.world_size)[self.rank]
-        part = self.session.forward([data[i] for i in mine], reference=reference) if mine else []
+        part: list[list[float]] = []
+        error = None
+        try:
+            if mine:
+                part = self.session.forward([data[i] for i in mine], reference=reference)
+        except Exception as exc:  # noqa: BLE001 (told to every rank below, raised on each)
+            error = _portable(exc)
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, (mine, part))
+        dist.all_gather_object(gathered, (mine, part, error))
+        _raise_first([error for _, _, error in gathered])
         logprobs: list[list[float]] = [[] for _ in data]
-        for indices, values in gathered:
+        for indices, values, _ in gathered:
             for index, row in zip(indices, values, strict=True):
                 logprobs[index] = row
         return logprobs
@@ -169,6 +193,10 @@ class DataParallelSession:
         with ``options``: the same step on every rank."""
         self.reduce_gradients()
         return self.session.optim_step(**options)
+
+    def reset_optimizer(self) -> None:
+        """TrainingSession.reset_optimizer on this rank (every rank calls it: the states stay equal)."""
+        self.session.reset_optimizer()
 
     def reduce_gradients(self) -> None:
         """Replace each rank's accumulated gradients by their sum over the ranks (one all-reduce of
@@ -195,6 +223,25 @@ class DataParallelSession:
         if self.rank == 0:
             self.session.save_weights_for_sampler(path)
         dist.barrier()
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` if it survives pickling (it goes to the other ranks), else a RuntimeError saying it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 (any failure to round-trip: send its text instead)
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def _raise_first(errors: Sequence[Exception | None]) -> None:
+    """Raise the lowest rank's error of a primitive, on every rank alike (bad input in one rank's
+    share fails the call everywhere; no rank is left waiting in the next collective), marked
+    ``raised_on_every_rank``: a follower answers it and waits for the next call."""
+    for error in errors:
+        if error is not None:
+            error.raised_on_every_rank = True  # type: ignore[attr-defined]
+            raise error
 
 
 def run_ranks(
@@ -382,21 +429,88 @@ class MirroredSession:
     """Rank 0's session of an update whose every primitive the followers mirror: each call is sent
     down their pipes first, then run here over every rank (``DataParallelSession``, built anew
     whenever the followers' process group is new: after a restart). The followers answer the
-    calls in order on their own ``DataParallelSession`` (``_follow``)."""
+    calls in order on their own ``DataParallelSession`` (``_follow``). Whatever else is asked of
+    it (sample, save_state, the trainer, ...) is rank 0's session's: the ranks hold the same state.
 
-    def __init__(self, session: TrainingSession, followers: Followers) -> None:
+    ``replay_dir``: the session recovers from a lost follower by itself, for a caller whose
+    gradients accumulate over several calls (a Tinker client): the calls since the last
+    ``optim_step`` are logged; when a follower is gone, rank 0's gradients are dropped, its state
+    (unchanged since that step: only an optim_step changes it) is saved under ``replay_dir``, the
+    followers restart from it, the logged calls are replayed over every rank, and the failed call is
+    run again. Without it, a lost follower raises and the caller recovers (``Followers.run``)."""
+
+    def __init__(
+        self, session: TrainingSession, followers: Followers, *, replay_dir: Path | None = None
+    ) -> None:
         self.session, self.followers = session, followers
+        self.replay_dir = replay_dir
         self._parallel: DataParallelSession | None = None
         self._generation = -1
+        self._since_step: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.recoveries = 0
+
+    def use(self, session: TrainingSession) -> MirroredSession:
+        """Rank 0's primitives through ``session`` from now on (the same trainer, e.g. a pool's
+        session object of this use)."""
+        self.session = session
+        if self._parallel is not None:
+            self._parallel.session = session
+        return self
+
+    def __getattr__(self, name: str) -> Any:  # only for what the class does not define
+        if name.startswith("__") or name == "session":
+            raise AttributeError(name)
+        return getattr(self.session, name)
+
+    @property
+    def world_size(self) -> int:
+        return self.followers.world_size
 
     def forward_backward(self, *args: Any, **kwargs: Any) -> ForwardBackwardResult:
-        return self._mirror("forward_backward", args, kwargs)  # type: ignore[no-any-return]
+        return self._call("forward_backward", args, kwargs)  # type: ignore[no-any-return]
 
     def forward(self, *args: Any, **kwargs: Any) -> list[list[float]]:
-        return self._mirror("forward", args, kwargs)  # type: ignore[no-any-return]
+        return self._call("forward", args, kwargs)  # type: ignore[no-any-return]
 
     def optim_step(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        return self._mirror("optim_step", args, kwargs)  # type: ignore[no-any-return]
+        return {**self._call("optim_step", args, kwargs), "update_devices": float(self.world_size)}
+
+    def reset_optimizer(self) -> None:
+        self._call("reset_optimizer", (), {})
+
+    def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.replay_dir is None:
+            return self._mirror(name, args, kwargs)
+        try:
+            result = self._mirror(name, args, kwargs)
+        except Exception as exc:
+            if getattr(exc, "raised_on_every_rank", False) or not (
+                isinstance(exc, RankLost) or self.followers._lost()
+            ):
+                raise
+            self._recover(str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            result = self._mirror(name, args, kwargs)
+        if name == "optim_step" or name == "reset_optimizer":
+            self._since_step.clear()
+        elif name == "forward_backward" and not kwargs.get("forward_only"):
+            self._since_step.append((name, args, kwargs))
+        return result
+
+    def _recover(self, reason: str) -> None:
+        assert self.replay_dir is not None
+        log.warning("a data-parallel rank was lost (%s): restarting the ranks and replaying %d call(s)",
+                    reason, len(self._since_step))  # fmt: skip
+        trainer = self.session.trainer
+        trainer.optimizer.zero_grad(set_to_none=True)  # rank 0's share of the lost calls: replayed below
+        folder = self.replay_dir / "ranks-state"
+        trainer.save_checkpoint(folder, step=trainer.step, metrics={})
+        self.followers._stop()
+        self.followers.spec = replace(self.followers.spec, checkpoint=folder)
+        self.followers.restarts += 1
+        self.followers._start(self.followers.spec)
+        self.recoveries += 1
+        for name, args, kwargs in self._since_step:
+            self._mirror(name, args, kwargs)
 
     def _mirror(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.followers.send(("call", name, args, kwargs))
@@ -522,7 +636,15 @@ def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: Fol
                 _, name, args, kwargs = message
                 if mirrored is None:
                     mirrored = DataParallelSession(TrainingSession(trainer))
-                getattr(mirrored, name)(*args, **kwargs)
+                try:
+                    getattr(mirrored, name)(*args, **kwargs)
+                except Exception as exc:
+                    if not getattr(exc, "raised_on_every_rank", False):
+                        raise
+                    # Bad input: rank 0 answers its caller; the ranks are in step for the next call.
+                continue
+            if message[0] == "configure":  # the session's settings from now on (SessionPool.configure)
+                trainer.config = message[1]
                 continue
             _, groups, learning_rate = message
             trainer.train_step(groups, learning_rate=learning_rate)

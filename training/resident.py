@@ -40,9 +40,12 @@ class ResidentSessions:
     """This process's kept sessions: ``capacity`` models' adapters on a SessionPool, the least
     recently used closed first (0: none kept; every job loads its checkpoint)."""
 
-    def __init__(self, load_base: Callable[[str], tuple[Any, Any]], *, capacity: int, spill_dir: Any) -> None:
+    def __init__(self, load_base: Callable[[str], tuple[Any, Any]], *, capacity: int, spill_dir: Any,
+                 **pool_options: Any) -> None:  # fmt: skip
         self.capacity = capacity
-        self.pool = SessionPool(load_base, spill_dir=spill_dir)
+        self.pool = SessionPool(
+            load_base, spill_dir=spill_dir, **pool_options
+        )  # device, model_cache_dir, ...
         self.hits = 0
         self.misses = 0
         self._using: dict[str, Any] = {}

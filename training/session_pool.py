@@ -11,11 +11,19 @@ optimizer moments exceed it, the least recently used idle one is saved with ``sa
 optimizer, RNG) into the spill folder and its adapter deleted; using it again loads it back, and it
 continues bit for bit. A session with gradients accumulated and not yet stepped is never evicted.
 
+A session with ``devices`` > 1 (training.distributed) is trained data-parallel: its adapter here is
+rank 0, and follower processes started from its state hold ranks 1..N-1; every forward,
+forward_backward, optim_step and reset_optimizer runs over all ranks (``MirroredSession``, which
+restarts a lost follower and replays the calls since the last optim_step), the rest (sampling,
+saves) on rank 0 alone. A process joins one process group, so a pool trains at most one such
+session at a time; it is never evicted (its ranks hold its state too).
+
 One thread at a time: the caller serialises use (the trainer service holds one lock per pool).
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import time
@@ -23,7 +31,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +67,7 @@ class _Entry:
     tag: Any = None  # what the owner says the session holds (e.g. the checkpoint it equals)
     used_at: float = field(default_factory=time.monotonic)
     spilled: Path | None = None
+    ranks: Any = None  # a training.distributed.MirroredSession when the session has devices > 1
 
     @property
     def resident(self) -> bool:
@@ -83,8 +92,13 @@ class SessionPool:
         spill_dir: Path,
         budget_bytes: int | None = None,
         device: str = "cpu",
+        model_cache_dir: Path | None = None,
+        unsloth: str = "off",
     ) -> None:
         self._load_base = load_base  # source -> (model, tokenizer), freshly loaded
+        # Where a data-parallel session's follower processes load the base from (None: not offered).
+        self.model_cache_dir = model_cache_dir
+        self.unsloth = unsloth
         self.spill_dir = Path(spill_dir)
         self.budget_bytes = budget_bytes
         self.device = device
@@ -128,6 +142,12 @@ class SessionPool:
         base.model = entry.trainer.model
         self._live = entry
         self._entries[session_id] = entry
+        if config.devices > 1:
+            try:
+                self._start_ranks(entry)
+            except BaseException:
+                self.close(session_id)
+                raise
         self._enforce_budget(keep=entry)
 
     @contextmanager
@@ -141,8 +161,9 @@ class SessionPool:
             from training.engines.transformers_engine import TransformersEngine
 
             base.engine = TransformersEngine(entry.trainer.model, base.tokenizer, device=entry.trainer.device)
+        session = TrainingSession(entry.trainer, base.engine)
         try:
-            yield TrainingSession(entry.trainer, base.engine)
+            yield entry.ranks.use(session) if entry.ranks is not None else session
         finally:
             entry.used_at = time.monotonic()
             self._entries.move_to_end(session_id)
@@ -153,6 +174,10 @@ class SessionPool:
         entry = self._entries.pop(session_id, None)
         if entry is None:
             return
+        if entry.ranks is not None:
+            entry.ranks.followers.close()
+            shutil.rmtree(self._ranks_dir(entry), ignore_errors=True)
+            entry.ranks = None
         if entry.trainer is not None:
             self._drop_adapter(entry)
         if entry.spilled is not None:
@@ -167,6 +192,8 @@ class SessionPool:
             return
         if entry.pending():
             raise ValueError(f"session {session_id!r} has gradients not yet stepped: optim_step first")
+        if entry.ranks is not None:
+            raise ValueError(f"session {session_id!r} is data-parallel: its ranks hold it, it is not evicted")
         self._activate(entry)  # save_state writes the process's RNG states: make them the session's
         path = self.spill_dir / entry.adapter
         entry.trainer.save_checkpoint(path, step=entry.trainer.step, metrics={})
@@ -179,6 +206,16 @@ class SessionPool:
         """Another job's settings for the session from now on (learning rate, weight decay,
         temperature, micro-batch budget, ...); its adapter, optimizer moments and RNG stay."""
         entry = self._entry(session_id)
+        if config.devices != entry.config.devices:
+            raise ValueError(f"session {session_id!r} trains on {entry.config.devices} device(s); "
+                             f"its devices cannot change to {config.devices} while it is open")  # fmt: skip
+        if entry.ranks is not None:
+            from training.distributed import RankLost
+
+            followers = entry.ranks.followers
+            followers.spec = replace(followers.spec, config=config)  # what a restarted rank starts with
+            with contextlib.suppress(RankLost):  # a lost rank: the next primitive restarts it
+                followers.send(("configure", config))
         entry.config = config
         if entry.trainer is not None:
             entry.trainer.config = config
@@ -212,6 +249,11 @@ class SessionPool:
             "base_loads": self.base_loads,
             "evictions": self.evictions,
             "reloads": self.reloads,
+            "data_parallel": {
+                e.session_id: {"devices": e.config.devices, "rank_restarts": e.ranks.followers.restarts}
+                for e in self._entries.values()
+                if e.ranks is not None
+            },
         }
 
     # ------------------------------------------------------------------ internals
@@ -264,6 +306,35 @@ class SessionPool:
         self.reloads += 1
         self._enforce_budget(keep=entry)
 
+    def _ranks_dir(self, entry: _Entry) -> Path:
+        return self.spill_dir / f"{entry.adapter}-ranks"
+
+    def _start_ranks(self, entry: _Entry) -> None:
+        """Followers for ranks 1..devices-1 of ``entry`` (live, just opened), started from its state."""
+        import torch.distributed as dist
+
+        from training.distributed import Followers, FollowerSpec, MirroredSession
+
+        devices = entry.config.devices
+        if self.model_cache_dir is None:
+            raise ValueError(f"devices: {devices}: this trainer cannot start data-parallel ranks")
+        other = next((e.session_id for e in self._entries.values() if e.ranks is not None), None)
+        if other is not None or dist.is_initialized():
+            raise ValueError(
+                f"devices: {devices}: this trainer process already trains a data-parallel session"
+                f"{f' ({other})' if other else ''}, and a process holds one at a time: close it, or ask for 1 device"
+            )  # fmt: skip
+        if self.device.startswith("cuda") and torch.cuda.device_count() < devices:
+            raise ValueError(f"devices: {devices} needs that many GPUs on the trainer's host; it has "
+                             f"{torch.cuda.device_count()}")  # fmt: skip
+        folder = self._ranks_dir(entry)
+        start = folder / "start"
+        entry.trainer.save_checkpoint(start, step=entry.trainer.step, metrics={})
+        spec = FollowerSpec(base_model_source=entry.source, model_cache_dir=self.model_cache_dir, device=self.device,
+                            unsloth=self.unsloth, config=entry.config, lora=entry.lora, checkpoint=start)  # fmt: skip
+        followers = Followers(spec, devices, rendezvous_dir=folder)
+        entry.ranks = MirroredSession(TrainingSession(entry.trainer), followers, replay_dir=folder)
+
     def _drop_adapter(self, entry: _Entry) -> None:
         model = entry.trainer.model
         with warnings.catch_warnings():  # "... was active which is now deleted": the pool activates per use
@@ -278,6 +349,6 @@ class SessionPool:
         for entry in list(self._entries.values()):  # least recently used first
             if self.resident_bytes() <= self.budget_bytes:
                 return
-            if entry is keep or not entry.resident or entry.pending():
+            if entry is keep or not entry.resident or entry.pending() or entry.ranks is not None:
                 continue
             self.evict(entry.session_id)

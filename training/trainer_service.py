@@ -406,7 +406,8 @@ def main(argv: list[str] | None = None) -> None:
         return model, tokenizer
 
     pool = SessionPool(load, spill_dir=args.spill_dir or args.root / ".trainer-spill", device=args.device,
-                       budget_bytes=args.memory_budget_mb * 2**20 or None)  # fmt: skip
+                       budget_bytes=args.memory_budget_mb * 2**20 or None, model_cache_dir=cache,
+                       unsloth=args.unsloth)  # fmt: skip
     service = TrainerService(
         pool, ServiceConfig(root=args.root, token=os.environ.get("TRAINER_SERVICE_TOKEN", ""))
     )

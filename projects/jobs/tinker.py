@@ -17,6 +17,7 @@ service.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -89,6 +90,8 @@ def _session_id(model: TinkerModel) -> str:
 def _config(model: TinkerModel) -> tuple[TrainConfig, LoraSpec]:
     seed = model.run.config.get("lora_seed")
     config = TrainConfig(seed=int(seed)) if isinstance(seed, int) else TrainConfig()
+    # Data-parallel on that many devices (training.session_pool); a client created with it.
+    config = dataclasses.replace(config, devices=int(model.run.config.get("devices") or 1))
     return config, LoraSpec.from_dict(model.model.lora)
 
 

@@ -84,7 +84,9 @@ def resident_sessions() -> ResidentSessions | ServiceSessions:
             return model, tokenizer
 
         _resident = ResidentSessions(load, capacity=settings.RESIDENT_SESSIONS,
-                                     spill_dir=settings.DATA_DIR / "trainer-spill" / f"worker-{os.getpid()}")  # fmt: skip
+                                     spill_dir=settings.DATA_DIR / "trainer-spill" / f"worker-{os.getpid()}",
+                                     device=settings.TRAINING_DEVICE, model_cache_dir=settings.MODEL_CACHE_DIR,
+                                     unsloth=settings.TRAINING_UNSLOTH)  # fmt: skip
     _resident.capacity = settings.RESIDENT_SESSIONS
     return _resident
 

@@ -8,6 +8,7 @@ served by the gateway at once. Concurrency: a model's requests are executed by o
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -35,7 +36,8 @@ from projects.models import (
 from projects.services.projects import trainable_model_create
 from projects.services.runs import run_event_add
 from projects.services.steps import checkpoint_record
-from training.config import DEFAULT_TARGET_MODULES
+from training.config import DEFAULT_TARGET_MODULES, TrainConfig
+from training.cost import GPU, device_kind, device_usage
 
 TINKER_PROJECT = "tinker"  # a session's project when create_session names none
 DRAIN_LEASE_S = 120  # a drainer that stopped touching its model for this long lost it
@@ -113,6 +115,21 @@ def lora_of(config: dict[str, Any] | None) -> dict[str, Any]:
     return {"rank": rank, "alpha": 32, "dropout": 0.0, "target_modules": modules}
 
 
+def devices_of(user_metadata: dict[str, Any] | None) -> int:
+    """The devices a training client asks for: ``user_metadata={"devices": "2"}`` at
+    ``create_lora_training_client`` (the SDK's metadata values are strings), 1 without it."""
+    value = (user_metadata or {}).get("devices")
+    if value is None:
+        return 1
+    text = str(value).strip()
+    bounds = next(f.metadata["bounds"] for f in dataclasses.fields(TrainConfig) if f.name == "devices")
+    if isinstance(value, bool) or not text.isdigit() or bounds.problem(int(text)):
+        raise ValidationFailed(f"must be a whole number of devices from {bounds.minimum:g} to {bounds.maximum:g} "
+                               f"(data-parallel training on one host), not {value!r}",
+                               field="user_metadata.devices")  # fmt: skip
+    return int(text)
+
+
 def tinker_model_create(
     *, session: TinkerSession, model_seq_id: int, base_model: str, lora_config: dict[str, Any] | None,
     user_metadata: dict[str, Any] | None = None, lora: dict[str, Any] | None = None,
@@ -126,6 +143,7 @@ def tinker_model_create(
         raise ValidationFailed(
             f"no base model named {base_model!r}; artweb offers: {names}", field="base_model"
         )
+    devices = devices_of(user_metadata)
     model_id = f"{session.id}:train:{model_seq_id}"
     with transaction.atomic():
         existing = TinkerModel.objects.filter(pk=model_id).first()
@@ -137,11 +155,13 @@ def tinker_model_create(
         )  # fmt: skip
         now = timezone.now()
         run = Run.objects.create(
-            kind=RunKind.TINKER, project=session.project, model=model, config={"lora_seed": (lora_config or {}).get("seed")},
+            kind=RunKind.TINKER, project=session.project, model=model,
+            config={"lora_seed": (lora_config or {}).get("seed"), **({"devices": devices} if devices > 1 else {})},
             status=RunStatus.RUNNING, start_step=0, current_step=0, total_steps=0, started_at=now, heartbeat_at=now,
         )  # fmt: skip
+        parallel = f", data-parallel on {devices} devices" if devices > 1 else ""
         run_event_add(run=run, message=f"Tinker training client {model_id} created on {base.name} "
-                      f"(LoRA rank {model.lora['rank']}): each optim_step is a step")  # fmt: skip
+                      f"(LoRA rank {model.lora['rank']}{parallel}): each optim_step is a step")  # fmt: skip
         checkpoint_record(model=model, run=run, step=0, path="", metrics={})
         return TinkerModel.objects.create(id=model_id, session=session, model=model, run=run)
 
@@ -311,8 +331,9 @@ def tinker_step_record(
         loss, spent = locked.pending_loss, locked.pending_seconds + seconds
         locked.pending_loss, locked.pending_seconds, locked.steps = 0.0, 0.0, step
         locked.save(update_fields=["pending_loss", "pending_seconds", "steps"])
-        metrics = {**metrics, "loss": loss, "step_seconds": spent, "device_seconds": spent,
-                   "device_kind": "gpu" if device.startswith("cuda") else "cpu", "device_count": 1.0}  # fmt: skip
+        # A GPU per rank of a data-parallel session (its optim_step says how many); one CPU "device".
+        count = int(metrics.get("update_devices", 1)) if device_kind(device) == GPU else 1
+        metrics = {**metrics, "loss": loss, "step_seconds": spent, **device_usage(device, spent, count=count)}
         run = Run.objects.select_for_update().get(pk=model.run_id)
         StepMetrics.objects.get_or_create(run=run, step=step, defaults={"loss": loss, "metrics": metrics})
         run.current_step = max(run.current_step, step)

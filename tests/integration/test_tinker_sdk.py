@@ -368,6 +368,74 @@ def test_a_training_client_goes_on_unchanged_after_the_trainer_service_is_killed
     assert "Traceback" not in worker.output()
 
 
+def _followers_of(pid: int) -> list[int]:
+    """Data-parallel follower processes (``python -m training.follower``) whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat, command = (entry / "stat").read_text(), (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"training.follower" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_training_client_on_two_devices_trains_as_one_and_outlives_a_lost_rank(
+    gateway,  # noqa: F811  (the fixture imported above)
+    serving,  # noqa: F811
+    start_worker,
+    tiny_model_dir,
+    cast,
+):
+    """``user_metadata={"devices": "2"}``: the client's session in the trainer service is trained
+    over 2 gloo ranks (the service's process and a follower it starts). Its losses are a 1-device
+    client's within float32 summation noise, also after the follower is SIGKILLed between a
+    ``forward_backward`` and its ``optim_step`` (restarted, the pending call replayed)."""
+    import os
+    import signal
+
+    import tinker
+    from tinker import types
+    from transformers import AutoTokenizer
+
+    from projects.models import TinkerModel
+
+    register_base_model(tiny_model_dir)
+    key = services.api_key_create(team=cast.alpha, name="ranks").plaintext
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    data = [_sft_datum(types, tokenizer, p) for p in _prompts(random.Random(5), 6)]
+    root, cache = serving.data_dir / "checkpoints", tiny_model_dir.parent
+
+    def train(trainer: Any, count: int, *, service: Any = None) -> list[float]:
+        losses = []
+        for step in range(count):
+            losses.append(_mean_loss(trainer.forward_backward(data, "cross_entropy").result(), data))
+            if service is not None and step == 2:
+                [follower] = _followers_of(service.process.pid)
+                os.kill(follower, signal.SIGKILL)
+            trainer.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        return losses
+
+    with trainer_service(root, cache, token="t-ranks") as service:
+        start_worker(ARTWEB_DATA_DIR=str(serving.data_dir), TRAINER_SERVICE_URL=service.url,
+                     TRAINER_SERVICE_TOKEN="t-ranks", TINKER_POLL_S="5")  # fmt: skip
+        client = tinker.ServiceClient(base_url=f"{gateway.url}/tinker", api_key=f"tml-{key}")
+        ours = client.create_lora_training_client(
+            base_model=BASE_MODEL, rank=8, seed=4, user_metadata={"devices": "2"}
+        ).result()
+        two = train(ours, 4, service=service)
+        stats = service.stats()["data_parallel"]
+        one = train(client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=4).result(), 4)
+    print(f"losses on 2 devices {[round(v, 5) for v in two]} vs 1 {[round(v, 5) for v in one]}")
+    assert two == pytest.approx(one, rel=1e-4) and one[-1] < one[0], (two, one)
+    model = TinkerModel.objects.get(pk=ours.model_id)
+    assert stats == {"tinker-" + model.pk.replace(":", "-"): {"devices": 2, "rank_restarts": 1}}, stats
+    assert [m.metrics["update_devices"] for m in model.run.step_metrics.order_by("step")] == [2.0] * 4
+
+
 def test_published_checkpoints_copies_prompt_logprobs_and_cancelled_samples_through_the_sdk(
     gateway,  # noqa: F811  (the fixture imported above)
     serving,  # noqa: F811

@@ -92,6 +92,29 @@ def test_a_training_client_is_a_tinker_run_of_the_team(tinker, cast):
     assert call("get_info", {"model_id": model_id}, key=f"tml-{tinker['reader']}")[0] == 200
 
 
+def test_a_training_client_asks_for_devices_in_its_user_metadata(tinker):
+    key = f"tml-{tinker['alpha']}"
+    session_id = call("create_session", {"tags": []}, key=key)[1].json()["session_id"]
+    for seq, value in enumerate(["two", "0", "17", "1.5", True]):
+        status, reply = call("create_model", {"session_id": session_id, "model_seq_id": seq, "base_model": BASE,
+                                              "user_metadata": {"devices": value}}, key=key)  # fmt: skip
+        error = reply.json()["error"]
+        assert status == 400 and error["param"] == "user_metadata.devices", (value, error)
+        assert "from 1 to 16" in error["message"]
+    assert not TinkerModel.objects.exists()
+    status, reply = call("create_model", {"session_id": session_id, "model_seq_id": 0, "base_model": BASE,
+                                          "user_metadata": {"devices": "2", "team": "x"}}, key=key)  # fmt: skip
+    assert status == 200, reply.content
+    run = TinkerModel.objects.get(pk=reply.json()["model_id"]).run
+    assert run.config["devices"] == 2 and "data-parallel on 2 devices" in run.events.first().message
+    from projects.jobs.tinker import _config
+
+    assert _config(TinkerModel.objects.get(pk=reply.json()["model_id"]))[0].devices == 2
+    status, reply = call("create_model", {"session_id": session_id, "model_seq_id": 1, "base_model": BASE,
+                                          "user_metadata": {"team": "x"}}, key=key)  # fmt: skip
+    assert "devices" not in TinkerModel.objects.get(pk=reply.json()["model_id"]).run.config
+
+
 def test_bad_input_is_a_400_naming_the_field(tinker):
     key = f"tml-{tinker['alpha']}"
     status, reply = call("create_session", raw=b"{not json", key=key)

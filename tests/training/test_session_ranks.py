@@ -1,0 +1,187 @@
+"""Data-parallel sessions in a SessionPool (a Tinker training client with ``devices``: 2 gloo ranks on
+CPU): the pool's session is rank 0 and a follower process holds rank 1. Its primitives, called one by
+one as a client calls them, train as one process does on the same calls; a follower lost between
+calls is restarted and the calls since the last optim_step replayed; bad input in one rank's share
+fails the call on every rank and leaves the ranks in step; a pool trains one such session at a time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from tests.training.test_distributed import DATA
+from training.config import LoraSpec, TrainConfig
+from training.distributed import follower_pids, shares
+from training.losses import LossInputError
+from training.session import Datum, TrainingSession
+from training.session_pool import SessionPool
+
+LORA = LoraSpec(rank=2, alpha=4)
+RATE = 1e-2
+# Gradients summed over the ranks differ from one process's in the order of float32 additions.
+TOLERANCE = 1e-5
+
+
+def config(devices: int) -> TrainConfig:
+    return TrainConfig(seed=3, micro_batch_tokens=16, devices=devices)
+
+
+def load(source: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32), AutoTokenizer.from_pretrained(
+        source
+    )
+
+
+def pool_of(tiny_model_dir, tmp_path) -> SessionPool:
+    return SessionPool(load, spill_dir=tmp_path / "spill", model_cache_dir=tiny_model_dir.parent)
+
+
+def calls(session, after_first=lambda: None) -> list[float]:
+    """What a Tinker client does: two forward_backward calls per optim_step, twice, then a forward;
+    ``after_first`` runs after the first call (between calls, as a client's requests are)."""
+    seen = []
+    for round_ in range(2):
+        seen.append(session.forward_backward(DATA[:3], "ppo").loss)
+        if round_ == 0:
+            after_first()
+        seen.append(session.forward_backward(DATA[3:], "cross_entropy").loss)
+        seen.append(session.optim_step(learning_rate=RATE)["grad_norm"])
+    seen.extend(value for row in session.forward(DATA) for value in row)
+    return seen
+
+
+def alone(tiny_model_dir) -> tuple[list[float], list[torch.Tensor]]:
+    from training.trainer import Trainer
+
+    model, tokenizer = load(str(tiny_model_dir))
+    session = TrainingSession(Trainer(model, tokenizer, config(1), LORA))
+    return calls(session), [p.detach().clone() for p in session.trainer.trainable_parameters]
+
+
+def close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(
+        abs(x - y) <= TOLERANCE * max(1.0, abs(y)) for x, y in zip(a, b, strict=True)
+    )
+
+
+def gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        time.sleep(0.05)
+
+
+def test_a_pool_session_on_two_devices_trains_as_one_process_beside_another_session(tiny_model_dir, tmp_path):
+    expected, expected_params = alone(tiny_model_dir)
+    pool = pool_of(tiny_model_dir, tmp_path)
+    pool.open("dp", str(tiny_model_dir), config(2), LORA)
+    pool.open("solo", str(tiny_model_dir), TrainConfig(seed=9, micro_batch_tokens=16), LORA)
+    assert len(follower_pids()) == 1
+    assert pool.stats()["data_parallel"] == {"dp": {"devices": 2, "rank_restarts": 0}}
+
+    def other_team() -> None:  # another session on the same base, between the client's calls
+        with pool.use("solo") as solo:
+            solo.forward_backward(DATA, "ppo")
+            solo.optim_step(learning_rate=RATE)
+
+    got: list[float] = []
+    for index in range(7):  # each primitive in its own use, as a trainer service runs requests
+        with pool.use("dp") as session:
+            assert session.world_size == 2
+            if index in (0, 3):
+                got.append(session.forward_backward(DATA[:3], "ppo").loss)
+            elif index in (1, 4):
+                got.append(session.forward_backward(DATA[3:], "cross_entropy").loss)
+            elif index in (2, 5):
+                got.append(session.optim_step(learning_rate=RATE)["grad_norm"])
+            else:
+                got.extend(value for row in session.forward(DATA) for value in row)
+            params = [p.detach().clone() for p in session.trainer.trainable_parameters]
+        other_team()
+    assert close(got, expected), (got[:6], expected[:6])
+    assert gap(params, expected_params) < TOLERANCE
+    with pytest.raises(ValueError, match="data-parallel: its ranks hold it"):
+        pool.evict("dp")
+    pool.close("dp")
+    assert follower_pids() == []
+    pool.close("solo")
+
+
+def test_a_follower_lost_between_calls_is_restarted_and_the_calls_since_the_step_are_replayed(
+    tiny_model_dir, tmp_path
+):
+    """SIGKILL of rank 1 after a forward_backward (its gradient share lost) and again while idle
+    after an optim_step: the session restarts it from rank 0's state and replays; nothing differs."""
+    expected, expected_params = alone(tiny_model_dir)
+    pool = pool_of(tiny_model_dir, tmp_path)
+    pool.open("dp", str(tiny_model_dir), config(2), LORA)
+    with pool.use("dp") as session:
+        first = follower_pids()
+        got = calls(session, after_first=lambda: kill(first[0]))
+        params = [p.detach().clone() for p in session.trainer.trainable_parameters]
+        assert session.recoveries == 1
+        second = follower_pids()
+        assert second != first
+        kill(second[0])
+        session.forward(DATA[:1])  # idle loss found at the next call
+        assert session.recoveries == 2
+    assert close(got, expected), (got[:6], expected[:6])
+    assert gap(params, expected_params) < TOLERANCE
+    assert pool.stats()["data_parallel"]["dp"]["rank_restarts"] == 2
+    pool.close("dp")
+    assert follower_pids() == []
+
+
+def test_bad_input_in_one_ranks_share_fails_the_call_on_every_rank_and_the_ranks_stay(
+    tiny_model_dir, tmp_path
+):
+    bad = Datum(
+        model_input=[5, 6, 7], loss_fn_inputs={"target_tokens": [6, 7, 8], "weights": [1.0, 1.0, 1.0]}
+    )
+    data = [DATA[0], bad]  # no logprobs / advantages: 'ppo' refuses it
+    assert shares(data, 2) == [[0], [1]]  # the bad datum is rank 1's: rank 0's own share is fine
+    expected, _ = alone(tiny_model_dir)
+    pool = pool_of(tiny_model_dir, tmp_path)
+    pool.open("dp", str(tiny_model_dir), config(2), LORA)
+    with pool.use("dp") as session:
+        pids = follower_pids()
+        with pytest.raises(LossInputError, match="ppo"):
+            session.forward_backward(data, "ppo")
+        # Rank 0 computed its share before rank 1 failed: the failed call left no gradient behind.
+        assert all(p.grad is None for p in session.trainer.trainable_parameters)
+        got = calls(session)
+        assert follower_pids() == pids and session.recoveries == 0
+    assert close(got, expected)
+    pool.close("dp")
+
+
+def test_a_pool_trains_one_data_parallel_session_at_a_time(tiny_model_dir, tmp_path):
+    pool = pool_of(tiny_model_dir, tmp_path)
+    pool.open("first", str(tiny_model_dir), config(2), LORA)
+    with pytest.raises(ValueError, match=r"already trains a data-parallel session \(first\)"):
+        pool.open("second", str(tiny_model_dir), config(2), LORA)
+    assert "second" not in pool and len(follower_pids()) == 1
+    with pytest.raises(ValueError, match="cannot change to 1"):
+        pool.configure("first", config(1))
+    pool.configure("first", TrainConfig(seed=3, micro_batch_tokens=16, devices=2, learning_rate=5e-4))
+    pool.close("first")
+    pool.open("second", str(tiny_model_dir), config(2), LORA)
+    assert len(follower_pids()) == 1
+    pool.close("second")
+    without = SessionPool(load, spill_dir=tmp_path / "other")  # no model cache: no ranks to start
+    with pytest.raises(ValueError, match="cannot start data-parallel ranks"):
+        without.open("dp", str(tiny_model_dir), config(2), LORA)
