@@ -11,6 +11,12 @@ a speed-up here, only the equality is the point. On GPUs each rank has its own d
 
     python -m benchmarks.data_parallel            # the bundled SmolLM2-135M
     python -m benchmarks.data_parallel --tiny
+    python -m benchmarks.data_parallel --pool     # a Tinker client's session (training.session_pool)
+
+``--pool``: a SessionPool session opened with ``devices: 2`` (rank 0 in this process, a follower
+process for rank 1) against one with ``devices: 1``, called as a Tinker client calls it (two
+``forward_backward`` calls of half the rows each, then ``optim_step``, per step): what the mirroring
+(each call pickled down a pipe, the results gathered) costs on top of the update itself.
 """
 
 from __future__ import annotations
@@ -88,6 +94,60 @@ def _rank(rank: int, world_size: int, source: str, cache: str, out: str, rows: i
     torch.save(result, Path(out) / f"rank-{rank}.pt")
 
 
+def pool_side(source: str, cache: Path, work: Path, devices: int, data: list[Any], steps: int,
+              learning_rate: float, loss: str) -> dict[str, Any]:  # fmt: skip
+    """A Tinker client's calls on a pool session with ``devices`` ranks."""
+    from training.base_models import load_base_model
+    from training.config import LoraSpec, TrainConfig
+    from training.session_pool import SessionPool
+
+    def load(name: str) -> tuple[Any, Any]:
+        model, tokenizer = load_base_model(name, cache, device="cpu")
+        return model, tokenizer
+
+    pool = SessionPool(load, spill_dir=work / f"spill-{devices}", model_cache_dir=cache)
+    started = time.perf_counter()
+    pool.open("client", source, TrainConfig(seed=7, devices=devices), LoraSpec())
+    opened = time.perf_counter() - started
+    half = len(data) // 2
+    losses, seconds = [], []
+    try:
+        with pool.use("client") as client:
+            for _ in range(steps):
+                started = time.perf_counter()
+                loss_sum = client.forward_backward(data[:half], loss).loss
+                loss_sum += client.forward_backward(data[half:], loss).loss
+                client.optim_step(learning_rate=learning_rate)
+                seconds.append(time.perf_counter() - started)
+                losses.append(loss_sum)
+            params = [p.detach().clone() for p in client.trainer.trainable_parameters]
+    finally:
+        pool.close("client")
+    return {"open_seconds": opened, "losses": losses, "seconds": seconds, "params": params}
+
+
+def pool_main(args: Any, source: str, cache: Path, work: Path) -> dict[str, Any]:
+    torch.set_num_threads(2)
+    from training.base_models import load_tokenizer
+
+    data = batch(args.rows, args.tokens, len(load_tokenizer(source, cache)))
+    common = (data, args.steps, args.learning_rate, args.loss)
+    one = pool_side(source, cache, work, 1, *common)
+    # Rank 0 keeps this process's 2 threads, as a trainer service's does; the follower takes 1.
+    os.environ["TORCH_THREADS"] = "1"
+    two = pool_side(source, cache, work, 2, *common)
+    later = slice(1, None) if args.steps > 1 else slice(None)
+    return {
+        "model": source, "rows": args.rows, "tokens": args.tokens, "steps": args.steps, "loss": args.loss,
+        "max_weight_difference": max(float((a - b).abs().max()) for a, b in zip(two["params"], one["params"], strict=True)),
+        "max_weight_change": max(float(p.abs().max()) for p in one["params"]),
+        "losses_two_devices": two["losses"], "losses_one_device": one["losses"],
+        "open_seconds_two_devices": round(two["open_seconds"], 2), "open_seconds_one_device": round(one["open_seconds"], 2),
+        "seconds_per_step_two_devices": two["seconds"], "seconds_per_step_one_device": one["seconds"],
+        "time_ratio_two_devices_over_one": round(sum(two["seconds"][later]) / sum(one["seconds"][later]), 2),
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true")
@@ -96,6 +156,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--loss", default="ppo", choices=["ppo", "cross_entropy"])
+    parser.add_argument("--pool", action="store_true", help="a Tinker client's pool session (see above)")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
 
@@ -109,6 +170,12 @@ def main() -> None:
     from training.base_models import base_model_dir
 
     base_model_dir(source, cache)  # the bundled model converted once, before two ranks read it
+    if args.pool:
+        report = pool_main(args, source, cache, work)
+        print(json.dumps(report, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2))
+        return
     run_ranks(_rank, 2, source, str(cache), str(work), *common, rendezvous=work / "rendezvous")
     one = session(source, cache, threads=2)
     vocab = len(one.trainer.tokenizer)

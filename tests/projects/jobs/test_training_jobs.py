@@ -167,6 +167,22 @@ def test_the_next_job_starts_from_the_session_the_last_one_kept(world, settings)
     assert counts() == (1, 2)
 
 
+def test_the_workers_own_sessions_are_put_on_the_workers_training_device(settings, monkeypatch):
+    """Without a trainer service the worker keeps sessions itself: on TRAINING_DEVICE (the pool
+    put every session's policy on the CPU before, even on a GPU worker), able to start ranks."""
+    from projects.jobs import training_jobs
+
+    monkeypatch.setattr(training_jobs, "_resident", None)
+    settings.TRAINER_SERVICE_URL = ""
+    settings.TRAINING_DEVICE = "cuda:3"  # nothing is opened: only where the pool would train
+    pool = training_jobs.resident_sessions().pool
+    assert (pool.device, pool.model_cache_dir, pool.unsloth) == (
+        "cuda:3",
+        settings.MODEL_CACHE_DIR,
+        settings.TRAINING_UNSLOTH,
+    )
+
+
 def test_a_choice_may_come_from_any_step_of_the_model_or_its_base():
     model = type("M", (), {"project": type("P", (), {"name": "math"}), "name": "agent",
                            "base_model": type("B", (), {"name": "tiny"})})  # fmt: skip
