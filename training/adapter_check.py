@@ -20,6 +20,7 @@ from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from training.engines.base import Engine, SamplingParams
+from training.engines.remote_engine import RemoteEngine
 from training.engines.vllm_engine import VLLMEngine, render_prompt
 from training.trainer import ADAPTER_WEIGHTS
 
@@ -81,11 +82,12 @@ def sampler_adapter_fingerprint(engine: Engine, adapter: str | None) -> str:
     For a TransformersEngine asked for adapter=None this is its model's active adapter; one that
     wrapped a plain model samples the base weights then, which only the probe can tell apart.
     """
-    if isinstance(engine, VLLMEngine):
-        # vLLM's weights live in its workers; what we can read is the files it was pointed at.
-        # That the engine really serves them is what the probe checks.
+    if isinstance(engine, VLLMEngine | RemoteEngine):
+        # vLLM's weights live in its workers (an inference server's in its process); what we can
+        # read is the files it was pointed at. That the engine really serves them is what the probe checks.
         if adapter is None:
-            raise AdapterMismatchError("the vLLM sampler is asked to sample the base model, not an adapter")
+            raise AdapterMismatchError(f"the {type(engine).__name__} sampler is asked to sample the base model, "
+                                       "not an adapter")  # fmt: skip
         return saved_adapter_fingerprint(engine.adapter_path(adapter))
     model = getattr(engine, "model", None)
     if not isinstance(model, PeftModel):

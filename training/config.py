@@ -19,6 +19,7 @@ from training import names as names_help
 
 LOSS_TYPES = ("ppo", "cispo")
 LR_SCHEDULES = ("constant", "cosine", "linear")
+ROLLOUT_PLACES = ("worker", "inference_servers")  # TrainConfig.rollouts_on
 NORMALIZATIONS = ("sequence", "token", "constant")
 IMPORTANCE_LEVELS = ("token", "sequence")
 
@@ -261,6 +262,15 @@ class TrainConfig(_Settings):
             bounds=Bounds(0, 16, why="older samples leave the clip range and teach little"),
         ),
     )
+    rollouts_on: str = field(
+        default="worker",
+        metadata=_help(
+            "Where an overlapped run's rollouts (max_off_policy_steps > 0) are sampled: worker (a copy "
+            "of the base model in the worker's process) or inference_servers (a live inference server "
+            "of the base model, each checkpoint named by its store key).",
+            choices=ROLLOUT_PLACES,
+        ),
+    )
     ppo_epochs: int = field(
         default=1,
         metadata=_help(
@@ -454,6 +464,12 @@ class TrainConfig(_Settings):
                 lambda: self.length_penalty_buffer <= self.max_new_tokens,
                 "length_penalty_buffer must be at most max_new_tokens",
             ),
+            (
+                "rollouts_on",
+                lambda: self.rollouts_on == "worker" or self.max_off_policy_steps > 0,
+                "inference_servers needs max_off_policy_steps of 1 or more (a synchronous run "
+                "samples the live policy in the worker)",
+            ),
         )
 
     def check_objective(self, objective: str) -> None:
@@ -463,7 +479,7 @@ class TrainConfig(_Settings):
             return
         problems = [
             (name, f"{name}: {getattr(self, name)} applies to GRPO runs only, not {objective} runs")
-            for name, default in (("max_off_policy_steps", 0),)
+            for name, default in (("max_off_policy_steps", 0), ("rollouts_on", "worker"))
             if getattr(self, name) != default
         ]
         if problems:

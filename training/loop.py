@@ -58,6 +58,9 @@ class RunSpec:
     # The host's trainer service (training.service_run.ServiceTarget): the run's session lives
     # there when it may (service_refusal); None: it trains in this process.
     trainer_service: Any = None
+    # ``rollouts_on: inference_servers``: the inference server an overlapped run's rollouts are
+    # sampled on (training.engines.remote_engine.RolloutServer); None: a sampler in this process.
+    rollout_server: Any = None
 
 
 # A finished step's trajectories as ``hooks.record_step`` gets them: (group_index, task_row_index, trajectory).
@@ -121,21 +124,30 @@ class PolicySampler:
     ) -> None:
         from training.engines import select_engine_kind
 
-        self.kind = select_engine_kind(spec.device, spec.engine)
+        self.kind: str = select_engine_kind(spec.device, spec.engine)
+        self.engine: Any
+        if detached and spec.rollout_server is not None:
+            self.kind = "remote"
         if self.kind == "vllm" and spec.config.top_p < 1:
             # vLLM reports top-p-truncated logprobs, which the trainer cannot reproduce.
             self.kind = "transformers"
         # Detached (rollouts overlapping the update, training.overlap): the sampler never shares
-        # weights with the trainer: a copy of the base model of its own (transformers) or a vLLM
-        # that stays awake, each loading saved checkpoints as adapters.
+        # weights with the trainer: a copy of the base model of its own (transformers), a vLLM
+        # that stays awake, or an inference server (remote), each loading saved checkpoints as adapters.
         self.detached = detached
         self.adapter: str | None = None
         self.step: int | None = None  # the checkpoint it samples (None: the trainer's live policy)
-        if self.kind == "vllm":
+        if self.kind == "remote":  # the base model's inference server samples (rollouts_on)
+            from training.engines.remote_engine import RemoteEngine
+            from training.engines.transformers_engine import stop_token_ids_of
+
+            stops = stop_token_ids_of(trainer.model, tokenizer)
+            self.engine = RemoteEngine(spec.rollout_server, tokenizer, stop_token_ids=stops)
+        elif self.kind == "vllm":
             from training.base_models import base_model_dir
             from training.engines.vllm_engine import VLLMEngine
 
-            self.engine: Any = VLLMEngine(
+            self.engine = VLLMEngine(
                 base_model_dir(spec.base_model_source, spec.model_cache_dir),
                 tokenizer=tokenizer,
                 max_lora_rank=spec.lora.rank,

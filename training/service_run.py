@@ -35,6 +35,7 @@ from training.engines.base import (
     report_after,
     report_finished_after,
 )
+from training.engines.token_wire import choices_of, sampling_body
 from training.engines.vllm_engine import render_prompt
 from training.grpo_update import grpo_step
 from training.session import Datum
@@ -176,26 +177,8 @@ class SessionEngine(Engine):
             raise ValueError("the trainer service's session samples its live policy, not an adapter by name")
         if grammars is not None and any(g is not None for g in grammars):
             raise NotImplementedError("constrained decoding is not offered by the trainer service")
-        body = {
-            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "min_p": sampling.min_p, "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed,
-            "stop": list(sampling.stop), "top_logprobs": sampling.top_logprobs,
-            "stop_token_ids": list(sampling.stop_token_ids),
-        }  # fmt: skip
-        answers = self.session.sample(prompt_token_ids, body)
-        choices = [
-            Choice(
-                text=answer["text"],
-                prompt_token_ids=list(prompt),
-                token_ids=list(answer["token_ids"]),
-                logprobs=list(answer["logprobs"]),
-                finish_reason=answer["finish_reason"],
-                top_logprobs=None
-                if answer.get("top_logprobs") is None
-                else [[(int(t), float(p)) for t, p in row] for row in answer["top_logprobs"]],
-            )
-            for prompt, answer in zip(prompt_token_ids, answers, strict=True)
-        ]
+        answers = self.session.sample(prompt_token_ids, sampling_body(sampling))
+        choices = choices_of(prompt_token_ids, answers)
         return report_finished_after(report_after(choices, on_token), on_finished)
 
     def load_adapter(self, name: str, path: Path) -> None:

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from training.config import ConfigError, LoraSpec, TrainConfig
+from training.engines.token_wire import TokenRequestError, choice_body, parse_prompts, parse_sampling
 from training.losses import LossInputError
 from training.serving.asgi import json_response, read_body
 from training.serving.protocol import RequestError
@@ -232,9 +233,7 @@ class TrainerService:
                     return {"loss": result.loss, "metrics": result.metrics, "logprobs": result.logprobs}
                 if action == "sample":
                     choices = session.sample(_prompts(body), _sampling(body))
-                    return {"choices": [{"token_ids": c.token_ids, "logprobs": c.logprobs, "text": c.text,
-                                         "finish_reason": c.finish_reason, "top_logprobs": c.top_logprobs}
-                                        for c in choices],
+                    return {"choices": [choice_body(c) for c in choices],
                             "stop_token_ids": sorted(session.stop_token_ids())}  # fmt: skip
                 if action == "reset_optimizer":
                     session.reset_optimizer()
@@ -318,41 +317,17 @@ def _text(body: dict[str, Any], name: str) -> str:
 
 
 def _prompts(body: dict[str, Any]) -> list[list[int]]:
-    prompts = body.get("prompts")
-    if (
-        not isinstance(prompts, list)
-        or not prompts
-        or not all(
-            isinstance(p, list) and p and all(isinstance(t, int) and t >= 0 for t in p) for p in prompts
-        )
-    ):
-        raise ServiceError(
-            400, "prompts must be a non-empty list of non-empty token id lists", param="prompts"
-        )
-    return prompts
+    try:
+        return parse_prompts(body.get("prompts"))
+    except TokenRequestError as exc:
+        raise ServiceError(400, exc.message, param=exc.param) from None
 
 
 def _sampling(body: dict[str, Any]) -> Any:
-    from training.engines.base import SamplingParams
-
-    given = body.get("sampling") or {}
-    allowed = {
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "max_new_tokens",
-        "seed",
-        "stop_token_ids",
-        "stop",
-        "top_logprobs",
-    }
-    if not isinstance(given, dict) or set(given) - allowed:
-        raise ServiceError(400, f"sampling takes only {', '.join(sorted(allowed))}", param="sampling")
     try:
-        return SamplingParams(**given)
-    except (TypeError, ValueError) as exc:
-        raise ServiceError(400, f"sampling: {exc}", param="sampling") from exc
+        return parse_sampling(body.get("sampling"))
+    except TokenRequestError as exc:
+        raise ServiceError(400, exc.message, param=exc.param) from None
 
 
 def _data(body: dict[str, Any]) -> list[Datum]:

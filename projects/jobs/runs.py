@@ -17,7 +17,7 @@ from django.conf import settings
 
 from projects import selectors, services
 from projects.jobs.claimed import Claimed, Heartbeat, Job, readable
-from projects.models import Run, RunStatus, Split
+from projects.models import Checkpoint, Run, RunStatus, Split
 from projects.storage import StoredObject, checkpoint_local_dir, checkpoint_upload
 from training.config import LoraSpec, TrainConfig
 from training.cost import sampled_tokens
@@ -146,6 +146,7 @@ def build_run_spec(run: Run) -> RunSpec:
         validation_rows=selectors.task_set_rows(task_set=task_set, split=Split.VALIDATION),
         objective=run.kind if run.kind in ("sft", "dpo") else "grpo",
         trainer_service=run_trainer_service(run),
+        rollout_server=run_rollout_server(run, config),
     )
 
 
@@ -163,6 +164,38 @@ def run_trainer_service(run: Run) -> Any:
         settings.TRAINER_SERVICE_URL, token=settings.TRAINER_SERVICE_TOKEN, timeout_s=3600
     )
     return ServiceTarget(client, holder=f"{socket.gethostname()}:{os.getpid()}", session_id=f"run-{run.pk}")
+
+
+def run_rollout_server(run: Run, config: TrainConfig) -> Any:
+    """With ``rollouts_on: inference_servers``: a live inference server of the run's base model
+    (training.engines.remote_engine.RolloutServer; the gateway's choice for the run, so every
+    attempt of a run goes to the same one while it lives), naming each checkpoint by its store key
+    once recorded. None otherwise. No live server: the run cannot start, and says what to do."""
+    if config.rollouts_on != "inference_servers":
+        return None
+    from projects.gateway.routing import live_servers
+    from training.engines.remote_engine import RolloutServer
+
+    base = run.model.base_model
+    servers = [s for s in live_servers(base_model=base, affinity=f"run-{run.pk}") if s.engine != "vllm"]
+    if not servers:
+        raise ValueError(
+            f"rollouts_on: inference_servers, but no inference server of {base.name} is live (vLLM servers "
+            f"take no token ids yet): start one (manage.py serve_inference --base-model {base.name}) or set "
+            "rollouts_on: worker"
+        )
+    model_id = run.model_id
+
+    def locate(folder: Path) -> tuple[str, str] | None:
+        row = (
+            Checkpoint.objects.filter(model_id=model_id, path=str(folder))
+            .exclude(storage_key="")
+            .values_list("storage_key", "sha256")
+            .first()
+        )
+        return (row[0], row[1]) if row is not None and row[1] else None
+
+    return RolloutServer(url=servers[0].url, token=settings.INFERENCE_SERVER_TOKEN, locate=locate)
 
 
 def _claim(run_id: int, worker: str) -> Run | None:

@@ -13,6 +13,7 @@ from projects import services
 from projects.models import Checkpoint, Run, RunEvent, RunStatus, StepMetrics, Trajectory
 from tests.conftest import trainer_service
 from tests.integration.conftest import wait_for
+from tests.projects.gateway.conftest import serving  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -347,3 +348,46 @@ def test_an_sft_run_trains_on_the_rows_targets_and_an_rl_run_continues_it(start_
     )
     assert status_of(rl.json()["id"]) == RunStatus.SUCCEEDED
     assert Checkpoint.objects.filter(model_id=model, step=4).exists()
+
+
+def test_an_overlapped_runs_rollouts_are_sampled_on_the_base_models_inference_server(
+    start_worker,
+    api,
+    inputs,
+    tiny_model_dir,
+    serving,  # noqa: F811  (the fixture imported above)
+):
+    """``rollouts_on: inference_servers`` through the API: the worker finds the live inference
+    server of the run's base model in the registry and sends it every rollout (``POST /generate``);
+    each checkpoint the server samples is checked against the trainer's policy at its save."""
+    from tests.projects.gateway.conftest import BASE_MODEL, SERVER_TOKEN, register_base_model, server_stats
+
+    register_base_model(tiny_model_dir)
+    server = serving.start_inference_server()
+    worker = start_worker(ARTWEB_DATA_DIR=str(serving.data_dir), INFERENCE_SERVER_TOKEN=SERVER_TOKEN)
+    model = api.post(
+        "/api/v1/models/",
+        {"project": inputs["project"], "name": "remote", "base_model": BASE_MODEL},
+        format="json",
+    )
+    assert model.status_code == 201, model.json()
+    body = {
+        "model": model.json()["id"], "task_set": inputs["task_set"], "environment": inputs["environment"],
+        "reward": inputs["reward"],
+        "config": {**SMALL, "steps": 3, "max_off_policy_steps": 1, "rollouts_on": "inference_servers"},
+    }  # fmt: skip
+    response = api.post("/api/v1/runs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    run_id = response.json()["id"]
+    wait_for(lambda: status_of(run_id) in TERMINAL, timeout=240, what="the run", worker=worker)
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.SUCCEEDED, (run.error, worker.output()[-3000:])
+    stats = server_stats(server)
+    # Every step's rollouts (2 groups of 4, one turn) and each checkpoint's probe went to the server.
+    assert stats["requests"] >= 3 * 2 * 4, stats
+    assert len(stats["adapters"]["loaded"]) >= 2, stats
+    steps = StepMetrics.objects.filter(run=run).order_by("step")
+    assert [m.step for m in steps] == [1, 2, 3]
+    assert all(m.metrics["sampler_logprob_gap"] <= 1e-4 for m in steps)
+    staleness = Trajectory.objects.filter(run=run).values_list("metrics__off_policy_steps", flat=True)
+    assert set(staleness) <= {0, 1} and 1 in set(staleness)

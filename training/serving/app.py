@@ -1,4 +1,5 @@
-"""The inference server's ASGI application: `/v1/chat/completions`, `/v1/models`, `/health`, `/stats`, `/metrics`.
+"""The inference server's ASGI application: `/v1/chat/completions`, `/v1/models`, `/health`, `/stats`, `/metrics`,
+and `/generate` (token ids in: a run's rollouts, training.engines.remote_engine).
 
 A plain ASGI callable (no framework): the routes are few and the hot path stays short. Requests
 are validated and rendered on the event loop's side (rendering in a helper thread), sampled by the
@@ -20,7 +21,7 @@ import hmac
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -28,7 +29,9 @@ from urllib.parse import unquote
 from training import strict_json
 from training.agent import template_supports_tools
 from training.engines.base import Choice, Engine, OnToken, SamplingParams, TokenDelta
+from training.engines.decode import row_seed
 from training.engines.grammar import json_grammar
+from training.engines.token_wire import TokenRequestError, choice_body, parse_prompts, parse_sampling
 from training.openai_errors import error_object
 from training.serving import metrics
 from training.serving.adapters import AdapterCache, check_adapter_path
@@ -67,6 +70,7 @@ from training.serving.scheduler import BatchScheduler
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_TOKEN_PROMPTS = 4096  # prompts in one POST /generate (a run step's rollouts of one turn)
 SCHEDULERS = ("continuous", "window")
 
 
@@ -179,6 +183,10 @@ class InferenceApp:
                     raise RequestError("a valid server token is required", code="invalid_api_key", status=401)
                 if path == "/v1/chat/completions" and method == "POST":
                     await self._chat(headers, await read_body(receive, MAX_BODY_BYTES), send, receive)
+                elif path == "/generate" and method == "POST":
+                    await self._generate_tokens(
+                        headers, await read_body(receive, MAX_BODY_BYTES), send, receive
+                    )
                 elif path == "/metrics" and method == "GET":
                     body, content_type = metrics.exposition()
                     await send({"type": "http.response.start", "status": 200,
@@ -353,6 +361,77 @@ class InferenceApp:
         await _json(
             send, 200, response, {USAGE_HEADER: f"{usage['prompt_tokens']} {usage['completion_tokens']}"}
         )
+
+    # ------------------------------------------------------------------ token ids in, choices out
+    async def _generate_tokens(
+        self, headers: dict[str, str], raw: bytes, send: Any, receive: Any = None
+    ) -> None:
+        """POST /generate (training.engines.token_wire): prompts as token ids, one Choice each with
+        its token ids and logprobs, under the checkpoint the headers name (as for chat) or the base
+        model. What a run's rollouts on the inference servers send (training.engines.remote_engine):
+        each prompt is a request of its own in the scheduler, so they batch with everyone else's;
+        a seeded request's row i draws from ``row_seed(seed, i)``, as one engine call's rows do."""
+        try:
+            body = strict_json.loads(raw)
+        except strict_json.JSONError as exc:
+            raise RequestError(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise RequestError("the body must be a JSON object")
+        try:
+            prompts = parse_prompts(body.get("prompts"), vocabulary=len(self.tokenizer))
+            sampling = parse_sampling(body.get("sampling"))
+        except TokenRequestError as exc:
+            raise RequestError(exc.message, param=exc.param) from None
+        if len(prompts) > MAX_TOKEN_PROMPTS:
+            raise RequestError(f"at most {MAX_TOKEN_PROMPTS} prompts per request", param="prompts")
+        if sampling.max_new_tokens > self.config.limits.max_tokens:
+            raise RequestError(f"max_new_tokens may be at most {self.config.limits.max_tokens} on this server",
+                               param="sampling.max_new_tokens")  # fmt: skip
+        limit = self.config.context_length
+        longest = max(len(prompt) for prompt in prompts)
+        if limit is not None and longest + sampling.max_new_tokens > limit:
+            raise RequestError(
+                f"This model's maximum context length is {limit} tokens; a prompt takes {longest} and "
+                f"max_new_tokens asks for {sampling.max_new_tokens}.",
+                param="prompts", code="context_length_exceeded",
+            )  # fmt: skip
+        adapter = None
+        if headers.get(ADAPTER_HEADER) or headers.get(ADAPTER_KEY_HEADER):
+            adapter = await self._adapter_path(headers)
+        rows = [
+            replace(sampling, seed=row_seed(sampling.seed, index)) if sampling.seed is not None else sampling
+            for index in range(len(prompts))
+        ]
+        sampled: asyncio.Future[list[list[Choice]]] = asyncio.ensure_future(
+            asyncio.gather(
+                *(self._submit([prompt], row, adapter) for prompt, row in zip(prompts, rows, strict=True))
+            )
+        )
+        if receive is not None:  # a client that goes away takes its prompts out of the batch
+            gone: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(receive))
+            try:
+                await asyncio.wait([sampled, gone], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not sampled.done():
+                    sampled.cancel()
+                gone.cancel()
+            if not sampled.done() or sampled.cancelled():
+                return
+        choices = [answer[0] for answer in await sampled]
+        metrics.TOKENS.inc(sum(len(choice.token_ids) for choice in choices))
+        await _json(send, 200, {"choices": [choice_body(choice) for choice in choices],
+                                "stop_token_ids": sorted(self.engine.stop_token_ids)})  # fmt: skip
+
+    async def _submit(
+        self, prompts: list[list[int]], sampling: SamplingParams, adapter: Path | None
+    ) -> list[Choice]:
+        try:
+            return await self.scheduler.submit(prompts, sampling, adapter, None, None)
+        except RequestError:
+            raise
+        except Exception as exc:
+            log.exception("generation failed")
+            raise RequestError(f"generation failed: {exc}", code="server_error", status=500) from exc
 
     def _render(self, request: ChatRequest) -> list[int]:
         return render_prompt(self.tokenizer, request, native_tools=self.native_tools)

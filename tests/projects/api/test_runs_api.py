@@ -238,6 +238,14 @@ def test_devices_and_overlap_are_checked_and_only_grpo_runs_overlap(alpha_setup,
         "/api/v1/runs/", _run_body(alpha_setup, max_off_policy_steps=17), format="json"
     )
     assert response.status_code == 400 and error_of(response)["param"] == "config.max_off_policy_steps"
+    # Rollouts on the inference servers: only for an overlapped run, and only where it names a place.
+    for config, reason in (({"rollouts_on": "inference_servers"}, "needs max_off_policy_steps"),
+                           ({"rollouts_on": "gpu", "max_off_policy_steps": 1}, "must be one of worker, inference_servers")):  # fmt: skip
+        response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, **config), format="json")
+        assert response.status_code == 400 and error_of(response)["param"] == "config.rollouts_on", (
+            response.json()
+        )
+        assert reason in error_of(response)["message"]
     response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, devices=2), format="json")
     assert response.status_code == 201 and response.json()["config"]["devices"] == 2
     services.run_cancel(run=Run.objects.get(pk=response.json()["id"]))

@@ -4,6 +4,7 @@ splits, and the step a first attempt starts from and resumes."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from projects import services
 from projects.jobs.runs import build_run_spec
@@ -57,3 +58,35 @@ def test_with_a_trainer_service_on_the_host_the_runs_session_goes_there(alpha_se
     assert build_run_spec(run).trainer_service is None
     settings.TRAINER_SERVICE_RUNS, settings.TRAINER_SERVICE_URL = True, ""
     assert build_run_spec(run).trainer_service is None
+
+
+def test_rollouts_on_the_inference_servers_go_to_a_live_server_of_the_base_model(alpha_setup, settings):
+    import pytest
+
+    from projects.gateway.services import inference_server_heartbeat
+    from projects.models import Run
+
+    run = _run(alpha_setup)
+    assert build_run_spec(run).rollout_server is None  # the default: rollouts in the worker
+    Run.objects.filter(pk=run.pk).update(config={**run.config, "max_off_policy_steps": 1,
+                                                 "rollouts_on": "inference_servers"})  # fmt: skip
+    run.refresh_from_db()
+    base = alpha_setup.model.base_model.name
+    with pytest.raises(ValueError, match=f"no inference server of {base} is live"):
+        build_run_spec(run)
+    inference_server_heartbeat(url="http://10.0.0.9:8100", base_model_name=base, engine="vllm")
+    with pytest.raises(ValueError, match="vLLM servers take no token ids"):
+        build_run_spec(run)
+    inference_server_heartbeat(url="http://10.0.0.5:8100", base_model_name=base)
+    server = build_run_spec(run).rollout_server
+    assert server.url == "http://10.0.0.5:8100" and server.token == settings.INFERENCE_SERVER_TOKEN
+    # A recorded checkpoint is named by its store key (any host fetches it); one not yet: None.
+    checkpoint = services.checkpoint_record(
+        model=alpha_setup.model, run=run, step=1, path="/ckpt/m/step-000001"
+    )
+    assert checkpoint.storage_key == "" and server.locate(Path("/ckpt/m/step-000001")) is None
+    type(checkpoint).objects.filter(pk=checkpoint.pk).update(
+        storage_key="models/7/step-000001.tar", sha256="ab" * 32
+    )
+    assert server.locate(Path("/ckpt/m/step-000001")) == ("models/7/step-000001.tar", "ab" * 32)
+    assert server.locate(Path("/ckpt/m/step-000002")) is None
