@@ -94,9 +94,11 @@ class MemoryHooks:
 
 
 def demo_run(*, steps: int, seed: int, cache_dir: Path, model: str = BUNDLED_MODEL,
-             overrides: dict[str, Any] | None = None, echo: bool = True, service: Any = None) -> MemoryHooks:  # fmt: skip
+             overrides: dict[str, Any] | None = None, echo: bool = True, service: Any = None,
+             rollout_server: Any = None) -> MemoryHooks:  # fmt: skip
     """One demo run of ``steps`` steps; its hooks hold the evaluations at step 0 and ``steps``.
-    ``service``: a trainer service's client the run's session lives on (training.service_run)."""
+    ``service``: a trainer service's client the run's session lives on (training.service_run).
+    ``rollout_server``: the inference server an overlapped run's rollouts go to (``rollouts_on``)."""
     train, validation = demo_rows()
     config = TrainConfig.from_dict({**RUN_CONFIG, **(overrides or {}), "steps": steps, "seed": seed})
     spec = RunSpec(
@@ -111,6 +113,7 @@ def demo_run(*, steps: int, seed: int, cache_dir: Path, model: str = BUNDLED_MOD
         start_step=0,
         resume_step=None,
         validation_rows=validation,
+        rollout_server=rollout_server,
     )
     if service is not None:
         from training.service_run import ServiceTarget

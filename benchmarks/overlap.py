@@ -11,6 +11,10 @@ update; the overlapped one gives half to each (training.overlap.split_threads), 
 once. Evaluations happen only at step 0 and at the end (``eval_interval`` 0), outside the steps.
 
     OMP_NUM_THREADS=2 .venv/bin/python -m benchmarks.overlap --steps 8 --lags 0 1
+
+``--remote``: each lag > 0 also with its rollouts on an inference server process of the same model
+(``rollouts_on: inference_servers``; training.serving.standalone, started here with ``--threads``
+/ 2 torch threads, the run's process keeping its split: half for the update).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import contextlib
 import json
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -34,6 +39,43 @@ import torch
 from benchmarks.demo_learning import demo_run
 from training import overlap
 from training.base_models import BUNDLED_MODEL
+
+
+@contextlib.contextmanager
+def inference_server(arguments: Any) -> Iterator[Any]:
+    """An inference server process of the model (training.serving.standalone) for the rollouts."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from training.engines.remote_engine import RolloutServer
+
+    token = "benchmark-token"
+    env = {
+        **os.environ,
+        "INFERENCE_SERVER_TOKEN": token,
+        "OMP_NUM_THREADS": str(max(1, arguments.threads // 2)),
+    }
+    log = Path(tempfile.mkdtemp(prefix="overlap-server-")) / "server.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "training.serving.standalone", "--model", arguments.model,
+             "--cache-dir", str(arguments.cache_dir), "--adapter-root", tempfile.gettempdir(),
+             "--threads", str(max(1, arguments.threads // 2))],
+            stdout=output, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (
+            lines := [x for x in log.read_text().splitlines() if x.startswith("inference server on ")]
+        ):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the inference server did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield RolloutServer(url=lines[0].split()[-1], token=token)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -49,28 +91,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         action="store_true",
         help="also run each lag with all threads on both sides (no split: oversubscribed)",
     )
+    parser.add_argument(
+        "--remote", action="store_true", help="also each lag with rollouts on an inference server"
+    )
     parser.add_argument("--json", type=Path)
     arguments = parser.parse_args(argv)
     torch.set_num_threads(arguments.threads)
     report: dict[str, Any] = {"steps": arguments.steps, "seed": arguments.seed, "threads": arguments.threads,
                               "modes": {}}  # fmt: skip
-    modes = [(lag, True) for lag in arguments.lags]
-    modes += [(lag, False) for lag in arguments.lags if lag and arguments.unsplit]
-    for lag, split in modes:
+    modes = [(lag, True, False) for lag in arguments.lags]
+    modes += [(lag, False, False) for lag in arguments.lags if lag and arguments.unsplit]
+    modes += [(lag, True, True) for lag in arguments.lags if lag and arguments.remote]
+    for lag, split, remote in modes:
         started = time.monotonic()
         with contextlib.ExitStack() as patches:
             if not split:
                 patches.enter_context(
                     mock.patch.object(overlap, "split_threads", lambda device: contextlib.nullcontext())
                 )
+            overrides = {"max_off_policy_steps": lag, "eval_interval": 0}
+            server = None
+            if remote:
+                overrides["rollouts_on"] = "inference_servers"
+                server = patches.enter_context(inference_server(arguments))
             hooks = demo_run(steps=arguments.steps, seed=arguments.seed, cache_dir=arguments.cache_dir,
-                             model=arguments.model, overrides={"max_off_policy_steps": lag, "eval_interval": 0},
-                             echo=False)  # fmt: skip
+                             model=arguments.model, overrides=overrides, echo=False,
+                             rollout_server=server)  # fmt: skip
         seconds = [s["step_seconds"] for s in hooks.steps]
-        name = f"{lag}" if split or not lag else f"{lag}-unsplit"
+        name = f"{lag}-remote" if remote else f"{lag}" if split or not lag else f"{lag}-unsplit"
+        threads = "all, one side at a time" if not lag else ("half each" if split else "all each")
+        if remote:
+            threads = (
+                f"update: half of {arguments.threads}; inference server: {max(1, arguments.threads // 2)}"
+            )
         mode = {
             "max_off_policy_steps": lag,
-            "threads": "all, one side at a time" if not lag else ("half each" if split else "all each"),
+            "threads": threads,
             "seconds_per_step": round(statistics.fmean(seconds), 2),
             "seconds_per_step_after_first": round(statistics.fmean(seconds[1:]), 2),
             "heldout_before": hooks.evaluations[0]["reward_mean"],

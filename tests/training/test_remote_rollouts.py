@@ -24,39 +24,25 @@ from training.loop import run_training
 from training.serving.protocol import ADAPTER_HEADER, ADAPTER_KEY_HEADER, ADAPTER_SHA256_HEADER
 
 TOKEN = "t-rollouts"
-SERVER = """
-import os, sys
-from pathlib import Path
-from training.base_models import load_base_model
-from training.engines.transformers_engine import TransformersEngine
-from training.serving.app import InferenceApp, ServerConfig
-from training.serving.server import advertised_url, bind, serve
-
-model_dir, root = sys.argv[1], Path(sys.argv[2])
-model, tokenizer = load_base_model(model_dir, Path(model_dir).parent)
-config = ServerConfig(model_name="tiny", adapter_root=root, token=os.environ["SERVER_TOKEN"])
-app = InferenceApp(TransformersEngine(model, tokenizer), config)
-sock = bind("127.0.0.1", 0)
-url = advertised_url("127.0.0.1", sock.getsockname()[1])
-print("serving on", url, flush=True)
-serve(app, sock=sock, url=url)
-"""
 
 
 @pytest.fixture
 def server(tiny_model_dir, tmp_path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """An inference server process of the tiny model whose adapter root is ``tmp_path``."""
-    env = {**os.environ, "SERVER_TOKEN": TOKEN, "TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "INFERENCE_SERVER_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"}
     log = tmp_path.parent / f"{tmp_path.name}-server.log"  # a file, not a pipe nobody drains
     with log.open("w") as output:
         process = subprocess.Popen(
-            [sys.executable, "-c", SERVER, str(tiny_model_dir), str(tmp_path)],
+            [sys.executable, "-m", "training.serving.standalone", "--model", str(tiny_model_dir),
+             "--cache-dir", str(tiny_model_dir.parent), "--adapter-root", str(tmp_path), "--threads", "1"],
             stdout=output, stderr=subprocess.STDOUT, text=True, env=env,
             cwd=Path(__file__).resolve().parents[2],
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while not (lines := [x for x in log.read_text().splitlines() if x.startswith("serving on ")]):
+        while not (
+            lines := [x for x in log.read_text().splitlines() if x.startswith("inference server on ")]
+        ):
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         yield lines[0].split()[-1], process
