@@ -340,17 +340,8 @@ class InferenceApp:
             await self._stream(request, model, prompt, sampling, adapter, send, receive, grammar)
             return
         sampled = asyncio.ensure_future(self._sample(request, prompt, sampling, adapter, grammar=grammar))
-        if receive is not None:
-            # A client that goes away takes its request out of the queue or the decode batch.
-            gone = asyncio.ensure_future(_disconnected(receive))
-            try:
-                await asyncio.wait([sampled, gone], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not sampled.done():
-                    sampled.cancel()
-                gone.cancel()
-            if not sampled.done() or sampled.cancelled():
-                return
+        if not await _finished_unless_client_left(sampled, receive):
+            return
         choices = await sampled
         response = completion_body(
             request, choices, completion_id=new_completion_id(), created=int(time.time()), model=model,
@@ -407,16 +398,8 @@ class InferenceApp:
                 *(self._submit([prompt], row, adapter) for prompt, row in zip(prompts, rows, strict=True))
             )
         )
-        if receive is not None:  # a client that goes away takes its prompts out of the batch
-            gone: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(receive))
-            try:
-                await asyncio.wait([sampled, gone], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not sampled.done():
-                    sampled.cancel()
-                gone.cancel()
-            if not sampled.done() or sampled.cancelled():
-                return
+        if not await _finished_unless_client_left(sampled, receive):
+            return
         choices = [answer[0] for answer in await sampled]
         metrics.TOKENS.inc(sum(len(choice.token_ids) for choice in choices))
         await _json(send, 200, {"choices": [choice_body(choice) for choice in choices],
@@ -544,3 +527,18 @@ class InferenceApp:
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+async def _finished_unless_client_left(sampled: asyncio.Future[Any], receive: Any) -> bool:
+    """Wait for ``sampled``; a client that goes away first takes its request out of the queue or
+    the decode batch (``sampled`` is cancelled). Whether it finished."""
+    if receive is None:
+        return True
+    gone: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait([sampled, gone], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not sampled.done():
+            sampled.cancel()
+        gone.cancel()
+    return sampled.done() and not sampled.cancelled()

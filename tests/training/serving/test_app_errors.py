@@ -12,8 +12,11 @@ import pytest
 from training.serving.app import InferenceApp, ServerConfig
 
 
-def post(app: InferenceApp, data: bytes, *, generate: bool = False) -> tuple[int, dict[str, Any]]:
-    """One POST /v1/chat/completions; ``generate`` runs the scheduler too (a request that gets past
+def post(
+    app: InferenceApp, data: bytes, *, generate: bool = False, path: str = "/v1/chat/completions",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, Any]]:  # fmt: skip
+    """One POST (``path``) to ``app``; ``generate`` runs the scheduler too (a request that gets past
     parsing waits on it forever otherwise)."""
     sent: list[dict[str, Any]] = []
     messages = [{"type": "http.request", "body": data, "more_body": False}]
@@ -27,7 +30,8 @@ def post(app: InferenceApp, data: bytes, *, generate: bool = False) -> tuple[int
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    scope = {"type": "http", "method": "POST", "path": path, "headers": raw_headers}
 
     async def request() -> None:
         scheduler = asyncio.create_task(app.scheduler.run()) if generate else None

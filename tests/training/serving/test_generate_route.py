@@ -4,13 +4,13 @@ worker (greedy and seeded), under a checkpoint named by path; bad input is a 400
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
 import torch
 
+from tests.training.serving.test_app_errors import post
 from training.engines.base import SamplingParams
 from training.serving.app import InferenceApp, ServerConfig
 from training.serving.protocol import ADAPTER_HEADER, Limits
@@ -19,32 +19,7 @@ PROMPTS = [[5, 9, 14, 3], [8, 2, 11], [5, 9, 14, 3], [40, 41, 42, 43, 44]]
 
 
 def call(app: InferenceApp, body: Any, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    sent: list[dict[str, Any]] = []
-    data = json.dumps(body).encode() if not isinstance(body, bytes) else body
-    messages = [{"type": "http.request", "body": data, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        if messages:
-            return messages.pop()
-        await asyncio.Event().wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
-    scope = {"type": "http", "method": "POST", "path": "/generate", "headers": raw_headers}
-
-    async def request() -> None:
-        scheduler = asyncio.create_task(app.scheduler.run())
-        try:
-            await app(scope, receive, send)
-        finally:
-            scheduler.cancel()
-
-    asyncio.run(request())
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+    return post(app, json.dumps(body).encode(), generate=True, path="/generate", headers=headers)
 
 
 @pytest.fixture(scope="module")
