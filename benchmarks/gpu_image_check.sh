@@ -5,7 +5,8 @@
 #      in .whl/ (fetched beforehand on a machine with a registry, see below) into /tmp/site, beside
 #      the image's torch,
 #   2. runs tests/training/test_cuda.py (marked gpu): a bf16 run with the sampler check every step
-#      and a resume, an overlapped run, a run on a trainer service, SFT and DPO runs, the fp32
+#      and a resume, an overlapped run, one with its rollouts on an inference server process on the
+#      GPU, a run on a trainer service, SFT and DPO runs, the fp32
 #      update against the CPU's under every named loss, the data-parallel session over NCCL,
 #   3. runs benchmarks/gpu_update.py: update and rollout speed on CUDA (bf16, fp32) against this
 #      host's CPU, measured in the same run.

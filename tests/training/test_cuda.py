@@ -1,9 +1,10 @@
 """The training core on a CUDA device, each path against the CPU path it mirrors: a run in bf16
 (rollouts on the GPU, the sampler check every step, checkpoints, resume), a run whose rollouts
-overlap the update, a run on a trainer service process on the GPU, SFT and DPO runs, the fp32
-update against the CPU's on the same batch under every named loss, and the data-parallel session
-over NCCL. Marked ``gpu``: they need CUDA, not vLLM (benchmarks/gpu_image_check.sh runs them on a
-GPU host whose image has torch but no vLLM; ``make test-gpu`` runs them with the rest)."""
+overlap the update, one whose rollouts are on an inference server process on the GPU, a run on a
+trainer service process on the GPU, SFT and DPO runs, the fp32 update against the CPU's on the same
+batch under every named loss, and the data-parallel session over NCCL. Marked ``gpu``: they need
+CUDA, not vLLM (benchmarks/gpu_image_check.sh runs them on a GPU host whose image has torch but no
+vLLM; ``make test-gpu`` runs them with the rest)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,27 @@ def test_rollouts_that_overlap_the_update_on_cuda(tiny_model_dir, tmp_path):
     ), hooks.events
     assert [m["off_policy_steps"] for m in hooks.metrics] == [0.0, 1.0, 1.0]
     print("sampler logprob gaps (overlapped, bf16):", [m["sampler_logprob_gap"] for m in hooks.metrics])
+    assert all(m["sampler_logprob_gap"] <= 5e-2 for m in hooks.metrics)
+
+
+def test_rollouts_on_an_inference_server_on_cuda(tiny_model_dir, tmp_path):
+    """``rollouts_on: inference_servers``: the run on the GPU, its rollouts on an inference server
+    process whose engine is on the GPU too (POST /generate), every checkpoint checked."""
+    from tests.training.test_remote_rollouts import TOKEN, server_process
+    from training.engines.remote_engine import RolloutServer
+
+    hooks = MeteredHooks()
+    with server_process(tiny_model_dir, tmp_path, device="cuda") as (url, _):
+        spec = run_spec(
+            tmp_path, tiny_model_dir, steps=3, max_off_policy_steps=1, rollouts_on="inference_servers"
+        )
+        spec = dataclasses.replace(spec, rollout_server=RolloutServer(url=url, token=TOKEN))
+        assert run_training(spec, hooks) == "succeeded", hooks.events
+    assert [m["off_policy_steps"] for m in hooks.metrics] == [0.0, 1.0, 1.0]
+    print(
+        "sampler logprob gaps (rollouts on a CUDA server, bf16):",
+        [m["sampler_logprob_gap"] for m in hooks.metrics],
+    )
     assert all(m["sampler_logprob_gap"] <= 5e-2 for m in hooks.metrics)
 
 

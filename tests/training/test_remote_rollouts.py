@@ -6,6 +6,7 @@ saved; the run trains exactly as the same run with its sampler in the worker."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -26,15 +27,18 @@ from training.serving.protocol import ADAPTER_HEADER, ADAPTER_KEY_HEADER, ADAPTE
 TOKEN = "t-rollouts"
 
 
-@pytest.fixture
-def server(tiny_model_dir, tmp_path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """An inference server process of the tiny model whose adapter root is ``tmp_path``."""
+@contextlib.contextmanager
+def server_process(
+    tiny_model_dir: Path, root: Path, device: str = "cpu"
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """An inference server process of the tiny model whose adapter root is ``root``."""
     env = {**os.environ, "INFERENCE_SERVER_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"}
-    log = tmp_path.parent / f"{tmp_path.name}-server.log"  # a file, not a pipe nobody drains
+    log = root.parent / f"{root.name}-server.log"  # a file, not a pipe nobody drains
     with log.open("w") as output:
         process = subprocess.Popen(
             [sys.executable, "-m", "training.serving.standalone", "--model", str(tiny_model_dir),
-             "--cache-dir", str(tiny_model_dir.parent), "--adapter-root", str(tmp_path), "--threads", "1"],
+             "--cache-dir", str(tiny_model_dir.parent), "--adapter-root", str(root), "--threads", "1",
+             "--device", device],
             stdout=output, stderr=subprocess.STDOUT, text=True, env=env,
             cwd=Path(__file__).resolve().parents[2],
         )  # fmt: skip
@@ -49,6 +53,12 @@ def server(tiny_model_dir, tmp_path) -> Iterator[tuple[str, subprocess.Popen[str
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+@pytest.fixture
+def server(tiny_model_dir, tmp_path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    with server_process(tiny_model_dir, tmp_path) as running:
+        yield running
 
 
 def counted_loads(monkeypatch) -> list[str]:

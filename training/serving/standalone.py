@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu or cuda[:N] (bf16 on a GPU that has it, else fp32)"
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -35,13 +38,14 @@ def main(argv: list[str] | None = None) -> None:
     from training.serving.app import InferenceApp, ServerConfig
     from training.serving.server import advertised_url, bind, serve
 
-    model, tokenizer = load_base_model(args.model, args.cache_dir, dtype=torch.float32)
+    model, tokenizer = load_base_model(args.model, args.cache_dir, device=args.device)
+    model.to(args.device)  # loaded on the CPU (training.base_models)
     config = ServerConfig(
         model_name=args.model,
         adapter_root=args.adapter_root,
         token=os.environ.get("INFERENCE_SERVER_TOKEN", ""),
     )
-    app = InferenceApp(TransformersEngine(model, tokenizer), config)
+    app = InferenceApp(TransformersEngine(model, tokenizer, device=args.device), config)
     sock = bind(args.host, args.port)
     url = advertised_url(args.host, sock.getsockname()[1])
     print(f"inference server on {url}", flush=True)
