@@ -43,7 +43,6 @@ import contextlib
 import copy
 import logging
 import os
-import pickle
 import subprocess
 import sys
 import time
@@ -57,6 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from training.losses import LossInputError
 from training.session import WHOLE_CALL_LOSSES, Datum, ForwardBackwardResult, TrainingSession
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class DataParallelSession:
             raise ValueError(f"loss {loss_fn!r} needs the whole call in one process: not data-parallel")
         mine = shares(data, self.world_size)[self.rank]
         empty = ForwardBackwardResult(loss=0.0, metrics={}, logprobs=[])
-        result, error = empty, None
+        result, failure = empty, None
         # A call that fails on any rank leaves no gradient of its own on any rank (put back below).
         before = (
             None if forward_only else [None if p.grad is None else p.grad.clone() for p in self.parameters]
@@ -145,14 +145,15 @@ class DataParallelSession:
                     [data[i] for i in mine], loss_fn, loss_fn_config, forward_only=forward_only
                 )
         except Exception as exc:  # noqa: BLE001 (told to every rank below, raised on each)
-            result, error = empty, _portable(exc)
+            result, failure = empty, exc
         tokens = sum(trained_tokens(data[i]) for i in mine)
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, (mine, tokens, result.loss, result.metrics, result.logprobs, error))
+        told = _told(failure)
+        dist.all_gather_object(gathered, (mine, tokens, result.loss, result.metrics, result.logprobs, told))
         if before is not None and any(part[-1] is not None for part in gathered):
             for parameter, grad in zip(self.parameters, before, strict=True):
                 parameter.grad = grad
-        _raise_first([part[-1] for part in gathered])
+        _raise_first([part[-1] for part in gathered], self.rank, failure)
         logprobs: list[list[float]] = [[] for _ in data]
         loss, all_tokens = 0.0, 0
         sums: dict[str, float] = {}
@@ -173,15 +174,15 @@ class DataParallelSession:
         """TrainingSession.forward over every rank (no gradients)."""
         mine = shares(data, self.world_size)[self.rank]
         part: list[list[float]] = []
-        error = None
+        failure = None
         try:
             if mine:
                 part = self.session.forward([data[i] for i in mine], reference=reference)
         except Exception as exc:  # noqa: BLE001 (told to every rank below, raised on each)
-            error = _portable(exc)
+            failure = exc
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, (mine, part, error))
-        _raise_first([error for _, _, error in gathered])
+        dist.all_gather_object(gathered, (mine, part, _told(failure)))
+        _raise_first([told for _, _, told in gathered], self.rank, failure)
         logprobs: list[list[float]] = [[] for _ in data]
         for indices, values, _ in gathered:
             for index, row in zip(indices, values, strict=True):
@@ -225,23 +226,37 @@ class DataParallelSession:
         dist.barrier()
 
 
-def _portable(exc: Exception) -> Exception:
-    """``exc`` if it survives pickling (it goes to the other ranks), else a RuntimeError saying it."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001 (any failure to round-trip: send its text instead)
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-    return exc
+def _told(failure: Exception | None) -> tuple[str, str] | None:
+    """What the other ranks are told of this rank's failure: its kind and message (plain text)."""
+    return None if failure is None else (type(failure).__name__, str(failure))
 
 
-def _raise_first(errors: Sequence[Exception | None]) -> None:
-    """Raise the lowest rank's error of a primitive, on every rank alike (bad input in one rank's
-    share fails the call everywhere; no rank is left waiting in the next collective), marked
-    ``raised_on_every_rank``: a follower answers it and waits for the next call."""
-    for error in errors:
-        if error is not None:
-            error.raised_on_every_rank = True  # type: ignore[attr-defined]
-            raise error
+def _raise_first(told: Sequence[tuple[str, str] | None], rank: int, failure: Exception | None) -> None:
+    """Raise the lowest failing rank's error of a primitive, on every rank alike (bad input in one
+    rank's share fails the call everywhere; no rank is left waiting in the next collective): this
+    rank's own exception if it is that rank, else one of the same kind (LossInputError, ValueError,
+    TypeError; a RuntimeError naming any other), marked ``raised_on_every_rank``: a follower answers
+    it and waits for the next call."""
+    for index, error in enumerate(told):
+        if error is None:
+            continue
+        kind, message = error
+        raised = (
+            failure
+            if index == rank and failure is not None
+            else _KINDS.get(kind, RuntimeError)(
+                message if kind in _KINDS else f"{kind} on data-parallel rank {index}: {message}"
+            )
+        )
+        raised.raised_on_every_rank = True  # type: ignore[attr-defined]
+        raise raised
+
+
+_KINDS: dict[str, type[Exception]] = {
+    "LossInputError": LossInputError,
+    "ValueError": ValueError,
+    "TypeError": TypeError,
+}
 
 
 def run_ranks(
