@@ -85,6 +85,7 @@ def art_policy_loss(
     *,
     ref_logprobs: torch.Tensor | None = None,
     original_logprobs: torch.Tensor | None = None,
+    kl_average: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one packed sequence and its metrics.
 
@@ -92,7 +93,9 @@ def art_policy_loss(
     trained tokens); ``advantages`` and ``weights`` are [N] (one per trajectory) or [N, T]. ``old_logprobs``
     may hold NaN (no logprob: r = 1). ``ref_logprobs``: the KL reference's, needed when
     ``kl_penalty_coef`` > 0. ``original_logprobs``: the sampler's, when ``old_logprobs`` are the
-    trainer's own (precalculated); the truncated IS weight needs both.
+    trainer's own (precalculated); the truncated IS weight needs both. ``kl_average``: the KL
+    penalty's mean over a whole call of which these tokens are a share (a data-parallel rank's,
+    training.distributed); None: the mean over these tokens.
     """
     trained = mask > 0
     maskf = trained.to(new_logprobs.dtype)
@@ -135,7 +138,9 @@ def art_policy_loss(
         source = old.detach() if config.kl_penalty_source == "sample" else new.detach()
         ref = torch.where(trained, ref_logprobs.to(new.dtype), torch.zeros_like(new))
         kl = (source - ref) * maskf
-        average = kl.sum() / (tokens + 1e-18)
+        average = (
+            kl.sum() / (tokens + 1e-18) if kl_average is None else torch.tensor(kl_average, dtype=new.dtype)
+        )
         advantage = advantage + config.kl_penalty_coef * (average - kl) * maskf
         kl_mean = float(average)
 

@@ -33,8 +33,9 @@ Invariants:
 - only rank 0 writes a checkpoint (the state is the same on every rank); the others wait for it;
 - a primitive that fails in any rank's share (bad input) fails on every rank alike, after the
   collective that tells them, and leaves no gradient of its own behind: the ranks stay in step.
-- ``art`` (ART's loss) averages its KL term over the whole call: it cannot be split by datum and
-  is refused here.
+- ``art`` (ART's loss) compares each token's KL with the mean over the whole call: with a KL
+  penalty, that mean is summed over every rank's share first (one more all-reduce), so the split
+  loss is the whole call's.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -56,8 +58,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.losses import LossInputError
-from training.session import WHOLE_CALL_LOSSES, Datum, ForwardBackwardResult, TrainingSession
+from training.losses import KL_AVERAGE, LossInputError
+from training.session import Datum, ForwardBackwardResult, TrainingSession
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +132,12 @@ class DataParallelSession:
         """TrainingSession.forward_backward over every rank: this rank's share computed and its
         gradients accumulated here; the loss, metrics and logprobs of the whole data returned on
         every rank."""
-        if loss_fn in WHOLE_CALL_LOSSES:
-            raise ValueError(f"loss {loss_fn!r} needs the whole call in one process: not data-parallel")
         mine = shares(data, self.world_size)[self.rank]
+        if loss_fn == "art" and float((loss_fn_config or {}).get("kl_penalty_coef") or 0) > 0:
+            loss_fn_config = {
+                **(loss_fn_config or {}),
+                KL_AVERAGE: self._art_kl_average(data, mine, loss_fn_config),
+            }
         empty = ForwardBackwardResult(loss=0.0, metrics={}, logprobs=[])
         result, failure = empty, None
         # A call that fails on any rank leaves no gradient of its own on any rank (put back below).
@@ -169,6 +174,39 @@ class DataParallelSession:
             for name, value in sums.items()
         }
         return ForwardBackwardResult(loss=loss, metrics=combined, logprobs=logprobs)
+
+    def _art_kl_average(self, data: Sequence[Datum], mine: list[int], config: dict[str, Any] | None) -> float:
+        """ART's KL penalty compares each token's KL with the mean over the whole call: that mean,
+        from every rank's share (the learner's logprobs computed where the penalty's source is the
+        learner, or where the sampler left a logprob out). A share the session cannot read counts
+        nothing here: its own call fails next, on every rank."""
+        learner_source = (config or {}).get("kl_penalty_source", "sample") != "sample"
+        kl, tokens = 0.0, 0
+        try:
+            trained = {
+                i: [t for t, w in enumerate(data[i].loss_fn_inputs.get("weights") or []) if w != 0]
+                for i in mine
+            }
+            sources = {i: list(data[i].loss_fn_inputs.get("logprobs") or []) for i in mine}
+            needs = [i for i in mine if learner_source or not all(
+                t < len(sources[i]) and math.isfinite(sources[i][t]) for t in trained[i])]  # fmt: skip
+            learner = dict(
+                zip(needs, self.session.forward([data[i] for i in needs]) if needs else [], strict=True)
+            )
+            for i in mine:
+                ref = data[i].loss_fn_inputs.get("ref_logprobs")
+                if ref is None:
+                    continue
+                for t in trained[i]:
+                    own = sources[i][t] if t < len(sources[i]) else math.nan
+                    source = learner[i][t] if learner_source or not math.isfinite(own) else own
+                    kl += source - ref[t]
+                    tokens += 1
+        except Exception:  # noqa: BLE001 (the share's own forward_backward raises it on every rank)
+            kl, tokens = 0.0, 0
+        total = torch.tensor([kl, float(tokens)], dtype=torch.float64)
+        dist.all_reduce(total)
+        return float(total[0] / total[1]) if total[1] > 0 else 0.0
 
     def forward(self, data: Sequence[Datum], *, reference: Path | str | None = None) -> list[list[float]]:
         """TrainingSession.forward over every rank (no gradients)."""
@@ -393,20 +431,24 @@ class Followers:
         try:
             return update()
         except Exception as exc:
-            if not self._lost():
+            if not self.lost():
                 raise
             reason = str(exc).splitlines()[0][:200]
         _restore(trainer, before)
-        self.restarts += 1
         if on_restart is not None:
             on_restart(f"A data-parallel rank was lost during the update ({reason}); restarting the ranks "
                        f"from {Path(checkpoint).name} and redoing the update")  # fmt: skip
-        self._stop()
-        self.spec = replace(self.spec, checkpoint=Path(checkpoint))
-        self._start(self.spec)
+        self.restart(Path(checkpoint))
         return update()
 
-    def _lost(self, wait_s: float = 5.0) -> bool:
+    def restart(self, checkpoint: Path) -> None:
+        """Stop the followers (a lost one among them) and start them all again from ``checkpoint``."""
+        self._stop()
+        self.spec = replace(self.spec, checkpoint=checkpoint)
+        self.restarts += 1
+        self._start(self.spec)
+
+    def lost(self, wait_s: float = 5.0) -> bool:
         """Whether a follower is gone (waiting briefly: a collective may fail before its peer's
         exit is visible)."""
         deadline = time.monotonic() + wait_s
@@ -500,7 +542,7 @@ class MirroredSession:
             result = self._mirror(name, args, kwargs)
         except Exception as exc:
             if getattr(exc, "raised_on_every_rank", False) or not (
-                isinstance(exc, RankLost) or self.followers._lost()
+                isinstance(exc, RankLost) or self.followers.lost()
             ):
                 raise
             self._recover(str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
@@ -519,10 +561,7 @@ class MirroredSession:
         trainer.optimizer.zero_grad(set_to_none=True)  # rank 0's share of the lost calls: replayed below
         folder = self.replay_dir / "ranks-state"
         trainer.save_checkpoint(folder, step=trainer.step, metrics={})
-        self.followers._stop()
-        self.followers.spec = replace(self.followers.spec, checkpoint=folder)
-        self.followers.restarts += 1
-        self.followers._start(self.followers.spec)
+        self.followers.restart(folder)
         self.recoveries += 1
         for name, args, kwargs in self._since_step:
             self._mirror(name, args, kwargs)

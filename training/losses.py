@@ -162,10 +162,19 @@ def grpo(batch: LossInputs, config: dict[str, Any]) -> tuple[torch.Tensor, dict[
     return (per_token * batch.weights).sum(), metrics
 
 
+# The ``art`` loss's whole-call mean KL, computed over every rank (training.distributed).
+KL_AVERAGE = "__kl_average__"
+
+
 def art(batch: LossInputs, config: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
     """ART's per-sequence objective: training.art_loss.art_policy_loss with per-token advantages and
     weights. art_policy_loss divides by the trained tokens, so this multiplies back: a sum, like the
-    others (the caller's weights hold ART's 1 / tokens-of-the-sequence)."""
+    others (the caller's weights hold ART's 1 / tokens-of-the-sequence). ``config[KL_AVERAGE]``,
+    set by a data-parallel session only: the whole call's mean KL (see art_policy_loss)."""
+    config = dict(config)
+    kl_average = config.pop(KL_AVERAGE, None)
+    if kl_average is not None and not isinstance(kl_average, (int, float)):
+        raise LossInputError(f"loss 'art': {KL_AVERAGE} must be a number")
     try:
         settings = ArtLoss(**config)
     except TypeError as exc:
@@ -180,6 +189,7 @@ def art(batch: LossInputs, config: dict[str, Any]) -> tuple[torch.Tensor, dict[s
         settings,
         ref_logprobs=batch.inputs.get("ref_logprobs"),
         original_logprobs=batch.inputs.get("original_logprobs"),
+        kl_average=kl_average,
     )
     return loss * trained.sum(), metrics
 

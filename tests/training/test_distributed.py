@@ -127,16 +127,67 @@ def test_the_split_balances_tokens_and_covers_every_datum_once():
     assert shares(DATA[:1], 3) == [[0], [], []]  # a rank may have nothing: it still takes part
 
 
-def test_a_loss_over_the_whole_call_is_refused(tmp_path, tiny_model_dir):
-    import torch.distributed as dist
+def art_datum(tokens: list[int], trained_from: int, advantage: float, missing: int | None = None) -> Datum:
+    """A datum of ART's loss with a KL reference; ``missing``: a position the sampler gave no
+    logprob for (NaN: the learner's own is used)."""
+    base = datum(tokens, trained_from, advantage)
+    targets = len(tokens) - 1
+    logprobs = [-2.0 - 0.1 * i for i in range(targets)]
+    if missing is not None:
+        logprobs[missing] = float("nan")
+    weights = [w / max(sum(base.loss_fn_inputs["weights"]), 1.0) for w in base.loss_fn_inputs["weights"]]
+    return Datum(model_input=base.model_input, loss_fn_inputs={
+        **base.loss_fn_inputs, "weights": weights, "logprobs": logprobs,
+        "ref_logprobs": [-2.5 + 0.05 * i for i in range(targets)],
+    })  # fmt: skip
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
-    try:
-        parallel = DataParallelSession(make_session(str(tiny_model_dir), seed=1))
-        with pytest.raises(ValueError, match="whole call"):
-            parallel.forward_backward(DATA, "art")
-    finally:
-        dist.destroy_process_group()
+
+ART_DATA = [
+    art_datum([5, 9, 14, 3, 22, 7, 30], 2, 1.0),
+    art_datum([5, 9, 40, 41, 42, 43], 1, -0.5, missing=3),
+    art_datum([8, 2, 11], 0, 2.0),
+    art_datum([12, 13, 14, 15, 16, 17, 18, 19], 3, -1.0),
+]
+# ART's KL penalty from both sources: each token's KL is compared with the mean over the call.
+ART_CONFIGS = [
+    {"kl_penalty_coef": 0.5, "kl_penalty_source": "sample"},
+    {"kl_penalty_coef": 0.5, "kl_penalty_source": "current_learner"},
+    {},
+]
+
+
+def train_art(session) -> list[dict]:
+    history = []
+    for config in ART_CONFIGS:
+        result = session.forward_backward(ART_DATA, "art", config)
+        stepped = session.optim_step(learning_rate=LEARNING_RATE)
+        history.append(
+            {"loss": result.loss, "kl": result.metrics["kl_policy_ref"], "grad_norm": stepped["grad_norm"]}
+        )
+    return history
+
+
+def _art_rank(rank: int, world_size: int, model_dir: str, out: str) -> None:
+    parallel = DataParallelSession(make_session(model_dir, seed=100 + rank))
+    history = train_art(parallel)
+    torch.save({"history": history, "params": [p.detach().clone() for p in parallel.parameters]},
+               Path(out) / f"art-{rank}.pt")  # fmt: skip
+
+
+def test_arts_loss_with_a_kl_penalty_splits_across_ranks_as_the_whole_call(tmp_path, tiny_model_dir):
+    run_ranks(_art_rank, 2, str(tiny_model_dir), str(tmp_path), rendezvous=tmp_path / "rendezvous")
+    alone = make_session(str(tiny_model_dir), seed=100)
+    single = train_art(alone)
+    parallel = torch.load(tmp_path / "art-0.pt")
+    for config, got, expected in zip(ART_CONFIGS, parallel["history"], single, strict=True):
+        assert (expected["kl"] != 0.0) == bool(config)
+        for name in ("loss", "kl", "grad_norm"):
+            assert got[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-6), (name, got, expected)
+    difference = max(
+        float((a - b).abs().max())
+        for a, b in zip(parallel["params"], alone.trainer.trainable_parameters, strict=True)
+    )
+    assert difference < 3 * WEIGHT_TOLERANCE, difference  # 3 steps; the learner KL source: its own forward
 
 
 def test_a_run_with_two_devices_trains_as_a_run_with_one(tiny_model_dir, tmp_path):

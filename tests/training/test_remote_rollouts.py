@@ -126,4 +126,4 @@ def test_a_recorded_checkpoint_is_named_by_its_store_key_else_by_its_folder(tmp_
         ADAPTER_SHA256_HEADER: "cd" * 32,
     }
     assert engine._adapters["b"][1] == {ADAPTER_HEADER: str(tmp_path / "step-000002")}
-    assert engine.adapter_path("a") == tmp_path / "step-000001" and engine.named_by_key("a")
+    assert engine.adapter_path("a") == tmp_path / "step-000001"

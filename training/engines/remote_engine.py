@@ -59,7 +59,6 @@ class RemoteEngine(Engine):
         # The trainer's model's: the server must end completions at the same tokens (checked).
         self.stop_token_ids = frozenset(stop_token_ids)
         self._adapters: dict[str, tuple[Path, dict[str, str]]] = {}
-        self.requests = 0
 
     def load_adapter(self, name: str, path: Path) -> None:
         path = Path(path)
@@ -76,9 +75,6 @@ class RemoteEngine(Engine):
     def adapter_path(self, name: str) -> Path:
         """The folder of the checkpoint loaded as ``name`` (what the server is told to sample)."""
         return self._adapters[name][0]
-
-    def named_by_key(self, name: str) -> bool:
-        return ADAPTER_KEY_HEADER in self._adapters[name][1]
 
     def generate_from_tokens(
         self,
@@ -117,7 +113,6 @@ class RemoteEngine(Engine):
             request.add_header("authorization", f"Bearer {self.server.token}")
         for name, value in headers.items():
             request.add_header(name, value)
-        self.requests += 1
         try:
             with urllib.request.urlopen(request, timeout=self.server.timeout_s) as response:  # noqa: S310 (the registry's URL)
                 return json.loads(response.read())  # type: ignore[no-any-return]

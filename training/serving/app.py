@@ -406,10 +406,16 @@ class InferenceApp:
                                 "stop_token_ids": sorted(self.engine.stop_token_ids)})  # fmt: skip
 
     async def _submit(
-        self, prompts: list[list[int]], sampling: SamplingParams, adapter: Path | None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        adapter: Path | None,
+        on_token: OnToken | None = None,
+        grammar: str | None = None,
     ) -> list[Choice]:
+        """The scheduler's answer; an engine failure is a 500 in OpenAI's shape (logged)."""
         try:
-            return await self.scheduler.submit(prompts, sampling, adapter, None, None)
+            return await self.scheduler.submit(prompts, sampling, adapter, on_token, grammar)
         except RequestError:
             raise
         except Exception as exc:
@@ -441,13 +447,7 @@ class InferenceApp:
         on_token: OnToken | None = None,
         grammar: str | None = None,
     ) -> list[Choice]:
-        try:
-            return await self.scheduler.submit([prompt] * request.n, sampling, adapter, on_token, grammar)
-        except RequestError:
-            raise
-        except Exception as exc:
-            log.exception("generation failed")
-            raise RequestError(f"generation failed: {exc}", code="server_error", status=500) from exc
+        return await self._submit([prompt] * request.n, sampling, adapter, on_token, grammar)
 
     async def _stream(
         self,

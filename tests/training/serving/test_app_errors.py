@@ -46,15 +46,6 @@ def post(
     return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    from training.base_models import load_base_model
-    from training.engines.transformers_engine import TransformersEngine
-
-    model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-    return TransformersEngine(model, tokenizer)
-
-
 @pytest.fixture
 def app(engine, tmp_path) -> InferenceApp:
     return InferenceApp(engine, ServerConfig(model_name="tiny", adapter_root=tmp_path))

@@ -325,15 +325,6 @@ def test_a_batch_that_cannot_start_fails_only_its_request(tmp_path):
 # ---------------------------------------------------------------------- through the ASGI app
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    from training.base_models import load_base_model
-    from training.engines.transformers_engine import TransformersEngine
-
-    model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-    return TransformersEngine(model, tokenizer)
-
-
 async def post(app, body: dict[str, Any], leave: asyncio.Event | None = None) -> list[dict[str, Any]]:
     """POST /v1/chat/completions; the client disconnects when `leave` is set. Returns what was sent."""
     sent: list[dict[str, Any]] = []

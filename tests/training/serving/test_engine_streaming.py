@@ -12,14 +12,6 @@ from training.engines.base import SamplingParams, TextDeltas, TokenDelta
 from training.engines.transformers_engine import TransformersEngine
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> TransformersEngine:
-    from training.base_models import load_base_model
-
-    model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-    return TransformersEngine(model, tokenizer)
-
-
 def prompts(engine: TransformersEngine) -> list[list[int]]:
     return [
         engine.render([{"role": "user", "content": "Hello! How are you today?"}]),

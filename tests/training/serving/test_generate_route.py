@@ -22,15 +22,6 @@ def call(app: InferenceApp, body: Any, headers: dict[str, str] | None = None) ->
     return post(app, json.dumps(body).encode(), generate=True, path="/generate", headers=headers)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    from training.base_models import load_base_model
-    from training.engines.transformers_engine import TransformersEngine
-
-    model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-    return TransformersEngine(model, tokenizer)
-
-
 @pytest.fixture
 def app(engine, tmp_path) -> InferenceApp:
     config = ServerConfig(model_name="tiny", adapter_root=tmp_path, limits=Limits(max_tokens=64))

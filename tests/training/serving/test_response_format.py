@@ -29,14 +29,6 @@ SCHEMA = {
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA, "strict": True}}
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> TransformersEngine:
-    from training.base_models import load_base_model
-
-    model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-    return TransformersEngine(model, tokenizer)
-
-
 def chat(**body: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": "Is it so?"}], "max_tokens": 200, **body}
 

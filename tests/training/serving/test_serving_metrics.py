@@ -8,21 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from training.serving import metrics
 from training.serving.adapters import AdapterCache
 from training.serving.app import InferenceApp, ServerConfig
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    from training.base_models import load_base_model
-    from training.engines.transformers_engine import TransformersEngine
-
-    model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-    return TransformersEngine(model, tokenizer)
 
 
 def serve(
