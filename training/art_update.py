@@ -103,6 +103,7 @@ def art_update(
             "learning_rate": rate,
             "trainable_tokens": float(tokens),
             "num_trajectories": float(len({job.trajectory[i] for i in members})),
+            "update_devices": float(stepped.get("update_devices", 1.0)),
             "positions": float(sum(len(job.samples[i].prompt_token_ids) + len(job.samples[i].completion_token_ids)
                                    for i in members)),
             **metrics,
@@ -115,7 +116,7 @@ def _job_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
     if not steps:
         return {"loss": 0.0, "grad_norm": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "kl": 0.0,
                 "ratio_mean": 1.0, "trainable_tokens": 0.0, "gradient_steps": 0.0, "update_positions": 0.0,
-                "padding_fraction": 0.0}  # fmt: skip
+                "padding_fraction": 0.0, "update_devices": 1.0}  # fmt: skip
     tokens = sum(step["trainable_tokens"] for step in steps) or 1.0
 
     def by_tokens(name: str) -> float:
@@ -130,6 +131,7 @@ def _job_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
         "kl": by_tokens("kl_policy_ref"),
         "trainable_tokens": sum(step["trainable_tokens"] for step in steps),
         "gradient_steps": float(len(steps)),
+        "update_devices": max(step["update_devices"] for step in steps),
         "update_positions": sum(step["positions"] for step in steps),
         "padding_fraction": 0.0,
     }

@@ -30,10 +30,12 @@ class SessionKey:
     step: int  # the checkpoint the session holds
     digest: str  # the checkpoint's content digest (or its path when it has none)
     base_model_source: str
+    devices: int = 1  # a session opened data-parallel on more devices is another session
 
     @property
     def tag(self) -> str:
-        return f"{self.base_model_source}|{self.step}|{self.digest}"
+        devices = f"|devices={self.devices}" if self.devices > 1 else ""
+        return f"{self.base_model_source}|{self.step}|{self.digest}{devices}"
 
 
 class ResidentSessions:
@@ -59,7 +61,13 @@ class ResidentSessions:
             self.hits += 1
         else:
             self.misses += 1
-            pool.close(session_id)  # stale (another checkpoint) or absent
+            pool.close(session_id)  # stale (another checkpoint or devices) or absent
+            if (
+                spec.config.devices > 1
+            ):  # a process trains one data-parallel session: free it from a kept job's
+                for other in pool.stats()["data_parallel"]:
+                    if other in self._kept and other not in self._using:
+                        pool.close(other)
             pool.open(
                 session_id, key.base_model_source, spec.config, spec.lora, state=spec.resume_from, tag=None
             )

@@ -161,7 +161,7 @@ class TrainableModelOut(serializers.ModelSerializer):
     class Meta:
         model = TrainableModel
         fields = [
-            "id", "project", "name", "base_model", "lora", "retention", "latest_step", "storage_bytes", "created_at",
+            "id", "project", "name", "base_model", "lora", "retention", "devices", "latest_step", "storage_bytes", "created_at",
         ]  # fmt: skip
 
     def get_latest_step(self, obj: TrainableModel) -> int | None:
@@ -370,10 +370,17 @@ class TrainableModelIn(InputSerializer):
         max_length=100, help_text="name of a base model from /api/v1/base-models"
     )
     lora = serializers.DictField(required=False, default=dict)
+    devices = serializers.IntegerField(
+        required=False, default=1, help_text="devices its ART training jobs train on (data-parallel), 1-16"
+    )
 
 
 class TrainableModelUpdateIn(InputSerializer):
     lora = serializers.DictField(required=False)
+    devices = serializers.IntegerField(
+        required=False,
+        help_text="devices its ART training jobs train on (data-parallel), 1-16; from the next job",
+    )
     retention = serializers.JSONField(
         required=False,
         help_text='{"keep_last": N, "keep_best": {"metric": "eval.mean_reward", "n": K}}; {} keeps all',

@@ -112,7 +112,11 @@ class TrainableModelViewSet(TeamViewSet, mixins.RetrieveModelMixin):
             known = BaseModel.objects.values_list("name", flat=True)
             raise ValidationFailed(names.unknown("base model", data["base_model"], known), field="base_model")
         model = services.trainable_model_create(
-            project=project, name=data["name"], base_model=base_model, lora=data["lora"]
+            project=project,
+            name=data["name"],
+            base_model=base_model,
+            lora=data["lora"],
+            devices=data["devices"],
         )
         return Response(s.TrainableModelOut(model).data, status=status.HTTP_201_CREATED)
 

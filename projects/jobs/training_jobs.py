@@ -8,6 +8,7 @@ with the job's end), so it is made once.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Callable
@@ -99,6 +100,7 @@ def session_key(model: TrainableModel, checkpoint: Checkpoint | None) -> Session
         # The row too: a step 0 without files has no digest, and rows are never reused.
         digest=f"{checkpoint.pk}:{checkpoint.sha256 or checkpoint.path}" if checkpoint else "",
         base_model_source=model.base_model.source,
+        devices=model.devices,
     )
 
 
@@ -123,7 +125,8 @@ def build_step_spec(job: TrainingJob, latest: Checkpoint | None) -> ClientStepSp
         base_model_source=model.base_model.source,
         model_cache_dir=settings.MODEL_CACHE_DIR,
         checkpoint_root=settings.CHECKPOINT_DIR / f"model-{model.pk}",
-        config=TrainConfig.from_dict(config),
+        # Data-parallel on the model's devices (training.session_pool starts the ranks).
+        config=dataclasses.replace(TrainConfig.from_dict(config), devices=model.devices),
         lora=LoraSpec.from_dict(model.lora),
         groups=parse_groups(job.groups, allow_without_logprobs=options.allow_training_without_logprobs),
         from_step=from_step,

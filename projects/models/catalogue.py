@@ -52,6 +52,9 @@ class TrainableModel(ProjectResource):
         blank=True,
         help_text="checkpoints kept after every step: {keep_last: N, keep_best: {metric, n}}; {} keeps all",
     )
+    devices = models.PositiveSmallIntegerField(
+        default=1, help_text="devices its client training jobs (ART) train on, data-parallel on one host"
+    )
 
     class Meta(ProjectResource.Meta):
         constraints = [models.UniqueConstraint(fields=["project", "name"], name="unique_model_name")]

@@ -39,6 +39,19 @@ def check_storable(value: Any, *, field: str) -> None:
         raise ValidationFailed(exc.message, field=exc.path or field) from None
 
 
+def check_devices(value: Any, *, field: str) -> int:
+    """A count of devices to train on, data-parallel on one host (TrainConfig's ``devices`` bounds)."""
+    import dataclasses
+
+    from training.config import TrainConfig
+
+    bounds = next(f.metadata["bounds"] for f in dataclasses.fields(TrainConfig) if f.name == "devices")
+    if isinstance(value, bool) or not isinstance(value, int) or bounds.problem(value):
+        raise ValidationFailed(f"must be a whole number of devices from {bounds.minimum:g} to {bounds.maximum:g} "
+                               f"(data-parallel training on one host), not {value!r}", field=field)  # fmt: skip
+    return value
+
+
 def check_text_length(value: Any, *, field: str, max_chars: int) -> None:
     """ValidationFailed on ``field`` when the text ``value`` is longer than ``max_chars``: every
     free-text field has a stated maximum (a TextField has none in PostgreSQL, so a 3 MB project

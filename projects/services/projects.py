@@ -10,6 +10,7 @@ from projects.errors import Conflict, ValidationFailed
 from projects.models import CLIENT_KINDS, BaseModel, Project, Run, Team, TrainableModel, TrainingJob
 from projects.queues import queue_name_problem
 from projects.services._common import (
+    check_devices,
     check_slug,
     check_storable,
     check_text_length,
@@ -86,22 +87,35 @@ def _lora(lora: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def trainable_model_create(
-    *, project: Project, name: str, base_model: BaseModel, lora: dict[str, Any] | None = None
+    *,
+    project: Project,
+    name: str,
+    base_model: BaseModel,
+    lora: dict[str, Any] | None = None,
+    devices: int = 1,
 ) -> TrainableModel:
     check_slug(name, "name")
     spec = _lora(lora)
+    devices = check_devices(devices, field="devices")
     return create_unique(
-        lambda: TrainableModel.objects.create(project=project, name=name, base_model=base_model, lora=spec),
+        lambda: TrainableModel.objects.create(
+            project=project, name=name, base_model=base_model, lora=spec, devices=devices
+        ),
         field="name",
         message=f"a model named {name!r} already exists in this project",
     )
 
 
 def trainable_model_update(
-    *, model: TrainableModel, lora: dict[str, Any] | None = None, retention: dict[str, Any] | None = None
+    *,
+    model: TrainableModel,
+    lora: dict[str, Any] | None = None,
+    retention: dict[str, Any] | None = None,
+    devices: int | None = None,
 ) -> TrainableModel:
     """``retention`` (services.checkpoints.retention_check; ``{}`` keeps everything) applies from
-    the next step on; ``POST /models/{id}/checkpoints/prune`` applies one now."""
+    the next step on; ``POST /models/{id}/checkpoints/prune`` applies one now. ``devices``: from
+    the model's next client training job on."""
     if lora is not None:
         if model.checkpoints.exists():
             raise Conflict("the LoRA shape cannot change once the model has checkpoints", code="in_use")
@@ -110,6 +124,9 @@ def trainable_model_update(
     if retention is not None:
         model.retention = retention_check(retention, field="retention")
         model.save(update_fields=["retention"])
+    if devices is not None:
+        model.devices = check_devices(devices, field="devices")
+        model.save(update_fields=["devices"])
     return model
 
 

@@ -8,7 +8,6 @@ served by the gateway at once. Concurrency: a model's requests are executed by o
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -33,10 +32,11 @@ from projects.models import (
     TinkerSampler,
     TinkerSession,
 )
+from projects.services._common import check_devices
 from projects.services.projects import trainable_model_create
 from projects.services.runs import run_event_add
 from projects.services.steps import checkpoint_record
-from training.config import DEFAULT_TARGET_MODULES, TrainConfig
+from training.config import DEFAULT_TARGET_MODULES
 from training.cost import GPU, device_kind, device_usage
 
 TINKER_PROJECT = "tinker"  # a session's project when create_session names none
@@ -122,12 +122,9 @@ def devices_of(user_metadata: dict[str, Any] | None) -> int:
     if value is None:
         return 1
     text = str(value).strip()
-    bounds = next(f.metadata["bounds"] for f in dataclasses.fields(TrainConfig) if f.name == "devices")
-    if isinstance(value, bool) or not text.isdigit() or bounds.problem(int(text)):
-        raise ValidationFailed(f"must be a whole number of devices from {bounds.minimum:g} to {bounds.maximum:g} "
-                               f"(data-parallel training on one host), not {value!r}",
-                               field="user_metadata.devices")  # fmt: skip
-    return int(text)
+    number = int(text) if text.isdigit() and not isinstance(value, bool) else value
+    check_devices(number, field="user_metadata.devices")
+    return int(number)
 
 
 def tinker_model_create(

@@ -46,7 +46,10 @@ def test_the_client_run_shows_like_a_run(trained, cast):
     model, run = trained
     page = Client()
     page.force_login(cast.alice)
-    assert f"/runs/{run.pk}/" in page.get(f"/models/{model.pk}/").content.decode()
+    model_page = page.get(f"/models/{model.pk}/").content.decode()
+    assert f"/runs/{run.pk}/" in model_page and "data-parallel" not in model_page
+    services.trainable_model_update(model=model, devices=2)
+    assert "train data-parallel on 2 devices" in page.get(f"/models/{model.pk}/").content.decode()
     detail = page.get(f"/runs/{run.pk}/").content.decode()
     assert "client run" in detail and "step 1" in detail and "Cancel run" not in detail
     assert page.get(f"/runs/{run.pk}/metrics.json").status_code == 200

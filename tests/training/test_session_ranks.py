@@ -185,3 +185,77 @@ def test_a_pool_trains_one_data_parallel_session_at_a_time(tiny_model_dir, tmp_p
     without = SessionPool(load, spill_dir=tmp_path / "other")  # no model cache: no ranks to start
     with pytest.raises(ValueError, match="cannot start data-parallel ranks"):
         without.open("dp", str(tiny_model_dir), config(2), LORA)
+
+
+def test_an_art_job_on_two_devices_trains_as_on_one_and_frees_a_kept_data_parallel_session(
+    tiny_model_dir, tmp_path
+):
+    """A model's ART training job with ``devices: 2`` (its session in the worker's pool, a follower
+    for rank 1, ART's loss with a KL penalty against the base) records the step one device does;
+    a kept data-parallel session of another model gives way to the next one, and a model whose
+    devices changed gets a session opened afresh."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from tests.training.test_client_groups import Sampler, group, trajectory
+    from training.art_config import art_job_config
+    from training.client_groups import parse_groups
+    from training.client_step import ClientStepSpec, train_client_step
+    from training.resident import ResidentSessions, SessionKey
+
+    source = str(tiny_model_dir)
+    sampler = Sampler(AutoTokenizer.from_pretrained(source))
+    groups = []
+    for question, answers in (("Hi", ("hello", "bye now")), ("Name a colour", ("red", "a blue sky at noon"))):
+        prompt = [{"role": "user", "content": question}]
+        groups.append(group(*(trajectory([*prompt, sampler.choice(prompt, text)], float(i))
+                              for i, text in enumerate(answers))))  # fmt: skip
+
+    class Hooks:
+        def started(self, *, num_sequences: int) -> None:
+            pass
+
+    def job(sessions: ResidentSessions, model: str, devices: int, root: str):
+        config, options = art_job_config({"learning_rate": 1e-2, "kl_penalty_coef": 0.5})
+        config = TrainConfig(**{**config.to_dict(), "devices": devices, "micro_batch_tokens": 16})
+        spec = ClientStepSpec(base_model_source=source, model_cache_dir=tiny_model_dir.parent,
+                              checkpoint_root=tmp_path / root, config=config, options=options, lora=LORA,
+                              groups=parse_groups(groups), from_step=0, resume_from=None)  # fmt: skip
+        key = SessionKey(model=model, step=0, digest="d", base_model_source=source, devices=devices)
+        sessions.attach(spec, key)
+        try:
+            result = train_client_step(spec, Hooks())
+        except BaseException:
+            sessions.settle(model, None)
+            raise
+        sessions.settle(model, SessionKey(model=model, step=1, digest="e", base_model_source=source,
+                                          devices=devices))  # fmt: skip
+        return result
+
+    def weights(result) -> dict[str, torch.Tensor]:
+        return load_file(Path(result.path) / "adapter_model.safetensors")
+
+    one = job(ResidentSessions(load, capacity=2, spill_dir=tmp_path / "one"), "m-a", 1, "one")
+    sessions = ResidentSessions(
+        load, capacity=2, spill_dir=tmp_path / "two", model_cache_dir=tiny_model_dir.parent
+    )
+    two = job(sessions, "m-a", 2, "two")
+    assert one.metrics["kl"] != 0.0
+    for name in ("loss", "grad_norm", "kl", "trainable_tokens"):
+        assert two.metrics[name] == pytest.approx(one.metrics[name], rel=1e-4, abs=1e-6), name
+    expected = weights(one)
+    assert max(float((weights(two)[k] - v).abs().max()) for k, v in expected.items()) < 3 * TOLERANCE
+    assert sessions.pool.stats()["data_parallel"] == {"m-a": {"devices": 2, "rank_restarts": 0}}
+
+    job(sessions, "m-b", 2, "b")  # another model's data-parallel job: the kept one gives way
+    assert "m-a" not in sessions.pool and list(sessions.pool.stats()["data_parallel"]) == ["m-b"]
+    assert len(follower_pids()) == 1
+    sessions.attach(
+        ClientStepSpec(base_model_source=source, model_cache_dir=tmp_path, checkpoint_root=tmp_path / "c",
+                       config=TrainConfig(seed=3), lora=LORA, groups=[], from_step=1, resume_from=None),
+        SessionKey(model="m-b", step=1, digest="e", base_model_source=source, devices=1),
+    )  # fmt: skip
+    assert sessions.misses == 3 and sessions.pool.stats()["data_parallel"] == {} and follower_pids() == []
+    sessions.settle("m-b", None)

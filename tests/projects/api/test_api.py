@@ -231,6 +231,37 @@ def test_model_create_and_validation(alpha_setup, alice_client):
     assert {m["name"] for m in listed["data"]} == {"agent", "m2"}
 
 
+@pytest.mark.parametrize("devices", [0, 17, "two", True, 1.5])
+def test_a_models_devices_must_be_a_whole_number_from_1_to_16(alpha_setup, alice_client, devices):
+    project = alpha_setup.project.pk
+    created = alice_client.post(
+        "/api/v1/models/",
+        {"project": project, "name": "dp", "base_model": "tiny", "devices": devices},
+        format="json",
+    )
+    assert created.status_code == 400 and error_of(created)["param"] == "devices", created.json()
+    model = alpha_setup.model
+    changed = alice_client.patch(f"/api/v1/models/{model.pk}/", {"devices": devices}, format="json")
+    assert changed.status_code == 400 and error_of(changed)["param"] == "devices", changed.json()
+    model.refresh_from_db()
+    assert model.devices == 1
+
+
+def test_a_models_devices_are_set_at_creation_and_changed_later(alpha_setup, alice_client):
+    project = alpha_setup.project.pk
+    created = alice_client.post(
+        "/api/v1/models/",
+        {"project": project, "name": "dp", "base_model": "tiny", "devices": 2},
+        format="json",
+    )
+    assert created.status_code == 201 and created.json()["devices"] == 2, created.json()
+    default = alice_client.post("/api/v1/models/", {"project": project, "name": "one", "base_model": "tiny"},
+                                format="json")  # fmt: skip
+    assert default.json()["devices"] == 1
+    changed = alice_client.patch(f"/api/v1/models/{created.json()['id']}/", {"devices": 4}, format="json")
+    assert changed.status_code == 200 and changed.json()["devices"] == 4
+
+
 def test_base_models_are_listed(alpha_setup, key_client):
     assert [m["name"] for m in key_client.get("/api/v1/base-models/").json()["data"]] == ["tiny"]
 

@@ -21,6 +21,7 @@ from projects.models import (
     Run,
     RunEvent,
     StepMetrics,
+    TrainableModel,
     TrainingJob,
     TrainingJobEvent,
     TrainingJobStatus,
@@ -183,6 +184,32 @@ def test_the_workers_own_sessions_are_put_on_the_workers_training_device(setting
     )
 
 
+def test_a_models_devices_train_its_jobs_data_parallel_and_a_change_opens_a_new_session(
+    world, settings, monkeypatch
+):
+    from projects.jobs import training_jobs
+    from training.distributed import follower_pids
+
+    monkeypatch.setattr(training_jobs, "_resident", None)
+    settings.TRAINER_SERVICE_URL = ""
+    services.trainable_model_update(model=world.model, devices=2)
+    sessions = training_jobs.resident_sessions()
+    try:
+        first = submit(world, 1.0, 0.0)
+        assert claimed.work_on(TRAINING_JOB, first.pk) == "succeeded"
+        assert StepMetrics.objects.get(run=world.run, step=1).metrics["update_devices"] == 2
+        assert list(sessions.pool.stats()["data_parallel"]) == [f"model-{world.model.pk}"]
+        assert len(follower_pids()) == 1
+        services.trainable_model_update(model=world.model, devices=1)
+        second = submit(world, 0.0, 1.0, model_id="math/agent:1")
+        assert claimed.work_on(TRAINING_JOB, second.pk) == "succeeded"
+        assert StepMetrics.objects.get(run=world.run, step=2).metrics["update_devices"] == 1
+        assert sessions.misses == 2 and follower_pids() == []  # the kept session held 2 devices: reopened
+    finally:
+        for model in sessions.pool.sessions():
+            sessions.pool.close(model)
+
+
 def test_a_choice_may_come_from_any_step_of_the_model_or_its_base():
     model = type("M", (), {"project": type("P", (), {"name": "math"}), "name": "agent",
                            "base_model": type("B", (), {"name": "tiny"})})  # fmt: skip
@@ -196,10 +223,11 @@ def test_jobs_through_the_trainer_service_train_exactly_as_in_the_worker(world, 
 
     from projects.jobs.training_jobs import resident_sessions
 
-    def two_jobs(model_name: str) -> dict:
+    def two_jobs(model_name: str, devices: int = 1) -> dict:
         model = world.model if model_name == "agent" else services.client_model_register(
             team=cast.alpha, entity=None, project="math", name=model_name, base_model="tiny"
         )[0]  # fmt: skip
+        services.trainable_model_update(model=model, devices=devices)
         for step, rewards in ((0, (1.0, 0.0)), (1, (0.0, 1.0))):
             job = services.training_job_create(
                 model=model, trajectory_groups=upload(world, *rewards, model_id=f"math/{model_name}:{step}"),
@@ -228,3 +256,11 @@ def test_jobs_through_the_trainer_service_train_exactly_as_in_the_worker(world, 
         .values_list("metrics__load_seconds", flat=True)
     )
     assert len(load_seconds) == 2 and load_seconds[1] < load_seconds[0]  # a claim, not a load
+    # A model with devices: 2: its session on the service, rank 1 a follower of the service's.
+    data_parallel = two_jobs("triplet", devices=2)
+    assert live_service.stats()["data_parallel"] == {
+        f"model-{TrainableModel.objects.get(name='triplet').pk}": {"devices": 2, "rank_restarts": 0}
+    }
+    gap = max(float((in_worker[name] - data_parallel[name]).abs().max()) for name in in_worker)
+    assert gap < 3e-5, gap  # gradients summed over 2 ranks: float32 addition order
+    assert StepMetrics.objects.get(run__model__name="triplet", step=2).metrics["update_devices"] == 2
