@@ -135,6 +135,7 @@ class ServiceSessions:
             session = self.client.open(
                 key.model, holder=self.holder, base_model=key.base_model_source, config=spec.config, lora=spec.lora,
                 state=str(spec.resume_from) if spec.resume_from is not None else None, lease_s=self.lease_s,
+                closable=True,  # kept under a recorded checkpoint: opened again from it when gone
             )  # fmt: skip
         alive = session.keep_alive()
         alive.__enter__()

@@ -70,10 +70,14 @@ class TrainerServiceClient:
         state: str | None = None,
         tag: Any = None,
         lease_s: float = 60.0,
+        closable: bool = False,
     ) -> RemoteSession:
+        """A new session on the service; ``closable``: the holder opens it again from a recorded
+        checkpoint when it is gone, so the service may close it while it is unclaimed (a session
+        with data-parallel ranks, when another needs them)."""
         self.call("POST", "/sessions", {
             "session_id": session_id, "holder": holder, "base_model": base_model, "config": config.to_dict(),
-            "lora": lora.to_dict(), "state": state, "tag": tag, "lease_s": lease_s,
+            "lora": lora.to_dict(), "state": state, "tag": tag, "lease_s": lease_s, "closable": closable,
         })  # fmt: skip
         return RemoteSession(self, session_id, holder, lease_s)
 

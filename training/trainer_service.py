@@ -10,7 +10,9 @@ answers one primitive at a time per process (one lock: the sessions share a mode
 claims and /stats answer at once.
 
 Routes (JSON; every route but /health needs the service token as a bearer token):
-    POST   /sessions                       open: {session_id, base_model, config, lora, state?, tag?, holder, lease_s}
+    POST   /sessions                       open: {session_id, base_model, config, lora, state?, tag?, holder, lease_s,
+                                            closable?: its holder reopens it; unclaimed, it may be
+                                            closed for another data-parallel session's ranks}
     POST   /sessions/{id}/claim            {holder, lease_s, tag?, config?, take?}: 404 unknown, 409 held (unless
                                             take: the caller holds the work elsewhere, e.g. a run's claim
                                             in the database), 412 another tag
@@ -37,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +54,8 @@ from training.serving.asgi import json_response, read_body
 from training.serving.protocol import RequestError
 from training.session import BASE_MODEL, Datum
 from training.session_pool import SessionPool, SessionPoolError
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 PRIMITIVES = (
@@ -73,6 +78,9 @@ class ServiceError(Exception):
     def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+CLOSING = "(the trainer service, closing it)"  # the holder of a session being closed
 
 
 @dataclass
@@ -98,6 +106,9 @@ class TrainerService:
     config: ServiceConfig
     clock: Callable[[], float] = time.monotonic
     leases: dict[str, Lease] = field(default_factory=dict)
+    # Sessions their holder can open again from a recorded checkpoint (client jobs' kept sessions):
+    # one that holds data-parallel ranks, unclaimed, gives them up to another that needs them.
+    closable: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # one primitive at a time
     _leases_lock: threading.Lock = field(default_factory=threading.Lock)
     primitives_run: int = 0
@@ -111,10 +122,7 @@ class TrainerService:
             return 200, self._open(body)
         if len(parts) == 2 and parts[0] == "sessions" and method == "DELETE":
             self._claimed(parts[1], body)
-            with self._lock:
-                self.pool.close(parts[1])
-            with self._leases_lock:
-                self.leases.pop(parts[1], None)
+            self._close(parts[1])
             return 200, {"session_id": parts[1], "deleted": True}
         if len(parts) == 3 and parts[0] == "sessions" and method == "POST":
             session_id, action = parts[1], parts[2]
@@ -160,6 +168,8 @@ class TrainerService:
                 raise ServiceError(409, f"session {session_id!r} is open already: claim it", code="conflict")
             self.leases[session_id] = Lease(holder, self.clock() + self._lease_s(body))
         try:
+            if config.devices > 1:
+                self._free_ranks()
             with self._lock:
                 self.pool.open(
                     session_id, _text(body, "base_model"), config, lora, state=state, tag=body.get("tag")
@@ -168,7 +178,31 @@ class TrainerService:
             with self._leases_lock:
                 self.leases.pop(session_id, None)
             raise
+        if body.get("closable") is True:
+            self.closable.add(session_id)
         return {"session_id": session_id, "tag": body.get("tag"), **self._lease(session_id, body)}
+
+    def _free_ranks(self) -> None:
+        """Close the data-parallel sessions that are closable and claimed by nobody: the process
+        trains one at a time (training.session_pool), and their holders reopen them when needed."""
+        idle = []
+        with self._leases_lock:  # held by this service from here on: a claim now is refused (409)
+            now = self.clock()
+            for sid in self.pool.stats()["data_parallel"]:
+                if sid in self.closable and not self.leases.get(sid, Lease()).held_by_other("", now):
+                    self.leases[sid] = Lease(CLOSING, now + self.config.max_lease_s)
+                    idle.append(sid)
+        for session_id in idle:
+            log.info("closing data-parallel session %s (unclaimed, reopened by its holder): another needs the ranks",
+                     session_id)  # fmt: skip
+            self._close(session_id)
+
+    def _close(self, session_id: str) -> None:
+        with self._lock:
+            self.pool.close(session_id)
+        with self._leases_lock:
+            self.leases.pop(session_id, None)
+        self.closable.discard(session_id)
 
     def _claim(self, session_id: str, body: dict[str, Any]) -> dict[str, Any]:
         holder = _text(body, "holder")

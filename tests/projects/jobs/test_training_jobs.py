@@ -264,3 +264,20 @@ def test_jobs_through_the_trainer_service_train_exactly_as_in_the_worker(world, 
     gap = max(float((in_worker[name] - data_parallel[name]).abs().max()) for name in in_worker)
     assert gap < 3e-5, gap  # gradients summed over 2 ranks: float32 addition order
     assert StepMetrics.objects.get(run__model__name="triplet", step=2).metrics["update_devices"] == 2
+    # Another model's data-parallel jobs: the triplet's kept session (released, reopened from its
+    # checkpoint when needed) gives its ranks up.
+    two_jobs("quad", devices=2)
+    quad = TrainableModel.objects.get(name="quad")
+    assert list(live_service.stats()["data_parallel"]) == [f"model-{quad.pk}"]
+    # A data-parallel session someone holds and cannot reopen (a Tinker client's) keeps them: the
+    # job fails saying why.
+    from training.config import LoraSpec, TrainConfig
+
+    held = live_service.open("held", holder="someone", base_model=str(world.model.base_model.source),
+                             config=TrainConfig(devices=2), lora=LoraSpec(rank=2, alpha=4))  # fmt: skip
+    assert list(live_service.stats()["data_parallel"]) == ["held"]
+    job = services.training_job_create(model=quad, trajectory_groups=upload(world, 1.0, 0.0, model_id="math/quad:2"),
+                                       experimental_config={"learning_rate": 1e-3})  # fmt: skip
+    assert claimed.work_on(TRAINING_JOB, job.pk) == "failed"
+    assert "already trains a data-parallel session (held)" in TrainingJob.objects.get(pk=job.pk).error
+    held.close()
