@@ -63,11 +63,10 @@ def demo_start(
         while TrainableModel.objects.filter(project=project, name=f"agent-{number}").exists():
             number += 1
         model = services.trainable_model_create(project=project, name=f"agent-{number}", base_model=base)
+        merged = {**RUN_CONFIG, **(config or {}), "steps": steps}
+        if "length_penalty_buffer" not in (config or {}):  # over the whole reply budget, whatever it is
+            merged["length_penalty_buffer"] = min(merged["length_penalty_buffer"], merged["max_new_tokens"])
         run = services.run_create(
-            model=model,
-            task_set=task_set,
-            environment=environment,
-            reward=reward,
-            config={**RUN_CONFIG, **(config or {}), "steps": steps},
+            model=model, task_set=task_set, environment=environment, reward=reward, config=merged
         )
     return DemoSetup(team=team, run=run, api_key=api_key, password=password)

@@ -2,10 +2,10 @@
 (artweb.demo), trained through the platform's loop for the demo's 20 steps, scores higher on the
 24 held-out rows (greedy, the loop's own evaluation) at step 20 than at step 0.
 
-Measured with benchmarks/demo_learning.py (README, "The demo"): about 3.5 minutes on an idle
+Measured with benchmarks/demo_learning.py (README, "The demo"): about 2 minutes on an idle
 2-core machine, but steps took minutes while other suites shared the cores, hence the long timeout.
-The margin (0.05) is well under the smallest measured gain (+0.125, seeds 0-2, with the demo's
-recipe levers; +0.083 with the recipe before them), so noise does not fail it.
+The margin (0.05) is well under the smallest measured gain (+0.208, seeds 0-2, with the demo's
+recipe; +0.083 with the recipe before its levers), so noise does not fail it.
 """
 
 from __future__ import annotations
