@@ -166,6 +166,23 @@ def _plain_http_test_client(settings):
     settings.SECURE_SSL_REDIRECT = False
 
 
+@pytest.fixture(autouse=True)
+def _no_data_parallel_ranks_left():
+    """A test that fails with a data-parallel session open would leave its follower processes and
+    this process's process group to the tests after it (a later update then waits in a collective
+    for a peer that never comes): stop them after every test."""
+    yield
+    import sys
+
+    distributed = sys.modules.get("training.distributed")
+    if distributed is None:
+        return
+    for followers in list(distributed._active):
+        followers.close()
+    if distributed.dist.is_initialized():
+        distributed.dist.destroy_process_group()
+
+
 @contextlib.contextmanager
 def trainer_service(root: Path, cache: Path, token: str = "secret-token", port: int = 0, device: str = "cpu"):
     """A trainer service process (training.trainer_service) rooted at ``root``; its client (with

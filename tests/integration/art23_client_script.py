@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import time
 from typing import Any
@@ -35,9 +36,14 @@ PROMPT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "co
 DEFAULT_EXTRAS = {"return_token_ids", "return_tokens_as_token_ids", "nvext", "chat_template_kwargs"}
 
 
+_rewarded = itertools.count()
+
+
 def reward_of(text: str) -> float:
-    """Anything with variance will do: the tiny model is random."""
-    return float(len(text) % 3) / 2
+    """Every other rollout scores 1: any 4 rollouts of a group (gathered together) hold both, so
+    every group has variance and every step trains (a reward of the random tiny model's text once
+    gave a step whose groups all scored alike, and no KL to check). The text does not matter."""
+    return float(next(_rewarded) % 2)
 
 
 async def sample(client: Any, name: str, messages: list = PROMPT, **extra: Any) -> Any:

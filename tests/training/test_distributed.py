@@ -187,7 +187,7 @@ def test_arts_loss_with_a_kl_penalty_splits_across_ranks_as_the_whole_call(tmp_p
         float((a - b).abs().max())
         for a, b in zip(parallel["params"], alone.trainer.trainable_parameters, strict=True)
     )
-    assert difference < 3 * WEIGHT_TOLERANCE, difference  # 3 steps; the learner KL source: its own forward
+    assert difference < 10 * WEIGHT_TOLERANCE, difference  # 3 AdamW steps (see test_session_ranks)
 
 
 def test_a_run_with_two_devices_trains_as_a_run_with_one(tiny_model_dir, tmp_path):

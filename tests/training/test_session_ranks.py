@@ -22,8 +22,13 @@ from training.session_pool import SessionPool
 
 LORA = LoraSpec(rank=2, alpha=4)
 RATE = 1e-2
-# Gradients summed over the ranks differ from one process's in the order of float32 additions.
+# Gradients summed over the ranks differ from one process's in the order of float32 additions:
+# losses, grad norms and logprobs agree to TOLERANCE. AdamW scales each weight's step by its own
+# gradient's size, so a near-zero gradient's addition-order noise can move its weight by a fraction
+# of the learning rate: weights agree to WEIGHT_TOLERANCE (a CI run measured 3.8e-5 after two steps
+# at RATE, where this machine alone measures under 1e-5).
 TOLERANCE = 1e-5
+WEIGHT_TOLERANCE = 1e-4
 
 
 def config(devices: int) -> TrainConfig:
@@ -113,7 +118,7 @@ def test_a_pool_session_on_two_devices_trains_as_one_process_beside_another_sess
             params = [p.detach().clone() for p in session.trainer.trainable_parameters]
         other_team()
     assert close(got, expected), (got[:6], expected[:6])
-    assert gap(params, expected_params) < TOLERANCE
+    assert gap(params, expected_params) < WEIGHT_TOLERANCE
     with pytest.raises(ValueError, match="data-parallel: its ranks hold it"):
         pool.evict("dp")
     pool.close("dp")
@@ -140,7 +145,7 @@ def test_a_follower_lost_between_calls_is_restarted_and_the_calls_since_the_step
         session.forward(DATA[:1])  # idle loss found at the next call
         assert session.recoveries == 2
     assert close(got, expected), (got[:6], expected[:6])
-    assert gap(params, expected_params) < TOLERANCE
+    assert gap(params, expected_params) < WEIGHT_TOLERANCE
     assert pool.stats()["data_parallel"]["dp"]["rank_restarts"] == 2
     pool.close("dp")
     assert follower_pids() == []
@@ -246,7 +251,7 @@ def test_an_art_job_on_two_devices_trains_as_on_one_and_frees_a_kept_data_parall
     for name in ("loss", "grad_norm", "kl", "trainable_tokens"):
         assert two.metrics[name] == pytest.approx(one.metrics[name], rel=1e-4, abs=1e-6), name
     expected = weights(one)
-    assert max(float((weights(two)[k] - v).abs().max()) for k, v in expected.items()) < 3 * TOLERANCE
+    assert max(float((weights(two)[k] - v).abs().max()) for k, v in expected.items()) < WEIGHT_TOLERANCE
     assert sessions.pool.stats()["data_parallel"] == {"m-a": {"devices": 2, "rank_restarts": 0}}
 
     job(sessions, "m-b", 2, "b")  # another model's data-parallel job: the kept one gives way
