@@ -65,7 +65,7 @@ class ResidentSessions:
             if (
                 spec.config.devices > 1
             ):  # a process trains one data-parallel session: free it from a kept job's
-                for other in pool.stats()["data_parallel"]:
+                for other in pool.data_parallel_sessions():
                     if other in self._kept and other not in self._using:
                         pool.close(other)
             pool.open(

@@ -236,6 +236,10 @@ class SessionPool:
     def sessions(self) -> list[str]:
         return list(self._entries)
 
+    def data_parallel_sessions(self) -> list[str]:
+        """The open sessions whose ranks hold followers (at most one: see the module doc)."""
+        return [e.session_id for e in self._entries.values() if e.ranks is not None]
+
     def resident_bytes(self) -> int:
         return sum(entry.bytes() for entry in self._entries.values())
 

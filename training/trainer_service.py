@@ -188,7 +188,7 @@ class TrainerService:
         idle = []
         with self._leases_lock:  # held by this service from here on: a claim now is refused (409)
             now = self.clock()
-            for sid in self.pool.stats()["data_parallel"]:
+            for sid in self.pool.data_parallel_sessions():
                 if sid in self.closable and not self.leases.get(sid, Lease()).held_by_other("", now):
                     self.leases[sid] = Lease(CLOSING, now + self.config.max_lease_s)
                     idle.append(sid)

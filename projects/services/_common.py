@@ -4,6 +4,7 @@ claimed work gives up on workers."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -14,7 +15,7 @@ from django.db.models import ProtectedError
 from projects.errors import Conflict, ValidationFailed
 from projects.models import Evaluation, Run, slug_validator
 from training import strict_json
-from training.config import ConfigError
+from training.config import ConfigError, TrainConfig
 
 T = TypeVar("T")
 
@@ -41,10 +42,6 @@ def check_storable(value: Any, *, field: str) -> None:
 
 def check_devices(value: Any, *, field: str) -> int:
     """A count of devices to train on, data-parallel on one host (TrainConfig's ``devices`` bounds)."""
-    import dataclasses
-
-    from training.config import TrainConfig
-
     bounds = next(f.metadata["bounds"] for f in dataclasses.fields(TrainConfig) if f.name == "devices")
     if isinstance(value, bool) or not isinstance(value, int) or bounds.problem(value):
         raise ValidationFailed(f"must be a whole number of devices from {bounds.minimum:g} to {bounds.maximum:g} "
