@@ -8,7 +8,8 @@ register, step 0 at once, sampling with logprobs, ``gather_trajectory_groups``, 
 three times with each new checkpoint served at once under both of ART's names, a multi-turn
 tool-call group, checkpoint listing and deletion, and another team's key refused on every path.
 0.5.23 (art23_client_script.py): ``run_name``, its default completion extras, captured exchanges,
-``loss_fn`` and the KL penalty, one gradient_step per packed sequence, any name ART accepts.
+``loss_fn`` and the KL penalty, one gradient_step per packed sequence, any name ART accepts, on a
+model the team set to ``devices: 2`` over REST (its jobs train data-parallel).
 No W&B account, no network.
 """
 
@@ -147,6 +148,16 @@ def test_arts_newest_client_trains_on_artweb_unchanged(
 ):
     worker = live_worker
     alpha_key, beta_key = team_keys(cast, "art23")
+    # ART's client has no field for devices: the team sets it on the model over REST, and the
+    # client's `models.create` finds that model. Its jobs then train on 2 gloo ranks in the worker's
+    # own pool, ART's loss and its KL penalty split across them.
+    status, _, project = http(
+        "POST", f"{gateway.url}/api/v1/projects/", key=alpha_key, body={"name": "games"}
+    )
+    assert status == 201, project
+    status, _, model = http("POST", f"{gateway.url}/api/v1/models/", key=alpha_key, body={
+        "project": project["id"], "name": "agent-r1", "base_model": BASE_MODEL, "devices": 2})  # fmt: skip
+    assert status == 201 and model["devices"] == 2, model
     arguments = [
         "--base-url", f"{gateway.url}/v1", "--key", alpha_key, "--other-key", beta_key,
         "--project", "games", "--model", "agent", "--run-name", "agent-r1", "--base-model", BASE_MODEL,
@@ -169,6 +180,8 @@ def test_arts_newest_client_trains_on_artweb_unchanged(
     assert list(StepMetrics.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
     second = StepMetrics.objects.get(run=run, step=2)
     assert second.metrics["kl"] != 0.0, "the KL penalty against step 0 was computed"
+    assert [m["update_devices"] for m in StepMetrics.objects.filter(run=run).order_by("step")
+            .values_list("metrics", flat=True)] == [2, 2, 2], "every job trained on the model's 2 ranks"  # fmt: skip
     stored = Trajectory.objects.filter(run=run)
     assert stored.count() == 3 * 8
     # Captured exchanges and messages_and_choices alike trained on the gateway's exact ids.
