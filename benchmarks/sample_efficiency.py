@@ -68,6 +68,33 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "min_lr_ratio": 0.1,
         "num_minibatches": 2,
     },  # fmt: skip
+    # `lean` from a higher peak (benchmarks/README.md: 2e-3 reached TRL's 12-step `format` figure at
+    # step 5, then fell back on `arithmetic` and was slower on `tools`).
+    "lean_2e3": {
+        "learning_rate": 2e-3,
+        "lr_schedule": "cosine",
+        "warmup_steps": 1,
+        "min_lr_ratio": 0.1,
+        "num_minibatches": 2,
+    },  # fmt: skip
+    "lean_1.5e3": {
+        "learning_rate": 1.5e-3,
+        "lr_schedule": "cosine",
+        "warmup_steps": 1,
+        "min_lr_ratio": 0.1,
+        "num_minibatches": 2,
+    },  # fmt: skip
+    # DAPO's soft length penalty from half the budget on (a turn past 8 of 16 new tokens loses up to
+    # 1 reward by 16), alone and on top of `lean`.
+    "length": {"length_penalty_buffer": 8},
+    "lean_length": {
+        "learning_rate": 1e-3,
+        "lr_schedule": "cosine",
+        "warmup_steps": 1,
+        "min_lr_ratio": 0.1,
+        "num_minibatches": 2,
+        "length_penalty_buffer": 8,
+    },  # fmt: skip
     "combined": {
         **SCHEDULE,
         "num_minibatches": 2,
