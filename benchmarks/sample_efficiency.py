@@ -53,48 +53,24 @@ EVAL_AT = (3, 6, 12)
 
 # The levers, each alone, and the combination (see benchmarks/README.md for what was measured).
 SCHEDULE = {"learning_rate": 4e-4, "lr_schedule": "cosine", "warmup_steps": 1, "min_lr_ratio": 0.1}
+# Compute-neutral: no extra rollouts, no extra passes; the same samples in two optimizer steps on a
+# cosine schedule from a higher peak (the demo's).
+LEAN = {**SCHEDULE, "learning_rate": 1e-3, "num_minibatches": 2}
 CONFIGS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "schedule": SCHEDULE,
     "minibatches": {"num_minibatches": 2},
     "epochs": {"ppo_epochs": 2},
     "dynamic": {"dynamic_sampling": True, "max_resample_factor": 2.0},
-    # Compute-neutral: no extra rollouts, no extra passes; the same samples in two optimizer steps
-    # on a cosine schedule from a higher peak (the demo's).
-    "lean": {
-        "learning_rate": 1e-3,
-        "lr_schedule": "cosine",
-        "warmup_steps": 1,
-        "min_lr_ratio": 0.1,
-        "num_minibatches": 2,
-    },  # fmt: skip
+    "lean": LEAN,
     # `lean` from a higher peak (benchmarks/README.md: 2e-3 reached TRL's 12-step `format` figure at
     # step 5, then fell back on `arithmetic` and was slower on `tools`).
-    "lean_2e3": {
-        "learning_rate": 2e-3,
-        "lr_schedule": "cosine",
-        "warmup_steps": 1,
-        "min_lr_ratio": 0.1,
-        "num_minibatches": 2,
-    },  # fmt: skip
-    "lean_1.5e3": {
-        "learning_rate": 1.5e-3,
-        "lr_schedule": "cosine",
-        "warmup_steps": 1,
-        "min_lr_ratio": 0.1,
-        "num_minibatches": 2,
-    },  # fmt: skip
+    "lean_2e3": {**LEAN, "learning_rate": 2e-3},
+    "lean_1.5e3": {**LEAN, "learning_rate": 1.5e-3},
     # DAPO's soft length penalty from half the budget on (a turn past 8 of 16 new tokens loses up to
     # 1 reward by 16), alone and on top of `lean`.
     "length": {"length_penalty_buffer": 8},
-    "lean_length": {
-        "learning_rate": 1e-3,
-        "lr_schedule": "cosine",
-        "warmup_steps": 1,
-        "min_lr_ratio": 0.1,
-        "num_minibatches": 2,
-        "length_penalty_buffer": 8,
-    },  # fmt: skip
+    "lean_length": {**LEAN, "length_penalty_buffer": 8},
     "combined": {
         **SCHEDULE,
         "num_minibatches": 2,
