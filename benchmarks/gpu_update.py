@@ -70,7 +70,7 @@ def synchronize(device: str) -> None:
 
 def measure(model_dir: Path, device: str, dtype: torch.dtype, repeats: int) -> dict:
     from training.base_models import load_base_model
-    from training.config import LoraSpec, TrainConfig
+    from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
     from training.engines.base import SamplingParams
     from training.engines.transformers_engine import TransformersEngine
     from training.trainer import Trainer
@@ -78,7 +78,7 @@ def measure(model_dir: Path, device: str, dtype: torch.dtype, repeats: int) -> d
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     model, tokenizer = load_base_model(str(model_dir), model_dir.parent, dtype=dtype, device=device)
-    config = TrainConfig(learning_rate=2e-4, groups_per_step=2, group_size=8)
+    config = TrainConfig(learning_rate=2e-4, groups_per_step=2, group_size=8, **SINGLE_UPDATE_RECIPE)
     trainer = Trainer(model, tokenizer, config, LoraSpec(rank=8, alpha=16), device)
     groups = groups_for(SHAPE["vocab_size"])
     trained_tokens = sum(len(s.completion_token_ids) for g in groups for s in g.samples)

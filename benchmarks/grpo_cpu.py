@@ -45,7 +45,7 @@ import torch
 from artweb.demo import SYSTEM_PROMPT, TASKS_PATH
 from training.agent import rollout_groups
 from training.base_models import BUNDLED_MODEL, load_base_model
-from training.config import LoraSpec, TrainConfig
+from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec, build_messages
@@ -110,6 +110,7 @@ class Settings:
             group_size=self.group_size,
             max_new_tokens=self.max_new_tokens,
             learning_rate=self.learning_rate,
+            **SINGLE_UPDATE_RECIPE,  # TRL's: a constant rate, one optimizer step per step
             temperature=1.0,
             top_p=1.0,
             loss_type="ppo",

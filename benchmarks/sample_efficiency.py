@@ -1,4 +1,6 @@
-"""Which recipe learns in the fewest steps? Today's defaults, each lever alone and their combination,
+"""Which recipe learns in the fewest steps? The defaults before 2026-12-05 (TRL's recipe: a constant
+learning rate, one update per step), each lever alone, their combinations and the defaults chosen
+from them (``new_defaults``: TrainConfig's own, the learning rate from the base model's width),
 against TRL's GRPOTrainer, at equal batch shape, on tasks the levers were not tuned on.
 
 A script, not a timed test. Every configuration trains the bundled SmolLM2-135M-Instruct through the
@@ -44,20 +46,31 @@ import torch
 from artweb.demo import TASKS_PATH
 from benchmarks.demo_learning import MemoryHooks
 from training.base_models import BUNDLED_MODEL
-from training.config import LoraSpec, TrainConfig
+from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
 from training.environments import build_environment
 from training.loop import RunSpec, run_training
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EVAL_AT = (3, 6, 12)
 
+# Every configuration starts from TRL's recipe (the defaults before 2026-12-05): ``--learning-rate``
+# constant, one optimizer step per step; a configuration overrides some of it.
+BEFORE = SINGLE_UPDATE_RECIPE
+# TrainConfig's defaults since (chosen from the rows of benchmarks/README.md: `lean_1.5e3` on the
+# bundled model); the learning rate left empty, so the loop fills it in from the model's width.
+NEW_DEFAULTS = {
+    name: spec["default"]
+    for name, spec in TrainConfig.field_help().items()
+    if name in {*BEFORE, "learning_rate"}
+}
 # The levers, each alone, and the combination (see benchmarks/README.md for what was measured).
 SCHEDULE = {"learning_rate": 4e-4, "lr_schedule": "cosine", "warmup_steps": 1, "min_lr_ratio": 0.1}
 # Compute-neutral: no extra rollouts, no extra passes; the same samples in two optimizer steps on a
 # cosine schedule from a higher peak (the demo's).
 LEAN = {**SCHEDULE, "learning_rate": 1e-3, "num_minibatches": 2}
 CONFIGS: dict[str, dict[str, Any]] = {
-    "defaults": {},
+    "defaults": {},  # the defaults before 2026-12-05 (BEFORE at --learning-rate)
+    "new_defaults": NEW_DEFAULTS,
     "schedule": SCHEDULE,
     "minibatches": {"num_minibatches": 2},
     "epochs": {"ppo_epochs": 2},
@@ -170,6 +183,7 @@ def base_config(arguments: argparse.Namespace, settings: dict[str, Any]) -> dict
         "groups_per_step": arguments.groups_per_step,
         "group_size": arguments.group_size,
         "learning_rate": arguments.learning_rate,
+        **BEFORE,
         "max_new_tokens": settings["max_new_tokens"],
         "temperature": 1.0,
         "seed": arguments.seed,

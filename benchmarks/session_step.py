@@ -32,7 +32,7 @@ def one_side(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     from training.base_models import BUNDLED_MODEL, build_tiny_model, load_base_model
-    from training.config import LoraSpec, TrainConfig
+    from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
     from training.trainer import Trainer
     from training.trajectory import TrainGroup, TrainSample
 
@@ -51,7 +51,7 @@ def one_side(args: argparse.Namespace) -> dict:
                                        completion_token_ids=torch.randint(10, vocabulary, (length,), generator=generator).tolist(),
                                        completion_logprobs=[-2.0] * length, reward=float(index % 3)))  # fmt: skip
         groups.append(TrainGroup(samples=samples))
-    config = TrainConfig(learning_rate=2e-4, groups_per_step=2, group_size=8)
+    config = TrainConfig(learning_rate=2e-4, groups_per_step=2, group_size=8, **SINGLE_UPDATE_RECIPE)
     trainer = Trainer(model, tokenizer, config, LoraSpec(rank=8, alpha=16))
     trainer.train_step(groups)  # warm-up
     seconds, losses, norms = [], [], []

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from training.base_models import BUNDLED_MODEL, load_base_model
-from training.config import LoraSpec, TrainConfig
+from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
 from training.packing import pack
 from training.trainer import Trainer
 from training.trajectory import TrainSample
@@ -146,7 +146,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_base_model(args.model, args.cache_dir, dtype=torch.float32)
-    trainer = Trainer(model, tokenizer, TrainConfig(group_size=args.group_size), LoraSpec(rank=8, alpha=16))
+    trainer = Trainer(
+        model,
+        tokenizer,
+        TrainConfig(group_size=args.group_size, **SINGLE_UPDATE_RECIPE),
+        LoraSpec(rank=8, alpha=16),
+    )
     samples = make_samples(args.groups, args.group_size, args.prompt_tokens, seed=0)
     layouts = {
         "padded (before)": lambda: padded(trainer, samples, sort=False),

@@ -110,6 +110,12 @@ def _choice(experimental: dict[str, Any], key: str, choices: tuple[str, ...]) ->
     return value
 
 
+# A job whose request names no learning rate (ART's client always sends its TrainConfig's): the
+# rate such jobs trained at before a run's default became width-dependent. One update per job
+# (training.art_update): a run's schedule and minibatches do not apply.
+NO_LEARNING_RATE = 5e-5
+
+
 def art_job_config(experimental: Any) -> tuple[TrainConfig, ArtOptions]:
     """The job's TrainConfig and ArtOptions for ``experimental_config`` (None: ART's defaults).
     Raises ConfigError naming the first key it cannot take."""
@@ -211,6 +217,5 @@ def art_job_config(experimental: Any) -> tuple[TrainConfig, ArtOptions]:
         "scale_rewards": True if scale is None and normalize is None else bool(scale if scale is not None else normalize),
     }  # fmt: skip
     learning_rate = experimental.get("learning_rate")
-    if learning_rate is not None:
-        values["learning_rate"] = learning_rate
+    values["learning_rate"] = NO_LEARNING_RATE if learning_rate is None else learning_rate
     return TrainConfig(**values), options

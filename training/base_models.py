@@ -139,11 +139,14 @@ def base_model_config(source: str, cache_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-@functools.lru_cache(maxsize=64)
-def context_length(source: str, cache_dir: Path) -> int | None:
-    """The base model's context in tokens, read without loading weights: its config.json (a local
-    directory, or the bundled model's converted cache), else the bundled GGUF file's metadata.
-    None when it cannot be read here (a hub id that only GPU workers hold)."""
+# Where a model's config.json states its hidden width (the size of the layers LoRA adapts).
+WIDTH_KEYS = ("hidden_size", "n_embd", "d_model")
+
+
+def _config_number(source: str, cache_dir: Path, keys: tuple[str, ...], gguf_key: str) -> int | None:
+    """The first positive integer of ``keys`` in the base model's config.json (a local directory,
+    or the bundled model's converted cache), else the bundled GGUF file's ``gguf_key``. None when
+    it cannot be read here (a hub id that only GPU workers hold)."""
     directory = _bundled_cache(Path(cache_dir)) if source == BUNDLED_MODEL else Path(source)
     config = directory / "config.json"
     if config.is_file():
@@ -151,8 +154,8 @@ def context_length(source: str, cache_dir: Path) -> int | None:
             data = json.loads(config.read_text())
         except (OSError, ValueError):
             return None
-        for key in CONTEXT_KEYS:
-            if isinstance(data.get(key), int) and data[key] > 0:
+        for key in keys:
+            if isinstance(data, dict) and isinstance(data.get(key), int) and data[key] > 0:
                 return int(data[key])
         return None
     if source != BUNDLED_MODEL:
@@ -161,10 +164,23 @@ def context_length(source: str, cache_dir: Path) -> int | None:
         import gguf
 
         reader = gguf.GGUFReader(bundled_gguf_path())
-        field = reader.fields["llama.context_length"]
+        field = reader.fields[gguf_key]
         return int(field.parts[field.data[0]][0])
     except (ModelLoadError, KeyError, OSError, ValueError, IndexError, ImportError):
         return None
+
+
+@functools.lru_cache(maxsize=64)
+def context_length(source: str, cache_dir: Path) -> int | None:
+    """The base model's context in tokens, read without loading weights (``_config_number``)."""
+    return _config_number(source, cache_dir, CONTEXT_KEYS, "llama.context_length")
+
+
+@functools.lru_cache(maxsize=64)
+def hidden_size(source: str, cache_dir: Path) -> int | None:
+    """The base model's hidden width, read without loading weights (``_config_number``); the
+    default learning rate follows it (training.schedules.default_learning_rate)."""
+    return _config_number(source, cache_dir, WIDTH_KEYS, "llama.embedding_length")
 
 
 def prompt_token_counts(

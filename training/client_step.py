@@ -152,7 +152,7 @@ def train_client_step(spec: ClientStepSpec, hooks: ClientStepHooks) -> ClientSte
                 "kl_penalty_reference_step", f"the model has no checkpoint at step {reference_step}"
             )
     update, sequence_metrics = art_update(
-        session, job, rows, options, learning_rate=spec.config.learning_rate,
+        session, job, rows, options, learning_rate=spec.config.peak_learning_rate,
         reward_std=_mean_group_std(rewards), reference=reference,
     )  # fmt: skip
     update_seconds = time.monotonic() - started
@@ -277,7 +277,7 @@ def _step_metrics(
         "num_exceptions": float(sum(group.exceptions for group in spec.groups)),
         "completion_tokens": float(sum(s.tokenized.trainable_tokens for s in scored)),
         "exact_token_fraction": exact / max(len(scored), 1),
-        "learning_rate": spec.config.learning_rate,
+        "learning_rate": spec.config.peak_learning_rate,
     }
 
 

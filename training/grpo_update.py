@@ -74,7 +74,7 @@ def update_samples(
     ``optim_step`` per minibatch. Metrics are token-weighted means over the updates (loss and
     grad_norm: plain means); ``first_update_ratio_mean`` is the first update's, where the learner
     is still the sampler."""
-    rate = config.learning_rate if learning_rate is None else learning_rate
+    rate = config.peak_learning_rate if learning_rate is None else learning_rate
     for sample, _ in samples:
         check_sample(sample)
     metrics["learning_rate"] = rate

@@ -62,6 +62,15 @@ class RunSpec:
     # sampled on (training.engines.remote_engine.RolloutServer); None: a sampler in this process.
     rollout_server: Any = None
 
+    def __post_init__(self) -> None:
+        # An empty learning rate: the default for the base model's width and the run's objective
+        # (a run created through the API has it filled in already: projects.services.runs).
+        if self.config.learning_rate is None:
+            from training.base_models import hidden_size
+
+            width = hidden_size(self.base_model_source, Path(self.model_cache_dir))
+            self.config = self.config.with_learning_rate(width, self.objective)
+
 
 # A finished step's trajectories as ``hooks.record_step`` gets them: (group_index, task_row_index, trajectory).
 StepTrajectories = list[tuple[int, int, Trajectory]]

@@ -13,6 +13,31 @@ from __future__ import annotations
 import math
 from typing import Any
 
+# The default peak learning rate (``learning_rate`` left empty) of a LoRA adapter, per objective,
+# on a base model of ``REFERENCE_WIDTH`` (the bundled SmolLM2-135M):
+# - grpo 1.5e-3: measured by benchmarks/sample_efficiency.py (config ``lean_1.5e3``, the other
+#   defaults below): TRL's 12-step held-out reward in 3-5 steps on three tasks (benchmarks/README.md);
+# - sft 5e-4: the bundled model's SFT curve (benchmarks/tinker_curves.py);
+# - dpo 1e-4: not measured here (the fine-tuning API's DPO rate).
+# A wider model gets a smaller rate, ``(REFERENCE_WIDTH / width) ** WIDTH_EXPONENT`` times it: the
+# optimal LoRA rate falls with the width roughly as width^-0.78 in Thinking Machines' sweeps over
+# Llama models (their published fit; at width 576 it gives 1.3e-3 for RL, near the 1.5e-3 measured
+# here). A narrower model than the reference gets the reference's rate (not extrapolated upward).
+REFERENCE_WIDTH = 576
+PEAK_LEARNING_RATES = {"grpo": 1.5e-3, "sft": 5e-4, "dpo": 1e-4}
+WIDTH_EXPONENT = 0.78
+# A base model whose width this host cannot read (a hub id only GPU workers hold): a 7-8B model's.
+UNKNOWN_WIDTH = 4096
+
+
+def default_learning_rate(width: int | None, objective: str = "grpo") -> float:
+    """The peak learning rate a run of ``objective`` gets when its config leaves it empty, for a
+    base model of hidden size ``width`` (None: unknown, ``UNKNOWN_WIDTH`` assumed). Rounded to two
+    significant digits, so the run's config shows a readable number."""
+    size = width if width and width > 0 else UNKNOWN_WIDTH
+    rate = PEAK_LEARNING_RATES[objective] * min(1.0, (REFERENCE_WIDTH / size) ** WIDTH_EXPONENT)
+    return float(f"{rate:.2g}")
+
 
 def learning_rate_at(config: Any, index: int, total: int) -> float:
     """The learning rate of step ``index`` (1-based) of a run of ``total`` steps. ``config`` has

@@ -218,9 +218,12 @@ class SessionPool:
                 followers.send(("configure", config))
         entry.config = config
         if entry.trainer is not None:
+            from training.trainer import model_width
+
+            config = config.with_learning_rate(model_width(entry.trainer.model.get_base_model()))
             entry.trainer.config = config
             for group in entry.trainer.optimizer.param_groups:
-                group["lr"] = config.learning_rate
+                group["lr"] = config.peak_learning_rate
                 group["weight_decay"] = config.weight_decay
 
     # ------------------------------------------------------------------ reading

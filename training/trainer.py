@@ -72,6 +72,8 @@ class Trainer:
         *,
         adapter_name: str = "default",
     ) -> None:
+        # An empty learning rate: the default for this base model's width (TrainConfig.with_learning_rate).
+        config = config.with_learning_rate(model_width(base_model))
         self.config = config
         self.adapter_name = adapter_name
         self.lora = lora
@@ -106,7 +108,7 @@ class Trainer:
         # The live adapter's parameters only (peft leaves the other adapters on a shared base frozen).
         self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            self.trainable_parameters, lr=config.learning_rate, weight_decay=config.weight_decay
+            self.trainable_parameters, lr=config.peak_learning_rate, weight_decay=config.weight_decay
         )
 
     @property
@@ -316,8 +318,8 @@ class Trainer:
         trainer.optimizer.load_state_dict(optimizer_state)
         # load_state_dict also restores the saved hyperparameters; the new config wins.
         for group in trainer.optimizer.param_groups:
-            group["lr"] = config.learning_rate
-            group["weight_decay"] = config.weight_decay
+            group["lr"] = trainer.config.peak_learning_rate
+            group["weight_decay"] = trainer.config.weight_decay
         rng = torch.load(checkpoint_path / "rng_state.pt", weights_only=True)
         torch.set_rng_state(rng["torch"])
         random.setstate(as_python_rng_state(rng["python"]))
@@ -325,3 +327,15 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         trainer.step = int(state["step"])
         return trainer
+
+
+def model_width(model: Any) -> int | None:
+    """A loaded model's hidden size (its config's ``hidden_size``, ``n_embd`` or ``d_model``), or None."""
+    from training.base_models import WIDTH_KEYS
+
+    config = getattr(model, "config", None)
+    for key in WIDTH_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

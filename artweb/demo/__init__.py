@@ -52,6 +52,7 @@ RUN_CONFIG = {
     "warmup_steps": 1,
     "min_lr_ratio": 0.1,
     "ppo_epochs": 2,
+    "num_minibatches": 1,  # measured so (two minibatches on top: README, "The demo")
     "dynamic_sampling": True,
     "max_resample_factor": 2.0,
     # The system prompt asks for one word: every token of a turn costs 1/16 of a reward (DAPO's soft

@@ -87,6 +87,7 @@ RECIPES: dict[str, dict[str, Any]] = {
             "warmup_steps",
             "min_lr_ratio",
             "ppo_epochs",
+            "num_minibatches",
             "dynamic_sampling",
             "max_resample_factor",
             "temperature",

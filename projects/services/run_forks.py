@@ -158,9 +158,9 @@ def write_fresh_resume_state(folder: Path, *, config: dict[str, Any]) -> None:
     with safe_open(str(folder / "adapter_model.safetensors"), framework="pt") as weights:
         count = len(list(weights.keys()))
     placeholders = [torch.nn.Parameter(torch.zeros(1)) for _ in range(count)]
-    optimizer = torch.optim.AdamW(
-        placeholders, lr=train_config.learning_rate, weight_decay=train_config.weight_decay
-    )
+    # The rate in the state is a placeholder: Trainer.resume sets the run's own.
+    rate = train_config.learning_rate if train_config.learning_rate is not None else 0.0
+    optimizer = torch.optim.AdamW(placeholders, lr=rate, weight_decay=train_config.weight_decay)
     torch.save(optimizer.state_dict(), folder / OPTIMIZER_STATE)
     generator = torch.Generator().manual_seed(train_config.seed)
     rng = {"torch": generator.get_state(), "python": random.Random(train_config.seed).getstate()}

@@ -162,11 +162,21 @@ def run_create(
         train_config = TrainConfig.from_dict(merged)
     except ConfigError as exc:
         raise config_invalid(exc, "config.") from exc
+    objective = "grpo" if kind == RunKind.PLATFORM else str(kind)
     try:
-        train_config.check_objective("grpo" if kind == RunKind.PLATFORM else str(kind))
+        train_config.check_objective(objective)
     except ConfigError as exc:
         raise config_invalid(exc, "config.") from exc
     _check_context(model=model, task_set=task_set, environment=environment, config=train_config)
+    rate_note = ""
+    if train_config.learning_rate is None:  # the default for the base model's width, stored explicit
+        from training.base_models import hidden_size
+
+        width = hidden_size(model.base_model.source, settings.MODEL_CACHE_DIR)
+        train_config = train_config.with_learning_rate(width, objective)
+        rate_note = f"; learning rate {train_config.learning_rate:g}, the {objective} default for " + (
+            f"a base model of width {width}" if width else "a base model whose width this host cannot read"
+        )
     with transaction.atomic():
         # Lock the model row so two concurrent creates cannot both see "no active run" (a client's
         # training job takes the same lock: services.training_jobs).
@@ -210,7 +220,7 @@ def run_create(
         run_event_add(
             run=run,
             message=f"Run created: {train_config.steps} steps on model {model.name}, "
-            f"{run_start_text(run=run)}",
+            f"{run_start_text(run=run)}{rate_note}",
             data={
                 "start_from": start_from,
                 "start_step": start_step,

@@ -50,7 +50,7 @@ def trajectory(run, step, group, sample, reward, *, row=0, tokens=10, sub_reward
 
 
 def test_chart_data_leaves_out_what_was_not_measured(cast, alpha_setup):
-    run = make_run(alpha_setup, cast.alice, kl_coef=0.0)
+    run = make_run(alpha_setup, cast.alice, kl_coef=0.0, num_minibatches=1)
     StepMetrics.objects.create(
         run=run, step=1, reward_mean=0.5, reward_std=0.5, metrics={**UPDATED, "entropy": 1.2}
     )

@@ -139,7 +139,11 @@ def test_every_hyperparameter_says_its_default_and_the_form_where_they_come_from
         default = spec["default"]
         shown = {"None": "empty", "True": "on", "False": "off"}.get(str(default), str(default))
         assert field.help_text.endswith(f"Default: {shown}."), (name, field.help_text)
-    assert "Default: 5e-05." in form["hp_learning_rate"].help_text  # what the newcomer saw prefilled
+    # The learning rate is left empty: the run gets the default for its base model's width.
+    assert (
+        form["hp_learning_rate"].initial is None and "Default: empty." in form["hp_learning_rate"].help_text
+    )
+    assert "base model's width" in form["hp_learning_rate"].help_text
     html = response.content.decode()
     assert "training/config.py" in html and "GET /api/v1/hyperparameters" in html
     assert "artweb/demo/__init__.py" in html  # the demo's own values, and where they are

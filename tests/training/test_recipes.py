@@ -17,7 +17,7 @@ from training.environments import build_environment
 from training.grpo import is_zero_variance
 from training.loop import RunSpec, run_training
 from training.minibatches import split_evenly
-from training.schedules import learning_rate_at
+from training.schedules import default_learning_rate, learning_rate_at
 from training.trainer import Trainer
 from training.trajectory import Trajectory, longest_turn, overlong_penalty, to_train_group
 
@@ -55,6 +55,49 @@ def test_recipe_settings_are_validated_with_the_field_named():
     with pytest.raises(ConfigError) as caught:
         TrainConfig(max_resample_factor=0.5)
     assert caught.value.field == "max_resample_factor"
+
+
+# ------------------------------------------------------------------ the default learning rate
+def test_the_default_learning_rate_falls_with_the_base_models_width():
+    # 1.5e-3 where it was measured (the bundled model, width 576); a wider model gets less, a
+    # narrower one no more; an unknown width is taken for a 7-8B model's.
+    assert default_learning_rate(576) == pytest.approx(1.5e-3)
+    rates = [default_learning_rate(width) for width in (576, 896, 2048, 4096, 8192)]
+    assert rates == sorted(rates, reverse=True) and len(set(rates)) == len(rates)
+    assert default_learning_rate(4096) == pytest.approx(1.5e-3 * (576 / 4096) ** 0.78, rel=0.02)  # 2 digits
+    assert default_learning_rate(64) == default_learning_rate(576)
+    assert default_learning_rate(None) == default_learning_rate(4096)
+    assert default_learning_rate(576, "sft") == pytest.approx(5e-4)
+    assert (
+        default_learning_rate(2048, "dpo") < default_learning_rate(2048, "sft") < default_learning_rate(2048)
+    )
+    with pytest.raises(KeyError):
+        default_learning_rate(576, "ppo")
+
+
+def test_the_defaults_are_the_measured_recipe_and_an_empty_rate_is_filled_in(tiny_model_dir, tmp_path):
+    from training.base_models import BUNDLED_MODEL, hidden_size, load_base_model
+
+    config = TrainConfig()
+    assert (config.learning_rate, config.lr_schedule, config.warmup_steps, config.min_lr_ratio,
+            config.num_minibatches) == (None, "cosine", 1, 0.1, 2)  # fmt: skip
+    assert config.with_learning_rate(2048).learning_rate == default_learning_rate(2048)
+    assert TrainConfig(learning_rate=3e-4).with_learning_rate(2048).learning_rate == 3e-4  # a set rate stays
+    # The width, read without loading weights: config.json, or the bundled GGUF's metadata.
+    assert hidden_size(str(tiny_model_dir), tiny_model_dir.parent) == 64
+    assert hidden_size(str(tmp_path / "missing"), tmp_path) is None
+    assert hidden_size(BUNDLED_MODEL, tmp_path / "empty-cache") == 576
+    # A trainer given an empty rate steps with the default for its model's width.
+    model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
+    trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec(rank=2, alpha=4))
+    assert trainer.config.learning_rate == default_learning_rate(64)
+    assert {group["lr"] for group in trainer.optimizer.param_groups} == {default_learning_rate(64)}
+    # A run's spec fills it in for its objective.
+    spec = RunSpec(base_model_source=str(tiny_model_dir), model_cache_dir=tiny_model_dir.parent,
+                   checkpoint_root=tmp_path / "run", config=TrainConfig(), lora=LoraSpec(),
+                   environment=None, grader_spec={}, train_rows=[], start_step=0, resume_step=None,
+                   objective="sft")  # fmt: skip
+    assert spec.config.learning_rate == default_learning_rate(64, "sft")
 
 
 def test_split_evenly_keeps_order_and_balances():

@@ -56,7 +56,9 @@ def test_reward_climbs_on_a_tiny_model(tiny_model):
 def test_first_update_sees_ratio_one_with_engine_logprobs(tiny_model):
     model, tokenizer = tiny_model
     # temperature != 1: engine and trainer must temper the same way for ratios to start at 1.
-    config = TrainConfig(group_size=4, temperature=0.7, max_new_tokens=12, learning_rate=1e-2)
+    config = TrainConfig(
+        group_size=4, temperature=0.7, max_new_tokens=12, learning_rate=1e-2, num_minibatches=1
+    )
     trainer = Trainer(model, tokenizer, config, LoraSpec())
     for _ in range(2):
         metrics = trainer.train_step(sample_groups(trainer, config))
@@ -101,7 +103,9 @@ def test_zero_variance_groups_are_skipped_not_trained(tiny_model):
 
 @pytest.mark.parametrize("normalization", ["sequence", "token", "constant"])
 def test_micro_batching_gives_the_same_update(tiny_model_dir, tmp_path, normalization):
-    config = TrainConfig(group_size=4, max_new_tokens=10, learning_rate=1e-2, normalization=normalization)
+    config = TrainConfig(
+        group_size=4, max_new_tokens=10, learning_rate=1e-2, normalization=normalization, num_minibatches=1
+    )
     results = []
     groups = None
     for budget in (100_000, 1):  # everything in one pass vs one sample per pass
@@ -166,7 +170,7 @@ def test_forward_passes_respect_the_token_budget(tiny_model):
 
 def test_kl_to_the_base_model_starts_at_zero_and_grows(tiny_model):
     model, tokenizer = tiny_model
-    config = TrainConfig(group_size=4, max_new_tokens=8, learning_rate=2e-2, kl_coef=0.1)
+    config = TrainConfig(group_size=4, max_new_tokens=8, learning_rate=2e-2, kl_coef=0.1, num_minibatches=1)
     trainer = Trainer(model, tokenizer, config, LoraSpec())
     kls = [trainer.train_step(sample_groups(trainer, config))["kl"] for _ in range(4)]
     assert kls[0] == pytest.approx(0.0, abs=1e-7)  # LoRA B starts at zero: policy == base
@@ -222,7 +226,9 @@ def test_checkpoint_layout_and_atomic_replace(tiny_model, tmp_path):
     assert state["format_version"] == 1
     assert state["step"] == 1
     assert state["metrics"] == {"loss": 0.5}
-    assert TrainConfig.from_dict(state["config"]) == config
+    # The config as the trainer took it: an empty learning rate filled in for the model's width (64).
+    assert TrainConfig.from_dict(state["config"]) == config.with_learning_rate(64) == trainer.config
+    assert trainer.config.learning_rate is not None
     assert LoraSpec.from_dict(state["lora"]) == LoraSpec(rank=4, alpha=8)
     assert json.loads((path / "adapter_config.json").read_text())["r"] == 4
 

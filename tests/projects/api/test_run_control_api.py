@@ -172,7 +172,7 @@ def test_start_from_on_create(alpha_setup, key_client):
     response = key_client.post("/api/v1/runs/", body(alpha_setup), format="json")  # default "latest"
     assert response.status_code == 201 and response.json()["start_step"] == 3
     first = key_client.get(f"/api/v1/runs/{response.json()['id']}/events/").json()["data"][0]
-    assert first["message"].endswith("starting from checkpoint step 3")
+    assert "starting from checkpoint step 3;" in first["message"]
     assert first["data"]["start_from"] == "latest" and first["data"]["checkpoint"] == latest.pk
 
 

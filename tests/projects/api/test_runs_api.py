@@ -191,6 +191,37 @@ def test_run_create_checks_max_new_tokens_and_prompts_against_the_base_model_con
     assert ok.status_code == 201, ok.json()
 
 
+def test_a_run_without_a_learning_rate_gets_the_default_for_its_base_models_width(
+    alpha_setup, key_client, tiny_model_dir, tmp_path
+):
+    import json
+    import shutil
+
+    from training.schedules import default_learning_rate
+
+    # The tiny model's files, its config.json saying a 2048-wide model (read, never loaded here).
+    wide = tmp_path / "wide"
+    shutil.copytree(tiny_model_dir, wide)
+    config = json.loads((wide / "config.json").read_text())
+    (wide / "config.json").write_text(json.dumps({**config, "hidden_size": 2048}))
+    services.base_model_register(name=alpha_setup.model.base_model.name, source=str(wide))
+
+    response = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json")
+    assert response.status_code == 201, response.json()
+    run = response.json()
+    assert run["config"]["learning_rate"] == default_learning_rate(2048) == pytest.approx(5.6e-4)
+    assert (run["config"]["lr_schedule"], run["config"]["num_minibatches"]) == ("cosine", 2)
+    events = key_client.get(f"/api/v1/runs/{run['id']}/events/").json()["data"]
+    assert "learning rate 0.00056, the grpo default for a base model of width 2048" in events[0]["message"]
+    services.run_cancel(run=Run.objects.get(pk=run["id"]))
+
+    # A rate the caller sets is kept, and said nowhere as a default.
+    response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, learning_rate=3e-4), format="json")
+    assert response.status_code == 201 and response.json()["config"]["learning_rate"] == 3e-4
+    events = key_client.get(f"/api/v1/runs/{response.json()['id']}/events/").json()["data"]
+    assert "learning rate" not in events[0]["message"]
+
+
 def test_sft_and_dpo_runs_need_rows_with_their_targets(alpha_setup, key_client, cast):
     response = key_client.post("/api/v1/runs/", {**_run_body(alpha_setup), "kind": "ppo"}, format="json")
     assert response.status_code == 400 and error_of(response)["param"] == "kind"

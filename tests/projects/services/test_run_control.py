@@ -206,7 +206,8 @@ def test_latest_is_the_default_fixed_at_creation_and_said_in_the_first_event(alp
     assert fresh.start_step == 0
     assert (
         messages(fresh)[0]
-        == "Run created: 3 steps on model agent, starting from the base model (a fresh adapter)"
+        == "Run created: 3 steps on model agent, starting from the base model (a fresh adapter); learning "
+        "rate 0.00032, the grpo default for a base model whose width this host cannot read"
     )
     services.run_cancel(run=fresh)
     for step in (0, 4):
@@ -215,7 +216,7 @@ def test_latest_is_the_default_fixed_at_creation_and_said_in_the_first_event(alp
     assert (run.start_step, run.current_step) == (4, 4)
     first = RunEvent.objects.filter(run=run).first()
     assert first is not None
-    assert first.message == "Run created: 3 steps on model agent, starting from checkpoint step 4"
+    assert first.message.startswith("Run created: 3 steps on model agent, starting from checkpoint step 4;")
     latest = Checkpoint.objects.get(model=alpha_setup.model, step=4)
     assert first.data == {"start_from": "latest", "start_step": 4, "checkpoint": latest.pk}
     spec = build_run_spec(claimed(run))
