@@ -177,12 +177,11 @@ def run_rollout_server(run: Run, config: TrainConfig) -> Any:
     from training.engines.remote_engine import RolloutServer
 
     base = run.model.base_model
-    servers = [s for s in live_servers(base_model=base, affinity=f"run-{run.pk}") if s.engine != "vllm"]
+    servers = live_servers(base_model=base, affinity=f"run-{run.pk}")
     if not servers:
         raise ValueError(
-            f"rollouts_on: inference_servers, but no inference server of {base.name} is live (vLLM servers "
-            f"take no token ids yet): start one (manage.py serve_inference --base-model {base.name}) or set "
-            "rollouts_on: worker"
+            f"rollouts_on: inference_servers, but no inference server of {base.name} is live: start one "
+            f"(manage.py serve_inference --base-model {base.name}) or set rollouts_on: worker"
         )
     model_id = run.model_id
 
@@ -195,7 +194,13 @@ def run_rollout_server(run: Run, config: TrainConfig) -> Any:
         )
         return (row[0], row[1]) if row is not None and row[1] else None
 
-    return RolloutServer(url=servers[0].url, token=settings.INFERENCE_SERVER_TOKEN, locate=locate)
+    server = servers[0]
+    return RolloutServer(
+        url=server.url, token=settings.INFERENCE_SERVER_TOKEN, locate=locate,
+        # A vLLM server: its dialect, its host's checkpoint fetcher, and adapter names of this run's own.
+        engine="vllm" if server.engine == "vllm" else "transformers", fetch_url=server.fetch_url,
+        served_model=base.name, adapter_prefix=f"run-{run.pk}-",
+    )  # fmt: skip
 
 
 def _claim(run_id: int, worker: str) -> Run | None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ import pytest
 import training.loop as loop
 from tests.training.test_cost_loop import MeteredHooks
 from tests.training.test_overlap import spec
+from tests.training.vllm_double import VLLMDouble
 from training.engines.remote_engine import RemoteEngine, RemoteEngineError, RolloutServer
 from training.loop import run_training
 from training.serving.protocol import ADAPTER_HEADER, ADAPTER_KEY_HEADER, ADAPTER_SHA256_HEADER
@@ -127,3 +130,147 @@ def test_a_recorded_checkpoint_is_named_by_its_store_key_else_by_its_folder(tmp_
     }
     assert engine._adapters["b"][1] == {ADAPTER_HEADER: str(tmp_path / "step-000002")}
     assert engine.adapter_path("a") == tmp_path / "step-000001"
+
+
+# ------------------------------------------------------------------ vLLM's dialect (a double)
+@contextlib.contextmanager
+def vllm_host(
+    tiny_model_dir: Path, host_root: Path
+) -> Iterator[tuple[VLLMDouble, str, str, dict[str, Path]]]:
+    """A vLLM double of the tiny model whose disk is ``host_root``, and its host's checkpoint
+    fetcher (the real one) copying from a store into that disk: (double, its URL, the fetcher's
+    URL, the store: key -> the writer's folder)."""
+    from training.base_models import load_base_model
+    from training.engines.transformers_engine import TransformersEngine
+    from training.serving.fetch_cache import FetchedCheckpoints
+    from training.serving.fetch_server import start_fetch_server
+
+    store: dict[str, Path] = {}
+
+    def fetch(key: str, sha256: str) -> Path:
+        if key not in store:
+            raise FileNotFoundError(key)
+        if sha256 != digest_of(key):
+            raise ValueError("contents have another digest")
+        local = host_root / "cache" / key.replace("/", "--")
+        if not local.exists():
+            shutil.copytree(store[key], local)
+        return local
+
+    model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
+    double = VLLMDouble(
+        TransformersEngine(model, tokenizer), served_model="tiny", host_root=host_root, token=TOKEN
+    )
+    url = double.start()
+    fetcher = start_fetch_server(FetchedCheckpoints(fetch, root=None), host="127.0.0.1", port=0, token=TOKEN)
+    try:
+        yield double, url, f"http://127.0.0.1:{fetcher.server_address[1]}", store
+    finally:
+        fetcher.shutdown()
+        double.stop()
+
+
+def digest_of(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def vllm_rollouts(url: str, fetch_url: str, store: dict[str, Path]) -> RolloutServer:
+    def locate(folder: Path) -> tuple[str, str]:  # every checkpoint recorded: named by its store key
+        key = f"model-1/{folder.name}"
+        store[key] = folder
+        return key, digest_of(key)
+
+    return RolloutServer(url=url, token=TOKEN, locate=locate, engine="vllm", fetch_url=fetch_url,
+                         served_model="tiny", adapter_prefix="run-7-")  # fmt: skip
+
+
+def test_an_overlapped_run_samples_its_rollouts_on_a_vllm_server(tiny_model_dir, tmp_path, monkeypatch):
+    host = tmp_path / "vllm-host"
+    with vllm_host(tiny_model_dir, host) as (double, url, fetch_url, store):
+        run = dataclasses.replace(
+            spec(tiny_model_dir, tmp_path / "run", max_off_policy_steps=1, rollouts_on="inference_servers"),
+            rollout_server=vllm_rollouts(url, fetch_url, store),
+        )
+        loads = counted_loads(monkeypatch)
+        hooks = MeteredHooks()
+        assert run_training(run, hooks) == "succeeded"
+    assert len(loads) == 1  # the trainer's: no sampler copy in the worker
+    assert hooks.steps == [1, 2, 3, 4]
+    for step, metrics in enumerate(hooks.metrics, start=1):
+        assert {t.metrics["policy_step"] for t in metrics["trajectories"]} == {max(0, step - 2)}
+        # vLLM's dialect sampled exactly the checkpoint the trainer saved, at the trainer's logprobs.
+        assert metrics["sampler_logprob_gap"] <= 1e-4
+        # Seeded per prompt: a step's 8 samples (2 prompts × 4) are not 2 samples repeated.
+        assert len({tuple(t.completion_token_ids) for t in metrics["trajectories"]}) > 2
+    loaded = [body for path, body in double.requests if path == "/v1/load_lora_adapter"]
+    print("loaded", [body["lora_name"] for body in loaded])
+    assert [body["lora_name"] for body in loaded][:3] == ["run-7-step-0", "run-7-step-1", "run-7-step-2"]
+    # Every folder vLLM loaded is on its own host's disk, fetched there by store key.
+    assert all(Path(body["lora_path"]).is_relative_to(host / "cache") for body in loaded)
+    # The run unloads what it moved past: vLLM holds at most the lag's checkpoints.
+    unloaded = [body["lora_name"] for path, body in double.requests if path == "/v1/unload_lora_adapter"]
+    assert "run-7-step-0" in unloaded and len(double.loaded) <= 2
+    completions = [body for path, body in double.requests if path == "/v1/completions"]
+    rollouts = [body for body in completions if body["temperature"] == 1.0]
+    assert len(rollouts) == 4 * 8  # one request per prompt (the rest: the greedy evaluation and probes)
+    assert all(len(body["prompt"]) == 1 and body["return_tokens_as_token_ids"] for body in rollouts)
+    assert len({body["seed"] for body in rollouts}) == len(rollouts)
+
+
+def test_the_vllm_dialect_reloads_a_forgotten_adapter_and_says_what_it_cannot_do(tiny_model_dir, tmp_path):
+    from training.base_models import load_base_model
+    from training.config import LoraSpec, TrainConfig
+    from training.engines.base import SamplingParams
+    from training.trainer import Trainer
+
+    host = tmp_path / "vllm-host"
+    with vllm_host(tiny_model_dir, host) as (double, url, fetch_url, store):
+        model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
+        trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec(rank=2, alpha=4))
+        trainer.save_checkpoint(tmp_path / "step-000001", step=1, metrics={})
+        engine = RemoteEngine(
+            vllm_rollouts(url, fetch_url, store), tokenizer, stop_token_ids={tokenizer.eos_token_id}
+        )
+        engine.load_adapter("step-1", tmp_path / "step-000001")
+        prompts = [[5, 6, 7], [5, 6, 7], [8, 9]]
+        unseeded = SamplingParams(max_new_tokens=4, top_logprobs=2)
+        first = engine.generate_from_tokens(prompts, unseeded, "step-1")
+        # Unseeded: one request for the batch; each token's two alternatives, most likely first.
+        assert [len(body["prompt"]) for path, body in double.requests if path == "/v1/completions"] == [3]
+        assert all(len(row) == 2 and row[0][1] >= row[1][1] for c in first for row in c.top_logprobs)
+        # A restarted vLLM has forgotten the adapter: loaded again, the request answered.
+        double.forget_adapters()
+        again = engine.generate_from_tokens(prompts, SamplingParams(max_new_tokens=4, seed=3), "step-1")
+        assert len(again) == 3 and all(c.logprobs for c in again)
+        assert [b["lora_name"] for p, b in double.requests if p == "/v1/load_lora_adapter"] == [
+            "run-7-step-1"
+        ] * 2
+        with pytest.raises(ValueError, match="top-p, top-k or min-p"):
+            engine.generate_from_tokens(prompts, SamplingParams(top_p=0.9), "step-1")
+        # A checkpoint the store does not hold: the fetcher's answer, named.
+        engine.server.locate = lambda folder: ("model-1/step-000009", digest_of("model-1/step-000009"))
+        with pytest.raises(RemoteEngineError, match="checkpoint fetcher at .* answered 404"):
+            engine.load_adapter("step-9", tmp_path / "step-000009")
+
+
+def test_a_vllm_answer_that_is_not_one_logprobbed_completion_per_prompt_is_refused():
+    from training.engines.remote_engine import choices_of_vllm
+
+    def answer(tokens, values, finish="stop", top=None, index=0):
+        logprobs = {"tokens": tokens, "token_logprobs": values, "top_logprobs": top}
+        return {"choices": [{"index": index, "text": "x", "logprobs": logprobs, "finish_reason": finish}]}
+
+    (choice,) = choices_of_vllm([[1]], answer(["token_id:7", "token_id:2"], [-0.5, -0.1]), 0)
+    assert (choice.token_ids, choice.logprobs, choice.finish_reason) == ([7, 2], [-0.5, -0.1], "stop")
+    top = [{"token_id:7": -0.5, "token_id:3": -1.0, "token_id:4": -0.2}]
+    (choice,) = choices_of_vllm([[1]], answer(["token_id:7"], [-0.5], top=top), 2)
+    assert choice.top_logprobs == [[(4, -0.2), (7, -0.5)]]
+    for bad, message in (
+        (answer(["hello"], [-0.5]), "ignored return_tokens_as_token_ids"),
+        (answer(["token_id:7"], [None]), "without its logprob"),
+        (answer(["token_id:7", "token_id:8"], [-0.5]), "without a logprob per token"),
+        (answer(["token_id:7"], [-0.5], finish="abort"), "did not finish"),
+        (answer(["token_id:7"], [-0.5], index=1), "1 completions for 2 prompts"),
+    ):
+        with pytest.raises(RemoteEngineError, match=message):
+            choices_of_vllm([[1], [2]] if "2 prompts" in message else [[1]], bad, 0)

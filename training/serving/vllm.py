@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.engines.vllm_engine import LOGPROBS_MODE
+
 log = logging.getLogger(__name__)
 
 
@@ -71,6 +73,9 @@ def vllm_serve_command(
         "--max-lora-rank", str(options.max_lora_rank),
         "--max-cpu-loras", str(options.max_cpu_loras),
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        # Logprobs under the trainer's convention (training.engines.base: after temperature), as
+        # the in-process engine's: a run's rollouts sampled here train on them.
+        "--logprobs-mode", LOGPROBS_MODE,
     ]  # fmt: skip
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if options.api_key:

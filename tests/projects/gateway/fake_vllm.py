@@ -51,6 +51,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--enable-auto-tool-choice", action="store_true")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--logprobs-mode", choices=["raw_logprobs", "raw_logits", "processed_logprobs",
+                                                    "processed_logits"], required=True)  # fmt: skip
     options = parser.parse_args(argv)
     if options.max_cpu_loras < options.max_loras:  # vLLM refuses this too
         parser.error("max_cpu_loras must be >= max_loras")

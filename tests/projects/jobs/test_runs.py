@@ -74,12 +74,22 @@ def test_rollouts_on_the_inference_servers_go_to_a_live_server_of_the_base_model
     base = alpha_setup.model.base_model.name
     with pytest.raises(ValueError, match=f"no inference server of {base} is live"):
         build_run_spec(run)
-    inference_server_heartbeat(url="http://10.0.0.9:8100", base_model_name=base, engine="vllm")
-    with pytest.raises(ValueError, match="vLLM servers take no token ids"):
-        build_run_spec(run)
+    # A vLLM server: its dialect, its host's fetcher, the base model's name there, names of the run's own.
+    vllm = inference_server_heartbeat(url="http://10.0.0.9:8100", base_model_name=base, engine="vllm",
+                                      fetch_url="http://10.0.0.9:8101")  # fmt: skip
+    server = build_run_spec(run).rollout_server
+    assert (server.url, server.engine, server.fetch_url, server.served_model, server.adapter_prefix) == (
+        "http://10.0.0.9:8100",
+        "vllm",
+        "http://10.0.0.9:8101",
+        base,
+        f"run-{run.pk}-",
+    )
+    vllm.delete()
     inference_server_heartbeat(url="http://10.0.0.5:8100", base_model_name=base)
     server = build_run_spec(run).rollout_server
     assert server.url == "http://10.0.0.5:8100" and server.token == settings.INFERENCE_SERVER_TOKEN
+    assert server.engine == "transformers"
     # A recorded checkpoint is named by its store key (any host fetches it); one not yet: None.
     checkpoint = services.checkpoint_record(
         model=alpha_setup.model, run=run, step=1, path="/ckpt/m/step-000001"

@@ -17,7 +17,9 @@ def test_vllm_serve_command_enables_runtime_lora_and_hermes_tools():
     joined = " ".join(command)
     assert "serve /models/qwen" in joined
     for flag in ("--enable-lora", "--max-loras 4", "--port 8200", "--served-model-name qwen",
-                 "--tool-call-parser hermes", "--enable-auto-tool-choice"):  # fmt: skip
+                 "--tool-call-parser hermes", "--enable-auto-tool-choice",
+                 # a run's rollouts train on these logprobs: the trainer's convention (after temperature)
+                 "--logprobs-mode processed_logprobs"):  # fmt: skip
         assert flag in joined
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
 
