@@ -389,3 +389,40 @@ def test_real_vllm_serves_checkpoints_through_the_gateway(serving, tiny_model_di
     os.kill(server.process.pid, signal.SIGTERM)
     assert server.process.wait(timeout=120) == 0
     assert not InferenceServer.objects.filter(url=server.url).exists()
+
+
+@pytest.mark.gpu
+def test_a_runs_rollouts_sample_on_the_real_vllm_server(serving, tiny_model_dir, tmp_path):
+    """``rollouts_on: inference_servers`` in vLLM's dialect (training.engines.remote_engine) against
+    the real vLLM: token-id completions, the run's own adapter names loaded and unloaded, and every
+    checkpoint the server samples passes the sampler check (bf16 tolerance, as on the transformers
+    server). On CPU machines the dialect is tested against a double only
+    (tests/training/test_remote_rollouts.py). NEVER RUN on the machines this was written on."""
+    import dataclasses
+
+    from tests.training.test_cost_loop import MeteredHooks
+    from tests.training.test_cuda import run_spec
+    from training.config import LoraSpec
+    from training.engines.remote_engine import RolloutServer
+    from training.loop import run_training
+
+    model_dir = vllm_sized_tiny_model(tiny_model_dir, serving.data_dir / "vllm-tiny-rollouts")
+    register_base_model(model_dir, name="rollouts-tiny-real-vllm")
+    server = start_vllm_server(serving, "rollouts-tiny-real-vllm", capacity=4, command=None)
+    spec = run_spec(
+        tmp_path / "run", model_dir, steps=3, max_off_policy_steps=1, rollouts_on="inference_servers"
+    )
+    spec = dataclasses.replace(
+        spec, lora=LoraSpec(rank=8, alpha=16),
+        rollout_server=RolloutServer(url=server.url, token=SERVER_TOKEN, engine="vllm",
+                                     served_model="rollouts-tiny-real-vllm", adapter_prefix="run-gpu-"),
+    )  # fmt: skip
+    hooks = MeteredHooks()
+    try:
+        assert run_training(spec, hooks) == "succeeded", hooks.events
+    finally:
+        os.kill(server.process.pid, signal.SIGTERM)
+        server.process.wait(timeout=120)
+    assert [m["off_policy_steps"] for m in hooks.metrics] == [0.0, 1.0, 1.0]
+    print("sampler logprob gaps (rollouts on vLLM):", [m["sampler_logprob_gap"] for m in hooks.metrics])
+    assert all(m["sampler_logprob_gap"] <= 5e-2 for m in hooks.metrics)
