@@ -184,6 +184,14 @@ class PolicySampler:
         if self.kind == "vllm" and not self.detached:
             self.engine.sleep()
 
+    def release(self) -> None:
+        """The run is over: a sampler on an inference server lets go of the checkpoint it holds
+        (vLLM unloads it; the transformers server keeps its own LRU). Best effort."""
+        if self.kind == "remote" and self.adapter is not None:
+            with contextlib.suppress(Exception):
+                self.engine.unload_adapter(self.adapter)
+            self.adapter = None
+
     def use_checkpoint(self, step: int, path: Path) -> None:
         """Sample from the checkpoint saved at ``path`` from now on (the live policy needs nothing)."""
         if self.kind != "vllm" and not self.detached:

@@ -188,6 +188,7 @@ def train_overlapped(
             threads.close()
             for _, future in pending:  # an update not yet started is not wanted any more
                 future.cancel()
+            sampler.release()
 
 
 def _check(sampler: PolicySampler, probe: PolicyProbe, probes: list[list[dict]], tolerance: float) -> float:
