@@ -56,7 +56,7 @@ EVAL_AT = (3, 6, 12)
 # Every configuration starts from TRL's recipe (the defaults before 2026-12-05): ``--learning-rate``
 # constant, one optimizer step per step; a configuration overrides some of it.
 BEFORE = SINGLE_UPDATE_RECIPE
-# TrainConfig's defaults since (chosen from the rows of benchmarks/README.md: `lean_1.5e3` on the
+# TrainConfig's defaults since (chosen from the rows of benchmarks/README.md: `lean` on the
 # bundled model); the learning rate left empty, so the loop fills it in from the model's width.
 NEW_DEFAULTS = {
     name: spec["default"]

@@ -224,8 +224,8 @@ class TrainConfig(_Settings):
         default=None,
         metadata=_help(
             "AdamW peak learning rate for the LoRA weights; empty: chosen from the base model's "
-            "width and the run's objective (GRPO: 1.5e-3 at the bundled model's width 576, "
-            "3.2e-4 at 4096; SFT a third of that), filled in when the run is created.",
+            "width and the run's objective (GRPO: 1e-3 at the bundled model's width 576, 2.2e-4 at "
+            "4096; SFT half and DPO a tenth of that), filled in when the run is created.",
             bounds=Bounds(0, 1, above_minimum=True, why="LoRA training diverges long before 1"),
         ),
     )

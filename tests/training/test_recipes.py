@@ -59,12 +59,12 @@ def test_recipe_settings_are_validated_with_the_field_named():
 
 # ------------------------------------------------------------------ the default learning rate
 def test_the_default_learning_rate_falls_with_the_base_models_width():
-    # 1.5e-3 where it was measured (the bundled model, width 576); a wider model gets less, a
+    # 1e-3 where it was measured (the bundled model, width 576); a wider model gets less, a
     # narrower one no more; an unknown width is taken for a 7-8B model's.
-    assert default_learning_rate(576) == pytest.approx(1.5e-3)
+    assert default_learning_rate(576) == pytest.approx(1e-3)
     rates = [default_learning_rate(width) for width in (576, 896, 2048, 4096, 8192)]
     assert rates == sorted(rates, reverse=True) and len(set(rates)) == len(rates)
-    assert default_learning_rate(4096) == pytest.approx(1.5e-3 * (576 / 4096) ** 0.78, rel=0.02)  # 2 digits
+    assert default_learning_rate(4096) == pytest.approx(1e-3 * (576 / 4096) ** 0.78, rel=0.02)  # 2 digits
     assert default_learning_rate(64) == default_learning_rate(576)
     assert default_learning_rate(None) == default_learning_rate(4096)
     assert default_learning_rate(576, "sft") == pytest.approx(5e-4)

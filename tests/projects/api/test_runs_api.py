@@ -209,10 +209,10 @@ def test_a_run_without_a_learning_rate_gets_the_default_for_its_base_models_widt
     response = key_client.post("/api/v1/runs/", _run_body(alpha_setup), format="json")
     assert response.status_code == 201, response.json()
     run = response.json()
-    assert run["config"]["learning_rate"] == default_learning_rate(2048) == pytest.approx(5.6e-4)
+    assert run["config"]["learning_rate"] == default_learning_rate(2048) == pytest.approx(3.7e-4)
     assert (run["config"]["lr_schedule"], run["config"]["num_minibatches"]) == ("cosine", 2)
     events = key_client.get(f"/api/v1/runs/{run['id']}/events/").json()["data"]
-    assert "learning rate 0.00056, the grpo default for a base model of width 2048" in events[0]["message"]
+    assert "learning rate 0.00037, the grpo default for a base model of width 2048" in events[0]["message"]
     services.run_cancel(run=Run.objects.get(pk=run["id"]))
 
     # A rate the caller sets is kept, and said nowhere as a default.

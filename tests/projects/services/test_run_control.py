@@ -207,7 +207,7 @@ def test_latest_is_the_default_fixed_at_creation_and_said_in_the_first_event(alp
     assert (
         messages(fresh)[0]
         == "Run created: 3 steps on model agent, starting from the base model (a fresh adapter); learning "
-        "rate 0.00032, the grpo default for a base model whose width this host cannot read"
+        "rate 0.00022, the grpo default for a base model whose width this host cannot read"
     )
     services.run_cancel(run=fresh)
     for step in (0, 4):
