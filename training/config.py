@@ -194,9 +194,9 @@ SINGLE_UPDATE_RECIPE: dict[str, typing.Any] = {
 class TrainConfig(_Settings):
     """Hyperparameters of one GRPO run. Defaults suit the bundled 135M model on CPU; the learning-rate
     recipe (cosine from a width-dependent peak after one warm-up step, to a floor of 0.1×, two
-    minibatches per step) is the one benchmarks/sample_efficiency.py measured to reach TRL's 12-step
-    held-out reward in 3-5 steps. Every number has a range (`bounds`, shown by `field_help`); the
-    maxima say why, and catch typos like 10**6 steps."""
+    minibatches per step) is the one benchmarks/sample_efficiency.py picked (benchmarks/README.md).
+    Every number has a range (`bounds`, shown by `field_help`); the maxima say why, and catch typos
+    like 10**6 steps."""
 
     steps: int = field(
         default=10,
