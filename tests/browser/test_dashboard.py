@@ -152,7 +152,8 @@ def test_dashboard_from_sign_in_to_playground(stack, workspace, browser, tmp_pat
         assert page.evaluate(CANVAS_HAS_INK, chart) > 100, chart
     assert page.locator("#chart-kl").is_hidden()
     assert page.locator("#note-kl").inner_text().startswith("Not measured: kl_coef is 0")
-    assert "One policy update per batch" in page.locator("#note-clip_fraction").inner_text()
+    # The default recipe takes two minibatches a step: the clip fraction's note says what it measures.
+    assert "2 optimizer steps per batch" in page.locator("#note-clip_fraction").inner_text()
     page.select_option("#chart-smoothing", "0.8")
     page.wait_for_function(
         "() => Chart.getChart('chart-reward').data.datasets.some(d => d.label.includes('EMA 0.8'))"
