@@ -9,6 +9,7 @@ because the inference server must not import Django. Standard library only.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,3 +58,17 @@ def error_object(
             "code": kind.code if code is None else code,
         }
     }
+
+
+def error_message(body: bytes) -> str:
+    """The message of an upstream's error body: OpenAI's ``{"error": {"message"}}`` or vLLM's older
+    ``{"object": "error", "message"}``; "" when the body is not JSON or names no message."""
+    try:
+        decoded = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return ""
+    if isinstance(decoded, dict):
+        inner = decoded["error"] if isinstance(decoded.get("error"), dict) else decoded
+        if isinstance(inner.get("message"), str):
+            return str(inner["message"])
+    return ""

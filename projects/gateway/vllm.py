@@ -35,8 +35,8 @@ from projects.gateway.routing import Route
 from projects.gateway.services import inference_server_adapter_forget, inference_server_adapter_use
 from projects.gateway.upstream import StreamFilter, Upstream, Usage
 from projects.models import Checkpoint, InferenceServer
-from training.openai_errors import error_object
-from training.serving.fetch_server import FETCH_PATH
+from training.openai_errors import error_message, error_object
+from training.serving.protocol import FETCH_PATH
 from training.serving.vllm import HttpCall, load_adapter_call, unload_adapter_call
 
 log = logging.getLogger(__name__)
@@ -182,15 +182,14 @@ async def _post(server: InferenceServer, path: str, body: bytes) -> UpstreamResp
 
 
 def _error_message(body: bytes) -> str:
+    """The body's error message (training.openai_errors.error_message), else what it says."""
+    message = error_message(body)
+    if message:
+        return message
     try:
-        decoded = json.loads(body)
+        return json.dumps(json.loads(body))[:500]
     except (UnicodeDecodeError, json.JSONDecodeError):
         return body.decode(errors="replace").strip()[:500] or "no details"
-    if isinstance(decoded, dict):
-        inner = decoded["error"] if isinstance(decoded.get("error"), dict) else decoded
-        if isinstance(inner.get("message"), str):
-            return str(inner["message"])
-    return json.dumps(decoded)[:500]
 
 
 def openai_error(status: int, body: bytes) -> dict[str, Any]:

@@ -47,8 +47,8 @@ from training.engines.base import (
     report_finished_after,
 )
 from training.engines.token_wire import choices_of, sampling_body
-from training.serving.fetch_server import FETCH_PATH
-from training.serving.protocol import ADAPTER_HEADER, ADAPTER_KEY_HEADER, ADAPTER_SHA256_HEADER
+from training.openai_errors import error_message
+from training.serving.protocol import ADAPTER_HEADER, ADAPTER_KEY_HEADER, ADAPTER_SHA256_HEADER, FETCH_PATH
 
 log = logging.getLogger(__name__)
 
@@ -242,21 +242,6 @@ class RemoteEngine(Engine):
         if url.startswith(self.url):
             return f"the inference server at {self.url}"
         return f"the inference server's checkpoint fetcher at {url.removesuffix(FETCH_PATH)}"
-
-
-def error_message(body: bytes) -> str:
-    """The message of an error body: OpenAI's ``{"error": {"message"}}``, or vLLM's older
-    ``{"object": "error", "message"}``; "" when it has none."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return ""
-    if not isinstance(data, dict):
-        return ""
-    error = data.get("error")
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return str(error["message"])
-    return str(data["message"]) if isinstance(data.get("message"), str) else ""
 
 
 def vllm_completion_body(sampling: SamplingParams, model: str, stop_token_ids: list[int]) -> dict[str, Any]:

@@ -28,10 +28,10 @@ from typing import Any
 from training.openai_errors import error_object
 from training.serving import metrics
 from training.serving.fetch_cache import FetchedCheckpoints
+from training.serving.protocol import FETCH_PATH
 
 log = logging.getLogger(__name__)
 
-FETCH_PATH = "/v1/fetch_checkpoint"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _MAX_BODY = 4096
 

@@ -50,6 +50,7 @@ from typing import Any
 from training.openai_errors import error_object
 
 # Wire extensions between the gateway and an inference server (never sent to end users).
+FETCH_PATH = "/v1/fetch_checkpoint"  # a vLLM host's checkpoint fetcher (training.serving.fetch_server)
 ADAPTER_HEADER = "x-artweb-adapter"  # absolute path of the LoRA checkpoint to apply
 MODEL_HEADER = "x-artweb-model"  # the public model id to echo in `model`, percent-encoded (RFC 3986)
 # A stored checkpoint (projects.storage): its key and content digest; a server given a fetcher
