@@ -12,6 +12,10 @@ a speed-up here, only the equality is the point. On GPUs each rank has its own d
     python -m benchmarks.data_parallel            # the bundled SmolLM2-135M
     python -m benchmarks.data_parallel --tiny
     python -m benchmarks.data_parallel --pool     # a Tinker client's session (training.session_pool)
+    python -m benchmarks.data_parallel --fsdp     # the base sharded across the ranks (FSDP2)
+
+``--fsdp``: the ranks shard the frozen base (training.distributed.shard_base); the report adds the
+parameter bytes each rank holds at rest against one process's.
 
 ``--pool``: a SessionPool session opened with ``devices: 2`` (rank 0 in this process, a follower
 process for rank 1) against one with ``devices: 1``, called as a Tinker client calls it (two
@@ -85,12 +89,13 @@ def train(target: Any, data: list[Any], steps: int, learning_rate: float, loss: 
 
 
 def _rank(rank: int, world_size: int, source: str, cache: str, out: str, rows: int, tokens: int,
-          steps: int, learning_rate: float, loss: str) -> None:  # fmt: skip
-    from training.distributed import DataParallelSession
+          steps: int, learning_rate: float, loss: str, fsdp: bool) -> None:  # fmt: skip
+    from training.distributed import DataParallelSession, local_parameter_bytes
 
-    parallel = DataParallelSession(session(source, Path(cache), threads=1))
+    parallel = DataParallelSession(session(source, Path(cache), threads=1), shard=fsdp)
     vocab = len(parallel.session.trainer.tokenizer)
     result = train(parallel, batch(rows, tokens, vocab), steps, learning_rate, loss)
+    result["parameter_bytes"] = local_parameter_bytes(parallel.session.trainer.model)
     torch.save(result, Path(out) / f"rank-{rank}.pt")
 
 
@@ -157,11 +162,12 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--loss", default="ppo", choices=["ppo", "cross_entropy"])
     parser.add_argument("--pool", action="store_true", help="a Tinker client's pool session (see above)")
+    parser.add_argument("--fsdp", action="store_true", help="shard the base across the ranks (see above)")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
 
     from training.base_models import BUNDLED_MODEL, build_tiny_model
-    from training.distributed import run_ranks
+    from training.distributed import local_parameter_bytes, run_ranks
 
     work = Path(tempfile.mkdtemp(prefix="artweb-ddp-bench-"))
     cache = work / "models"
@@ -176,7 +182,7 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2))
         return
-    run_ranks(_rank, 2, source, str(cache), str(work), *common, rendezvous=work / "rendezvous")
+    run_ranks(_rank, 2, source, str(cache), str(work), *common, args.fsdp, rendezvous=work / "rendezvous")
     one = session(source, cache, threads=2)
     vocab = len(one.trainer.tokenizer)
     single = train(one, batch(args.rows, args.tokens, vocab), args.steps, args.learning_rate, args.loss)
@@ -187,6 +193,9 @@ def main() -> None:
         "tokens": args.tokens,
         "steps": args.steps,
         "loss": args.loss,
+        "fsdp": args.fsdp,
+        "parameter_bytes_per_rank": [rank["parameter_bytes"] for rank in ranks],
+        "parameter_bytes_single": local_parameter_bytes(one.trainer.model),
         "ranks_identical": all(
             torch.equal(a, b) for a, b in zip(ranks[0]["params"], ranks[1]["params"], strict=True)
         ),

@@ -266,6 +266,13 @@ class TrainConfig(_Settings):
             bounds=Bounds(1, 16, why="one host's devices"),
         ),
     )
+    fsdp: bool = field(
+        default=False,
+        metadata=_help(
+            "With devices > 1: shard the frozen base model's weights across the devices (FSDP2), for a "
+            "base too big for one; the adapter stays whole on each. Samplers then need their own copy.",
+        ),
+    )
     max_off_policy_steps: int = field(
         default=0,
         metadata=_help(
@@ -477,6 +484,17 @@ class TrainConfig(_Settings):
                 "length_penalty_buffer must be at most max_new_tokens",
             ),
             (
+                "fsdp",
+                lambda: not self.fsdp or self.devices > 1,
+                "fsdp shards the base across devices: it needs devices of 2 or more",
+            ),
+            (
+                "fsdp",
+                lambda: not self.fsdp or self.max_off_policy_steps > 0,
+                "fsdp needs max_off_policy_steps of 1 or more: a sharded base cannot sample on one "
+                "device, so the rollouts need a sampler of their own (an overlapped run's)",
+            ),
+            (
                 "rollouts_on",
                 lambda: self.rollouts_on == "worker" or self.max_off_policy_steps > 0,
                 "inference_servers needs max_off_policy_steps of 1 or more (a synchronous run "
@@ -491,7 +509,7 @@ class TrainConfig(_Settings):
             return
         problems = [
             (name, f"{name}: {getattr(self, name)} applies to GRPO runs only, not {objective} runs")
-            for name, default in (("max_off_policy_steps", 0), ("rollouts_on", "worker"))
+            for name, default in (("max_off_policy_steps", 0), ("rollouts_on", "worker"), ("fsdp", False))
             if getattr(self, name) != default
         ]
         if problems:

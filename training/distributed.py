@@ -11,7 +11,16 @@ Why not torch's DistributedDataParallel wrapper: it all-reduces inside every bac
 call here runs one backward per packed row and gradients accumulate across calls (a Tinker client
 calls forward_backward several times per optim_step). One all-reduce per optimizer step is what
 DDP gives with ``no_sync`` on all but the last backward; here it is the same collective, explicit.
-FSDP2 (parameters sharded across devices, for a model that does not fit one) is not built.
+
+A base too big for one device is sharded (``shard_base``: torch's FSDP2 ``fully_shard`` on each
+decoder layer and on the whole model, over every rank): each rank keeps 1/N of the frozen base's
+weights and gathers a layer's full weights from the others as its forward (and backward) reaches
+it, then frees them. The adapter's parameters are left out of the sharding (``ignored_params``):
+they are small, every rank holds all of them, and their gradients are summed as above, so the update
+is the same as the unsharded one and rank 0 saves the adapter as before. Every forward pass is then a
+collective, so the session runs its calls in lockstep (training.session: as many passes on every
+rank as the rank with the most). Nothing may run the sharded model on one rank alone: sampling from
+it is refused (``TrainingSession.sample``); a sampler needs its own copy of the base.
 
 A Tinker training client with ``devices: N`` (training.session_pool): rank 0 is its session in the
 trainer process (a ``MirroredSession`` with a ``replay_dir``: it restarts a lost follower itself and
@@ -106,11 +115,45 @@ def trained_tokens(datum: Datum) -> int:
     return sum(1 for weight in weights if weight != 0)
 
 
+def shard_base(trainer: Any) -> None:
+    """Shard ``trainer``'s frozen base model across the ranks of the default process group (FSDP2,
+    see the module doc); its LoRA parameters (every adapter's) stay whole on every rank. Called on
+    every rank, once; the trainer is ``sharded`` from then on."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if trainer.sharded:
+        return
+    model = trainer.model
+    adapters = {parameter for name, parameter in model.named_parameters() if "lora_" in name}
+    device_type = torch.device(trainer.device).type
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    base = model.get_base_model()
+    # The units whose weights are gathered together: transformers names its decoder layer classes
+    # (the ones never split across devices); the rest (embeddings, final norm, head) is the root's.
+    layer_kinds = set(getattr(base, "_no_split_modules", None) or ())
+    for module in base.modules():
+        if type(module).__name__ in layer_kinds:
+            fully_shard(module, mesh=mesh, ignored_params=adapters)
+    fully_shard(base, mesh=mesh, ignored_params=adapters)
+    trainer.sharded = True
+
+
+def local_parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes of parameters this rank holds at rest (a sharded parameter's local shard only)."""
+    total = 0
+    for parameter in model.parameters():
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+        total += local.numel() * local.element_size()
+    return total
+
+
 class DataParallelSession:
     """A TrainingSession's primitives over every rank of the default process group (see the module
-    doc). Wraps one rank's session; ``dist.init_process_group`` has been called."""
+    doc). Wraps one rank's session; ``dist.init_process_group`` has been called. ``shard``: shard
+    the base across the ranks first (``shard_base``; its trainer's ``config.fsdp`` when None)."""
 
-    def __init__(self, session: TrainingSession) -> None:
+    def __init__(self, session: TrainingSession, *, shard: bool | None = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("DataParallelSession needs torch.distributed.init_process_group first")
         self.session = session
@@ -119,6 +162,8 @@ class DataParallelSession:
         with torch.no_grad():
             for parameter in self.parameters:
                 dist.broadcast(parameter.data, src=0)
+        if session.trainer.config.fsdp if shard is None else shard:
+            shard_base(session.trainer)
 
     @property
     def parameters(self) -> list[torch.Tensor]:
@@ -191,7 +236,13 @@ class DataParallelSession:
             needs = [i for i in mine if learner_source or not all(
                 t < len(sources[i]) and math.isfinite(sources[i][t]) for t in trained[i])]  # fmt: skip
             learner = dict(
-                zip(needs, self.session.forward([data[i] for i in needs]) if needs else [], strict=True)
+                zip(
+                    needs,
+                    self.session.forward([data[i] for i in needs])
+                    if needs or self.session.trainer.sharded
+                    else [],
+                    strict=True,
+                )
             )
             for i in mine:
                 ref = data[i].loss_fn_inputs.get("ref_logprobs")
@@ -410,6 +461,11 @@ class Followers:
         """Send the update to every follower (rank 0 runs it next, with them)."""
         self.send(("train", groups, learning_rate))
 
+    def probe(self, probe_messages: list[list[dict[str, Any]]]) -> None:
+        """Rank 0 probes the policy it just saved (training.adapter_check.probe_policy) on a sharded
+        base: every follower runs the same forward passes with it."""
+        self.send(("probe", probe_messages))
+
     def update(self, trainer: Any, groups: list[Any], *, learning_rate: float, checkpoint: Path,
                on_restart: Callable[[str], None] | None = None) -> dict[str, float]:  # fmt: skip
         """``trainer.train_step(groups)`` on every rank (see ``run``)."""
@@ -434,6 +490,12 @@ class Followers:
             if not self.lost():
                 raise
             reason = str(exc).splitlines()[0][:200]
+            if getattr(trainer, "sharded", False):
+                raise RuntimeError(
+                    f"A data-parallel rank of a sharded base (fsdp) was lost during the update ({reason}): "
+                    "rank 0 holds only its shard of the base and cannot start the others again; the run "
+                    f"stops here, its checkpoints up to {Path(checkpoint).name} intact"
+                ) from exc
         _restore(trainer, before)
         if on_restart is not None:
             on_restart(f"A data-parallel rank was lost during the update ({reason}); restarting the ranks "
@@ -696,6 +758,13 @@ def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: Fol
                     if not getattr(exc, "raised_on_every_rank", False):
                         raise
                     # Bad input: rank 0 answers its caller; the ranks are in step for the next call.
+                continue
+            if message[0] == "probe":  # rank 0 probes its saved policy: on a sharded base, with every rank
+                from training.adapter_check import next_token_logprobs
+                from training.engines.vllm_engine import render_prompt
+
+                for messages in message[1]:
+                    next_token_logprobs(trainer.policy, render_prompt(tokenizer, messages))
                 continue
             if message[0] == "configure":  # the session's settings from now on (SessionPool.configure)
                 trainer.config = message[1]

@@ -392,7 +392,10 @@ def data_parallel_ranks(spec: RunSpec, current: int, hooks: RunHooks) -> Iterato
         checkpoint=checkpoint_path(spec.checkpoint_root, current),
     )  # fmt: skip
     followers = Followers(follower_spec, spec.config.devices, rendezvous_dir=spec.checkpoint_root)
-    hooks.event(f"Policy update data-parallel on {spec.config.devices} devices ({followers.backend})")
+    sharded = ", the base's weights sharded across them (FSDP2)" if spec.config.fsdp else ""
+    hooks.event(
+        f"Policy update data-parallel on {spec.config.devices} devices ({followers.backend}){sharded}"
+    )
     try:
         yield followers
     finally:

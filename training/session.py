@@ -19,6 +19,13 @@ before that are not computed and read 0.0 in the outputs.
 Losses are sums over tokens, so ``forward_backward`` works through the data one packed row at a
 time and the gradients of several calls add up; a loss that needs the whole call at once (ART's:
 its KL term averages over the sequence) gets every row in one call.
+
+On a base sharded across data-parallel ranks (``trainer.sharded``: training.distributed.shard_base,
+FSDP2) every forward pass is a collective: each rank gathers a layer's weights from the others as it
+reaches it. A call then runs as many passes on every rank as the rank with the most (its own rows,
+then idle one-token passes with a zero loss), checks its input before the first pass (a token outside
+the vocabulary), and a call that fails in one pass runs its remaining passes idle before it raises:
+no rank is left waiting in a gather the others never reach.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
@@ -130,6 +138,11 @@ class TrainingSession:
         logprobs (``training.engines.base.Choice``, one per prompt). ``sampling``: a
         ``SamplingParams``; with ``seed=None`` it draws from the session's RNG, so a session's
         samples do not depend on what other sessions did."""
+        if self.trainer.sharded:
+            raise ValueError(
+                "this session's base model is sharded across its devices (fsdp): it cannot sample on "
+                "one of them; save_weights_for_sampler and sample that checkpoint on an inference server"
+            )
         if self._engine is None:
             from training.engines.transformers_engine import TransformersEngine
 
@@ -143,16 +156,21 @@ class TrainingSession:
         """The learner's logprobs of each datum's targets, without gradients. ``reference``: those
         of another policy on the same base instead: ``BASE_MODEL`` (the adapter off) or a
         checkpoint folder's adapter weights, swapped in for the call and the live ones put back."""
-        samples = [datum.sample() for datum in data]
         outputs: list[list[float]] = [[0.0] * len(d.model_input) for d in data]
         policy = self._reference_policy(reference) if reference is not None else contextlib.nullcontext()
         with torch.no_grad(), policy:
-            for row_layout in self._layout(samples, whole=False):
+            samples, rows, failure = self._plan(data, whole=False)
+            for row_layout in self._in_step(rows):
+                if row_layout is None or failure is not None:
+                    self._idle_pass()
+                    continue
                 members = row_layout.members
                 logprobs, _ = self._learner_logprobs(row_layout, samples)
                 for row, index in enumerate(members):
                     start, length = data[index].first_computed, len(samples[index].completion_token_ids)
                     outputs[index][start : start + length] = logprobs[row, :length].tolist()
+        if failure is not None:
+            raise failure
         return outputs
 
     def forward_backward(
@@ -166,22 +184,42 @@ class TrainingSession:
                 return self.forward_backward(data, loss_fn, loss_fn_config)
         loss = loss_named(loss_fn)
         config = dict(loss_fn_config or {})
-        samples = [datum.sample() for datum in data]
         total, tokens, positions, padding = 0.0, 0.0, 0, 0
         sums: dict[str, float] = {}
         outputs: list[list[float]] = [[0.0] * len(d.model_input) for d in data]
-        for row_layout in self._layout(samples, whole=loss_fn in WHOLE_CALL_LOSSES):
+        samples, rows, failure = self._plan(data, whole=loss_fn in WHOLE_CALL_LOSSES)
+        for row_layout in self._in_step(rows):
+            if row_layout is None or failure is not None:
+                self._idle_pass()
+                continue
             members = row_layout.members
-            positions += row_layout.positions
-            padding += row_layout.padding
-            batch, lengths = self._tensors(data, samples, members)
+            try:
+                batch, lengths = self._tensors(data, samples, members)
+            except Exception as exc:
+                if not self.trainer.sharded:
+                    raise
+                failure = exc
+                self._idle_pass()
+                continue
             logprobs, entropy = self._learner_logprobs(row_layout, samples)
             inputs = LossInputs(
                 logprobs=logprobs, mask=batch.pop("__mask__"), weights=batch.pop("weights"), inputs=batch
             )
-            value, metrics = loss(inputs, config)
+            try:
+                value, metrics = loss(inputs, config)
+            except Exception as exc:
+                if not self.trainer.sharded:
+                    raise
+                # This pass's backward still runs (a zero loss): the other ranks run theirs.
+                failure, value, metrics = exc, logprobs.sum() * 0.0, {}
             if value.requires_grad:
                 value.backward()
+            elif self.trainer.sharded and torch.is_grad_enabled():
+                (logprobs.sum() * 0.0).backward()  # every rank's pass has a backward
+            if failure is not None:
+                continue
+            positions += row_layout.positions
+            padding += row_layout.padding
             total += float(value.detach())
             count = float((inputs.weights != 0).sum())
             tokens += count
@@ -192,6 +230,8 @@ class TrainingSession:
             for row, (index, length) in enumerate(zip(members, lengths, strict=True)):
                 start = data[index].first_computed
                 outputs[index][start : start + length] = logprobs[row, :length].detach().tolist()
+        if failure is not None:
+            raise failure
         metrics = {name: value / max(tokens, 1.0) for name, value in sums.items()}
         # What the forward passes computed: positions (a shared prompt once per row) and padding.
         metrics.update({"loss:sum": total, "positions": float(positions), "padding": float(padding)})
@@ -278,6 +318,53 @@ class TrainingSession:
             yield
         finally:
             set_peft_model_state_dict(trainer.model, live, adapter_name=name)
+
+    # ------------------------------------------------------------------ passes
+    def _plan(
+        self, data: Sequence[Datum], *, whole: bool
+    ) -> tuple[list[TrainSample], list[_Row], Exception | None]:
+        """The call's samples and forward passes. On a sharded base a datum that cannot be laid
+        out is not raised here but returned, to be raised once every rank has run its passes."""
+        try:
+            samples = [datum.sample() for datum in data]
+            if self.trainer.sharded:
+                self._check_vocabulary(samples)
+            return samples, self._layout(samples, whole=whole), None
+        except Exception as exc:
+            if not self.trainer.sharded:
+                raise
+            return [], [], exc
+
+    def _check_vocabulary(self, samples: list[TrainSample]) -> None:
+        """A token id the embedding cannot look up fails the call before its first pass."""
+        vocabulary = int(self.trainer.model.get_input_embeddings().weight.shape[0])
+        for index, sample in enumerate(samples):
+            for token in (*sample.prompt_token_ids, *sample.completion_token_ids):
+                if not 0 <= int(token) < vocabulary:
+                    raise LossInputError(
+                        f"datum {index}: token id {int(token)} is outside the model's vocabulary "
+                        f"(0..{vocabulary - 1})"
+                    )
+
+    def _in_step(self, rows: list[_Row]) -> list[_Row | None]:
+        """``rows``, and on a sharded base as many idle passes (None) after them as make this
+        rank's count the largest any rank has (one all-reduce)."""
+        if not self.trainer.sharded:
+            return list(rows)
+        count = torch.tensor([len(rows)], dtype=torch.int64, device=self.trainer.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return [*rows, *[None] * (int(count.item()) - len(rows))]
+
+    def _idle_pass(self) -> None:
+        """A pass over one token with a zero loss: the same gathers (and, with gradients on, the
+        same backward) as any other pass, and nothing added to the gradients."""
+        token = 0
+        sample = TrainSample(prompt_token_ids=[token], completion_token_ids=[token],
+                             completion_logprobs=[0.0], reward=0.0)  # fmt: skip
+        row = self._layout([sample], whole=False)[0]
+        logprobs, _ = self._learner_logprobs(row, [sample])
+        if torch.is_grad_enabled():
+            (logprobs.sum() * 0.0).backward()
 
     # ------------------------------------------------------------------ layout
     def _layout(self, samples: list[TrainSample], *, whole: bool) -> list[_Row]:

@@ -323,6 +323,9 @@ class SessionPool:
         from training.distributed import Followers, FollowerSpec, MirroredSession
 
         devices = entry.config.devices
+        if entry.config.fsdp:
+            # A session's base is shared with the pool's other sessions and samples on one device.
+            raise ValueError("fsdp: Tinker sessions and ART jobs train on a whole base on each device")
         if self.model_cache_dir is None:
             raise ValueError(f"devices: {devices}: this trainer cannot start data-parallel ranks")
         other = next((e.session_id for e in self._entries.values() if e.ranks is not None), None)

@@ -80,6 +80,9 @@ class Trainer:
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.step = 0  # train_step calls so far; restored by resume()
+        # The base sharded across data-parallel ranks (training.distributed.shard_base): every
+        # forward pass is then a collective, run by every rank together.
+        self.sharded = False
         # Seeding here makes a run reproducible from its config: the LoRA init below and every
         # rollout sampled with seed=None draw from these generators.
         random.seed(config.seed)
