@@ -54,6 +54,7 @@ import copy
 import logging
 import math
 import os
+import random
 import subprocess
 import sys
 import time
@@ -461,10 +462,20 @@ class Followers:
         """Send the update to every follower (rank 0 runs it next, with them)."""
         self.send(("train", groups, learning_rate))
 
-    def probe(self, probe_messages: list[list[dict[str, Any]]]) -> None:
-        """Rank 0 probes the policy it just saved (training.adapter_check.probe_policy) on a sharded
-        base: every follower runs the same forward passes with it."""
-        self.send(("probe", probe_messages))
+    def probe(self, trainer: Any, probe_messages: list[list[dict[str, Any]]], *, checkpoint: Path) -> None:
+        """Before rank 0 probes the policy it just saved at ``checkpoint``
+        (training.adapter_check.probe_policy): on a sharded base every follower runs the same
+        forward passes with it. A follower lost since the update: rank 0 loads its base whole
+        again (and probes alone), the followers start again from ``checkpoint``."""
+        if not getattr(trainer, "sharded", False):
+            return
+        try:
+            self.send(("probe", probe_messages))
+        except RankLost:
+            current = _snapshot(trainer)
+            reload_base(trainer, self.spec)
+            _restore(trainer, current)
+            self.restart(Path(checkpoint))
 
     def update(self, trainer: Any, groups: list[Any], *, learning_rate: float, checkpoint: Path,
                on_restart: Callable[[str], None] | None = None) -> dict[str, float]:  # fmt: skip
@@ -490,12 +501,9 @@ class Followers:
             if not self.lost():
                 raise
             reason = str(exc).splitlines()[0][:200]
-            if getattr(trainer, "sharded", False):
-                raise RuntimeError(
-                    f"A data-parallel rank of a sharded base (fsdp) was lost during the update ({reason}): "
-                    "rank 0 holds only its shard of the base and cannot start the others again; the run "
-                    f"stops here, its checkpoints up to {Path(checkpoint).name} intact"
-                ) from exc
+        if getattr(trainer, "sharded", False):
+            # The base's other shards went with the lost rank: rank 0 loads it whole again.
+            reload_base(trainer, self.spec)
         _restore(trainer, before)
         if on_restart is not None:
             on_restart(f"A data-parallel rank was lost during the update ({reason}); restarting the ranks "
@@ -646,6 +654,27 @@ def follower_pids() -> list[int]:
 
 class RankLost(RuntimeError):
     """A follower of a data-parallel update exited or cannot be reached."""
+
+
+def reload_base(trainer: Any, spec: FollowerSpec) -> None:
+    """Rank 0's trainer on a freshly loaded whole base (its sharded one cannot be gathered once a
+    rank is lost), with a fresh adapter and optimizer of the same shapes for ``_restore`` to fill;
+    the process's random states are left as they were. The trainer object stays the caller's."""
+    from training.loop import load_policy_model
+    from training.trainer import Trainer
+
+    states = (torch.get_rng_state(), random.getstate())
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    base_model, _, _ = load_policy_model(
+        spec.base_model_source, spec.model_cache_dir, device=str(trainer.device), unsloth=spec.unsloth
+    )
+    fresh = Trainer(base_model, trainer.tokenizer, trainer.config, trainer.lora, trainer.device,
+                    adapter_name=trainer.adapter_name)  # fmt: skip
+    torch.set_rng_state(states[0])
+    random.setstate(states[1])
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+    trainer.__dict__.update(fresh.__dict__)
 
 
 def _snapshot(trainer: Any) -> dict[str, Any]:

@@ -128,8 +128,8 @@ def train_overlapped(
     def update(drawn: DrawnStep) -> Update:  # on the update thread: no hooks here
         restarts: list[str] = []
         metrics, path = update_step(spec, trainer, followers, drawn, on_restart=restarts.append)
-        if getattr(trainer, "sharded", False):  # every rank runs the probe's forward passes with rank 0
-            followers.probe(probes)
+        if followers is not None:  # on a sharded base every rank runs the probe's forward passes
+            followers.probe(trainer, probes, checkpoint=path)
         return metrics, path, probe_policy(trainer, tokenizer, path, probes), restarts
 
     if start == current:  # else the sampler reaches ``current`` later, and advance() evaluates it

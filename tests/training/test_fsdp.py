@@ -218,3 +218,34 @@ def test_an_overlapped_run_with_a_sharded_base_trains_as_one_without(tiny_model_
         assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < WEIGHT_TOLERANCE
     # Every step's sampler check passed against the sharded trainer's probe.
     assert all(m["sampler_logprob_gap"] <= 1e-4 for m in sharded.metrics)
+
+
+def test_a_rank_of_a_sharded_base_killed_mid_run_is_restarted_and_the_run_loses_nothing(
+    tiny_model_dir, tmp_path
+):
+    """The follower is killed (SIGKILL) once step 1 is recorded: rank 0 loads its base whole again
+    (its shards cannot be gathered without the lost rank), the follower starts again from the last
+    checkpoint, the update is redone, and every checkpoint equals an unbroken sharded run's."""
+    from safetensors.torch import load_file
+
+    from tests.training.test_cost_loop import MeteredHooks
+    from tests.training.test_distributed import killing_follower_after_step_one
+    from tests.training.test_recipes import run_spec
+    from training.distributed import follower_pids
+    from training.loop import run_training
+
+    KillingHooks = killing_follower_after_step_one(MeteredHooks)
+    roots = {}
+    for name, hooks in (("unbroken", MeteredHooks()), ("killed", KillingHooks())):
+        roots[name] = tmp_path / name
+        spec = run_spec(roots[name], {"type": "regex", "name": "vowel", "pattern": "[aeiou]"}, model=tiny_model_dir,
+                        cache=tiny_model_dir.parent, steps=3, max_new_tokens=6, group_size=4,
+                        learning_rate=1e-2, devices=2, fsdp=True, max_off_policy_steps=1)  # fmt: skip
+        assert run_training(spec, hooks) == "succeeded", [e["message"] for e in hooks.events]
+        if name == "killed":
+            warnings = [e["message"] for e in hooks.events if e["level"] == "warn"]
+            assert any("data-parallel rank was lost" in w for w in warnings), warnings
+    assert follower_pids() == []
+    for step in (1, 2, 3):
+        weights = [load_file(roots[n] / f"step-00000{step}" / "adapter_model.safetensors") for n in roots]
+        assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < 1e-6, step

@@ -284,3 +284,18 @@ def test_devices_and_overlap_are_checked_and_only_grpo_runs_overlap(alpha_setup,
     body = {**_run_body(alpha_setup, devices=2), "task_set": targets.pk, "kind": "sft"}
     response = key_client.post("/api/v1/runs/", body, format="json")
     assert response.status_code == 201 and response.json()["config"]["devices"] == 2
+
+
+def test_a_sharded_base_is_a_grpo_run_setting_with_several_devices_and_a_sampler_of_its_own(
+    alpha_setup, key_client
+):
+    for config, reason in (({"fsdp": True}, "needs devices of 2 or more"),
+                           ({"fsdp": True, "devices": 2}, "needs max_off_policy_steps of 1 or more"),
+                           ({"fsdp": "yes", "devices": 2, "max_off_policy_steps": 1}, "expected a boolean")):  # fmt: skip
+        response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, **config), format="json")
+        assert response.status_code == 400 and error_of(response)["param"] == "config.fsdp", response.json()
+        assert reason in error_of(response)["message"]
+    body = _run_body(alpha_setup, fsdp=True, devices=2, max_off_policy_steps=1)
+    response = key_client.post("/api/v1/runs/", body, format="json")
+    assert response.status_code == 201 and response.json()["config"]["fsdp"] is True
+    services.run_cancel(run=Run.objects.get(pk=response.json()["id"]))
