@@ -20,7 +20,9 @@ they are small, every rank holds all of them, and their gradients are summed as 
 is the same as the unsharded one and rank 0 saves the adapter as before. Every forward pass is then a
 collective, so the session runs its calls in lockstep (training.session: as many passes on every
 rank as the rank with the most). Nothing may run the sharded model on one rank alone: sampling from
-it is refused (``TrainingSession.sample``); a sampler needs its own copy of the base.
+it is refused (``TrainingSession.sample``); a sampler needs its own copy of the base. A lost rank
+takes its shards with it: rank 0 loads its base whole again (``reload_base``) before the ranks
+start again.
 
 A Tinker training client with ``devices: N`` (training.session_pool): rank 0 is its session in the
 trainer process (a ``MirroredSession`` with a ``replay_dir``: it restarts a lost follower itself and
