@@ -489,12 +489,6 @@ class TrainConfig(_Settings):
                 "fsdp shards the base across devices: it needs devices of 2 or more",
             ),
             (
-                "fsdp",
-                lambda: not self.fsdp or self.max_off_policy_steps > 0,
-                "fsdp needs max_off_policy_steps of 1 or more: a sharded base cannot sample on one "
-                "device, so the rollouts need a sampler of their own (an overlapped run's)",
-            ),
-            (
                 "rollouts_on",
                 lambda: self.rollouts_on == "worker" or self.max_off_policy_steps > 0,
                 "inference_servers needs max_off_policy_steps of 1 or more (a synchronous run "
@@ -504,8 +498,15 @@ class TrainConfig(_Settings):
 
     def check_objective(self, objective: str) -> None:
         """Raise ConfigError for options that only GRPO runs (rollouts and an update per step)
-        have, set in a run of another objective (``sft``, ``dpo``)."""
+        have, set in a run of another objective (``sft``, ``dpo``), and for a GRPO run a sharded
+        base without a sampler of its own."""
         if objective == "grpo":
+            if self.fsdp and not self.max_off_policy_steps:
+                raise ConfigError(
+                    "fsdp",
+                    "fsdp needs max_off_policy_steps of 1 or more in a GRPO run: a sharded base cannot "
+                    "sample on one device, so the rollouts need a sampler of their own (an overlapped run's)",
+                )
             return
         problems = [
             (name, f"{name}: {getattr(self, name)} applies to GRPO runs only, not {objective} runs")

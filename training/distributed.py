@@ -633,6 +633,10 @@ class MirroredSession:
         trainer.optimizer.zero_grad(set_to_none=True)  # rank 0's share of the lost calls: replayed below
         folder = self.replay_dir / "ranks-state"
         trainer.save_checkpoint(folder, step=trainer.step, metrics={})
+        if trainer.sharded:  # the lost rank took its shards: rank 0 loads its base whole again
+            current = _snapshot(trainer)
+            reload_base(trainer, self.followers.spec)
+            _restore(trainer, current)
         self.followers.restart(folder)
         self.recoveries += 1
         for name, args, kwargs in self._since_step:

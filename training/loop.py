@@ -342,8 +342,7 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
     from training.service_run import ServiceTrainer, SessionLost
     from training.supervised import run_supervised
 
-    if spec.objective in ("sft", "dpo"):
-        spec.config.check_objective(spec.objective)
+    spec.config.check_objective(spec.objective)
     recorded: Any = _Recorded(hooks)
     for rebuild in range(SESSION_REBUILDS + 1):
         trainer, tokenizer, dtype, current = start_trainer(spec, recorded)

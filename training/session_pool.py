@@ -70,6 +70,13 @@ class _Entry:
     ranks: Any = None  # a training.distributed.MirroredSession when the session has devices > 1
 
     @property
+    def base_key(self) -> str:
+        """The pool's base this session's adapter is on: its source's, shared with the other
+        sessions of that source; a session whose base is sharded across its devices (``fsdp``)
+        has one of its own (nothing else may run on a sharded base outside its ranks' lockstep)."""
+        return f"{self.source} (fsdp: {self.session_id})" if self.config.fsdp else self.source
+
+    @property
     def resident(self) -> bool:
         return self.trainer is not None
 
@@ -129,7 +136,7 @@ class SessionPool:
             raise ValueError(f"session {session_id!r} is open already")
         self._names += 1
         entry = _Entry(session_id, source, config, lora, adapter=f"s{self._names}", tag=tag)
-        base = self._base(source)
+        base = self._base(source, entry.base_key)
         self._stash_live()
         if state is None:
             entry.trainer = Trainer(
@@ -156,7 +163,8 @@ class SessionPool:
         (reloaded first when it was evicted). Eviction waits until it is handed back."""
         entry = self._entry(session_id)
         self._activate(entry)
-        base = self._bases[entry.source]
+        base = self._bases[entry.base_key]
+        base.model = entry.trainer.model  # a sharded session's rank 0 may have loaded its base anew
         if base.engine is None or base.engine.model is not entry.trainer.model:
             from training.engines.transformers_engine import TransformersEngine
 
@@ -180,6 +188,8 @@ class SessionPool:
             entry.ranks = None
         if entry.trainer is not None:
             self._drop_adapter(entry)
+        if entry.config.fsdp:
+            self._bases.pop(entry.base_key, None)  # its own base: nobody else's adapter is on it
         if entry.spilled is not None:
             shutil.rmtree(entry.spilled, ignore_errors=True)
         if self._live is entry:
@@ -209,6 +219,9 @@ class SessionPool:
         if config.devices != entry.config.devices:
             raise ValueError(f"session {session_id!r} trains on {entry.config.devices} device(s); "
                              f"its devices cannot change to {config.devices} while it is open")  # fmt: skip
+        if config.fsdp != entry.config.fsdp:
+            raise ValueError(f"session {session_id!r} has fsdp {str(entry.config.fsdp).lower()}; it cannot "
+                             "change while the session is open")  # fmt: skip
         if entry.ranks is not None:
             from training.distributed import RankLost
 
@@ -270,11 +283,12 @@ class SessionPool:
             raise SessionPoolError(f"no session {session_id!r}")
         return entry
 
-    def _base(self, source: str) -> _Base:
-        base = self._bases.get(source)
+    def _base(self, source: str, key: str | None = None) -> _Base:
+        key = source if key is None else key
+        base = self._bases.get(key)
         if base is None:
             model, tokenizer = self._load_base(source)
-            base = self._bases[source] = _Base(model, tokenizer)
+            base = self._bases[key] = _Base(model, tokenizer)
             self.base_loads += 1
         return base
 
@@ -302,7 +316,7 @@ class SessionPool:
         from training.trainer import Trainer
 
         assert entry.spilled is not None
-        base = self._base(entry.source)
+        base = self._base(entry.source, entry.base_key)
         self._stash_live()
         entry.trainer = Trainer.resume(base.model, base.tokenizer, entry.spilled, entry.config, entry.lora,
                                        self.device, adapter_name=entry.adapter)  # fmt: skip
@@ -323,9 +337,6 @@ class SessionPool:
         from training.distributed import Followers, FollowerSpec, MirroredSession
 
         devices = entry.config.devices
-        if entry.config.fsdp:
-            # A session's base is shared with the pool's other sessions and samples on one device.
-            raise ValueError("fsdp: Tinker sessions and ART jobs train on a whole base on each device")
         if self.model_cache_dir is None:
             raise ValueError(f"devices: {devices}: this trainer cannot start data-parallel ranks")
         other = next((e.session_id for e in self._entries.values() if e.ranks is not None), None)

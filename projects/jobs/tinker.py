@@ -91,7 +91,8 @@ def _config(model: TinkerModel) -> tuple[TrainConfig, LoraSpec]:
     seed = model.run.config.get("lora_seed")
     config = TrainConfig(seed=int(seed)) if isinstance(seed, int) else TrainConfig()
     # Data-parallel on that many devices (training.session_pool); a client created with it.
-    config = dataclasses.replace(config, devices=int(model.run.config.get("devices") or 1))
+    config = dataclasses.replace(config, devices=int(model.run.config.get("devices") or 1),
+                                 fsdp=model.run.config.get("fsdp") is True)  # fmt: skip
     return config, LoraSpec.from_dict(model.model.lora)
 
 

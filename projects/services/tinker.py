@@ -127,6 +127,21 @@ def devices_of(user_metadata: dict[str, Any] | None) -> int:
     return int(number)
 
 
+def fsdp_of(user_metadata: dict[str, Any] | None, devices: int) -> bool:
+    """Whether a training client asks for its base sharded across its devices (training.distributed
+    .shard_base): ``user_metadata={"devices": "2", "fsdp": "true"}``; False without it."""
+    value = (user_metadata or {}).get("fsdp")
+    if value is None:
+        return False
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise ValidationFailed(f"must be true or false, got {str(value)[:40]!r}", field="user_metadata.fsdp")
+    if text == "true" and devices < 2:
+        raise ValidationFailed("fsdp shards the base across devices: it needs devices of 2 or more",
+                               field="user_metadata.fsdp")  # fmt: skip
+    return text == "true"
+
+
 def tinker_model_create(
     *, session: TinkerSession, model_seq_id: int, base_model: str, lora_config: dict[str, Any] | None,
     user_metadata: dict[str, Any] | None = None, lora: dict[str, Any] | None = None,
@@ -141,6 +156,7 @@ def tinker_model_create(
             f"no base model named {base_model!r}; artweb offers: {names}", field="base_model"
         )
     devices = devices_of(user_metadata)
+    fsdp = fsdp_of(user_metadata, devices)
     model_id = f"{session.id}:train:{model_seq_id}"
     with transaction.atomic():
         existing = TinkerModel.objects.filter(pk=model_id).first()
@@ -153,10 +169,12 @@ def tinker_model_create(
         now = timezone.now()
         run = Run.objects.create(
             kind=RunKind.TINKER, project=session.project, model=model,
-            config={"lora_seed": (lora_config or {}).get("seed"), **({"devices": devices} if devices > 1 else {})},
+            config={"lora_seed": (lora_config or {}).get("seed"), **({"devices": devices} if devices > 1 else {}),
+                    **({"fsdp": True} if fsdp else {})},
             status=RunStatus.RUNNING, start_step=0, current_step=0, total_steps=0, started_at=now, heartbeat_at=now,
         )  # fmt: skip
         parallel = f", data-parallel on {devices} devices" if devices > 1 else ""
+        parallel += ", the base sharded across them (fsdp: it does not sample)" if fsdp else ""
         run_event_add(run=run, message=f"Tinker training client {model_id} created on {base.name} "
                       f"(LoRA rank {model.lora['rank']}{parallel}): each optim_step is a step")  # fmt: skip
         checkpoint_record(model=model, run=run, step=0, path="", metrics={})

@@ -178,7 +178,7 @@ def test_fsdp_needs_several_devices():
 
 def test_fsdp_is_a_grpo_run_setting_with_a_sampler_of_its_own():
     with pytest.raises(ConfigError) as caught:
-        TrainConfig(fsdp=True, devices=2)
+        TrainConfig(fsdp=True, devices=2).check_objective("grpo")
     assert caught.value.field == "fsdp" and "max_off_policy_steps" in str(caught.value)
     config = TrainConfig(fsdp=True, devices=2, max_off_policy_steps=1)
     config.check_objective("grpo")
@@ -249,3 +249,48 @@ def test_a_rank_of_a_sharded_base_killed_mid_run_is_restarted_and_the_run_loses_
     for step in (1, 2, 3):
         weights = [load_file(roots[n] / f"step-00000{step}" / "adapter_model.safetensors") for n in roots]
         assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < 1e-6, step
+
+
+def test_a_tinker_session_with_a_sharded_base_trains_as_one_process_on_a_base_of_its_own(
+    tiny_model_dir, tmp_path
+):
+    """A SessionPool session with ``devices: 2, fsdp: true`` (a Tinker training client's): its base
+    is its own (the other session of the same source keeps the shared one, whole), its calls train
+    as one process's, a follower lost between calls is restarted with rank 0's base loaded whole
+    again and the calls since the step replayed, and it does not sample."""
+    from tests.training.test_session_ranks import (
+        LORA,
+        alone,
+        calls,
+        close,
+        gap,
+        kill,
+        pool_of,
+    )
+    from tests.training.test_session_ranks import (
+        WEIGHT_TOLERANCE as POOL_WEIGHTS,
+    )
+    from training.distributed import follower_pids
+
+    expected, expected_params = alone(tiny_model_dir)
+    pool = pool_of(tiny_model_dir, tmp_path)
+    sharded = TrainConfig(seed=3, micro_batch_tokens=16, devices=2, fsdp=True)
+    pool.open("fsdp", str(tiny_model_dir), sharded, LORA)
+    pool.open("solo", str(tiny_model_dir), TrainConfig(seed=9, micro_batch_tokens=16), LORA)
+    assert len(pool.stats()["base_models"]) == 2 and pool.base_loads == 2
+    with pool.use("fsdp") as session:
+        first = follower_pids()
+        got = calls(session, after_first=lambda: kill(first[0]))
+        assert session.recoveries == 1 and session.trainer.sharded
+        params = [p.detach().clone() for p in session.trainer.trainable_parameters]
+        with pytest.raises(ValueError, match="sharded across its devices"):
+            session.sample([[5, 9]], None)
+    assert close(got, expected), (got[:6], expected[:6])
+    assert gap(params, expected_params) < POOL_WEIGHTS
+    with pool.use("solo") as solo:  # the shared base stayed whole: it runs on its own
+        assert not solo.trainer.sharded and solo.forward(DATA[:1])
+    with pytest.raises(ValueError, match="fsdp"):
+        pool.configure("fsdp", TrainConfig(seed=3, micro_batch_tokens=16, devices=2))
+    pool.close("fsdp")
+    assert follower_pids() == [] and len(pool.stats()["base_models"]) == 1
+    pool.close("solo")

@@ -113,6 +113,22 @@ def test_a_training_client_asks_for_devices_in_its_user_metadata(tinker):
     status, reply = call("create_model", {"session_id": session_id, "model_seq_id": 1, "base_model": BASE,
                                           "user_metadata": {"team": "x"}}, key=key)  # fmt: skip
     assert "devices" not in TinkerModel.objects.get(pk=reply.json()["model_id"]).run.config
+    # The base sharded across the devices (FSDP2): a boolean word, and only with several devices.
+    for seq, metadata, reason in ((2, {"devices": "2", "fsdp": "yes"}, "true or false"),
+                                  (3, {"fsdp": "true"}, "devices of 2 or more")):  # fmt: skip
+        status, reply = call("create_model", {"session_id": session_id, "model_seq_id": seq, "base_model": BASE,
+                                              "user_metadata": metadata}, key=key)  # fmt: skip
+        error = reply.json()["error"]
+        assert status == 400 and error["param"] == "user_metadata.fsdp" and reason in error["message"], error
+    status, reply = call("create_model", {"session_id": session_id, "model_seq_id": 4, "base_model": BASE,
+                                          "user_metadata": {"devices": "2", "fsdp": "true"}}, key=key)  # fmt: skip
+    assert status == 200, reply.content
+    sharded = TinkerModel.objects.get(pk=reply.json()["model_id"])
+    assert (
+        sharded.run.config["fsdp"] is True
+        and "the base sharded across them" in sharded.run.events.first().message
+    )
+    assert _config(sharded)[0].fsdp and _config(sharded)[0].devices == 2
 
 
 def test_bad_input_is_a_400_naming_the_field(tinker):
