@@ -31,11 +31,13 @@ class SessionKey:
     digest: str  # the checkpoint's content digest (or its path when it has none)
     base_model_source: str
     devices: int = 1  # a session opened data-parallel on more devices is another session
+    fsdp: bool = False  # so is one whose base is sharded across them
 
     @property
     def tag(self) -> str:
         devices = f"|devices={self.devices}" if self.devices > 1 else ""
-        return f"{self.base_model_source}|{self.step}|{self.digest}{devices}"
+        fsdp = "|fsdp" if self.fsdp else ""
+        return f"{self.base_model_source}|{self.step}|{self.digest}{devices}{fsdp}"
 
 
 class ResidentSessions:

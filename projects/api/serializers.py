@@ -161,7 +161,7 @@ class TrainableModelOut(serializers.ModelSerializer):
     class Meta:
         model = TrainableModel
         fields = [
-            "id", "project", "name", "base_model", "lora", "retention", "devices", "latest_step", "storage_bytes", "created_at",
+            "id", "project", "name", "base_model", "lora", "retention", "devices", "fsdp", "latest_step", "storage_bytes", "created_at",
         ]  # fmt: skip
 
     def get_latest_step(self, obj: TrainableModel) -> int | None:
@@ -373,6 +373,11 @@ class TrainableModelIn(InputSerializer):
     devices = serializers.IntegerField(
         required=False, default=1, help_text="devices its ART training jobs train on (data-parallel), 1-16"
     )
+    fsdp = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="its ART training jobs shard the base across their devices (FSDP2)",
+    )
 
 
 class TrainableModelUpdateIn(InputSerializer):
@@ -380,6 +385,10 @@ class TrainableModelUpdateIn(InputSerializer):
     devices = serializers.IntegerField(
         required=False,
         help_text="devices its ART training jobs train on (data-parallel), 1-16; from the next job",
+    )
+    fsdp = serializers.BooleanField(
+        required=False,
+        help_text="its ART training jobs shard the base across their devices (FSDP2); from the next job",
     )
     retention = serializers.JSONField(
         required=False,

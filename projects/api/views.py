@@ -117,6 +117,7 @@ class TrainableModelViewSet(TeamViewSet, mixins.RetrieveModelMixin):
             base_model=base_model,
             lora=data["lora"],
             devices=data["devices"],
+            fsdp=data["fsdp"],
         )
         return Response(s.TrainableModelOut(model).data, status=status.HTTP_201_CREATED)
 

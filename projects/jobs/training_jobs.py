@@ -101,6 +101,7 @@ def session_key(model: TrainableModel, checkpoint: Checkpoint | None) -> Session
         digest=f"{checkpoint.pk}:{checkpoint.sha256 or checkpoint.path}" if checkpoint else "",
         base_model_source=model.base_model.source,
         devices=model.devices,
+        fsdp=model.fsdp,
     )
 
 
@@ -126,7 +127,7 @@ def build_step_spec(job: TrainingJob, latest: Checkpoint | None) -> ClientStepSp
         model_cache_dir=settings.MODEL_CACHE_DIR,
         checkpoint_root=settings.CHECKPOINT_DIR / f"model-{model.pk}",
         # Data-parallel on the model's devices (training.session_pool starts the ranks).
-        config=dataclasses.replace(TrainConfig.from_dict(config), devices=model.devices),
+        config=dataclasses.replace(TrainConfig.from_dict(config), devices=model.devices, fsdp=model.fsdp),
         lora=LoraSpec.from_dict(model.lora),
         groups=parse_groups(job.groups, allow_without_logprobs=options.allow_training_without_logprobs),
         from_step=from_step,

@@ -55,6 +55,9 @@ class TrainableModel(ProjectResource):
     devices = models.PositiveSmallIntegerField(
         default=1, help_text="devices its client training jobs (ART) train on, data-parallel on one host"
     )
+    fsdp = models.BooleanField(
+        default=False, help_text="its client training jobs shard the base across their devices (FSDP2)"
+    )
 
     class Meta(ProjectResource.Meta):
         constraints = [models.UniqueConstraint(fields=["project", "name"], name="unique_model_name")]

@@ -93,13 +93,15 @@ def trainable_model_create(
     base_model: BaseModel,
     lora: dict[str, Any] | None = None,
     devices: int = 1,
+    fsdp: bool = False,
 ) -> TrainableModel:
     check_slug(name, "name")
     spec = _lora(lora)
     devices = check_devices(devices, field="devices")
+    _check_fsdp(fsdp, devices)
     return create_unique(
         lambda: TrainableModel.objects.create(
-            project=project, name=name, base_model=base_model, lora=spec, devices=devices
+            project=project, name=name, base_model=base_model, lora=spec, devices=devices, fsdp=fsdp
         ),
         field="name",
         message=f"a model named {name!r} already exists in this project",
@@ -112,10 +114,11 @@ def trainable_model_update(
     lora: dict[str, Any] | None = None,
     retention: dict[str, Any] | None = None,
     devices: int | None = None,
+    fsdp: bool | None = None,
 ) -> TrainableModel:
     """``retention`` (services.checkpoints.retention_check; ``{}`` keeps everything) applies from
     the next step on; ``POST /models/{id}/checkpoints/prune`` applies one now. ``devices``: from
-    the model's next client training job on."""
+    the model's next client training job on, and ``fsdp`` (its base sharded across them)."""
     if lora is not None:
         if model.checkpoints.exists():
             raise Conflict("the LoRA shape cannot change once the model has checkpoints", code="in_use")
@@ -124,10 +127,20 @@ def trainable_model_update(
     if retention is not None:
         model.retention = retention_check(retention, field="retention")
         model.save(update_fields=["retention"])
-    if devices is not None:
-        model.devices = check_devices(devices, field="devices")
-        model.save(update_fields=["devices"])
+    if devices is not None or fsdp is not None:
+        devices = model.devices if devices is None else check_devices(devices, field="devices")
+        fsdp = model.fsdp if fsdp is None else fsdp
+        _check_fsdp(fsdp, devices)
+        model.devices, model.fsdp = devices, fsdp
+        model.save(update_fields=["devices", "fsdp"])
     return model
+
+
+def _check_fsdp(fsdp: bool, devices: int) -> None:
+    if fsdp and devices < 2:
+        raise ValidationFailed(
+            "fsdp shards the base across devices: it needs devices of 2 or more", field="fsdp"
+        )
 
 
 def trainable_model_delete(*, model: TrainableModel) -> None:

@@ -294,3 +294,63 @@ def test_a_tinker_session_with_a_sharded_base_trains_as_one_process_on_a_base_of
     pool.close("fsdp")
     assert follower_pids() == [] and len(pool.stats()["base_models"]) == 1
     pool.close("solo")
+
+
+def test_an_art_job_with_a_sharded_base_trains_as_on_one_device(tiny_model_dir, tmp_path):
+    """A model's ART training job with ``devices: 2, fsdp: true`` (its session in the worker's pool
+    on a base of its own, ART's loss with a KL penalty against the base) records the step one
+    device does; the kept session's key names fsdp, so a job without it gets another session."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from tests.training.test_client_groups import Sampler, group, trajectory
+    from tests.training.test_session_ranks import LORA, load
+    from tests.training.test_session_ranks import WEIGHT_TOLERANCE as POOL_WEIGHTS
+    from training.art_config import art_job_config
+    from training.client_groups import parse_groups
+    from training.client_step import ClientStepSpec, train_client_step
+    from training.distributed import follower_pids
+    from training.resident import ResidentSessions, SessionKey
+
+    source = str(tiny_model_dir)
+    sampler = Sampler(AutoTokenizer.from_pretrained(source))
+    groups = []
+    for question, answers in (("Hi", ("hello", "bye now")), ("Name a colour", ("red", "a blue sky at noon"))):
+        prompt = [{"role": "user", "content": question}]
+        groups.append(group(*(trajectory([*prompt, sampler.choice(prompt, text)], float(i))
+                              for i, text in enumerate(answers))))  # fmt: skip
+
+    class Hooks:
+        def started(self, *, num_sequences: int) -> None:
+            pass
+
+    def job(sessions: ResidentSessions, devices: int, fsdp: bool, root: str):
+        config, options = art_job_config({"learning_rate": 1e-2, "kl_penalty_coef": 0.5})
+        config = TrainConfig(
+            **{**config.to_dict(), "devices": devices, "fsdp": fsdp, "micro_batch_tokens": 16}
+        )
+        spec = ClientStepSpec(base_model_source=source, model_cache_dir=tiny_model_dir.parent,
+                              checkpoint_root=tmp_path / root, config=config, options=options, lora=LORA,
+                              groups=parse_groups(groups), from_step=0, resume_from=None)  # fmt: skip
+        key = SessionKey(model="m", step=0, digest="d", base_model_source=source, devices=devices, fsdp=fsdp)
+        sessions.attach(spec, key)
+        try:
+            result = train_client_step(spec, Hooks())
+        finally:
+            sessions.settle("m", None)
+        return result
+
+    one = job(ResidentSessions(load, capacity=2, spill_dir=tmp_path / "one"), 1, False, "one")
+    sessions = ResidentSessions(
+        load, capacity=2, spill_dir=tmp_path / "two", model_cache_dir=tiny_model_dir.parent
+    )
+    sharded = job(sessions, 2, True, "two")
+    assert one.metrics["kl"] != 0.0
+    for name in ("loss", "grad_norm", "kl", "trainable_tokens"):
+        assert sharded.metrics[name] == pytest.approx(one.metrics[name], rel=1e-4, abs=1e-6), name
+    expected = load_file(Path(one.path) / "adapter_model.safetensors")
+    got = load_file(Path(sharded.path) / "adapter_model.safetensors")
+    assert max(float((got[k] - v).abs().max()) for k, v in expected.items()) < POOL_WEIGHTS
+    assert follower_pids() == []
+    key = SessionKey(model="m", step=1, digest="e", base_model_source=source, devices=2)
+    assert key.tag != SessionKey(**{**key.__dict__, "fsdp": True}).tag

@@ -262,6 +262,26 @@ def test_a_models_devices_are_set_at_creation_and_changed_later(alpha_setup, ali
     assert changed.status_code == 200 and changed.json()["devices"] == 4
 
 
+def test_a_models_fsdp_needs_several_devices_at_creation_and_after_a_change(alpha_setup, alice_client):
+    project = alpha_setup.project.pk
+    alone = alice_client.post("/api/v1/models/", {"project": project, "name": "one", "base_model": "tiny",
+                                                  "fsdp": True}, format="json")  # fmt: skip
+    assert alone.status_code == 400 and error_of(alone)["param"] == "fsdp"
+    assert "devices of 2 or more" in error_of(alone)["message"]
+    wrong = alice_client.post("/api/v1/models/", {"project": project, "name": "one", "base_model": "tiny",
+                                                  "devices": 2, "fsdp": "maybe"}, format="json")  # fmt: skip
+    assert wrong.status_code == 400 and error_of(wrong)["param"] == "fsdp"
+    created = alice_client.post("/api/v1/models/", {"project": project, "name": "sharded", "base_model": "tiny",
+                                                    "devices": 2, "fsdp": True}, format="json")  # fmt: skip
+    assert created.status_code == 201 and created.json()["fsdp"] is True, created.json()
+    url = f"/api/v1/models/{created.json()['id']}/"
+    fewer = alice_client.patch(url, {"devices": 1}, format="json")  # would leave fsdp on one device
+    assert fewer.status_code == 400 and error_of(fewer)["param"] == "fsdp"
+    changed = alice_client.patch(url, {"devices": 1, "fsdp": False}, format="json")
+    assert changed.status_code == 200 and (changed.json()["devices"], changed.json()["fsdp"]) == (1, False)
+    assert alice_client.get(url).json()["fsdp"] is False
+
+
 def test_base_models_are_listed(alpha_setup, key_client):
     assert [m["name"] for m in key_client.get("/api/v1/base-models/").json()["data"]] == ["tiny"]
 
