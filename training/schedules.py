@@ -19,13 +19,15 @@ from typing import Any
 #   other defaults below): TRL's 12-step held-out arithmetic reward within 6 steps on every seed and
 #   its format reward matched, where a 1.5e-3 peak lost format (benchmarks/README.md);
 # - sft 5e-4: the bundled model's SFT curve (benchmarks/tinker_curves.py);
-# - dpo 1e-4: not measured here (the fine-tuning API's DPO rate).
+# - dpo 2e-4: measured by benchmarks/dpo_rates.py (the format task's questions as preferences, 12
+#   steps): held-out preference accuracy 0.54 -> 1.00 and the task's reward kept, where 1e-4 reached
+#   0.88 and 5e-4 lost some of the reward its greedy answers had (benchmarks/README.md).
 # A wider model gets a smaller rate, ``(REFERENCE_WIDTH / width) ** WIDTH_EXPONENT`` times it: the
 # optimal LoRA rate falls with the width roughly as width^-0.78 in Thinking Machines' sweeps over
 # Llama models (their published fit; at width 576 it gives 1.3e-3 for RL, near the 1e-3 measured
 # here). A narrower model than the reference gets the reference's rate (not extrapolated upward).
 REFERENCE_WIDTH = 576
-PEAK_LEARNING_RATES = {"grpo": 1e-3, "sft": 5e-4, "dpo": 1e-4}
+PEAK_LEARNING_RATES = {"grpo": 1e-3, "sft": 5e-4, "dpo": 2e-4}
 WIDTH_EXPONENT = 0.78
 # A base model whose width this host cannot read (a hub id only GPU workers hold): a 7-8B model's.
 UNKNOWN_WIDTH = 4096

@@ -77,7 +77,7 @@ DEFAULTS = TrainConfig()
 # measured best on the bundled model (artweb.demo.RUN_CONFIG, README "The demo": cosine from a
 # 1e-3 peak, warm-up 1, two passes per batch, dynamic sampling, 6 completions per prompt).
 # Supervised: AdamW 5e-4, the rate of the bundled model's SFT curve (benchmarks/README.md,
-# tinker_curves.py). DPO: 1e-4, not measured here (README says so).
+# tinker_curves.py). DPO: 2e-4, the DPO runs' default peak (benchmarks/dpo_rates.py).
 RECIPES: dict[str, dict[str, Any]] = {
     "reinforcement": {
         key: RUN_CONFIG[key]
@@ -95,7 +95,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         )
     },  # fmt: skip
     "supervised": {"learning_rate": 5e-4},
-    "dpo": {"learning_rate": 1e-4},
+    "dpo": {"learning_rate": 2e-4},
 }
 
 
