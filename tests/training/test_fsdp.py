@@ -12,14 +12,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.training.test_distributed import (
-    ART_CONFIGS,
-    ART_DATA,
     DATA,
-    LEARNING_RATE,
     STEPS,
     WEIGHT_TOLERANCE,
     datum,
     train,
+    train_art,
 )
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.distributed import DataParallelSession, local_parameter_bytes, run_ranks, shares
@@ -72,21 +70,10 @@ def _rank(rank: int, world_size: int, model_dir: str, out: str) -> None:
         session.sample([[5, 9]], None)
     except ValueError as exc:
         report["sample"] = str(exc)
-    report["art"] = train_art_history(parallel)
+    report["art"] = train_art(parallel)
     report["final"] = [p.detach().clone() for p in parallel.parameters]
     torch.save(report, Path(out) / f"rank-{rank}.pt")
     parallel.save_state(Path(out) / "state", step=STEPS, metrics={})
-
-
-def train_art_history(session) -> list[dict]:
-    history = []
-    for config in ART_CONFIGS:
-        result = session.forward_backward(ART_DATA, "art", config)
-        stepped = session.optim_step(learning_rate=LEARNING_RATE)
-        history.append(
-            {"loss": result.loss, "kl": result.metrics["kl_policy_ref"], "grad_norm": stepped["grad_norm"]}
-        )
-    return history
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +109,7 @@ def test_a_sharded_update_is_one_process_update_on_the_same_batch(sharded, tiny_
         for got, want in zip(parallel["logprobs"], expected["logprobs"], strict=True):
             assert got == pytest.approx(want, abs=1e-5)
     # Then ART's loss with its KL penalty over the whole call (one more all-reduce, a forward of its own).
-    art = train_art_history(alone)
+    art = train_art(alone)
     for got, want in zip(zero["art"], art, strict=True):
         for name in ("loss", "kl", "grad_norm"):
             assert got[name] == pytest.approx(want[name], rel=1e-4, abs=1e-6), name
@@ -301,10 +288,8 @@ def test_an_art_job_with_a_sharded_base_trains_as_on_one_device(tiny_model_dir, 
     on a base of its own, ART's loss with a KL penalty against the base) records the step one
     device does; the kept session's key names fsdp, so a job without it gets another session."""
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer
 
-    from tests.training.test_client_groups import Sampler, group, trajectory
-    from tests.training.test_session_ranks import LORA, load
+    from tests.training.test_session_ranks import LORA, QuietHooks, art_groups, load
     from tests.training.test_session_ranks import WEIGHT_TOLERANCE as POOL_WEIGHTS
     from training.art_config import art_job_config
     from training.client_groups import parse_groups
@@ -313,16 +298,7 @@ def test_an_art_job_with_a_sharded_base_trains_as_on_one_device(tiny_model_dir, 
     from training.resident import ResidentSessions, SessionKey
 
     source = str(tiny_model_dir)
-    sampler = Sampler(AutoTokenizer.from_pretrained(source))
-    groups = []
-    for question, answers in (("Hi", ("hello", "bye now")), ("Name a colour", ("red", "a blue sky at noon"))):
-        prompt = [{"role": "user", "content": question}]
-        groups.append(group(*(trajectory([*prompt, sampler.choice(prompt, text)], float(i))
-                              for i, text in enumerate(answers))))  # fmt: skip
-
-    class Hooks:
-        def started(self, *, num_sequences: int) -> None:
-            pass
+    groups = art_groups(source)
 
     def job(sessions: ResidentSessions, devices: int, fsdp: bool, root: str):
         config, options = art_job_config({"learning_rate": 1e-2, "kl_penalty_coef": 0.5})
@@ -335,7 +311,7 @@ def test_an_art_job_with_a_sharded_base_trains_as_on_one_device(tiny_model_dir, 
         key = SessionKey(model="m", step=0, digest="d", base_model_source=source, devices=devices, fsdp=fsdp)
         sessions.attach(spec, key)
         try:
-            result = train_client_step(spec, Hooks())
+            result = train_client_step(spec, QuietHooks())
         finally:
             sessions.settle("m", None)
         return result

@@ -192,6 +192,28 @@ def test_a_pool_trains_one_data_parallel_session_at_a_time(tiny_model_dir, tmp_p
         without.open("dp", str(tiny_model_dir), config(2), LORA)
 
 
+def art_groups(source: str) -> list:
+    """Two trajectory groups an ART client would send (training.client_groups' wire form)."""
+    from transformers import AutoTokenizer
+
+    from tests.training.test_client_groups import Sampler, group, trajectory
+
+    sampler = Sampler(AutoTokenizer.from_pretrained(source))
+    groups = []
+    for question, answers in (("Hi", ("hello", "bye now")), ("Name a colour", ("red", "a blue sky at noon"))):
+        prompt = [{"role": "user", "content": question}]
+        groups.append(group(*(trajectory([*prompt, sampler.choice(prompt, text)], float(i))
+                              for i, text in enumerate(answers))))  # fmt: skip
+    return groups
+
+
+class QuietHooks:
+    """A client step's hooks that take nothing down."""
+
+    def started(self, *, num_sequences: int) -> None:
+        pass
+
+
 def test_an_art_job_on_two_devices_trains_as_on_one_and_frees_a_kept_data_parallel_session(
     tiny_model_dir, tmp_path
 ):
@@ -202,25 +224,14 @@ def test_an_art_job_on_two_devices_trains_as_on_one_and_frees_a_kept_data_parall
     from pathlib import Path
 
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer
 
-    from tests.training.test_client_groups import Sampler, group, trajectory
     from training.art_config import art_job_config
     from training.client_groups import parse_groups
     from training.client_step import ClientStepSpec, train_client_step
     from training.resident import ResidentSessions, SessionKey
 
     source = str(tiny_model_dir)
-    sampler = Sampler(AutoTokenizer.from_pretrained(source))
-    groups = []
-    for question, answers in (("Hi", ("hello", "bye now")), ("Name a colour", ("red", "a blue sky at noon"))):
-        prompt = [{"role": "user", "content": question}]
-        groups.append(group(*(trajectory([*prompt, sampler.choice(prompt, text)], float(i))
-                              for i, text in enumerate(answers))))  # fmt: skip
-
-    class Hooks:
-        def started(self, *, num_sequences: int) -> None:
-            pass
+    groups = art_groups(source)
 
     def job(sessions: ResidentSessions, model: str, devices: int, root: str):
         config, options = art_job_config({"learning_rate": 1e-2, "kl_penalty_coef": 0.5})
@@ -231,7 +242,7 @@ def test_an_art_job_on_two_devices_trains_as_on_one_and_frees_a_kept_data_parall
         key = SessionKey(model=model, step=0, digest="d", base_model_source=source, devices=devices)
         sessions.attach(spec, key)
         try:
-            result = train_client_step(spec, Hooks())
+            result = train_client_step(spec, QuietHooks())
         except BaseException:
             sessions.settle(model, None)
             raise
