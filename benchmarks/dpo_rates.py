@@ -90,7 +90,10 @@ def dpo_run(rate: float, arguments: argparse.Namespace, settings: dict[str, Any]
     for step in EVAL_AT:
         metrics = hooks.metrics.get(step, {})
         if "heldout_loss" in metrics:
-            curve[step] = {"loss": metrics["heldout_loss"], "accuracy": metrics["heldout_preference_accuracy"]}
+            curve[step] = {
+                "loss": metrics["heldout_loss"],
+                "accuracy": metrics["heldout_preference_accuracy"],
+            }
     for step, evaluation in hooks.evaluations.items():
         if step in curve:
             curve[step]["reward"] = evaluation["reward_mean"]
