@@ -101,9 +101,8 @@ def load_session(spec: ClientStepSpec) -> tuple[TrainingSession, Any, int | None
     tokenizer and the model's context length."""
     from training.trainer import Trainer
 
-    base_model, tokenizer, _ = load_policy_model(
-        spec.base_model_source, spec.model_cache_dir, device=spec.device, unsloth=spec.unsloth
-    )
+    base_model, tokenizer, _ = load_policy_model(spec.base_model_source, spec.model_cache_dir, device=spec.device,
+                                                 unsloth=spec.unsloth, fsdp=spec.config.fsdp)  # fmt: skip
     if spec.resume_from is None:
         trainer = Trainer(base_model, tokenizer, spec.config, spec.lora, device=spec.device)
         trainer.step = spec.from_step

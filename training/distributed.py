@@ -20,9 +20,11 @@ they are small, every rank holds all of them, and their gradients are summed as 
 is the same as the unsharded one and rank 0 saves the adapter as before. Every forward pass is then a
 collective, so the session runs its calls in lockstep (training.session: as many passes on every
 rank as the rank with the most). Nothing may run the sharded model on one rank alone: sampling from
-it is refused (``TrainingSession.sample``); a sampler needs its own copy of the base. A lost rank
-takes its shards with it: rank 0 loads its base whole again (``reload_base``) before the ranks
-start again.
+it is refused (``TrainingSession.sample``); a sampler needs its own copy of the base. No rank holds
+the whole base on its device: a base to be sharded is loaded into CPU memory (transformers' loader,
+never unsloth's), the Trainer moves only the adapter to the device, and ``fully_shard`` moves each
+rank's shard of every layer there (one layer whole at a time). A lost rank takes its shards with it:
+rank 0 loads its base again (``reload_base``) and every rank shards it anew once the ranks start again.
 
 A Tinker training client with ``devices: N`` (training.session_pool): rank 0 is its session in the
 trainer process (a ``MirroredSession`` with a ``replay_dir``: it restarts a lost follower itself and
@@ -65,13 +67,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from training.losses import KL_AVERAGE, LossInputError
 from training.session import Datum, ForwardBackwardResult, TrainingSession
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +142,10 @@ def shard_base(trainer: Any) -> None:
     for module in base.modules():
         if type(module).__name__ in layer_kinds:
             fully_shard(module, mesh=mesh, ignored_params=adapters)
-    fully_shard(base, mesh=mesh, ignored_params=adapters)
+    # The root too is resharded after each forward (FSDP2 keeps a root gathered by default): a rank's
+    # gathers then depend only on its passes, not on what else it did (a state_dict on rank 0, which
+    # reshards, before a probe that a follower takes without one would leave the ranks out of step).
+    fully_shard(base, mesh=mesh, ignored_params=adapters, reshard_after_forward=True)
     trainer.sharded = True
 
 
@@ -464,20 +471,26 @@ class Followers:
         """Send the update to every follower (rank 0 runs it next, with them)."""
         self.send(("train", groups, learning_rate))
 
-    def probe(self, trainer: Any, probe_messages: list[list[dict[str, Any]]], *, checkpoint: Path) -> None:
-        """Before rank 0 probes the policy it just saved at ``checkpoint``
-        (training.adapter_check.probe_policy): on a sharded base every follower runs the same
-        forward passes with it. A follower lost since the update: rank 0 loads its base whole
-        again (and probes alone), the followers start again from ``checkpoint``."""
+    def probe(self, trainer: Any, probe_messages: list[list[dict[str, Any]]], *, checkpoint: Path,
+              take: Callable[[], T]) -> T:  # fmt: skip
+        """``take()``: rank 0's probe of the policy it just saved at ``checkpoint``
+        (training.adapter_check.probe_policy); on a sharded base every follower runs the same
+        forward passes with it. A follower lost before or during the probe: rank 0 loads its base
+        again, the followers start again from ``checkpoint``, every rank shards the base anew and
+        the probe is taken again on all of them (no rank ever holds the whole base on its device)."""
         if not getattr(trainer, "sharded", False):
-            return
+            return take()
         try:
             self.send(("probe", probe_messages))
-        except RankLost:
-            current = _snapshot(trainer)
-            reload_base(trainer, self.spec)
-            _restore(trainer, current)
-            self.restart(Path(checkpoint))
+            return take()
+        except Exception:
+            if not self.lost():
+                raise
+        reload_base(trainer, self.spec)
+        self.restart(Path(checkpoint))
+        self.send(("probe", probe_messages))  # the new followers shard their base first
+        shard_base(trainer)
+        return take()
 
     def update(self, trainer: Any, groups: list[Any], *, learning_rate: float, checkpoint: Path,
                on_restart: Callable[[str], None] | None = None) -> dict[str, float]:  # fmt: skip
@@ -504,9 +517,10 @@ class Followers:
                 raise
             reason = str(exc).splitlines()[0][:200]
         if getattr(trainer, "sharded", False):
-            # The base's other shards went with the lost rank: rank 0 loads it whole again.
-            reload_base(trainer, self.spec)
-        _restore(trainer, before)
+            # The base's other shards went with the lost rank: rank 0 loads it again.
+            reload_base(trainer, self.spec, state=before)
+        else:
+            _restore(trainer, before)
         if on_restart is not None:
             on_restart(f"A data-parallel rank was lost during the update ({reason}); restarting the ranks "
                        f"from {Path(checkpoint).name} and redoing the update")  # fmt: skip
@@ -633,10 +647,8 @@ class MirroredSession:
         trainer.optimizer.zero_grad(set_to_none=True)  # rank 0's share of the lost calls: replayed below
         folder = self.replay_dir / "ranks-state"
         trainer.save_checkpoint(folder, step=trainer.step, metrics={})
-        if trainer.sharded:  # the lost rank took its shards: rank 0 loads its base whole again
-            current = _snapshot(trainer)
+        if trainer.sharded:  # the lost rank took its shards: rank 0 loads its base again
             reload_base(trainer, self.followers.spec)
-            _restore(trainer, current)
         self.followers.restart(folder)
         self.recoveries += 1
         for name, args, kwargs in self._since_step:
@@ -662,18 +674,20 @@ class RankLost(RuntimeError):
     """A follower of a data-parallel update exited or cannot be reached."""
 
 
-def reload_base(trainer: Any, spec: FollowerSpec) -> None:
-    """Rank 0's trainer on a freshly loaded whole base (its sharded one cannot be gathered once a
-    rank is lost), with a fresh adapter and optimizer of the same shapes for ``_restore`` to fill;
-    the process's random states are left as they were. The trainer object stays the caller's."""
+def reload_base(trainer: Any, spec: FollowerSpec, *, state: dict[str, Any] | None = None) -> None:
+    """Rank 0's trainer on a freshly loaded base (its sharded one cannot be gathered once a rank is
+    lost; a base to be sharded again is loaded into CPU memory, see the module doc), holding the adapter, optimizer state and step it held before (or ``state``, a
+    ``_snapshot`` taken earlier); the process's random states are left as they were. The trainer
+    object stays the caller's."""
     from training.loop import load_policy_model
     from training.trainer import Trainer
 
+    if state is None:
+        state = _snapshot(trainer)
     states = (torch.get_rng_state(), random.getstate())
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    base_model, _, _ = load_policy_model(
-        spec.base_model_source, spec.model_cache_dir, device=str(trainer.device), unsloth=spec.unsloth
-    )
+    base_model, _, _ = load_policy_model(spec.base_model_source, spec.model_cache_dir, device=str(trainer.device),
+                                         unsloth=spec.unsloth, fsdp=trainer.config.fsdp)  # fmt: skip
     fresh = Trainer(base_model, trainer.tokenizer, trainer.config, trainer.lora, trainer.device,
                     adapter_name=trainer.adapter_name)  # fmt: skip
     torch.set_rng_state(states[0])
@@ -681,6 +695,7 @@ def reload_base(trainer: Any, spec: FollowerSpec) -> None:
     if cuda is not None:
         torch.cuda.set_rng_state_all(cuda)
     trainer.__dict__.update(fresh.__dict__)
+    _restore(trainer, state)
 
 
 def _snapshot(trainer: Any) -> dict[str, Any]:
@@ -767,9 +782,8 @@ def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: Fol
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))  # fmt: skip
-        base_model, tokenizer, _ = load_policy_model(
-            spec.base_model_source, spec.model_cache_dir, device=device, unsloth=spec.unsloth
-        )
+        base_model, tokenizer, _ = load_policy_model(spec.base_model_source, spec.model_cache_dir, device=device,
+                                                     unsloth=spec.unsloth, fsdp=spec.config.fsdp)  # fmt: skip
         trainer = Trainer.resume(
             base_model, tokenizer, spec.checkpoint, spec.config, spec.lora, device=device
         )
@@ -798,6 +812,7 @@ def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: Fol
                 from training.adapter_check import next_token_logprobs
                 from training.engines.vllm_engine import render_prompt
 
+                shard_base(trainer)  # sharded already, unless this rank was started since the update
                 for messages in message[1]:
                     next_token_logprobs(trainer.policy, render_prompt(tokenizer, messages))
                 continue

@@ -97,19 +97,23 @@ class RunHooks(Protocol):
 
 
 def _load_policy_model(spec: RunSpec) -> tuple[Any, Any, Any]:
-    return load_policy_model(
-        spec.base_model_source, spec.model_cache_dir, device=spec.device, unsloth=spec.unsloth
-    )
+    return load_policy_model(spec.base_model_source, spec.model_cache_dir, device=spec.device,
+                             unsloth=spec.unsloth, fsdp=spec.config.fsdp)  # fmt: skip
 
 
-def load_policy_model(source: str, cache_dir: Path, *, device: str, unsloth: str) -> tuple[Any, Any, Any]:
+def load_policy_model(
+    source: str, cache_dir: Path, *, device: str, unsloth: str, fsdp: bool = False
+) -> tuple[Any, Any, Any]:
     """The base model for training, its tokenizer and dtype: unsloth's loader on CUDA when
-    installed (``unsloth``: auto | on | off), else transformers."""
+    installed (``unsloth``: auto | on | off), else transformers, which leaves the weights in CPU
+    memory for the Trainer to move. ``fsdp`` (a base to be sharded across ranks): transformers
+    always, so that no rank ever holds the whole base on its device (the Trainer leaves it in CPU
+    memory; training.distributed.shard_base puts each rank's shard on the device)."""
     from training.base_models import base_model_dir, load_base_model, resolve_dtype
     from training.unsloth_loader import load_with_unsloth, use_unsloth
 
     dtype = resolve_dtype("auto", device)
-    if use_unsloth(device, unsloth):
+    if not fsdp and use_unsloth(device, unsloth):
         model, tokenizer = load_with_unsloth(
             base_model_dir(source, cache_dir), max_seq_length=4096, dtype=dtype
         )

@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from training.adapter_check import PolicyProbe, check_sampler, probe_policy, probe_saved
@@ -128,9 +129,10 @@ def train_overlapped(
     def update(drawn: DrawnStep) -> Update:  # on the update thread: no hooks here
         restarts: list[str] = []
         metrics, path = update_step(spec, trainer, followers, drawn, on_restart=restarts.append)
+        probe = partial(probe_policy, trainer, tokenizer, path, probes)
         if followers is not None:  # on a sharded base every rank runs the probe's forward passes
-            followers.probe(trainer, probes, checkpoint=path)
-        return metrics, path, probe_policy(trainer, tokenizer, path, probes), restarts
+            return metrics, path, followers.probe(trainer, probes, checkpoint=path, take=probe), restarts
+        return metrics, path, probe(), restarts
 
     if start == current:  # else the sampler reaches ``current`` later, and advance() evaluates it
         evaluate_start(spec, hooks, sampler, current)

@@ -339,12 +339,15 @@ class TrainingSession:
         """A token id the embedding cannot look up fails the call before its first pass."""
         vocabulary = int(self.trainer.model.get_input_embeddings().weight.shape[0])
         for index, sample in enumerate(samples):
-            for token in (*sample.prompt_token_ids, *sample.completion_token_ids):
-                if not 0 <= int(token) < vocabulary:
-                    raise LossInputError(
-                        f"datum {index}: token id {int(token)} is outside the model's vocabulary "
-                        f"(0..{vocabulary - 1})"
-                    )
+            tokens = (*sample.prompt_token_ids, *sample.completion_token_ids)
+            if not tokens:
+                continue
+            low, high = int(min(tokens)), int(max(tokens))
+            if low < 0 or high >= vocabulary:
+                raise LossInputError(
+                    f"datum {index}: token id {low if low < 0 else high} is outside the model's "
+                    f"vocabulary (0..{vocabulary - 1})"
+                )
 
     def _in_step(self, rows: list[_Row]) -> list[_Row | None]:
         """``rows``, and on a sharded base as many idle passes (None) after them as make this

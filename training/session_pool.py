@@ -287,7 +287,14 @@ class SessionPool:
         key = source if key is None else key
         base = self._bases.get(key)
         if base is None:
-            model, tokenizer = self._load_base(source)
+            if key != source and self.model_cache_dir is not None:
+                # A base to be sharded (fsdp): loaded as its followers load theirs, never whole on the device.
+                from training.loop import load_policy_model
+
+                model, tokenizer, _ = load_policy_model(source, self.model_cache_dir, device=self.device,
+                                                        unsloth=self.unsloth, fsdp=True)  # fmt: skip
+            else:
+                model, tokenizer = self._load_base(source)
             base = self._bases[key] = _Base(model, tokenizer)
             self.base_loads += 1
         return base

@@ -97,9 +97,14 @@ class Trainer:
                 base_model.set_adapter(adapter_name)
                 self.model: PeftModel = base_model
             else:
-                self.model = get_peft_model(
-                    base_model.to(self.device), peft_config, adapter_name=adapter_name
-                )
+                # A base to be sharded (fsdp) stays where it was loaded (CPU memory):
+                # training.distributed.shard_base puts each rank's shard of it on the device.
+                placed = base_model if config.fsdp else base_model.to(self.device)
+                self.model = get_peft_model(placed, peft_config, adapter_name=adapter_name)
+        if config.fsdp:  # the adapter, whole on every rank, is on the device from the start
+            for name, module in self.model.named_modules():
+                if name.rsplit(".", 1)[-1].startswith("lora_"):  # peft's lora_A, lora_B, ... containers
+                    module.to(self.device)
         self.model.train()
         forward = self.model.get_base_model().forward
         self._can_keep_logits = "logits_to_keep" in inspect.signature(forward).parameters

@@ -49,6 +49,19 @@ def check_devices(value: Any, *, field: str) -> int:
     return value
 
 
+def check_fsdp(fsdp: bool, devices: int, *, field: str) -> bool:
+    """``fsdp`` (the base sharded across ``devices``, already checked) under TrainConfig's own rule
+    for it, its problem a 400 on ``field``."""
+    try:
+        TrainConfig(devices=devices, fsdp=fsdp)
+    except ConfigError as exc:
+        problem = next((message for name, message in exc.problems if name == "fsdp"), None)
+        if problem is not None:
+            raise ValidationFailed(problem, field=field) from exc
+        raise
+    return fsdp
+
+
 def check_text_length(value: Any, *, field: str, max_chars: int) -> None:
     """ValidationFailed on ``field`` when the text ``value`` is longer than ``max_chars``: every
     free-text field has a stated maximum (a TextField has none in PostgreSQL, so a 3 MB project

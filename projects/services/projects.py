@@ -11,6 +11,7 @@ from projects.models import CLIENT_KINDS, BaseModel, Project, Run, Team, Trainab
 from projects.queues import queue_name_problem
 from projects.services._common import (
     check_devices,
+    check_fsdp,
     check_slug,
     check_storable,
     check_text_length,
@@ -98,7 +99,7 @@ def trainable_model_create(
     check_slug(name, "name")
     spec = _lora(lora)
     devices = check_devices(devices, field="devices")
-    _check_fsdp(fsdp, devices)
+    check_fsdp(fsdp, devices, field="fsdp")
     return create_unique(
         lambda: TrainableModel.objects.create(
             project=project, name=name, base_model=base_model, lora=spec, devices=devices, fsdp=fsdp
@@ -130,17 +131,10 @@ def trainable_model_update(
     if devices is not None or fsdp is not None:
         devices = model.devices if devices is None else check_devices(devices, field="devices")
         fsdp = model.fsdp if fsdp is None else fsdp
-        _check_fsdp(fsdp, devices)
+        check_fsdp(fsdp, devices, field="fsdp")
         model.devices, model.fsdp = devices, fsdp
         model.save(update_fields=["devices", "fsdp"])
     return model
-
-
-def _check_fsdp(fsdp: bool, devices: int) -> None:
-    if fsdp and devices < 2:
-        raise ValidationFailed(
-            "fsdp shards the base across devices: it needs devices of 2 or more", field="fsdp"
-        )
 
 
 def trainable_model_delete(*, model: TrainableModel) -> None:

@@ -32,7 +32,7 @@ from projects.models import (
     TinkerSampler,
     TinkerSession,
 )
-from projects.services._common import check_devices
+from projects.services._common import check_devices, check_fsdp
 from projects.services.projects import trainable_model_create
 from projects.services.runs import run_event_add
 from projects.services.steps import checkpoint_record
@@ -136,10 +136,7 @@ def fsdp_of(user_metadata: dict[str, Any] | None, devices: int) -> bool:
     text = str(value).strip().lower()
     if text not in ("true", "false"):
         raise ValidationFailed(f"must be true or false, got {str(value)[:40]!r}", field="user_metadata.fsdp")
-    if text == "true" and devices < 2:
-        raise ValidationFailed("fsdp shards the base across devices: it needs devices of 2 or more",
-                               field="user_metadata.fsdp")  # fmt: skip
-    return text == "true"
+    return check_fsdp(text == "true", devices, field="user_metadata.fsdp")
 
 
 def tinker_model_create(

@@ -5,6 +5,7 @@ and one that fails on one rank only, leave no rank waiting in a gather."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -163,6 +164,44 @@ def test_fsdp_needs_several_devices():
     assert "fsdp" in str(caught.value) and "devices of 2" in str(caught.value)
 
 
+@pytest.mark.parametrize("fsdp", [True, False])
+def test_a_base_to_be_sharded_stays_in_cpu_memory_and_only_its_adapter_goes_to_the_device(
+    tiny_model_dir, fsdp
+):
+    """With ``fsdp`` no rank puts the whole base on its device (shard_base's fully_shard moves each
+    rank's shard there); the adapter, which every rank holds whole, goes there at once. The
+    ``meta`` device stands in for an accelerator, which this host lacks: where a tensor is shows."""
+    from training.trainer import Trainer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    settings = TrainConfig(devices=2, fsdp=fsdp, max_off_policy_steps=1)
+    trainer = Trainer(model, tokenizer, settings, LoraSpec(rank=2, alpha=4), device="meta")
+    places = {name: parameter.device.type for name, parameter in trainer.model.named_parameters()}
+    adapter = {place for name, place in places.items() if "lora_" in name}
+    base = {place for name, place in places.items() if "lora_" not in name}
+    assert adapter == {"meta"}
+    assert base == ({"cpu"} if fsdp else {"meta"})
+    assert {p.device.type for p in trainer.trainable_parameters} == {"meta"}
+
+
+def test_a_base_to_be_sharded_is_never_loaded_by_unsloth(tiny_model_dir, monkeypatch):
+    """unsloth's loader puts the whole base on the GPU; a base to be sharded takes transformers'."""
+    import training.unsloth_loader as unsloth_loader
+    from training.loop import load_policy_model
+
+    def whole_on_the_device(*args, **kwargs):
+        raise AssertionError("unsloth's loader was used")
+
+    monkeypatch.setattr(unsloth_loader, "use_unsloth", lambda device, setting: True)
+    monkeypatch.setattr(unsloth_loader, "load_with_unsloth", whole_on_the_device)
+    model, _, _ = load_policy_model(str(tiny_model_dir), tiny_model_dir.parent, device="cpu", unsloth="on",
+                                    fsdp=True)  # fmt: skip
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    with pytest.raises(AssertionError, match="unsloth's loader was used"):
+        load_policy_model(str(tiny_model_dir), tiny_model_dir.parent, device="cpu", unsloth="on")
+
+
 def test_fsdp_is_a_grpo_run_setting_with_a_sampler_of_its_own():
     with pytest.raises(ConfigError) as caught:
         TrainConfig(fsdp=True, devices=2).check_objective("grpo")
@@ -205,6 +244,70 @@ def test_an_overlapped_run_with_a_sharded_base_trains_as_one_without(tiny_model_
         assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < WEIGHT_TOLERANCE
     # Every step's sampler check passed against the sharded trainer's probe.
     assert all(m["sampler_logprob_gap"] <= 1e-4 for m in sharded.metrics)
+
+
+def test_a_rank_lost_before_or_during_the_probe_is_restarted_and_the_ranks_probe_together(
+    tiny_model_dir, tmp_path
+):
+    """The check of a saved policy on a sharded base (Followers.probe): every rank runs its forward
+    passes. With the follower killed before the probe, or between two of its forward passes:
+    rank 0 loads its base again, the follower starts again from the checkpoint, every rank shards
+    the base anew and the probe is taken again on all of them, giving the unsharded policy's
+    answers (a rank probing alone on its shards would wait in a gather)."""
+    import signal
+
+    from training.adapter_check import next_token_logprobs, probe_policy
+    from training.distributed import Followers, FollowerSpec, shard_base
+    from training.engines.vllm_engine import render_prompt
+    from training.loop import load_policy_model
+    from training.trainer import Trainer
+
+    config = TrainConfig(devices=2, fsdp=True, max_off_policy_steps=1, seed=3)
+    lora = LoraSpec(rank=2, alpha=4)
+    base, tokenizer, _ = load_policy_model(str(tiny_model_dir), tiny_model_dir.parent, device="cpu",
+                                           unsloth="off", fsdp=True)  # fmt: skip
+    trainer = Trainer(base, tokenizer, config, lora)
+    with torch.no_grad():  # an adapter that changes the answers
+        for parameter in trainer.trainable_parameters:
+            parameter.copy_(torch.randn_like(parameter) * 0.05)
+    checkpoint = tmp_path / "step-000001"
+    trainer.save_checkpoint(checkpoint, step=1, metrics={})
+    probes = [[{"role": "user", "content": "a b c"}], [{"role": "user", "content": "what is two and two?"}]]
+    whole = probe_policy(trainer, tokenizer, checkpoint, probes).logprobs
+    spec = FollowerSpec(base_model_source=str(tiny_model_dir), model_cache_dir=tiny_model_dir.parent,
+                        device="cpu", unsloth="off", config=config, lora=lora, checkpoint=checkpoint)  # fmt: skip
+    followers = Followers(spec, 2, rendezvous_dir=tmp_path / "ranks", start_timeout_s=120)
+
+    def kill_follower() -> None:
+        (process,) = followers.processes
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+    takes = []
+
+    def take(kill_midway: bool = False):
+        takes.append(kill_midway)
+        if kill_midway and takes.count(True) == 1:  # the first pass on every rank, then one rank dies
+            next_token_logprobs(trainer.policy, render_prompt(tokenizer, probes[0]))
+            kill_follower()
+        return probe_policy(trainer, tokenizer, checkpoint, probes)
+
+    try:
+        followers.send(("probe", probes))  # as a first sharded update would: every rank shards
+        shard_base(trainer)
+        answers = [take()]
+        answers.append(followers.probe(trainer, probes, checkpoint=checkpoint, take=take))
+        kill_follower()
+        answers.append(followers.probe(trainer, probes, checkpoint=checkpoint, take=take))
+        assert followers.restarts == 1 and trainer.sharded
+        answers.append(followers.probe(trainer, probes, checkpoint=checkpoint, take=lambda: take(True)))
+        assert followers.restarts == 2 and trainer.sharded
+        assert takes == [False, False, False, True, True]  # the probe killed midway was taken again
+        for answer in answers:
+            gaps = [float((a - b).abs().max()) for a, b in zip(whole, answer.logprobs, strict=True)]
+            assert max(gaps) < 1e-4, gaps
+    finally:
+        followers.close()
 
 
 def test_a_rank_of_a_sharded_base_killed_mid_run_is_restarted_and_the_run_loses_nothing(
