@@ -472,7 +472,7 @@ class Followers:
         self.send(("train", groups, learning_rate))
 
     def probe(self, trainer: Any, probe_messages: list[list[dict[str, Any]]], *, checkpoint: Path,
-              take: Callable[[], T]) -> T:  # fmt: skip
+              take: Callable[[], T], on_restart: Callable[[str], None] | None = None) -> T:  # fmt: skip
         """``take()``: rank 0's probe of the policy it just saved at ``checkpoint``
         (training.adapter_check.probe_policy); on a sharded base every follower runs the same
         forward passes with it. A follower lost before or during the probe: rank 0 loads its base
@@ -483,10 +483,14 @@ class Followers:
         try:
             self.send(("probe", probe_messages))
             return take()
-        except Exception:
+        except Exception as exc:
             if not self.lost():
                 raise
+            reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         reload_base(trainer, self.spec)
+        if on_restart is not None:
+            on_restart(f"A data-parallel rank was lost at the check of {Path(checkpoint).name} ({reason}); "
+                       "restarting the ranks from it and checking it again")  # fmt: skip
         self.restart(Path(checkpoint))
         self.send(("probe", probe_messages))  # the new followers shard their base first
         shard_base(trainer)
@@ -676,9 +680,10 @@ class RankLost(RuntimeError):
 
 def reload_base(trainer: Any, spec: FollowerSpec, *, state: dict[str, Any] | None = None) -> None:
     """Rank 0's trainer on a freshly loaded base (its sharded one cannot be gathered once a rank is
-    lost; a base to be sharded again is loaded into CPU memory, see the module doc), holding the adapter, optimizer state and step it held before (or ``state``, a
-    ``_snapshot`` taken earlier); the process's random states are left as they were. The trainer
-    object stays the caller's."""
+    lost; a base to be sharded again is loaded into CPU memory, see the module doc), holding the
+    adapter, optimizer state and step it held before (or ``state``, a ``_snapshot`` taken
+    earlier); the process's random states are left as they were. The trainer object stays the
+    caller's."""
     from training.loop import load_policy_model
     from training.trainer import Trainer
 

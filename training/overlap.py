@@ -131,8 +131,10 @@ def train_overlapped(
         metrics, path = update_step(spec, trainer, followers, drawn, on_restart=restarts.append)
         probe = partial(probe_policy, trainer, tokenizer, path, probes)
         if followers is not None:  # on a sharded base every rank runs the probe's forward passes
-            return metrics, path, followers.probe(trainer, probes, checkpoint=path, take=probe), restarts
-        return metrics, path, probe(), restarts
+            taken = followers.probe(trainer, probes, checkpoint=path, take=probe, on_restart=restarts.append)
+        else:
+            taken = probe()
+        return metrics, path, taken, restarts
 
     if start == current:  # else the sampler reaches ``current`` later, and advance() evaluates it
         evaluate_start(spec, hooks, sampler, current)

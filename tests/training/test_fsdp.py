@@ -300,8 +300,11 @@ def test_a_rank_lost_before_or_during_the_probe_is_restarted_and_the_ranks_probe
         kill_follower()
         answers.append(followers.probe(trainer, probes, checkpoint=checkpoint, take=take))
         assert followers.restarts == 1 and trainer.sharded
-        answers.append(followers.probe(trainer, probes, checkpoint=checkpoint, take=lambda: take(True)))
+        said: list[str] = []
+        answers.append(followers.probe(trainer, probes, checkpoint=checkpoint, take=lambda: take(True),
+                                       on_restart=said.append))  # fmt: skip
         assert followers.restarts == 2 and trainer.sharded
+        assert len(said) == 1 and "rank was lost at the check of step-000001" in said[0], said
         assert takes == [False, False, False, True, True]  # the probe killed midway was taken again
         for answer in answers:
             gaps = [float((a - b).abs().max()) for a, b in zip(whole, answer.logprobs, strict=True)]
