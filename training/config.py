@@ -270,7 +270,8 @@ class TrainConfig(_Settings):
         default=False,
         metadata=_help(
             "With devices > 1: shard the frozen base model's weights across the devices (FSDP2), for a "
-            "base too big for one; the adapter stays whole on each. Samplers then need their own copy.",
+            "base too big for one; the adapter stays whole on each. Samplers then need their own copy "
+            "(a GRPO run: max_off_policy_steps of 1 or more).",
         ),
     )
     max_off_policy_steps: int = field(
@@ -499,7 +500,8 @@ class TrainConfig(_Settings):
     def check_objective(self, objective: str) -> None:
         """Raise ConfigError for options that only GRPO runs (rollouts and an update per step)
         have, set in a run of another objective (``sft``, ``dpo``), and for a GRPO run a sharded
-        base without a sampler of its own."""
+        base without a sampler of its own (an SFT or DPO run with ``fsdp`` grades its held-out
+        answers with a copy of its own: training.supervised)."""
         if objective == "grpo":
             if self.fsdp and not self.max_off_policy_steps:
                 raise ConfigError(
@@ -510,7 +512,7 @@ class TrainConfig(_Settings):
             return
         problems = [
             (name, f"{name}: {getattr(self, name)} applies to GRPO runs only, not {objective} runs")
-            for name, default in (("max_off_policy_steps", 0), ("rollouts_on", "worker"), ("fsdp", False))
+            for name, default in (("max_off_policy_steps", 0), ("rollouts_on", "worker"))
             if getattr(self, name) != default
         ]
         if problems:

@@ -277,7 +277,9 @@ def run_supervised(spec: Any, hooks: Any, trainer: Any, tokenizer: Any, dtype: A
     if followers is not None:
         session = MirroredSession(session, followers)
     objective = _Objective(spec, session, tokenizer, checkpoint_path(spec.checkpoint_root, spec.start_step))
-    sampler = PolicySampler(spec, trainer, tokenizer, dtype, current)
+    # A sharded base (fsdp) cannot sample on rank 0 alone: the held-out answers are then sampled by
+    # a copy of the base of its own, which loads each saved checkpoint (as an overlapped GRPO run's).
+    sampler = PolicySampler(spec, trainer, tokenizer, dtype, current, detached=config.fsdp)
     evaluation = dataclasses.replace(
         spec, validation_rows=[{**row, "data": prompt_row(row["data"])} for row in spec.validation_rows]
     )

@@ -273,11 +273,13 @@ def test_a_rank_killed_mid_run_is_restarted_and_the_run_loses_nothing(tiny_model
         assert max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0]) < 1e-6, step
 
 
-@pytest.mark.parametrize("objective", ["sft", "dpo"])
-def test_sft_and_dpo_runs_with_two_devices_train_as_runs_with_one(tiny_model_dir, tmp_path, objective):
+@pytest.mark.parametrize("objective,fsdp", [("sft", False), ("dpo", False), ("sft", True), ("dpo", True)])
+def test_sft_and_dpo_runs_with_two_devices_train_as_runs_with_one(tiny_model_dir, tmp_path, objective, fsdp):
     """An SFT or DPO run with ``devices: 2``: every session primitive rank 0 calls (the forward
     passes of DPO's terms and its reference, the update, the held-out measurements) is mirrored on
-    the follower; the losses, held-out figures and checkpoints match the one-device run's."""
+    the follower; the losses, held-out figures and checkpoints match the one-device run's. With
+    ``fsdp`` the base is sharded across the two and the held-out answers are graded by a sampler
+    with a copy of its own."""
     from safetensors.torch import load_file
 
     from tests.training.test_supervised import WORDS, Hooks, supervised_spec
@@ -302,6 +304,7 @@ def test_sft_and_dpo_runs_with_two_devices_train_as_runs_with_one(tiny_model_dir
             rows[:2],
             steps=3,
             devices=devices,
+            fsdp=fsdp and devices > 1,
             eval_interval=1,
             **options,
         )
@@ -311,6 +314,9 @@ def test_sft_and_dpo_runs_with_two_devices_train_as_runs_with_one(tiny_model_dir
     assert [m.get("update_devices") for m in two.metrics] == [2.0, 2.0, 2.0]
     assert "update_devices" not in one.metrics[0]
     assert any("data-parallel on 2 devices (gloo)" in event["message"] for event in two.events)
+    assert any(("sharded across them (FSDP2)" in event["message"]) == fsdp for event in two.events)
+    # The held-out answers were graded at the start and at each step, on either path.
+    assert len(two.evaluations) == len(one.evaluations) == 4, (two.evaluations, one.evaluations)
     assert follower_pids() == []
     for mine, theirs in zip(two.metrics, one.metrics, strict=True):
         assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-6)

@@ -202,15 +202,13 @@ def test_a_base_to_be_sharded_is_never_loaded_by_unsloth(tiny_model_dir, monkeyp
         load_policy_model(str(tiny_model_dir), tiny_model_dir.parent, device="cpu", unsloth="on")
 
 
-def test_fsdp_is_a_grpo_run_setting_with_a_sampler_of_its_own():
+def test_fsdp_in_a_grpo_run_needs_a_sampler_of_its_own_and_sft_and_dpo_runs_take_it_as_it_is():
     with pytest.raises(ConfigError) as caught:
         TrainConfig(fsdp=True, devices=2).check_objective("grpo")
     assert caught.value.field == "fsdp" and "max_off_policy_steps" in str(caught.value)
-    config = TrainConfig(fsdp=True, devices=2, max_off_policy_steps=1)
-    config.check_objective("grpo")
-    with pytest.raises(ConfigError) as caught:
-        config.check_objective("sft")
-    assert "fsdp" in str(caught.value)
+    TrainConfig(fsdp=True, devices=2, max_off_policy_steps=1).check_objective("grpo")
+    for objective in ("sft", "dpo"):  # their held-out grading has a sampler of its own (training.supervised)
+        TrainConfig(fsdp=True, devices=2).check_objective(objective)
 
 
 def test_an_overlapped_run_with_a_sharded_base_trains_as_one_without(tiny_model_dir, tmp_path):

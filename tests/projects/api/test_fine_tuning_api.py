@@ -147,7 +147,7 @@ def test_a_reinforcement_job_is_a_platform_run_with_the_grader_and_hyperparamete
     assert run.model.name.startswith("ft-words-") and run.model.base_model.name == "tiny"
     assert run.config["steps"] == 4 and run.config["groups_per_step"] == 2  # 2 epochs × 4 rows / 2
     # The measured recipe (fine_tuning.RECIPES: the demo's), scaled by the multipliers.
-    assert run.config["learning_rate"] == pytest.approx(2 * 1e-3) and run.config["group_size"] == 12
+    assert run.config["learning_rate"] == pytest.approx(2 * 1e-3) and run.config["group_size"] == 16  # 8 × 2
     assert run.config["lr_schedule"] == "cosine" and run.config["ppo_epochs"] == 2
     assert run.config["seed"] == 7 and run.config["eval_interval"] == 1
     assert run.config["eval_samples_per_row"] == 2

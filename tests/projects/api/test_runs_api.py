@@ -280,10 +280,15 @@ def test_devices_and_overlap_are_checked_and_only_grpo_runs_overlap(alpha_setup,
     response = key_client.post("/api/v1/runs/", _run_body(alpha_setup, devices=2), format="json")
     assert response.status_code == 201 and response.json()["config"]["devices"] == 2
     services.run_cancel(run=Run.objects.get(pk=response.json()["id"]))
-    # SFT and DPO runs take devices too (every session primitive mirrored on each rank).
+    # SFT and DPO runs take devices too (every session primitive mirrored on each rank), and fsdp
+    # with them (no sampler setting needed: their held-out grading has a copy of its own).
     body = {**_run_body(alpha_setup, devices=2), "task_set": targets.pk, "kind": "sft"}
     response = key_client.post("/api/v1/runs/", body, format="json")
     assert response.status_code == 201 and response.json()["config"]["devices"] == 2
+    services.run_cancel(run=Run.objects.get(pk=response.json()["id"]))
+    body = {**_run_body(alpha_setup, devices=2, fsdp=True), "task_set": targets.pk, "kind": "sft"}
+    response = key_client.post("/api/v1/runs/", body, format="json")
+    assert response.status_code == 201 and response.json()["config"]["fsdp"] is True, response.json()
 
 
 def test_a_sharded_base_is_a_grpo_run_setting_with_several_devices_and_a_sampler_of_its_own(
