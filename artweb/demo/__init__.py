@@ -41,10 +41,9 @@ REWARD_SPEC = {
 
 RUN_CONFIG = {
     "groups_per_step": 4,
-    # 8 samples a question and dynamic sampling's cap at 3× rows (2026-12-05, benchmarks/README.md,
-    # "The demo"): held-out gain +0.417 / +0.333 / +0.458 over seeds 0 / 1 / 2 (mean +0.40) in
-    # 130–147 s a run, against +0.188 / +0.229 / +0.250 (mean +0.22) in 129–180 s with 6 and 2×,
-    # both measured on the same machine the same hour.
+    # 8 samples a question (2026-12-05, benchmarks/README.md, "The demo"): held-out gain +0.479 /
+    # +0.333 / +0.458 over seeds 0 / 1 / 2 (mean +0.42) in 127–137 s a run, against +0.188 / +0.229
+    # / +0.250 (mean +0.22) in 129–180 s with 6, both measured on the same machine the same hour.
     "group_size": 8,
     "max_new_tokens": 16,
     # Measured with benchmarks/demo_learning.py over 3 seeds (README, "The demo"): cosine from a
@@ -58,7 +57,7 @@ RUN_CONFIG = {
     "ppo_epochs": 2,
     "num_minibatches": 1,  # measured so (two minibatches on top: README, "The demo")
     "dynamic_sampling": True,
-    "max_resample_factor": 3.0,
+    "max_resample_factor": 2.0,
     # The system prompt asks for one word: every token of a turn costs 1/16 of a reward (DAPO's soft
     # length penalty over the whole budget; training reward only, the evaluation grades the answer
     # alone). Measured over the same 3 seeds (2026-12-04): held-out gain +0.375 / +0.208 / +0.229

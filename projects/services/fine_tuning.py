@@ -75,7 +75,7 @@ DEFAULTS = TrainConfig()
 # What a job trains with where OpenAI's hyperparameters say nothing, per method; the learning
 # rate is the one ``learning_rate_multiplier`` multiplies. Reinforcement: the levers the demo
 # measured best on the bundled model (artweb.demo.RUN_CONFIG, README "The demo": cosine from a
-# 1e-3 peak, warm-up 1, two passes per batch, dynamic sampling up to 3× rows, 8 completions per prompt).
+# 1e-3 peak, warm-up 1, two passes per batch, dynamic sampling, 8 completions per prompt).
 # Supervised: AdamW 5e-4, the rate of the bundled model's SFT curve (benchmarks/README.md,
 # tinker_curves.py). DPO: 2e-4, the DPO runs' default peak (benchmarks/dpo_rates.py).
 RECIPES: dict[str, dict[str, Any]] = {
