@@ -472,16 +472,21 @@ class Followers:
         self.send(("train", groups, learning_rate))
 
     def probe(self, trainer: Any, probe_messages: list[list[dict[str, Any]]], *, checkpoint: Path,
-              take: Callable[[], T], on_restart: Callable[[str], None] | None = None) -> T:  # fmt: skip
-        """``take()``: rank 0's probe of the policy it just saved at ``checkpoint``
-        (training.adapter_check.probe_policy); on a sharded base every follower runs the same
-        forward passes with it. A follower lost before or during the probe: rank 0 loads its base
-        again, the followers start again from ``checkpoint``, every rank shards the base anew and
-        the probe is taken again on all of them (no rank ever holds the whole base on its device)."""
-        if not getattr(trainer, "sharded", False):
+              take: Callable[[], T], saved: Path | None = None,
+              on_restart: Callable[[str], None] | None = None) -> T:  # fmt: skip
+        """``take()``: rank 0's probe of the policy it holds, saved at ``checkpoint``
+        (training.adapter_check.probe_policy), or of an earlier checkpoint ``saved``
+        (probe_saved); on a base to be sharded (``fsdp``) every follower runs the same forward
+        passes with it, and every rank shards the base first if it is not yet. A follower lost
+        before or during the probe: rank 0 loads its base again, the followers start again from
+        ``checkpoint``, every rank shards the base anew and the probe is taken again on all of
+        them (no rank ever holds the whole base on its device)."""
+        if not trainer.config.fsdp:
             return take()
+        message = ("probe", probe_messages, None if saved is None else str(saved))
         try:
-            self.send(("probe", probe_messages))
+            self.send(message)
+            shard_base(trainer)  # sharded already, unless no update has run since the ranks started
             return take()
         except Exception as exc:
             if not self.lost():
@@ -489,10 +494,10 @@ class Followers:
             reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         reload_base(trainer, self.spec)
         if on_restart is not None:
-            on_restart(f"A data-parallel rank was lost at the check of {Path(checkpoint).name} ({reason}); "
-                       "restarting the ranks from it and checking it again")  # fmt: skip
+            on_restart(f"A data-parallel rank was lost at the check of {Path(saved or checkpoint).name} "
+                       f"({reason}); restarting the ranks from {Path(checkpoint).name} and checking it again")  # fmt: skip
         self.restart(Path(checkpoint))
-        self.send(("probe", probe_messages))  # the new followers shard their base first
+        self.send(message)  # the new followers shard their base first
         shard_base(trainer)
         return take()
 
@@ -813,13 +818,17 @@ def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: Fol
                         raise
                     # Bad input: rank 0 answers its caller; the ranks are in step for the next call.
                 continue
-            if message[0] == "probe":  # rank 0 probes its saved policy: on a sharded base, with every rank
-                from training.adapter_check import next_token_logprobs
+            if message[0] == "probe":  # rank 0 probes a saved policy (Followers.probe): with every rank
+                from training.adapter_check import next_token_logprobs, probe_saved
                 from training.engines.vllm_engine import render_prompt
 
-                shard_base(trainer)  # sharded already, unless this rank was started since the update
-                for messages in message[1]:
-                    next_token_logprobs(trainer.policy, render_prompt(tokenizer, messages))
+                _, probes, saved = message
+                shard_base(trainer)  # sharded already, unless no update has run since this rank started
+                if saved is not None:  # an earlier checkpoint's adapter, for the probe only
+                    probe_saved(trainer, tokenizer, Path(saved), probes)
+                else:
+                    for messages in probes:
+                        next_token_logprobs(trainer.policy, render_prompt(tokenizer, messages))
                 continue
             if message[0] == "configure":  # the session's settings from now on (SessionPool.configure)
                 trainer.config = message[1]

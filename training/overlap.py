@@ -107,11 +107,20 @@ def train_overlapped(
     first = lag_floor(spec, hooks, current)
     start = policy_step_for(current + 1, lag=lag, first=first)  # < current: a resumed attempt
     sampler = PolicySampler(spec, trainer, tokenizer, dtype, start, detached=True)
+
+    def taken(version: int) -> PolicyProbe:
+        """The trainer's probe of checkpoint ``version`` (the one it holds, or an earlier one); on a
+        base to be sharded, on every rank (the first one shards it)."""
+        path = checkpoint_path(root, version)
+        take = partial(probe_policy if version == current else probe_saved, trainer, tokenizer, path, probes)
+        if followers is None:
+            return take()
+        return followers.probe(trainer, probes, checkpoint=checkpoint_path(root, current), take=take,
+                               saved=None if version == current else path,
+                               on_restart=lambda message: hooks.event(message, level="warn"))  # fmt: skip
+
     # The trainer's answers for the checkpoints the sampler will load, taken before it trains on.
-    probes_taken = {
-        v: probe_saved(trainer, tokenizer, checkpoint_path(root, v), probes) for v in range(start, current)
-    }
-    probes_taken[current] = probe_policy(trainer, tokenizer, checkpoint_path(root, current), probes)
+    probes_taken = {v: taken(v) for v in range(start, current + 1)}
     gaps = {start: _check(sampler, probes_taken.pop(start), probes, tolerance)}
 
     def due(step: int) -> bool:

@@ -138,7 +138,7 @@ class TrainingSession:
         logprobs (``training.engines.base.Choice``, one per prompt). ``sampling``: a
         ``SamplingParams``; with ``seed=None`` it draws from the session's RNG, so a session's
         samples do not depend on what other sessions did."""
-        if self.trainer.sharded:
+        if self.trainer.sharded or self.trainer.config.fsdp:  # sharded, or to be at its first call
             raise ValueError(
                 "this session's base model is sharded across its devices (fsdp): it cannot sample on "
                 "one of them; save_weights_for_sampler and sample that checkpoint on an inference server"

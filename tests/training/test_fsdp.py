@@ -183,6 +183,9 @@ def test_a_base_to_be_sharded_stays_in_cpu_memory_and_only_its_adapter_goes_to_t
     assert adapter == {"meta"}
     assert base == ({"cpu"} if fsdp else {"meta"})
     assert {p.device.type for p in trainer.trainable_parameters} == {"meta"}
+    if fsdp:  # not sharded yet, and still no sampling on one rank
+        with pytest.raises(ValueError, match="sharded across its devices"):
+            TrainingSession(trainer).sample([[5, 9]], None)
 
 
 def test_a_base_to_be_sharded_is_never_loaded_by_unsloth(tiny_model_dir, monkeypatch):
@@ -247,15 +250,17 @@ def test_an_overlapped_run_with_a_sharded_base_trains_as_one_without(tiny_model_
 def test_a_rank_lost_before_or_during_the_probe_is_restarted_and_the_ranks_probe_together(
     tiny_model_dir, tmp_path
 ):
-    """The check of a saved policy on a sharded base (Followers.probe): every rank runs its forward
-    passes. With the follower killed before the probe, or between two of its forward passes:
-    rank 0 loads its base again, the follower starts again from the checkpoint, every rank shards
-    the base anew and the probe is taken again on all of them, giving the unsharded policy's
-    answers (a rank probing alone on its shards would wait in a gather)."""
+    """The check of a saved policy on a base to be sharded (Followers.probe): the first probe shards
+    the base on every rank, and every rank runs the probe's forward passes, of the checkpoint the
+    trainer holds or of an earlier one. With the follower killed before the probe, or between two
+    of its forward passes: rank 0 loads its base again, the follower starts again from the
+    checkpoint, every rank shards the base anew and the probe is taken again on all of them, giving
+    the unsharded policy's answers (a rank probing alone on its shards would wait in a gather)."""
     import signal
+    from functools import partial
 
-    from training.adapter_check import next_token_logprobs, probe_policy
-    from training.distributed import Followers, FollowerSpec, shard_base
+    from training.adapter_check import next_token_logprobs, probe_policy, probe_saved
+    from training.distributed import Followers, FollowerSpec
     from training.engines.vllm_engine import render_prompt
     from training.loop import load_policy_model
     from training.trainer import Trainer
@@ -265,13 +270,16 @@ def test_a_rank_lost_before_or_during_the_probe_is_restarted_and_the_ranks_probe
     base, tokenizer, _ = load_policy_model(str(tiny_model_dir), tiny_model_dir.parent, device="cpu",
                                            unsloth="off", fsdp=True)  # fmt: skip
     trainer = Trainer(base, tokenizer, config, lora)
+    earlier, checkpoint = tmp_path / "step-000000", tmp_path / "step-000001"
+    trainer.save_checkpoint(earlier, step=0, metrics={})
     with torch.no_grad():  # an adapter that changes the answers
         for parameter in trainer.trainable_parameters:
             parameter.copy_(torch.randn_like(parameter) * 0.05)
-    checkpoint = tmp_path / "step-000001"
     trainer.save_checkpoint(checkpoint, step=1, metrics={})
     probes = [[{"role": "user", "content": "a b c"}], [{"role": "user", "content": "what is two and two?"}]]
     whole = probe_policy(trainer, tokenizer, checkpoint, probes).logprobs
+    whole_earlier = probe_saved(trainer, tokenizer, earlier, probes).logprobs
+    assert max(float((a - b).abs().max()) for a, b in zip(whole, whole_earlier, strict=True)) > 1e-3
     spec = FollowerSpec(base_model_source=str(tiny_model_dir), model_cache_dir=tiny_model_dir.parent,
                         device="cpu", unsloth="off", config=config, lora=lora, checkpoint=checkpoint)  # fmt: skip
     followers = Followers(spec, 2, rendezvous_dir=tmp_path / "ranks", start_timeout_s=120)
@@ -291,9 +299,15 @@ def test_a_rank_lost_before_or_during_the_probe_is_restarted_and_the_ranks_probe
         return probe_policy(trainer, tokenizer, checkpoint, probes)
 
     try:
-        followers.send(("probe", probes))  # as a first sharded update would: every rank shards
-        shard_base(trainer)
-        answers = [take()]
+        assert not trainer.sharded
+        answers = [followers.probe(trainer, probes, checkpoint=checkpoint, take=take)]
+        assert trainer.sharded  # the first probe sharded the base, on every rank
+        earlier_answer = followers.probe(trainer, probes, checkpoint=checkpoint, saved=earlier,
+                                         take=partial(probe_saved, trainer, tokenizer, earlier, probes))  # fmt: skip
+        gaps = [
+            float((a - b).abs().max()) for a, b in zip(whole_earlier, earlier_answer.logprobs, strict=True)
+        ]
+        assert max(gaps) < 1e-4, gaps
         answers.append(followers.probe(trainer, probes, checkpoint=checkpoint, take=take))
         kill_follower()
         answers.append(followers.probe(trainer, probes, checkpoint=checkpoint, take=take))
