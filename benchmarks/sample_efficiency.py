@@ -11,13 +11,19 @@ rows, same prompts, same reward, same LoRA) is evaluated the same way after step
 report gives, per task and configuration: held-out reward at steps 3, 6 and 12, the first step whose
 held-out reward reaches TRL's 12-step figure, rollouts drawn, and seconds per step.
 
-    .venv-bench/bin/python -m benchmarks.sample_efficiency --tasks format arithmetic \
+    .venv-bench/bin/python -m benchmarks.sample_efficiency --tasks bold arithmetic \
         --json /tmp/sample_efficiency.json
     .venv/bin/python -m benchmarks.sample_efficiency --skip-trl --configs defaults combined
 
 Tasks (written for this benchmark; rows are generated or read from artweb/demo):
-- ``format``: the demo's one-word questions, answered as ``Answer: <word>``; reward 0.5 for the
-  format (the whole reply) + 0.5 for a correct answer anywhere in it.
+- ``bold``: the demo's one-word questions, the answer in bold (``**word**``); reward 0.5 for a bold
+  span anywhere + 0.5 for a correct answer anywhere. Asked to, the bundled model bolds now and then
+  (2 replies of 64 at temperature 1), rarely enough that the format is learnt, not given.
+- ``format``: the same questions answered as ``Answer: <word>``; reward 0.5 for the format (the
+  whole reply) + 0.5 for a correct answer anywhere in it. Kept for the tables that used it, but no
+  format task: the bundled model never writes "Answer:" (0 of 64 samples, 0 of a run's 192), so
+  its format half pays nobody, and it measures only drift in the answers' correctness (a held-out
+  row of 24 either way).
 - ``arithmetic``: "What is 7 plus 5?" over small numbers (seeded); reward ``correct · (0.5 + 0.5 ·
   bare)`` as in the demo: the right number as a word, and the bare number for full marks.
 - ``tools``: artweb/demo/tool_tasks.jsonl in the ``python_tools`` environment (a ``lookup`` tool,
@@ -80,6 +86,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # step 5, then fell back on `arithmetic` and was slower on `tools`).
     "lean_2e3": {**LEAN, "learning_rate": 2e-3},
     "lean_1.5e3": {**LEAN, "learning_rate": 1.5e-3},
+    # `lean` with one more lever each: dynamic sampling (rare successes kept in the batch), a second
+    # pass over the batch, and as many optimizer steps as that from one pass (four minibatches).
+    "lean_dynamic": {**LEAN, "dynamic_sampling": True, "max_resample_factor": 2.0},
+    "lean_epochs": {**LEAN, "ppo_epochs": 2},
+    "lean_mb4": {**LEAN, "num_minibatches": 4},
     # DAPO's soft length penalty from half the budget on (a turn past 8 of 16 new tokens loses up to
     # 1 reward by 16), alone and on top of `lean`.
     "length": {"length_penalty_buffer": 8},
@@ -112,6 +123,25 @@ FORMAT_REWARD = {
         },  # fmt: skip
     },
     "calculate_output": "0.5 * format + 0.5 * correct",
+}
+# A format the bundled model samples now and then (2 replies of 64 at temperature 1 on the training
+# questions, 2026-12-05), so GRPO has something to reinforce: `format`'s "Answer: <word>" was
+# sampled in none of 64, nor in any of the 192 rollouts of a 12-step run, so that task's format
+# half paid 0 to every recipe, TRL's included, and it measured drift in correctness alone.
+BOLD_PROMPT = "Reply with the answer in bold, like **word**."
+BOLD_REWARD = {
+    "type": "multi",
+    "name": "bold_and_correct",
+    "graders": {
+        "bold": {"type": "regex", "input": "{{sample.output_text}}", "pattern": r"\*\*[^*\n]+\*\*"},
+        "correct": {
+            "type": "regex",
+            "input": "{{sample.output_text}}",
+            "pattern": r"\b(?:{{item.accept}})\b",
+            "flags": ["IGNORECASE"],
+        },  # fmt: skip
+    },
+    "calculate_output": "0.5 * bold + 0.5 * correct",
 }
 ARITHMETIC_PROMPT = "Answer with the number only."
 ARITHMETIC_REWARD = {
@@ -154,12 +184,12 @@ def arithmetic_rows(seed: int = 7) -> list[dict[str, Any]]:
 
 def task(name: str) -> dict[str, Any]:
     """Rows (train, validation), environment factory, reward, sampling settings of a task."""
-    if name == "format":
+    if name in ("format", "bold"):
         rows = [json.loads(line) for line in TASKS_PATH.read_text().splitlines() if line.strip()]
         train, validation = _split(rows)
-        return {"train": train, "validation": validation, "reward": FORMAT_REWARD, "max_new_tokens": 16,
-                "environment": lambda: build_environment("chat", system_prompt=FORMAT_PROMPT),
-                "system_prompt": FORMAT_PROMPT}  # fmt: skip
+        prompt, reward = (FORMAT_PROMPT, FORMAT_REWARD) if name == "format" else (BOLD_PROMPT, BOLD_REWARD)
+        return {"train": train, "validation": validation, "reward": reward, "max_new_tokens": 16,
+                "environment": lambda: build_environment("chat", system_prompt=prompt), "system_prompt": prompt}  # fmt: skip
     if name == "arithmetic":
         train, validation = _split(arithmetic_rows())
         return {"train": train, "validation": validation, "reward": ARITHMETIC_REWARD, "max_new_tokens": 16,
@@ -215,6 +245,10 @@ def ours(
     run_training(spec, hooks)
     return {
         "held_out": {step: hooks.evaluations[step]["reward_mean"] for step in sorted(hooks.evaluations)},
+        "held_out_graders": {
+            step: {name: round(value, 3) for name, value in hooks.evaluations[step]["grader_means"].items()}
+            for step in sorted(hooks.evaluations)
+        },
         "train_reward": [round(row["reward_mean"], 3) for row in hooks.steps],
         "rollouts": sum(hooks.rollouts),
         "step_seconds": statistics.fmean(hooks.seconds),
@@ -332,7 +366,10 @@ def steps_to_reach(held_out: dict[int, float], target: float | None) -> int | No
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--tasks", nargs="+", default=["format", "arithmetic"], choices=["format", "arithmetic", "tools"]
+        "--tasks",
+        nargs="+",
+        default=["bold", "arithmetic"],
+        choices=["bold", "format", "arithmetic", "tools"],
     )
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--steps", type=int, default=12)

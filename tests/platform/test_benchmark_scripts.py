@@ -79,3 +79,35 @@ def test_session_capacity_benchmark_counts_sessions_on_one_base(tmp_path, capsys
         report["per_session_mib"] > 0 and report["sessions_on_one_base"] >= report["sessions_with_own_base"]
     )
     assert "sessions on one base" in capsys.readouterr().out
+
+
+def test_sample_efficiency_bold_task_pays_for_bold_and_for_the_answer_separately():
+    from benchmarks.sample_efficiency import task
+    from training.rewards import Sample, build_grader, grade_many
+
+    settings = task("bold")
+    item = {"answer": "Paris", "accept": "Paris"}
+    replies = ["The capital of France is **Paris**.", "**Berlin**", "Paris.", "**Paris", "**\nParis**"]
+    results = grade_many(
+        build_grader(settings["reward"]), [Sample(output_text=r) for r in replies], [item] * 5
+    )
+    assert [r.reward for r in results] == [1.0, 0.5, 0.5, 0.5, 0.5]
+    assert "**word**" in settings["system_prompt"] and settings["train"] and settings["validation"]
+
+
+def test_sample_efficiency_benchmark_runs_a_task_on_a_tiny_model(tiny_model_dir, tmp_path, capsys):
+    from benchmarks import sample_efficiency
+
+    report = sample_efficiency.main(
+        ["--model", str(tiny_model_dir), "--cache-dir", str(tmp_path), "--skip-trl", "--tasks", "bold",
+         "--configs", "new_defaults", "--steps", "1", "--groups-per-step", "1", "--group-size", "2",
+         "--json", str(tmp_path / "se.json")]
+    )  # fmt: skip
+    outcome = report["tasks"]["bold"]["new_defaults"]
+    assert sorted(outcome["held_out"]) == [0, 1] and outcome["rollouts"] == 2
+    assert set(outcome["held_out_graders"][1]) == {"bold", "correct"}
+    assert (
+        json.loads((tmp_path / "se.json").read_text())["tasks"]["bold"]["new_defaults"]["steps_to_trl"]
+        is None
+    )
+    assert "bold: held-out reward" in capsys.readouterr().out
