@@ -105,6 +105,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 FORMAT_PROMPT = "Reply in the form Answer: <one word>."
+# An accepted answer (the row's ``accept`` alternation) anywhere in the reply, as a whole word.
+ACCEPTED_ANSWER = {
+    "type": "regex",
+    "input": "{{sample.output_text}}",
+    "pattern": r"\b(?:{{item.accept}})\b",
+    "flags": ["IGNORECASE"],
+}
 FORMAT_REWARD = {
     "type": "multi",
     "name": "format_and_correct",
@@ -115,12 +122,7 @@ FORMAT_REWARD = {
             "pattern": r"\s*Answer:\s*\S+\s*",
             "mode": "fullmatch",
         },  # fmt: skip
-        "correct": {
-            "type": "regex",
-            "input": "{{sample.output_text}}",
-            "pattern": r"\b(?:{{item.accept}})\b",
-            "flags": ["IGNORECASE"],
-        },  # fmt: skip
+        "correct": ACCEPTED_ANSWER,
     },
     "calculate_output": "0.5 * format + 0.5 * correct",
 }
@@ -134,12 +136,7 @@ BOLD_REWARD = {
     "name": "bold_and_correct",
     "graders": {
         "bold": {"type": "regex", "input": "{{sample.output_text}}", "pattern": r"\*\*[^*\n]+\*\*"},
-        "correct": {
-            "type": "regex",
-            "input": "{{sample.output_text}}",
-            "pattern": r"\b(?:{{item.accept}})\b",
-            "flags": ["IGNORECASE"],
-        },  # fmt: skip
+        "correct": ACCEPTED_ANSWER,
     },
     "calculate_output": "0.5 * bold + 0.5 * correct",
 }
