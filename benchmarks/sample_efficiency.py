@@ -91,6 +91,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "lean_dynamic": {**LEAN, "dynamic_sampling": True, "max_resample_factor": 2.0},
     "lean_epochs": {**LEAN, "ppo_epochs": 2},
     "lean_mb4": {**LEAN, "num_minibatches": 4},
+    # Two passes on the first 2 / 3 / 6 steps only (early_ppo_epochs), where successes are rarest.
+    **{f"lean_epochs{n}": {**LEAN, "early_ppo_epochs": 2, "early_ppo_epochs_steps": n} for n in (2, 3, 6)},
     # DAPO's soft length penalty from half the budget on (a turn past 8 of 16 new tokens loses up to
     # 1 reward by 16), alone and on top of `lean`.
     "length": {"length_penalty_buffer": 8},
@@ -247,6 +249,7 @@ def ours(
             for step in sorted(hooks.evaluations)
         },
         "train_reward": [round(row["reward_mean"], 3) for row in hooks.steps],
+        "zero_variance": [row["zero_variance_fraction"] for row in hooks.steps],
         "rollouts": sum(hooks.rollouts),
         "step_seconds": statistics.fmean(hooks.seconds),
         "seconds": round(time.monotonic() - started, 1),

@@ -49,6 +49,11 @@ SEVERAL_UPDATES_NOTE = (
     "has moved from the sampler's, and the ratio and clipping measure by how much."
 )
 
+EARLY_UPDATES_NOTE = (
+    "The first {steps} steps make {updates} optimizer steps per batch (early_ppo_epochs): there the "
+    "ratio and clipping measure how far the policy moved."
+)
+
 
 def _number(raw: Any) -> float | None:
     if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
@@ -89,11 +94,15 @@ def chart_data(
         if key == "kl" and _number(config.get("kl_coef")) == 0:
             return "Not measured: kl_coef is 0, so the policy is never compared with the base model."
         notes = []
-        updates = int(_number(config.get("num_minibatches")) or 1) * int(
-            _number(config.get("ppo_epochs")) or 1
-        )
+        minibatches = int(_number(config.get("num_minibatches")) or 1)
+        epochs = int(_number(config.get("ppo_epochs")) or 1)
+        updates = minibatches * epochs
+        early_updates = minibatches * max(epochs, int(_number(config.get("early_ppo_epochs")) or 1))
+        early_steps = int(_number(config.get("early_ppo_epochs_steps")) or 0)
         if key in ("clip_fraction", "ratio_std"):
             notes.append(SEVERAL_UPDATES_NOTE.format(updates=updates) if updates > 1 else CLIP_FRACTION_NOTE)
+            if early_steps and early_updates > updates:
+                notes.append(EARLY_UPDATES_NOTE.format(steps=early_steps, updates=early_updates))
         if (
             key in ("heldout_loss", "heldout_preference_accuracy")
             and series

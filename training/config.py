@@ -298,6 +298,21 @@ class TrainConfig(_Settings):
             bounds=Bounds(1, 16, why="past a few passes the policy leaves the clip range and stops learning"),
         ),
     )
+    early_ppo_epochs: int = field(
+        default=1,
+        metadata=_help(
+            "Passes over the batch on each of the run's first early_ppo_epochs_steps steps, where "
+            "successes are rarest (when more than ppo_epochs; later steps make ppo_epochs).",
+            bounds=Bounds(1, 16, why="past a few passes the policy leaves the clip range and stops learning"),
+        ),
+    )
+    early_ppo_epochs_steps: int = field(
+        default=0,
+        metadata=_help(
+            "How many of the run's first steps make early_ppo_epochs passes (0: none).",
+            bounds=Bounds(0, 100_000, why="the most steps a run has"),
+        ),
+    )
     dynamic_sampling: bool = field(
         default=False,
         metadata=_help(

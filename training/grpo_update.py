@@ -3,8 +3,9 @@ session — a Trainer in this process, or the host's trainer service (training.s
 exactly these calls, so a run trains the same wherever its session lives.
 
 A step's groups become (sample, advantage) pairs, those become the ``grpo`` loss's datums split into
-``num_minibatches`` minibatches, and each of ``ppo_epochs`` passes runs one ``forward_backward`` and
-one ``optim_step`` per minibatch (passes after the first in an order seeded by the step)."""
+``num_minibatches`` minibatches, and each of ``ppo_epochs`` passes (``early_ppo_epochs`` on the
+first steps) runs one ``forward_backward`` and one ``optim_step`` per minibatch (passes after the
+first in an order seeded by the step)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def update_samples(
 ) -> dict[str, float]:  # fmt: skip
     """The update over ``samples``: minibatches of datums whose weights carry the loss's
     normalisation (within the minibatch), the base model's logprobs when there is a KL term, then
-    for each of ``ppo_epochs`` passes one ``forward_backward`` with the ``grpo`` loss and one
+    for each pass (``passes``) one ``forward_backward`` with the ``grpo`` loss and one
     ``optim_step`` per minibatch. Metrics are token-weighted means over the updates (loss and
     grad_norm: plain means); ``first_update_ratio_mean`` is the first update's, where the learner
     is still the sampler."""
@@ -97,7 +98,7 @@ def update_samples(
     norms: list[float] = []
     tokens, positions, padding = 0.0, 0.0, 0.0
     sums = {name: 0.0 for name in ("entropy", "clip_fraction", "kl", "ratio_mean", "ratio_sq_mean")}
-    for epoch in range(config.ppo_epochs):
+    for epoch in range(passes(config, step)):
         indices = list(range(len(minibatches)))
         if epoch:
             order.shuffle(indices)
@@ -127,6 +128,13 @@ def update_samples(
     metrics["padding_fraction"] = padding / max(positions, 1.0)
     metrics["train_seconds"] = time.perf_counter() - start
     return metrics
+
+
+def passes(config: TrainConfig, step: int) -> int:
+    """How many passes step ``step`` (counted from 1) makes over its batch."""
+    if step <= config.early_ppo_epochs_steps:
+        return max(config.ppo_epochs, config.early_ppo_epochs)
+    return config.ppo_epochs
 
 
 def check_sample(sample: TrainSample) -> None:

@@ -74,6 +74,16 @@ def test_chart_data_leaves_out_what_was_not_measured(cast, alpha_setup):
     assert "One policy update per batch" in series["clip_fraction"]["note"]
 
 
+def test_the_clip_fraction_note_counts_the_updates_and_where_the_extra_passes_stop(cast, alpha_setup):
+    run = make_run(alpha_setup, cast.alice, num_minibatches=2, early_ppo_epochs=3, early_ppo_epochs_steps=2)
+    StepMetrics.objects.create(run=run, step=1, reward_mean=0.5, reward_std=0.5, metrics=UPDATED)
+    note = (
+        client_for(cast.alice).get(f"/runs/{run.pk}/metrics.json").json()["series"]["clip_fraction"]["note"]
+    )
+    assert "2 optimizer steps per batch" in note
+    assert "The first 2 steps make 6 optimizer steps per batch (early_ppo_epochs)" in note
+
+
 def test_chart_data_has_completion_length_sub_rewards_and_validation(cast, alpha_setup):
     run = make_run(alpha_setup, cast.alice, kl_coef=0.1)
     StepMetrics.objects.create(

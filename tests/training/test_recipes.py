@@ -15,6 +15,7 @@ from tests.training.test_trainer import adapter_state, sample_groups
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import build_environment
 from training.grpo import is_zero_variance
+from training.grpo_update import passes
 from training.loop import RunSpec, run_training
 from training.minibatches import split_evenly
 from training.schedules import default_learning_rate, learning_rate_at
@@ -125,6 +126,39 @@ def test_minibatches_and_epochs_take_one_optimizer_step_each_and_the_first_is_on
     # Later updates see a moved policy: the ratio spreads and the clip range bites.
     assert metrics["ratio_std"] > 1e-3 and metrics["clip_fraction"] > 0
     assert metrics["learning_rate"] == 5e-2
+
+
+def test_early_ppo_epochs_make_the_extra_passes_on_the_first_steps_only(tiny_model):
+    model, tokenizer = tiny_model
+    config = TrainConfig(group_size=4, groups_per_step=2, max_new_tokens=10, learning_rate=5e-2, num_minibatches=2,
+                         early_ppo_epochs=3, early_ppo_epochs_steps=1, seed=3)  # fmt: skip
+    trainer = Trainer(model, tokenizer, config, LoraSpec(rank=4, alpha=8))
+    groups = sample_groups(trainer, config)
+    if all(is_zero_variance([s.reward for s in g.samples]) for g in groups):
+        pytest.fail(
+            f"the tiny model's rollouts carried no signal: {[[s.reward for s in g.samples] for g in groups]}"
+        )
+    first = trainer.train_step(groups)
+    second = trainer.train_step(groups)
+    # Step 1: three passes over two minibatches; step 2, past early_ppo_epochs_steps: ppo_epochs (1).
+    assert (first["optimizer_steps"], second["optimizer_steps"]) == (6.0, 2.0)
+    assert trainer.optimizer.state[trainer.trainable_parameters[0]]["step"] == 8
+    # The first update of each step is still on the sampler's policy.
+    assert first["first_update_ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_passes_per_step():
+    def counts(**settings) -> list[int]:
+        return [passes(TrainConfig(**settings), step) for step in (1, 2, 3, 4)]
+
+    assert counts() == [1, 1, 1, 1]
+    assert counts(ppo_epochs=2) == [2, 2, 2, 2]
+    assert counts(early_ppo_epochs=2, early_ppo_epochs_steps=2) == [2, 2, 1, 1]
+    # ppo_epochs is a floor: early_ppo_epochs never lowers it.
+    assert counts(ppo_epochs=3, early_ppo_epochs=2, early_ppo_epochs_steps=2) == [3, 3, 3, 3]
+    assert counts(early_ppo_epochs=4, early_ppo_epochs_steps=0) == [1, 1, 1, 1]
+    with pytest.raises(ConfigError, match="early_ppo_epochs"):
+        TrainConfig.from_dict({"early_ppo_epochs": 0})
 
 
 def test_an_explicit_learning_rate_drives_the_step_and_one_pass_matches_the_default(tiny_model_dir):
