@@ -63,7 +63,8 @@ EVAL_AT = (3, 6, 12)
 # constant, one optimizer step per step; a configuration overrides some of it.
 BEFORE = SINGLE_UPDATE_RECIPE
 # TrainConfig's defaults since (chosen from the rows of benchmarks/README.md: `lean` on the
-# bundled model); the learning rate left empty, so the loop fills it in from the model's width.
+# bundled model, and since a later session `lean_epochs1`, two passes on the first step); the
+# learning rate left empty, so the loop fills it in from the model's width.
 NEW_DEFAULTS = {
     name: spec["default"]
     for name, spec in TrainConfig.field_help().items()
@@ -91,8 +92,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "lean_dynamic": {**LEAN, "dynamic_sampling": True, "max_resample_factor": 2.0},
     "lean_epochs": {**LEAN, "ppo_epochs": 2},
     "lean_mb4": {**LEAN, "num_minibatches": 4},
-    # Two passes on the first 2 / 3 / 6 steps only (early_ppo_epochs), where successes are rarest.
-    **{f"lean_epochs{n}": {**LEAN, "early_ppo_epochs": 2, "early_ppo_epochs_steps": n} for n in (2, 3, 6)},
+    # Two passes on the first 1 / 2 / 3 / 6 steps only (early_ppo_epochs), where successes are rarest.
+    **{f"lean_epochs{n}": {**LEAN, "early_ppo_epochs": 2, "early_ppo_epochs_steps": n} for n in (1, 2, 3, 6)},
     # DAPO's soft length penalty from half the budget on (a turn past 8 of 16 new tokens loses up to
     # 1 reward by 16), alone and on top of `lean`.
     "length": {"length_penalty_buffer": 8},
