@@ -50,8 +50,8 @@ SEVERAL_UPDATES_NOTE = (
 )
 
 EARLY_UPDATES_NOTE = (
-    "The first {steps} steps make {updates} optimizer steps per batch (early_ppo_epochs): there the "
-    "ratio and clipping measure how far the policy moved."
+    "{which} {updates} optimizer steps per batch (early_ppo_epochs): there the ratio and clipping "
+    "measure how far the policy moved."
 )
 
 
@@ -101,8 +101,10 @@ def chart_data(
         early_steps = int(_number(config.get("early_ppo_epochs_steps")) or 0)
         if key in ("clip_fraction", "ratio_std"):
             notes.append(SEVERAL_UPDATES_NOTE.format(updates=updates) if updates > 1 else CLIP_FRACTION_NOTE)
-            if early_steps and early_updates > updates:
-                notes.append(EARLY_UPDATES_NOTE.format(steps=early_steps, updates=early_updates))
+            # (steps count from the base model: a run continuing a checkpoint made no extra passes)
+            if early_steps and early_updates > updates and (not steps or min(steps) <= early_steps):
+                which = "Step 1 makes" if early_steps == 1 else f"The first {early_steps} steps make"
+                notes.append(EARLY_UPDATES_NOTE.format(which=which, updates=early_updates))
         if (
             key in ("heldout_loss", "heldout_preference_accuracy")
             and series

@@ -184,9 +184,11 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
 
 
 # TRL GRPOTrainer's recipe, and TrainConfig's defaults before 2026-12-05: a constant learning rate
-# and one optimizer step per batch (benchmarks that compare with TRL at equal budget pin it).
+# and one optimizer step per batch, on every step (benchmarks that compare with TRL at equal budget
+# pin it).
 SINGLE_UPDATE_RECIPE: dict[str, typing.Any] = {
     "lr_schedule": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0, "num_minibatches": 1,
+    "early_ppo_epochs_steps": 0,
 }  # fmt: skip
 
 
@@ -194,7 +196,8 @@ SINGLE_UPDATE_RECIPE: dict[str, typing.Any] = {
 class TrainConfig(_Settings):
     """Hyperparameters of one GRPO run. Defaults suit the bundled 135M model on CPU; the learning-rate
     recipe (cosine from a width-dependent peak after one warm-up step, to a floor of 0.1×, two
-    minibatches per step) is the one benchmarks/sample_efficiency.py picked (benchmarks/README.md).
+    minibatches per step, two passes over the batch on a run's first step) is the one
+    benchmarks/sample_efficiency.py picked (benchmarks/README.md).
     Every number has a range (`bounds`, shown by `field_help`); the maxima say why, and catch typos
     like 10**6 steps."""
 
@@ -299,17 +302,18 @@ class TrainConfig(_Settings):
         ),
     )
     early_ppo_epochs: int = field(
-        default=1,
+        default=2,
         metadata=_help(
-            "Passes over the batch on each of the run's first early_ppo_epochs_steps steps, where "
-            "successes are rarest (when more than ppo_epochs; later steps make ppo_epochs).",
+            "Passes over the batch on each of the model's first early_ppo_epochs_steps steps, where "
+            "successes are rarest (when more than ppo_epochs; later steps make ppo_epochs). Steps "
+            "count from the base model: a run that continues a trained checkpoint makes none.",
             bounds=Bounds(1, 16, why="past a few passes the policy leaves the clip range and stops learning"),
         ),
     )
     early_ppo_epochs_steps: int = field(
-        default=0,
+        default=1,
         metadata=_help(
-            "How many of the run's first steps make early_ppo_epochs passes (0: none).",
+            "How many of the model's first steps make early_ppo_epochs passes (0: none).",
             bounds=Bounds(0, 100_000, why="the most steps a run has"),
         ),
     )

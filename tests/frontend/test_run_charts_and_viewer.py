@@ -3,9 +3,12 @@ explanations (reference item, advantages, group mean/std, zero-variance badge, f
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from django.test import Client
 
+from frontend.presentation import chart_data
 from projects import services
 from projects.models import Evaluation, Run, RunStatus, StepMetrics, TaskRow, Trajectory
 
@@ -70,8 +73,9 @@ def test_chart_data_leaves_out_what_was_not_measured(cast, alpha_setup):
     assert "No update at step 2" in series["loss"]["note"]
     # Entropy missing from a step is missing from the chart.
     assert series["entropy"]["values"] == [1.2, None, None]
-    # Clip fraction says why it stays at 0.
+    # Clip fraction says why it stays at 0, and where the defaults' extra pass is (step 1).
     assert "One policy update per batch" in series["clip_fraction"]["note"]
+    assert "Step 1 makes 2 optimizer steps per batch (early_ppo_epochs)" in series["clip_fraction"]["note"]
 
 
 def test_the_clip_fraction_note_counts_the_updates_and_where_the_extra_passes_stop(cast, alpha_setup):
@@ -82,6 +86,18 @@ def test_the_clip_fraction_note_counts_the_updates_and_where_the_extra_passes_st
     )
     assert "2 optimizer steps per batch" in note
     assert "The first 2 steps make 6 optimizer steps per batch (early_ppo_epochs)" in note
+
+
+def test_a_run_continuing_a_trained_model_has_no_extra_pass_note():
+    """Steps count from the base model: a run from step 12 on made no extra passes."""
+    rows = [SimpleNamespace(step=step, metrics=UPDATED, reward_mean=0.5, reward_std=0.1) for step in (13, 14)]
+    config = {"num_minibatches": 1, "ppo_epochs": 1, "early_ppo_epochs": 2, "early_ppo_epochs_steps": 1}
+    note = chart_data(rows, config=config)["series"]["clip_fraction"]["note"]
+    assert "One policy update per batch" in note and "early_ppo_epochs" not in note
+    first = chart_data(
+        [SimpleNamespace(step=1, metrics=UPDATED, reward_mean=0.5, reward_std=0.1)], config=config
+    )
+    assert "Step 1 makes 2 optimizer steps" in first["series"]["clip_fraction"]["note"]
 
 
 def test_chart_data_has_completion_length_sub_rewards_and_validation(cast, alpha_setup):

@@ -82,7 +82,9 @@ def test_packed_update_equals_the_padded_one(tiny_model_dir, tmp_path, config):
 def test_a_groups_prompt_is_fed_once_and_nothing_is_padding(tiny_model_dir, tmp_path):
     groups = random_groups()
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    trainer = Trainer(model, tokenizer, TrainConfig(group_size=5, num_minibatches=1), LoraSpec())
+    # One update (the defaults make two passes on a run's first step): one forward to measure.
+    config = TrainConfig(group_size=5, num_minibatches=1, early_ppo_epochs_steps=0)
+    trainer = Trainer(model, tokenizer, config, LoraSpec())
     widths = []
     handle = trainer.policy.get_base_model().model.embed_tokens.register_forward_hook(
         lambda module, inputs, output: widths.append(tuple(inputs[0].shape))
@@ -103,7 +105,8 @@ def test_a_groups_prompt_is_fed_once_and_nothing_is_padding(tiny_model_dir, tmp_
 
 def test_the_padded_fallback_reports_its_padding(tiny_model_dir, tmp_path):
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    trainer = Trainer(model, tokenizer, TrainConfig(group_size=2, num_minibatches=1), LoraSpec())
+    config = TrainConfig(group_size=2, num_minibatches=1, early_ppo_epochs_steps=0)  # one update
+    trainer = Trainer(model, tokenizer, config, LoraSpec())
     trainer.packed = False
     prompt = [5, 6, 7]
     group = TrainGroup(

@@ -151,7 +151,9 @@ def test_passes_per_step():
     def counts(**settings) -> list[int]:
         return [passes(TrainConfig(**settings), step) for step in (1, 2, 3, 4)]
 
-    assert counts() == [1, 1, 1, 1]
+    # The defaults: two passes on a run's first step (benchmarks/README.md), then one.
+    assert counts() == [2, 1, 1, 1]
+    assert counts(early_ppo_epochs_steps=0) == [1, 1, 1, 1]
     assert counts(ppo_epochs=2) == [2, 2, 2, 2]
     assert counts(early_ppo_epochs=2, early_ppo_epochs_steps=2) == [2, 2, 1, 1]
     # ppo_epochs is a floor: early_ppo_epochs never lowers it.

@@ -56,9 +56,11 @@ def test_reward_climbs_on_a_tiny_model(tiny_model):
 def test_first_update_sees_ratio_one_with_engine_logprobs(tiny_model):
     model, tokenizer = tiny_model
     # temperature != 1: engine and trainer must temper the same way for ratios to start at 1.
+    # One update a step (the defaults make a second pass on step 1): each is on the sampler's policy.
     config = TrainConfig(
-        group_size=4, temperature=0.7, max_new_tokens=12, learning_rate=1e-2, num_minibatches=1
-    )
+        group_size=4, temperature=0.7, max_new_tokens=12, learning_rate=1e-2, num_minibatches=1,
+        early_ppo_epochs_steps=0,
+    )  # fmt: skip
     trainer = Trainer(model, tokenizer, config, LoraSpec())
     for _ in range(2):
         metrics = trainer.train_step(sample_groups(trainer, config))
@@ -170,7 +172,8 @@ def test_forward_passes_respect_the_token_budget(tiny_model):
 
 def test_kl_to_the_base_model_starts_at_zero_and_grows(tiny_model):
     model, tokenizer = tiny_model
-    config = TrainConfig(group_size=4, max_new_tokens=8, learning_rate=2e-2, kl_coef=0.1, num_minibatches=1)
+    config = TrainConfig(group_size=4, max_new_tokens=8, learning_rate=2e-2, kl_coef=0.1, num_minibatches=1,
+                         early_ppo_epochs_steps=0)  # fmt: skip
     trainer = Trainer(model, tokenizer, config, LoraSpec())
     kls = [trainer.train_step(sample_groups(trainer, config))["kl"] for _ in range(4)]
     assert kls[0] == pytest.approx(0.0, abs=1e-7)  # LoRA B starts at zero: policy == base
