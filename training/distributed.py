@@ -73,7 +73,7 @@ import torch
 import torch.distributed as dist
 
 from training.losses import KL_AVERAGE, LossInputError
-from training.session import Datum, ForwardBackwardResult, TrainingSession
+from training.session import Datum, ForwardBackwardResult, TrainingSession, check_token_ids
 
 T = TypeVar("T")
 
@@ -664,6 +664,8 @@ class MirroredSession:
             self._mirror(name, args, kwargs)
 
     def _mirror(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name in ("forward", "forward_backward"):  # a bad token id: refused before any rank runs
+            check_token_ids(args[0] if args else kwargs["data"], self.session.vocabulary)
         self.followers.send(("call", name, args, kwargs))
         if self._parallel is None or self._generation != self.followers.generation:
             self._parallel = DataParallelSession(self.session)  # meets the followers' broadcast

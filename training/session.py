@@ -26,6 +26,12 @@ reaches it. A call then runs as many passes on every rank as the rank with the m
 then idle one-token passes with a zero loss), checks its input before the first pass (a token outside
 the vocabulary), and a call that fails in one pass runs its remaining passes idle before it raises:
 no rank is left waiting in a gather the others never reach.
+
+Every session, sharded or not, checks token ids before they reach the embedding (an id outside the
+vocabulary is an IndexError on the CPU and a device-side assert that poisons a CUDA process for every
+session on it): datums' inputs and targets, and sample prompts, whose length plus ``max_new_tokens``
+must also fit the model's context. ``start_sample`` runs a sample a few decode steps at a time
+(``SampleInProgress.advance``), so a host can let other sessions' primitives in between.
 """
 
 from __future__ import annotations
@@ -125,6 +131,88 @@ class ForwardBackwardResult:
     logprobs: list[list[float]]  # per datum, N values (0.0 before its first computed position)
 
 
+def check_token_ids(data: Sequence[Datum], vocabulary: int) -> None:
+    """Every datum's input and target ids lie in ``0..vocabulary - 1``; else a LossInputError that
+    names the datum and the position (``data[3].model_input[17]``)."""
+    for index, datum in enumerate(data):
+        for name, ids in (("model_input", datum.model_input),
+                          ("loss_fn_inputs.target_tokens", datum.loss_fn_inputs.get("target_tokens") or [])):  # fmt: skip
+            _check_ids(ids, vocabulary, f"data[{index}].{name}")
+
+
+def check_prompt_ids(prompts: Sequence[Sequence[int]], vocabulary: int) -> None:
+    """Every prompt's ids lie in the vocabulary (``prompts[0][5]`` names a bad one)."""
+    for index, prompt in enumerate(prompts):
+        _check_ids(prompt, vocabulary, f"prompts[{index}]")
+
+
+def _check_ids(ids: Sequence[Any], vocabulary: int, where: str) -> None:
+    try:
+        if not ids or (min(ids) >= 0 and max(ids) < vocabulary):  # at C speed; the loop finds the culprit
+            return
+    except TypeError:
+        pass
+    for position, token in enumerate(ids):
+        if (
+            isinstance(token, bool)
+            or not isinstance(token, int | float)
+            or not math.isfinite(token)
+            or token != int(token)
+        ):
+            raise LossInputError(f"{where}[{position}]: {token!r} is not a token id")
+        if not 0 <= int(token) < vocabulary:
+            raise LossInputError(
+                f"{where}[{position}]: token id {int(token)} is outside the model's vocabulary of "
+                f"{vocabulary} (ids 0..{vocabulary - 1})"
+            )
+
+
+def context_length_of(model: Any) -> int | None:
+    """The model's context in tokens, from its config (None when it states none)."""
+    from training.base_models import CONTEXT_KEYS
+
+    config = getattr(model, "config", None)
+    for key in CONTEXT_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+class SampleInProgress:
+    """A sample decoding on a session's engine, ``advance``d a bounded number of decode steps at a
+    time. Between two ``advance`` calls the host may run other sessions' primitives on the same base
+    (the KV cache is this object's); before each, the host makes this session live again (its
+    adapter active, its RNG states in the generators: training.session_pool), so the choices are
+    those of one uninterrupted ``sample``."""
+
+    def __init__(self, engine: Any, prompts: list[list[int]], sampling: Any) -> None:
+        from training.engines.decode import DecodeBatch
+
+        self.engine = engine
+        self._batch = DecodeBatch(engine, None)
+        self._handles = self._batch.add(prompts, sampling)
+        self._finished: dict[int, Any] = {}
+
+    @property
+    def done(self) -> bool:
+        return not self._batch.live
+
+    def advance(self, steps: int | None = None) -> bool:
+        """Decode up to ``steps`` tokens for every live row (None: to the end); True when done."""
+        taken = 0
+        with self.engine.inference(None):  # once per slice, not per step
+            while self._batch.live and (steps is None or taken < steps):
+                for handle, choice in self._batch.step():
+                    self._finished[handle] = choice
+                taken += 1
+        return self.done
+
+    def choices(self) -> list[Any]:
+        """One ``Choice`` per prompt, in order (once ``done``)."""
+        return [self._finished[handle] for handle in self._handles]
+
+
 class TrainingSession:
     """The primitives over one policy. Built on a ``training.trainer.Trainer`` (which owns the
     peft model, the optimizer and the checkpoint format); the session adds nothing to its state."""
@@ -138,18 +226,39 @@ class TrainingSession:
         logprobs (``training.engines.base.Choice``, one per prompt). ``sampling``: a
         ``SamplingParams``; with ``seed=None`` it draws from the session's RNG, so a session's
         samples do not depend on what other sessions did."""
+        running = self.start_sample(prompts, sampling)
+        running.advance()
+        return running.choices()
+
+    def start_sample(self, prompts: Sequence[list[int]], sampling: Any) -> SampleInProgress:
+        """``sample``, checked (ids in the vocabulary, each prompt plus ``max_new_tokens`` within the
+        model's context) and queued, not yet decoded: the caller ``advance``s it."""
         if self.trainer.sharded or self.trainer.config.fsdp:  # sharded, or to be at its first call
             raise ValueError(
                 "this session's base model is sharded across its devices (fsdp): it cannot sample on "
                 "one of them; save_weights_for_sampler and sample that checkpoint on an inference server"
             )
+        prompts = [list(p) for p in prompts]
+        check_prompt_ids(prompts, self.vocabulary)
+        context = context_length_of(self.trainer.model)
+        for index, prompt in enumerate(prompts):
+            if context is not None and len(prompt) + sampling.max_new_tokens > context:
+                raise LossInputError(
+                    f"prompts[{index}]: {len(prompt)} prompt tokens plus max_new_tokens "
+                    f"{sampling.max_new_tokens} exceed the model's context of {context} tokens"
+                )
         if self._engine is None:
             from training.engines.transformers_engine import TransformersEngine
 
             self._engine = TransformersEngine(
                 self.trainer.model, self.trainer.tokenizer, device=self.trainer.device
             )
-        return self._engine.generate_from_tokens([list(p) for p in prompts], sampling)
+        return SampleInProgress(self._engine, prompts, sampling)
+
+    @property
+    def vocabulary(self) -> int:
+        """How many token ids the model's embedding can look up."""
+        return int(self.trainer.model.get_input_embeddings().weight.shape[0])
 
     # ------------------------------------------------------------------ primitives
     def forward(self, data: Sequence[Datum], *, reference: Path | str | None = None) -> list[list[float]]:
@@ -326,28 +435,13 @@ class TrainingSession:
         """The call's samples and forward passes. On a sharded base a datum that cannot be laid
         out is not raised here but returned, to be raised once every rank has run its passes."""
         try:
+            check_token_ids(data, self.vocabulary)
             samples = [datum.sample() for datum in data]
-            if self.trainer.sharded:
-                self._check_vocabulary(samples)
             return samples, self._layout(samples, whole=whole), None
         except Exception as exc:
             if not self.trainer.sharded:
                 raise
             return [], [], exc
-
-    def _check_vocabulary(self, samples: list[TrainSample]) -> None:
-        """A token id the embedding cannot look up fails the call before its first pass."""
-        vocabulary = int(self.trainer.model.get_input_embeddings().weight.shape[0])
-        for index, sample in enumerate(samples):
-            tokens = (*sample.prompt_token_ids, *sample.completion_token_ids)
-            if not tokens:
-                continue
-            low, high = int(min(tokens)), int(max(tokens))
-            if low < 0 or high >= vocabulary:
-                raise LossInputError(
-                    f"datum {index}: token id {low if low < 0 else high} is outside the model's "
-                    f"vocabulary (0..{vocabulary - 1})"
-                )
 
     def _in_step(self, rows: list[_Row]) -> list[_Row | None]:
         """``rows``, and on a sharded base as many idle passes (None) after them as make this

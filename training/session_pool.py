@@ -18,7 +18,8 @@ restarts a lost follower and replays the calls since the last optim_step), the r
 saves) on rank 0 alone. A process joins one process group, so a pool trains at most one such
 session at a time; it is never evicted (its ranks hold its state too).
 
-One thread at a time: the caller serialises use (the trainer service holds one lock per pool).
+One thread at a time: the caller serialises use (the trainer service holds one lock per pool, a
+sample's decoding taking it a slice at a time: ``hold`` keeps such a session resident in between).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class _Entry:
     used_at: float = field(default_factory=time.monotonic)
     spilled: Path | None = None
     ranks: Any = None  # a training.distributed.MirroredSession when the session has devices > 1
+    holds: int = 0  # samples decoding on it a slice at a time (``hold``): never evicted meanwhile
 
     @property
     def base_key(self) -> str:
@@ -177,6 +179,12 @@ class SessionPool:
             self._entries.move_to_end(session_id)
             self._enforce_budget(keep=entry)
 
+    def hold(self, session_id: str, held: bool) -> None:
+        """Keep the session resident (``held``) while a sample decodes on it between uses (the
+        trainer service runs one a slice at a time), or let it go again."""
+        entry = self._entry(session_id)
+        entry.holds = max(0, entry.holds + (1 if held else -1))
+
     def close(self, session_id: str) -> None:
         """Forget the session: its adapter and optimizer are freed, its spilled state deleted."""
         entry = self._entries.pop(session_id, None)
@@ -204,6 +212,8 @@ class SessionPool:
             raise ValueError(f"session {session_id!r} has gradients not yet stepped: optim_step first")
         if entry.ranks is not None:
             raise ValueError(f"session {session_id!r} is data-parallel: its ranks hold it, it is not evicted")
+        if entry.holds:
+            raise ValueError(f"session {session_id!r} is sampling: it is not evicted until the sample ends")
         self._activate(entry)  # save_state writes the process's RNG states: make them the session's
         path = self.spill_dir / entry.adapter
         entry.trainer.save_checkpoint(path, step=entry.trainer.step, metrics={})
@@ -377,6 +387,12 @@ class SessionPool:
         for entry in list(self._entries.values()):  # least recently used first
             if self.resident_bytes() <= self.budget_bytes:
                 return
-            if entry is keep or not entry.resident or entry.pending() or entry.ranks is not None:
+            if (
+                entry is keep
+                or not entry.resident
+                or entry.pending()
+                or entry.ranks is not None
+                or entry.holds
+            ):
                 continue
             self.evict(entry.session_id)

@@ -33,6 +33,11 @@ class LeaseLost(TrainerServiceError):
     """Another holder has the session, or the lease lapsed."""
 
 
+class TrainerServiceRefused(TrainerServiceError, ValueError):
+    """The service refused the request's content (HTTP 400: a token outside the vocabulary, a prompt
+    too long for the context, ...): the caller's mistake, told to its client as such."""
+
+
 class TrainerServiceClient:
     def __init__(self, url: str, *, token: str = "", timeout_s: float = 600.0) -> None:
         self.url = url.rstrip("/")
@@ -53,7 +58,7 @@ class TrainerServiceClient:
                 error = json.loads(exc.read())["error"]
             except (ValueError, KeyError, TypeError):
                 error = {"message": exc.reason, "code": ""}
-            kind = LeaseLost if exc.code == 409 else TrainerServiceError
+            kind = {409: LeaseLost, 400: TrainerServiceRefused}.get(exc.code, TrainerServiceError)
             raise kind(exc.code, error.get("message", ""), error.get("code") or "") from None
 
     def stats(self) -> dict[str, Any]:

@@ -6,8 +6,12 @@ uses a session without loading anything.
 Every session is *claimed* by a holder (a worker's job, an API request's owner) for a lease that
 the holder renews with heartbeats; a primitive from anyone else is refused (409) while the lease
 lives. When it lapses the session stays resident and may be claimed by the next holder. The service
-answers one primitive at a time per process (one lock: the sessions share a model); heartbeats,
-claims and /stats answer at once.
+runs one primitive at a time per process (one lock: the sessions share a model), except that a sample
+decodes ``sample_slice_steps`` tokens per hold of the lock: the lock is fair (first come, first
+served), so another team's forward_backward waits for one slice, not for the whole sample. A
+session's own primitives still run one after another (a lock per session). Heartbeats, claims and
+/stats answer at once. A sample's ``max_new_tokens`` is capped (``max_new_tokens``) and each prompt
+plus it must fit the model's context; token ids outside the vocabulary are a 400 (training.session).
 
 Routes (JSON; every route but /health needs the service token as a bearer token):
     POST   /sessions                       open: {session_id, base_model, config, lora, state?, tag?, holder, lease_s,
@@ -98,6 +102,38 @@ class ServiceConfig:
     token: str = ""
     default_lease_s: float = 60.0
     max_lease_s: float = 3600.0
+    max_new_tokens: int = 4096  # the most new tokens a sample may ask for (the inference server's cap)
+    # Decode steps a sample runs per hold of the lock (others' primitives go in between); 0: the whole
+    # sample in one hold (the behaviour before issue 51, kept for benchmarks/trainer_fairness.py).
+    sample_slice_steps: int = 8
+
+
+class FairLock:
+    """A lock granted in the order it was asked for (a ticket lock): a thread that releases it
+    and asks again queues behind those already waiting, which ``threading.Lock`` does not promise."""
+
+    def __init__(self) -> None:
+        self._turn = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    def __enter__(self) -> FairLock:
+        with self._turn:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            while self._serving != ticket:
+                self._turn.wait()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._turn:
+            self._serving += 1
+            self._turn.notify_all()
+
+    def waiting(self) -> int:
+        """Threads queued or holding it."""
+        with self._turn:
+            return self._next_ticket - self._serving
 
 
 @dataclass
@@ -109,7 +145,8 @@ class TrainerService:
     # Sessions their holder can open again from a recorded checkpoint (client jobs' kept sessions):
     # one that holds data-parallel ranks, unclaimed, gives them up to another that needs them.
     closable: set[str] = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)  # one primitive at a time
+    _lock: FairLock = field(default_factory=FairLock)  # one primitive (or sample slice) at a time
+    _session_locks: dict[str, threading.Lock] = field(default_factory=dict)  # a session's calls in order
     _leases_lock: threading.Lock = field(default_factory=threading.Lock)
     primitives_run: int = 0
 
@@ -202,6 +239,7 @@ class TrainerService:
             self.pool.close(session_id)
         with self._leases_lock:
             self.leases.pop(session_id, None)
+            self._session_locks.pop(session_id, None)
         self.closable.discard(session_id)
 
     def _claim(self, session_id: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -251,7 +289,44 @@ class TrainerService:
                                param="lease_s")  # fmt: skip
         return float(value)
 
+    def _session_lock(self, session_id: str) -> threading.Lock:
+        with self._leases_lock:
+            return self._session_locks.setdefault(session_id, threading.Lock())
+
     def _primitive(self, session_id: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self._session_lock(session_id):
+            if action == "sample":
+                return self._sample(session_id, body)
+            return self._locked_primitive(session_id, action, body)
+
+    def _sample(self, session_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Decode ``sample_slice_steps`` tokens per hold of the lock (see the module doc); the
+        session is made live again (adapter, RNG) for every slice and kept resident in between."""
+        prompts, sampling = _prompts(body), _sampling(body)
+        if sampling.max_new_tokens > self.config.max_new_tokens:
+            raise ServiceError(400, f"max_new_tokens may be at most {self.config.max_new_tokens} on this trainer",
+                               param="sampling.max_new_tokens")  # fmt: skip
+        steps = self.config.sample_slice_steps or None
+        with self._lock:
+            self.primitives_run += 1
+            with self.pool.use(session_id) as session:
+                running = session.start_sample(prompts, sampling)
+                stop_token_ids = sorted(session.stop_token_ids())
+                done = running.advance(steps)
+            if not done:
+                self.pool.hold(session_id, True)
+        if not done:
+            try:
+                while not done:
+                    with self._lock, self.pool.use(session_id):
+                        done = running.advance(steps)
+            finally:
+                with self._lock:
+                    if session_id in self.pool:
+                        self.pool.hold(session_id, False)
+        return {"choices": [choice_body(c) for c in running.choices()], "stop_token_ids": stop_token_ids}
+
+    def _locked_primitive(self, session_id: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             self.primitives_run += 1
             with self.pool.use(session_id) as session:
@@ -265,10 +340,6 @@ class TrainerService:
                     result = session.forward_backward(_data(body), loss_fn, body.get("loss_fn_config") or {},
                                                       forward_only=bool(body.get("forward_only")))  # fmt: skip
                     return {"loss": result.loss, "metrics": result.metrics, "logprobs": result.logprobs}
-                if action == "sample":
-                    choices = session.sample(_prompts(body), _sampling(body))
-                    return {"choices": [choice_body(c) for c in choices],
-                            "stop_token_ids": sorted(session.stop_token_ids())}  # fmt: skip
                 if action == "reset_optimizer":
                     session.reset_optimizer()
                     return {}
@@ -313,7 +384,7 @@ class TrainerService:
             return
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
         try:
-            if scope["path"] == "/health":
+            if (scope["method"], scope["path"]) == ("GET", "/health"):  # the one open route: liveness
                 status, body = 200, {"status": "ok"}
             elif not self._authorized(headers):
                 raise ServiceError(401, "a valid trainer service token is required", code="invalid_api_key")

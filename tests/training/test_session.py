@@ -171,3 +171,30 @@ def test_the_padded_layout_gives_the_same_logprobs_and_loss_as_the_packed_one(se
     for a, b in zip(packed[0], padded[0], strict=True):
         assert a == pytest.approx(b, abs=1e-5)
     assert packed[1] == pytest.approx(padded[1], rel=1e-5)
+
+
+def test_every_session_refuses_token_ids_outside_the_vocabulary_naming_datum_and_position(session):
+    """A bad id is refused before it reaches the embedding (an IndexError on the CPU, a device-side
+    assert on CUDA), for inputs, targets and sample prompts, negative ids too."""
+    from training.engines.base import SamplingParams
+
+    vocabulary = session.vocabulary
+    good = sequence_datum([5, 9, 14, 3, 22], trained_from=1)
+    bad_input = Datum(model_input=[5, 9, 10**6], loss_fn_inputs={"target_tokens": [9, 10**6, 4]})
+    with pytest.raises(
+        LossInputError, match=rf"data\[1\]\.model_input\[2\]: token id 1000000 .*{vocabulary}"
+    ):
+        session.forward_backward([good, bad_input], "cross_entropy")
+    bad_target = Datum(model_input=[5, 9], loss_fn_inputs={"target_tokens": [9, -1]})
+    with pytest.raises(LossInputError, match=r"data\[0\]\.loss_fn_inputs\.target_tokens\[1\]: token id -1"):
+        session.forward([bad_target])
+    assert all(p.grad is None for p in session.trainer.trainable_parameters)  # nothing ran
+    sampling = SamplingParams(max_new_tokens=4)
+    with pytest.raises(LossInputError, match=rf"prompts\[1\]\[0\]: token id {vocabulary} "):
+        session.sample([[5, 9], [vocabulary, 3]], sampling)
+    # The prompt plus max_new_tokens must fit the model's context (1024 for the tiny model).
+    with pytest.raises(
+        LossInputError, match=r"prompts\[0\]: 2 prompt tokens plus max_new_tokens 1023 exceed"
+    ):
+        session.sample([[5, 9]], SamplingParams(max_new_tokens=1023))
+    assert len(session.sample([[5, 9]], SamplingParams(max_new_tokens=2))[0].token_ids) <= 2

@@ -5,6 +5,9 @@ sessions interleaving on one base train exactly as each does alone."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -155,3 +158,120 @@ def test_two_teams_over_http_train_exactly_as_each_alone(live_service, tiny_mode
         assert all(torch.equal(saved[key], expected[key]) for key in saved), f"{name}: not bit for bit"
     sessions["alpha"].close()
     assert live_service.stats()["sessions"] == 1
+
+
+def test_token_ids_outside_the_vocabulary_and_oversized_samples_are_400s(service, tiny_model_dir):
+    """The service protects itself from any caller: a bad id is a 400 naming the datum and position
+    (not an IndexError's 500), max_new_tokens is capped, a prompt must fit the context."""
+    import asyncio
+    import json
+
+    config, lora = ALPHA
+    service.handle("POST", "/sessions", {"session_id": "s", "holder": "h", "base_model": str(tiny_model_dir),
+                                         "config": config.to_dict(), "lora": lora.to_dict(), "lease_s": 3000})  # fmt: skip
+
+    def answer(path: str, body: dict) -> tuple[int, dict]:
+        sent: list[dict] = []
+        raw = json.dumps(body).encode()
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": path, "headers": []}
+        asyncio.run(service(scope, receive, send))
+        return sent[0]["status"], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+
+    bad = {"model_input": [5, 9, 1_000_000], "loss_fn_inputs": {"target_tokens": [9, 1_000_000, 3]}}
+    data = [datum_json(DATA["alpha"][0][0]), bad]
+    status, body = answer(
+        "/sessions/s/forward_backward", {"holder": "h", "data": data, "loss_fn": "cross_entropy"}
+    )
+    assert status == 400 and "data[1].model_input[2]: token id 1000000 is outside" in body["error"]["message"]
+    status, body = answer("/sessions/s/sample", {"holder": "h", "prompts": [[5, 1_000_000]]})
+    assert status == 400 and "prompts[0][1]: token id 1000000" in body["error"]["message"]
+    status, body = answer(
+        "/sessions/s/sample", {"holder": "h", "prompts": [[5]], "sampling": {"max_new_tokens": 10**9}}
+    )
+    assert (status, body["error"]["param"]) == (400, "sampling.max_new_tokens")
+    status, body = answer(
+        "/sessions/s/sample", {"holder": "h", "prompts": [[5] * 1000], "sampling": {"max_new_tokens": 100}}
+    )
+    assert status == 400 and "exceed the model's context of 1024" in body["error"]["message"]
+    status, body = answer(
+        "/sessions/s/sample", {"holder": "h", "prompts": [[5, 9]], "sampling": {"max_new_tokens": 2}}
+    )
+    assert status == 200 and len(body["choices"]) == 1
+
+
+class RecordingPool(SessionPool):
+    """A pool that records which session each use is for; a use of ``stall`` waits, holding the
+    service's lock, until another thread is queued on that lock (so the order is not timing's)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.uses: list[str] = []
+        self.stall: tuple[str, object] | None = None  # (session id, the service's lock)
+
+    def use(self, session_id):
+        self.uses.append(session_id)
+        if self.stall is not None and self.stall[0] == session_id:
+            deadline = time.monotonic() + 30
+            while self.stall[1].waiting() < 2 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            self.stall = None  # once
+        return super().use(session_id)
+
+
+@pytest.mark.parametrize("slice_steps", [2, 0])
+def test_a_forward_backward_submitted_during_a_long_sample_runs_before_the_sample_ends(
+    tiny_model_dir, tmp_path, slice_steps
+):
+    """Sampling takes the (fair) lock a few decode steps at a time: another team's forward_backward
+    queued meanwhile runs after one slice, not after the whole sample; the sample's tokens are those
+    of an uninterrupted one. ``slice_steps`` 0 is the old behaviour (the lock held for the whole
+    sample): there the forward_backward waits for the end, which is what the test tells apart."""
+    from training.engines.base import SamplingParams
+    from training.session import TrainingSession
+    from training.trainer import Trainer
+
+    pool = RecordingPool(load, spill_dir=tmp_path / "spill")
+    service = TrainerService(pool, ServiceConfig(root=tmp_path, sample_slice_steps=slice_steps))
+    for session_id, (config, lora) in (("sampler", ALPHA), ("trainer", BETA)):
+        service.handle("POST", "/sessions", {"session_id": session_id, "holder": session_id, "lease_s": 3000,
+                                             "base_model": str(tiny_model_dir), "config": config.to_dict(),
+                                             "lora": lora.to_dict()})  # fmt: skip
+    prompts = [[5, 9, 14], [8, 2], [3, 4, 5, 6]]
+    wire = {"max_new_tokens": 40, "temperature": 1.0, "stop_token_ids": []}
+    results: dict[str, object] = {}
+    pool.uses.clear()
+    pool.stall = ("sampler", service._lock)
+
+    def sample() -> None:
+        results["sample"] = service.handle("POST", "/sessions/sampler/sample",
+                                           {"holder": "sampler", "prompts": prompts, "sampling": wire})[1]  # fmt: skip
+        results["sample_done_at_use"] = len(pool.uses)
+
+    sampling_thread = threading.Thread(target=sample)
+    sampling_thread.start()
+    while not pool.uses:  # the sample holds the lock
+        time.sleep(0.005)
+    fb = {"holder": "trainer", "data": [datum_json(DATA["beta"][0][0])], "loss_fn": "cross_entropy"}
+    service.handle("POST", "/sessions/trainer/forward_backward", fb)
+    trained_at_use = pool.uses.index("trainer")
+    sampling_thread.join(timeout=120)
+    sampler_uses = [i for i, who in enumerate(pool.uses) if who == "sampler"]
+    if slice_steps:
+        assert trained_at_use < sampler_uses[-1], pool.uses  # in between two slices of the sample
+    else:
+        assert sampler_uses == [0] and trained_at_use == 1, pool.uses  # after the whole sample
+    # The tokens are those of one uninterrupted sample on a session of its own (the session's RNG).
+    model, tokenizer = load(str(tiny_model_dir))
+    alone = TrainingSession(Trainer(model, tokenizer, *ALPHA))
+    expected = alone.sample(prompts, SamplingParams(max_new_tokens=40, temperature=1.0))
+    got = results["sample"]["choices"]
+    assert [c["token_ids"] for c in got] == [c.token_ids for c in expected]
+    if slice_steps:
+        assert max(len(c.token_ids) for c in expected) > slice_steps  # the sample had several slices
