@@ -9,7 +9,9 @@ was written to disk to be answered 401. This wrapper, in front of both handlers
   (``Authorization: Bearer``; on ``/tinker/`` also the SDK's ``X-API-Key: tml-<key>``) or, on
   ``/api/`` only, a signed-in session (the gateway has none);
 - then a ``Content-Length`` over the route's limit: 413 at once; a body without one (chunked) is
-  cut at the limit with a 413 (the handler sees a disconnect and answers nothing).
+  cut at the limit with a 413 (the handler sees a disconnect and answers nothing);
+- a ``Content-Encoding`` the route's views do not decode: 415 unread (only ``/tinker/`` decodes
+  zstd, bounded by the same limit once decompressed: projects.content_encoding).
 
 A request without a body passes untouched (nothing to spool; the views authenticate as before), so
 anonymous routes (the schema, the docs) and every 404 answer as they did. A refusal says
@@ -33,6 +35,7 @@ from django.utils.crypto import constant_time_compare
 from rest_framework.exceptions import NotAuthenticated
 
 from projects import services
+from projects.content_encoding import ZSTD, UnsupportedEncoding, encoding_of
 from projects.gateway import lookups
 from projects.gateway.db import in_db_thread
 from projects.middleware import HEADER as REQUEST_ID_HEADER
@@ -85,6 +88,7 @@ class Route:
     gateway: bool  # /v1/ outside /v1/preview/, /v1/files and /v1/fine_tuning/: the gateway's own 401s
     sessions: bool  # a signed-in session counts as credentials (/api/ only)
     tinker: bool = False  # /tinker/: the SDK's X-API-Key (tml-…) and the Tinker views' 401s
+    encodings: tuple[str, ...] = ()  # the Content-Encodings its views decode (projects.content_encoding)
 
 
 def route_of(path: str) -> Route | None:
@@ -97,6 +101,7 @@ def route_of(path: str) -> Route | None:
             gateway=False,
             sessions=False,
             tinker=True,
+            encodings=(ZSTD,),
         )
     if path.startswith(PREVIEW_PREFIX):  # OpenPipe ART's training jobs: many megabytes of groups
         return Route(settings.PREVIEW_MAX_BODY_BYTES, "PREVIEW_MAX_BODY_BYTES", gateway=False, sessions=False)
@@ -146,6 +151,17 @@ def too_large(route: Route) -> Refusal:
     if route.setting == "PREVIEW_MAX_BODY_BYTES":
         message += " Send fewer trajectory groups per training job."
     return Refusal(413, message, "body_too_large")
+
+
+def encoding_refusal(headers: dict[bytes, bytes], route: Route) -> Refusal | None:
+    """A 415 for a Content-Encoding the route's views do not decode: such a body would otherwise be
+    parsed as if it were plain (the Tinker views decode theirs, bounded: projects.content_encoding)."""
+    header = headers.get(b"content-encoding")
+    try:
+        encoding_of(header.decode("latin-1") if header is not None else None, accepted=route.encodings)
+    except UnsupportedEncoding as exc:
+        return Refusal(415, exc.message, exc.code)
+    return None
 
 
 def unauthenticated(route: Route, reason: tuple[str, str]) -> Refusal:
@@ -301,6 +317,9 @@ def with_body_limits(app: ASGIApp) -> ASGIApp:
             return
         if declared is not None and declared > route.limit:
             await too_large(route).send(send)
+            return
+        if announced and (refusal := encoding_refusal(headers, route)) is not None:
+            await refusal.send(send)
             return
         body = _CountedBody(receive, scope, route, credentials_checked=announced)
         started = False

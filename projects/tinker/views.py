@@ -13,7 +13,6 @@ there or ``TINKER_POLL_S`` passes (then ``try_again``: the SDK asks again at onc
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from functools import wraps
@@ -25,6 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from projects import services
 from projects.access import Permission, TeamAccess, key_role
+from projects.content_encoding import ZSTD, decoded_body
 from projects.errors import DomainError, NotFound, ValidationFailed
 from projects.models import (
     BaseModel,
@@ -35,6 +35,7 @@ from projects.models import (
     TinkerSession,
 )
 from projects.tinker.paths import checkpoint_for_path
+from training import strict_json
 from training.openai_errors import error_object
 from training.tinker_wire import PROTOBUF, WireError
 
@@ -109,21 +110,18 @@ def _body(request: HttpRequest) -> bytes:
     data = request.read(limit + 1)
     if len(data) > limit:
         raise _Denied(413, f"the body is over {limit} bytes (PREVIEW_MAX_BODY_BYTES)")
-    if request.headers.get("Content-Encoding", "") == "zstd":
-        import zstandard
-
-        try:
-            data = zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
-        except zstandard.ZstdError as exc:
-            raise _Denied(400, f"the body is not valid zstd: {exc}") from None
-    return data
+    # Decoded as a stream and stopped at the same limit, whatever the frame declares (issue 51).
+    return decoded_body(data, request.headers.get("Content-Encoding"), limit=limit,
+                        setting="PREVIEW_MAX_BODY_BYTES", accepted=(ZSTD,))  # fmt: skip
 
 
 def _json(request: HttpRequest) -> dict[str, Any]:
+    """The body through the one strict reader (training.strict_json): depth, NaN, 1e400, integers
+    past 64 bits, lone surrogates and NUL are a 400 naming the position, never a 500 later."""
     try:
-        value = json.loads(_body(request) or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValidationFailed(f"the body is not JSON: {exc}") from None
+        value = strict_json.loads(_body(request) or b"{}", allow_nul=False)
+    except strict_json.JSONError as exc:
+        raise ValidationFailed(f"the body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ValidationFailed("the body must be a JSON object")
     return value
