@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from projects.errors import NotFound, ValidationFailed
 from projects.models import Checkpoint, Team, TinkerModel
+from projects.selectors import scoped
 
 SCHEME = "tinker://"
 
@@ -27,11 +28,13 @@ def checkpoint_for_path(team: Team, path: str, *, param: str, public: bool = Fal
                                field=param)  # fmt: skip
     if kind == "step":  # a platform checkpoint: tinker://<project>.<model>/step/<N>
         project, _, model = owner.partition(".")
-        checkpoint = Checkpoint.objects.filter(
-            model__project__team=team, model__project__name=project, model__name=model,
+        checkpoint = scoped(Checkpoint, team).filter(
+            model__project__name=project, model__name=model,
             step=int(name) if name.isdigit() else -1,
         ).select_related("model__base_model").first()  # fmt: skip
     elif kind in ("weights", "sampler_weights", "external_weights"):
+        # Unscoped on purpose: a name another team published is readable (``public``); the owner's
+        # team is checked below for everything else.
         tinker = TinkerModel.objects.filter(pk=owner).select_related("session").first()
         checkpoint = None
         if tinker is not None and (public or tinker.session.team_id == team.pk):

@@ -14,6 +14,7 @@ from projects import services
 from projects.access import TeamAccess
 from projects.errors import Conflict, NotFound, ValidationFailed
 from projects.models import Checkpoint, Project, TinkerModel
+from projects.selectors import scoped
 from projects.services.tinker import TINKER_PROJECT
 from projects.tinker import exports
 from projects.tinker.paths import SCHEME, checkpoint_for_path, is_public, name_expiry
@@ -126,7 +127,7 @@ def user_checkpoints(request: HttpRequest, access: TeamAccess) -> dict[str, Any]
     newest first, ``limit`` / ``offset`` paged."""
     limit, offset = _int_param(request, "limit", 100, 1, 1000), _int_param(request, "offset", 0, 0, 10**9)
     # Two queries whatever the number of training clients: their ids by model, then the checkpoints.
-    clients = dict(TinkerModel.objects.filter(session__team=access.team).values_list("model_id", "id"))
+    clients = dict(scoped(TinkerModel, access.team).values_list("model_id", "id"))
     checkpoints = Checkpoint.objects.filter(model_id__in=clients)
     rows = sorted((row for checkpoint in checkpoints for row in _rows_of(clients[checkpoint.model_id], checkpoint)),
                   key=lambda r: r["time"], reverse=True)  # fmt: skip
@@ -188,7 +189,7 @@ def copy_weights(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     elif not isinstance(project, str) or not project:
         raise ValidationFailed("name the project of your team that gets the copy (or a session_id and "
                                "model_seq_id)", field="destination_project_id")  # fmt: skip
-    elif project != TINKER_PROJECT and not Project.objects.filter(team=access.team, name=project).exists():
+    elif project != TINKER_PROJECT and not scoped(Project, access.team).filter(name=project).exists():
         raise NotFound(f"no project named {project!r} in your team", field="destination_project_id")
     path = services.tinker_weights_copy(
         team=access.team, source=source, source_path=source_path, session=session, model_seq_id=seq,
@@ -221,7 +222,7 @@ def not_offered(request: HttpRequest, what: str, **_: Any) -> HttpResponse:
 
 @endpoint("GET")
 def training_runs(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
-    models = TinkerModel.objects.filter(session__team=access.team).select_related("model__base_model")
+    models = scoped(TinkerModel, access.team).select_related("model__base_model")
     return {
         "training_runs": [_run_row(access, m) for m in models.order_by("-created_at")[:100]],
         "cursor": None,

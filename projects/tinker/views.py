@@ -1,10 +1,13 @@
 """The Tinker API's routes, as the ``tinker`` SDK (0.38) calls them under ``{base_url}/api/v1/``.
 
 Keys: ``X-API-Key: tml-<team API key>`` (the SDK refuses keys without the ``tml-`` prefix; artweb
-strips it). A read-only key may sample and read; training needs a read-write key. Everything a team
-did not create is a 404, whatever exists. Errors are 4xx with OpenAI's error object (the SDK shows
-its message); a request that fails while it runs is a failed future (``{"error", "category"}``),
-which the SDK raises as ``RequestFailedError``.
+strips it). A read-only key reads (clients, checkpoints, futures, weights info); whatever changes
+state needs a read-write key: sessions, heartbeats and finishing them, sampling (it creates rows and
+queues work on the shared trainer), cancelling, training, saves and telemetry. The key resolves
+through projects.access like the REST API's, and every row is read through ``scoped`` (the model's
+``TEAM_PATH``): everything a team did not create is a 404, whatever exists. Errors are 4xx with
+OpenAI's error object (the SDK shows its message); a request that fails while it runs is a failed
+future (``{"error", "category"}``), which the SDK raises as ``RequestFailedError``.
 
 Training requests (``forward_backward``, ``optim_step``, saves, loads) become futures a worker runs
 in ``seq_id`` order (projects.jobs.tinker); ``retrieve_future`` holds the poll until the result is
@@ -13,6 +16,7 @@ there or ``TINKER_POLL_S`` passes (then ``try_again``: the SDK asks again at onc
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from functools import wraps
@@ -23,8 +27,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from projects import services
-from projects.access import Permission, TeamAccess, key_role
-from projects.content_encoding import ZSTD, decoded_body
+from projects.access import Permission, TeamAccess, resolve_team_and_role
 from projects.errors import DomainError, NotFound, ValidationFailed
 from projects.models import (
     BaseModel,
@@ -34,8 +37,8 @@ from projects.models import (
     TinkerSampler,
     TinkerSession,
 )
+from projects.selectors import scoped
 from projects.tinker.paths import checkpoint_for_path
-from training import strict_json
 from training.openai_errors import error_object
 from training.tinker_wire import PROTOBUF, WireError
 
@@ -75,7 +78,9 @@ def _access(request: HttpRequest) -> TeamAccess:
     key = services.api_key_authenticate(raw=raw[len(KEY_PREFIX) :] if raw.startswith(KEY_PREFIX) else raw)
     if key is None:
         raise _Denied(401, "invalid or revoked API key (the Tinker SDK takes tml- followed by an artweb key)")
-    return TeamAccess(team=key.team, role=key_role(key), api_key=key)
+    access = resolve_team_and_role(api_key=key)  # the one resolver and role table (REST API, dashboard)
+    assert access is not None  # a key always acts for its own team
+    return access
 
 
 def endpoint(
@@ -90,7 +95,11 @@ def endpoint(
             try:
                 access = _access(request)
                 if write and not access.allows(Permission.WRITE):
-                    raise _Denied(403, "a read-only key cannot train: use a read-write key")
+                    raise _Denied(
+                        403,
+                        "a read-only key cannot change state (sessions, sampling, training, "
+                        "saves): use a read-write key",
+                    )
                 answer = view(request, access, *args, **kwargs)
             except _Denied as exc:
                 return _error(exc.status, str(exc), exc.param)
@@ -110,18 +119,21 @@ def _body(request: HttpRequest) -> bytes:
     data = request.read(limit + 1)
     if len(data) > limit:
         raise _Denied(413, f"the body is over {limit} bytes (PREVIEW_MAX_BODY_BYTES)")
-    # Decoded as a stream and stopped at the same limit, whatever the frame declares (issue 51).
-    return decoded_body(data, request.headers.get("Content-Encoding"), limit=limit,
-                        setting="PREVIEW_MAX_BODY_BYTES", accepted=(ZSTD,))  # fmt: skip
+    if request.headers.get("Content-Encoding", "") == "zstd":
+        import zstandard
+
+        try:
+            data = zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
+        except zstandard.ZstdError as exc:
+            raise _Denied(400, f"the body is not valid zstd: {exc}") from None
+    return data
 
 
 def _json(request: HttpRequest) -> dict[str, Any]:
-    """The body through the one strict reader (training.strict_json): depth, NaN, 1e400, integers
-    past 64 bits, lone surrogates and NUL are a 400 naming the position, never a 500 later."""
     try:
-        value = strict_json.loads(_body(request) or b"{}", allow_nul=False)
-    except strict_json.JSONError as exc:
-        raise ValidationFailed(f"the body is not valid JSON: {exc}") from None
+        value = json.loads(_body(request) or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationFailed(f"the body is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ValidationFailed("the body must be a JSON object")
     return value
@@ -135,9 +147,7 @@ def _text(body: dict[str, Any], name: str) -> str:
 
 
 def _session(access: TeamAccess, session_id: Any) -> TinkerSession:
-    session = (
-        TinkerSession.objects.filter(pk=str(session_id), team=access.team).select_related("project").first()
-    )
+    session = scoped(TinkerSession, access.team).filter(pk=str(session_id)).select_related("project").first()
     if session is None:
         raise NotFound(f"no session {session_id!r}", field="session_id")
     return session
@@ -145,7 +155,8 @@ def _session(access: TeamAccess, session_id: Any) -> TinkerSession:
 
 def _model(access: TeamAccess, model_id: Any) -> TinkerModel:
     model = (
-        TinkerModel.objects.filter(pk=str(model_id), session__team=access.team)
+        scoped(TinkerModel, access.team)
+        .filter(pk=str(model_id))
         .select_related("model__base_model", "session", "run")
         .first()
     )
@@ -175,7 +186,7 @@ def client_dynamic_config(request: HttpRequest, access: TeamAccess) -> dict[str,
     return {"refresh_interval_sec": 300, "sample_cancel_enabled": True, "sample_cancel_max_batch_size": 64}
 
 
-@endpoint("POST")
+@endpoint("POST", write=True)
 def telemetry(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     """The SDK's own error reports: accepted and dropped (artweb keeps its own logs)."""
     _body(request)
@@ -198,7 +209,7 @@ def server_capabilities(request: HttpRequest, access: TeamAccess) -> dict[str, A
     return {"supported_models": models}
 
 
-@endpoint("POST")
+@endpoint("POST", write=True)
 def create_session(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     body = _json(request)
     tags = body.get("tags") or []
@@ -214,7 +225,7 @@ def create_session(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     return {"type": "create_session", "session_id": session.pk}
 
 
-@endpoint("POST")
+@endpoint("POST", write=True)
 def session_heartbeat(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     services.tinker_session_heartbeat(session=_session(access, _json(request).get("session_id")))
     return {"type": "session_heartbeat"}
@@ -230,7 +241,7 @@ def session_detail(request: HttpRequest, access: TeamAccess, session_id: str) ->
     }
 
 
-@endpoint("POST")
+@endpoint("POST", write=True)
 def session_finish(request: HttpRequest, access: TeamAccess, session_id: str) -> dict[str, Any]:
     """The SDK's ``ServiceClient.close()`` (a ``with`` block's end): the session's runs end."""
     session = _session(access, session_id)
@@ -377,7 +388,7 @@ def no_access_tokens(request: HttpRequest, body: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------- sampling
-@endpoint("POST")
+@endpoint("POST", write=True)
 def create_sampling_session(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     body = _json(request)
     session = _session(access, body.get("session_id"))
@@ -409,11 +420,7 @@ def _sampler_for(
 
 @endpoint("GET")
 def sampler_detail(request: HttpRequest, access: TeamAccess, sampler_id: str) -> dict[str, Any]:
-    sampler = (
-        TinkerSampler.objects.filter(pk=sampler_id, session__team=access.team)
-        .select_related("base_model")
-        .first()
-    )
+    sampler = scoped(TinkerSampler, access.team).filter(pk=sampler_id).select_related("base_model").first()
     if sampler is None:
         raise NotFound(f"no sampler {sampler_id!r}")
     return {
@@ -423,16 +430,16 @@ def sampler_detail(request: HttpRequest, access: TeamAccess, sampler_id: str) ->
     }
 
 
-@endpoint("POST")
+@endpoint("POST", write=True)
 def asample(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     body = _json(request)
     sampler_id = body.get("sampling_session_id")
     if sampler_id:
-        sampler = TinkerSampler.objects.filter(pk=str(sampler_id), session__team=access.team).first()
+        sampler = scoped(TinkerSampler, access.team).filter(pk=str(sampler_id)).first()
         if sampler is None:
             raise NotFound(f"no sampling session {sampler_id!r}", field="sampling_session_id")
     else:
-        session = TinkerSession.objects.filter(team=access.team).order_by("-created_at").first()
+        session = scoped(TinkerSession, access.team).order_by("-created_at").first()
         if session is None:
             raise ValidationFailed("create a session first", field="sampling_session_id")
         sampler = _sampler_for(access, session, body, sampler_id=None)
@@ -462,12 +469,12 @@ def asample(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- futures
-@endpoint("POST")
+@endpoint("POST", write=True)
 def cancel_future(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     """The SDK abandoned a sample (a timeout, a cancelled task): queued, it never runs; running, its
-    result is dropped. A finished one stays as it was."""
+    result is dropped. A finished one stays as it was. Only the team's read-write keys cancel."""
     request_id = _json(request).get("request_id")
-    future = TinkerFuture.objects.filter(pk=str(request_id), team=access.team).first()
+    future = scoped(TinkerFuture, access.team).filter(pk=str(request_id)).first()
     if future is None:
         raise NotFound(f"no request {request_id!r}", field="request_id")
     services.tinker_future_cancel(future=future)
@@ -477,7 +484,7 @@ def cancel_future(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
 @endpoint("POST")
 def retrieve_future(request: HttpRequest, access: TeamAccess) -> HttpResponse:
     request_id = _json(request).get("request_id")
-    future = TinkerFuture.objects.filter(pk=str(request_id), team=access.team).first()
+    future = scoped(TinkerFuture, access.team).filter(pk=str(request_id)).first()
     if future is None:
         raise NotFound(f"no request {request_id!r}", field="request_id")
     deadline = time.monotonic() + settings.TINKER_POLL_S

@@ -92,6 +92,47 @@ def test_a_training_client_is_a_tinker_run_of_the_team(tinker, cast):
     assert call("get_info", {"model_id": model_id}, key=f"tml-{tinker['reader']}")[0] == 200
 
 
+def test_a_read_only_key_changes_nothing(tinker, cast):
+    """Issue 51: a read-only key finished another key's session (its run failed), created a project
+    and sampled; every state-changing route is now a 403 that leaves the rows as they were."""
+    from projects.models import Project, TinkerSampler, TinkerSession
+
+    reader, alpha = f"tml-{tinker['reader']}", f"tml-{tinker['alpha']}"
+    status, reply = call("create_session", {"tags": []}, key=reader)
+    assert status == 403 and "read-write key" in reply.json()["error"]["message"], reply.content
+    assert not Project.objects.filter(team=cast.alpha).exists() and not TinkerSession.objects.exists()
+    model_id = _model(tinker["alpha"])
+    run = TinkerModel.objects.get(pk=model_id).run
+    session = model_id.split(":")[0]
+    sample = {"sampling_session_id": f"{session}:sample:0", "num_samples": 1, "sampling_params": {"max_tokens": 2},
+              "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]}}  # fmt: skip
+    for route, body in (
+        (f"sessions/{session}/finish", {"reason": {"type": "closed"}}),
+        ("session_heartbeat", {"session_id": session}),
+        (
+            "create_sampling_session",
+            {"session_id": session, "sampling_session_seq_id": 0, "base_model": BASE},
+        ),
+        ("asample", {**sample, "sampling_session_id": None, "base_model": BASE}),
+        ("telemetry", {"events": []}),
+    ):
+        status, reply = call(route, body, key=reader)
+        assert status == 403, (route, reply.content)
+    run.refresh_from_db()
+    assert (
+        run.status == "running"
+        and not TinkerSampler.objects.exists()
+        and not TinkerFuture.objects.filter(kind="sample").exists()
+    )
+    # The same calls from the team's read-write key do change state (so the 403s are the key's).
+    assert call("create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0,
+                                            "base_model": BASE}, key=alpha)[0] == 200  # fmt: skip
+    assert call("asample", sample, key=alpha)[0] == 200
+    assert call(f"sessions/{session}/finish", {"reason": {"type": "closed"}}, key=alpha)[0] == 200
+    run.refresh_from_db()
+    assert run.status != "running"
+
+
 def test_a_training_client_asks_for_devices_in_its_user_metadata(tinker):
     key = f"tml-{tinker['alpha']}"
     session_id = call("create_session", {"tags": []}, key=key)[1].json()["session_id"]
@@ -536,8 +577,10 @@ def test_cancel_future_stops_a_queued_sample_and_nothing_else(tinker):
     request_id = call("asample", body, key=alpha)[1].json()["request_id"]
     assert call("cancel_future", {"request_id": request_id}, key=beta)[0] == 404
     assert call("cancel_future", {"request_id": "req-nope"}, key=alpha)[0] == 404
-    # A read-only key samples, so it may cancel its samples too.
+    # Only the team's read-write keys cancel: a read-only key is refused and the sample stays queued.
     status, reply = call("cancel_future", {"request_id": request_id}, key=f"tml-{tinker['reader']}")
+    assert status == 403 and TinkerFuture.objects.get(pk=request_id).status == TinkerFutureStatus.PENDING
+    status, reply = call("cancel_future", {"request_id": request_id}, key=alpha)
     assert status == 200, reply.content
     future = TinkerFuture.objects.get(pk=request_id)
     assert future.status == TinkerFutureStatus.CANCELLED
