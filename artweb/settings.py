@@ -266,6 +266,12 @@ TINKER_POLL_S = env_int("TINKER_POLL_S", 25, minimum=1)
 # A training client whose session was lost with its trainer process is rebuilt by running its
 # requests since its last saved state again (projects.jobs.tinker_recovery); past this many, it is lost.
 TINKER_REPLAY_MAX = env_int("TINKER_REPLAY_MAX", 500, minimum=0)
+# Fair sharing of the trainer (issue 51): a team's Tinker futures queued or running at once, samples
+# and training requests counted apart; one more is a 429 with Retry-After (TINKER_RETRY_AFTER_S).
+# A sample's max_tokens is capped by INFERENCE_MAX_TOKENS and, with its prompt, by the model's context.
+TINKER_MAX_PENDING_SAMPLES_PER_TEAM = env_int("TINKER_MAX_PENDING_SAMPLES_PER_TEAM", 32, minimum=1)
+TINKER_MAX_PENDING_TRAINING_PER_TEAM = env_int("TINKER_MAX_PENDING_TRAINING_PER_TEAM", 64, minimum=1)
+TINKER_RETRY_AFTER_S = env_int("TINKER_RETRY_AFTER_S", 5, minimum=1)
 # The largest request body read into memory: JSON bodies (API and gateway) and form fields; more is
 # a 413. Multipart files are not counted (a task-set `file` is bounded by MAX_TASKSET_BYTES).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 10 * 1024 * 1024, minimum=1024)

@@ -61,3 +61,15 @@ class Conflict(DomainError):
 
 class InvalidTransition(Conflict):
     code = "invalid_transition"
+
+
+class RateLimited(DomainError):
+    """The team has as much queued as it may have (a fair share of a shared trainer): try again
+    in ``retry_after_s`` seconds (the ``Retry-After`` header)."""
+
+    status_code = 429
+    code = error_kind(status_code).code  # "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: int, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.retry_after_s = retry_after_s

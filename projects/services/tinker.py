@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from projects.errors import Conflict, NotFound, ValidationFailed
+from projects.errors import Conflict, NotFound, RateLimited, ValidationFailed
 from projects.models import (
     CLIENT_KINDS,
     BaseModel,
@@ -199,6 +199,7 @@ def tinker_future_submit(
         if existing is not None:
             return existing
         _check_sole_writer(model)
+    _check_team_share(team, training=model is not None)
     try:
         with transaction.atomic():
             future = TinkerFuture.objects.create(
@@ -210,6 +211,29 @@ def tinker_future_submit(
 
     transaction.on_commit(lambda: enqueue(future))
     return future
+
+
+def _check_team_share(team: Team, *, training: bool) -> None:
+    """A team's futures queued or running on the shared trainer, at most
+    ``TINKER_MAX_PENDING_SAMPLES_PER_TEAM`` samples and ``TINKER_MAX_PENDING_TRAINING_PER_TEAM``
+    training requests: one team cannot fill the worker's queue ahead of the others (issue 51).
+    Over it: ``RateLimited`` (429 with ``Retry-After``). A count, not a lock: two requests at the
+    same instant may both pass, by one each."""
+    from django.conf import settings
+
+    pending = TinkerFuture.objects.filter(team=team, status=TinkerFutureStatus.PENDING)
+    if training:
+        limit, name, what = settings.TINKER_MAX_PENDING_TRAINING_PER_TEAM, "TRAINING", "training requests"
+        pending = pending.filter(model__isnull=False)
+    else:
+        limit, name, what = settings.TINKER_MAX_PENDING_SAMPLES_PER_TEAM, "SAMPLES", "samples"
+        pending = pending.filter(kind="sample")
+    if pending.count() >= limit:
+        raise RateLimited(
+            f"your team has {limit} {what} queued or running, the most it may have "
+            f"(TINKER_MAX_PENDING_{name}_PER_TEAM): retry when one finishes",
+            retry_after_s=settings.TINKER_RETRY_AFTER_S,
+        )
 
 
 def _check_sole_writer(model: TinkerModel) -> None:

@@ -28,7 +28,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from projects import services
 from projects.access import Permission, TeamAccess, resolve_team_and_role
-from projects.errors import DomainError, NotFound, ValidationFailed
+from projects.errors import DomainError, NotFound, RateLimited, ValidationFailed
 from projects.models import (
     BaseModel,
     TinkerFuture,
@@ -104,7 +104,10 @@ def endpoint(
             except _Denied as exc:
                 return _error(exc.status, str(exc), exc.param)
             except DomainError as exc:
-                return _error(exc.status_code, str(exc), exc.field)
+                response = _error(exc.status_code, str(exc), exc.field)
+                if isinstance(exc, RateLimited):  # a fair share of the trainer (issue 51)
+                    response["Retry-After"] = str(exc.retry_after_s)
+                return response
             except WireError as exc:
                 return _error(400, str(exc), exc.param)
             return answer if isinstance(answer, HttpResponse) else JsonResponse(answer)
@@ -463,9 +466,48 @@ def asample(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     ):
         raise ValidationFailed(f"must be from 1 to the prompt's length less one ({len(prompt) - 1})",
                                field="prompt_logprobs_last_n")  # fmt: skip
+    _check_sample_size(sampler.base_model, prompt, body.get("sampling_params"))
     payload = {**body, "sampler": sampler.pk}
     future = services.tinker_future_submit(team=access.team, kind="sample", payload=payload)
     return _future_reply(future, sample_sequence_ids=[f"{future.pk}:{i}" for i in range(num)])
+
+
+def _check_sample_size(base: BaseModel, prompt: list[int], params: Any) -> None:
+    """A sample the shared trainer will run (issue 51), refused here before it is queued:
+    ``max_tokens`` up to ``INFERENCE_MAX_TOKENS`` (the inference server's cap), the prompt plus it
+    within the model's context, every prompt id in its vocabulary. The trainer service checks the
+    same for every caller (training.session); a model this host cannot read is checked there only."""
+    from training.base_models import base_model_config, context_length
+
+    if params is not None and not isinstance(params, dict):
+        raise ValidationFailed("must be an object", field="sampling_params")
+    max_tokens = (params or {}).get("max_tokens")
+    limit = settings.INFERENCE_MAX_TOKENS
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= limit
+    ):
+        raise ValidationFailed(f"must be an integer from 1 to {limit} (INFERENCE_MAX_TOKENS)",
+                               field="sampling_params.max_tokens")  # fmt: skip
+    new_tokens = max_tokens or 64  # projects.jobs.tinker's default
+    try:
+        context = context_length(base.source, settings.MODEL_CACHE_DIR)
+        config = base_model_config(base.source, settings.MODEL_CACHE_DIR) or {}
+    except Exception:  # noqa: BLE001 (unreadable here: the trainer service checks it)
+        context, config = None, {}
+    if context is not None and len(prompt) + new_tokens > context:
+        raise ValidationFailed(
+            f"the prompt's {len(prompt)} tokens plus max_tokens {new_tokens} exceed {base.name}'s context "
+            f"of {context} tokens",
+            field="sampling_params.max_tokens",
+        )
+    vocabulary = config.get("vocab_size")
+    if isinstance(vocabulary, int) and vocabulary > 0:
+        for position, token in enumerate(prompt):
+            if token >= vocabulary:
+                raise ValidationFailed(
+                    f"token id {token} at position {position} is outside {base.name}'s vocabulary of {vocabulary}",
+                    field="prompt",
+                )
 
 
 # ---------------------------------------------------------------------- futures
