@@ -293,3 +293,27 @@ def test_tinker_routes_that_touch_no_team_answer_every_caller_alike(tinker):
                     problems.append(f"{key and key[:12]} {method.upper()} {url} → {status}, not {expected}")
     assert not problems, "\n".join(problems)
     assert walked >= 10
+
+
+def test_asample_without_a_sampler_never_takes_another_teams_session(tinker, tmp_path):
+    """``asample`` without a ``sampling_session_id`` samples in the caller's latest session: a team
+    with none gets a 400, never a sampler in another team's session."""
+    _world(tinker["alpha"], tmp_path)
+    before = TinkerSampler.objects.count()
+    body = {**_sample_body(""), "sampling_session_id": None, "base_model": BASE}
+    status, reply = call("asample", body, key=f"tml-{tinker['beta']}")
+    assert status == 400 and reply.json()["error"]["param"] == "sampling_session_id", reply.content
+    assert TinkerSampler.objects.count() == before
+    assert call("asample", body, key=f"tml-{tinker['alpha']}")[0] == 200  # the owner's own session
+
+
+def test_a_platform_checkpoint_path_of_another_team_is_404(tinker, alpha_setup, tmp_path):
+    """``tinker://<project>.<model>/step/<N>`` names a checkpoint of the caller's team only."""
+    from tests.factories import CheckpointFactory
+
+    CheckpointFactory(model=alpha_setup.model, step=0, path=str(tmp_path))
+    body = {"tinker_path": "tinker://math.agent/step/0"}
+    status, reply = call("weights_info", body, key=f"tml-{tinker['alpha']}")
+    assert status == 200, reply.content
+    status, reply = call("weights_info", body, key=f"tml-{tinker['beta']}")
+    assert status == 404 and reply.json()["error"]["param"] == "tinker_path", reply.content
