@@ -317,3 +317,25 @@ def test_a_platform_checkpoint_path_of_another_team_is_404(tinker, alpha_setup, 
     assert status == 200, reply.content
     status, reply = call("weights_info", body, key=f"tml-{tinker['beta']}")
     assert status == 404 and reply.json()["error"]["param"] == "tinker_path", reply.content
+
+
+def test_tinker_views_never_filter_by_team_by_hand():
+    """Every team-owned read goes through ``selectors.scoped`` (the model's ``TEAM_PATH``): a query
+    in projects/tinker that names a team in ``filter``/``get``/``exclude`` is the hand-written
+    scoping the house style rules out (one forgotten filter is a cross-team read)."""
+    import ast
+    from pathlib import Path
+
+    import projects.tinker
+
+    found = []
+    for path in Path(projects.tinker.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"filter", "get", "exclude", "first"}
+                and any(keyword.arg and "team" in keyword.arg for keyword in node.keywords)
+            ):
+                found.append(f"{path.name}:{node.lineno}")
+    assert not found, "filter by team by hand (use projects.selectors.scoped): " + ", ".join(found)
