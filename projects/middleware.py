@@ -34,6 +34,7 @@ from django.urls import Resolver404, get_resolver, resolve
 from django.views import defaults
 
 from artweb.logs import log_context
+from training import strict_json
 from training.openai_errors import error_object
 
 logger = logging.getLogger("artweb.errors")
@@ -104,6 +105,17 @@ def exception_response(request: HttpRequest, exc: BaseException) -> JsonResponse
     )
 
 
+def names_nothing(request: HttpRequest) -> bool:
+    """Whether an API path holds what no id holds and PostgreSQL cannot even compare (NUL; a lone
+    surrogate, which an ASGI server that decodes percent-escapes loosely can pass on): a 404 before
+    any view looks it up (issue 51)."""
+    return wants_json(request) and not strict_json.storable(request.path_info)
+
+
+def _nothing_found(request: HttpRequest) -> JsonResponse:
+    return json_error(request, 404, "Not found: the path holds a NUL or a lone surrogate, which no id holds.")
+
+
 class RequestIdMiddleware:
     """First in MIDDLEWARE (and the gateway's one middleware): the id, and JSON for what a view raised."""
 
@@ -121,11 +133,15 @@ class RequestIdMiddleware:
             return self.__acall__(request)
         request.request_id = new_request_id()  # type: ignore[attr-defined]
         with log_context(request_id=request.request_id):  # type: ignore[attr-defined]
+            if names_nothing(request):
+                return self._finish(request, _nothing_found(request))
             return self._finish(request, self.get_response(request))
 
     async def __acall__(self, request: HttpRequest) -> Any:
         request.request_id = new_request_id()  # type: ignore[attr-defined]
         with log_context(request_id=request.request_id):  # type: ignore[attr-defined]
+            if names_nothing(request):
+                return self._finish(request, _nothing_found(request))
             return self._finish(request, await self.get_response(request))
 
     def _finish(self, request: HttpRequest, response: Any) -> Any:

@@ -13,6 +13,10 @@ It refuses, with the position, what would otherwise crash a later step or could 
   the JSON renderer can write them;
 - with ``allow_nul=False``, NUL characters, which PostgreSQL text and jsonb cannot hold.
 
+``parse_int`` reads an integer written as text outside JSON (a path segment, a query
+parameter) by the same 64-bit bound; ``storable`` says whether an id from outside JSON (a path)
+can reach the database at all.
+
 ``check`` applies the same rules to a value that did not come from text (rows a generator
 produced, a form's parsed field), naming the path instead of a position.
 
@@ -172,6 +176,25 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH, allow_nul: bool = Tr
             message, _ = problem
             raise JSONError(message, _locate(text, message, allow_nul), text=text)
     return value
+
+
+def storable(text: str) -> bool:
+    """Whether ``text`` (an id from a path, a model name) can reach a database at all: no NUL
+    (PostgreSQL refuses it even in a comparison) and no lone surrogate (no UTF-8 encoding)."""
+    return "\x00" not in text and _SURROGATE.search(text) is None
+
+
+def parse_int(text: str, *, low: int = INT_MIN, high: int = INT_MAX) -> int | None:
+    """``text`` (a step in a path, a query parameter, a number-like string in metadata) as an
+    integer in ``[low, high]``, or None: plain ASCII digits only, an optional leading ``-``, never
+    more digits than 64 bits hold, so ``int()`` never meets Python's 4,300-digit limit, a Unicode
+    digit such as ``²`` (``"²".isdigit()`` is true, ``int("²")`` fails) or a value the database
+    refuses."""
+    digits = text[1:] if text[:1] == "-" else text
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > _INT_DIGITS:
+        return None
+    value = int(text)
+    return value if low <= value <= high else None
 
 
 def loads_lenient(text: str, *, max_depth: int = LENIENT_MAX_DEPTH) -> Any:

@@ -35,6 +35,7 @@ from projects.models import ApiKey, BaseModel, Checkpoint, InferenceServer, Run,
 from projects.selectors import scoped
 from projects.selectors.steps import team_checkpoint_names
 from training.serving.protocol import ChatRequest
+from training.strict_json import parse_int, storable
 
 # Matched with fullmatch: with match and "$", a model id ending in a newline would pass.
 CHECKPOINT_ID = re.compile(
@@ -110,6 +111,8 @@ class Route:
 
 
 def resolve_model(*, team: Team, model_id: str) -> Target:
+    if not storable(model_id):  # a NUL in a JSON body: PostgreSQL cannot even compare it
+        raise ModelNotFound(model_id)
     alias = ART_ALIAS.fullmatch(model_id)
     if alias is not None:
         if alias["team"] != team.name:
@@ -132,10 +135,13 @@ def resolve_model(*, team: Team, model_id: str) -> Target:
             .filter(model__project__name=match["project"], model__name=match["model"])
         )
         tag = match["tag"] or "latest"
+        step = parse_int(tag, low=0)  # None past 64 bits (``:999…999``): no such checkpoint
         checkpoint = (
             checkpoints.order_by("-step").first()
             if tag == "latest"
-            else checkpoints.filter(step=int(tag)).first()
+            else checkpoints.filter(step=step).first()
+            if step is not None
+            else None
         )
         if checkpoint is not None:
             model = checkpoint.model

@@ -38,6 +38,7 @@ from projects.services.runs import run_event_add
 from projects.services.steps import checkpoint_record
 from training.config import DEFAULT_TARGET_MODULES
 from training.cost import GPU, device_kind, device_usage
+from training.strict_json import parse_int
 
 TINKER_PROJECT = "tinker"  # a session's project when create_session names none
 DRAIN_LEASE_S = 120  # a drainer that stopped touching its model for this long lost it
@@ -122,7 +123,8 @@ def devices_of(user_metadata: dict[str, Any] | None) -> int:
     if value is None:
         return 1
     text = str(value).strip()
-    number = int(text) if text.isdigit() and not isinstance(value, bool) else value
+    parsed = parse_int(text, low=0) if not isinstance(value, bool) else None  # "9"*5000: not int()
+    number = parsed if parsed is not None else value
     check_devices(number, field="user_metadata.devices")
     return int(number)
 

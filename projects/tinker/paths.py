@@ -11,6 +11,7 @@ from django.utils import timezone
 from projects.errors import NotFound, ValidationFailed
 from projects.models import Checkpoint, Team, TinkerModel
 from projects.selectors import scoped
+from training.strict_json import parse_int
 
 SCHEME = "tinker://"
 
@@ -30,7 +31,7 @@ def checkpoint_for_path(team: Team, path: str, *, param: str, public: bool = Fal
         project, _, model = owner.partition(".")
         checkpoint = scoped(Checkpoint, team).filter(
             model__project__name=project, model__name=model,
-            step=int(name) if name.isdigit() else -1,
+            step=-1 if (step := parse_int(name, low=0)) is None else step,  # 5,000 digits: no step
         ).select_related("model__base_model").first()  # fmt: skip
     elif kind in ("weights", "sampler_weights", "external_weights"):
         # Unscoped on purpose: a name another team published is readable (``public``); the owner's

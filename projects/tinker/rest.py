@@ -29,6 +29,7 @@ from projects.tinker.views import (
     endpoint,
     no_access_tokens,
 )
+from training.strict_json import parse_int
 
 # ---------------------------------------------------------------------- checkpoints
 _KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
@@ -139,9 +140,10 @@ def _int_param(request: HttpRequest, name: str, default: int, low: int, high: in
     raw = request.GET.get(name)
     if raw is None or raw in ("", "None"):
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    value = parse_int(raw, low=low, high=high)  # not int(raw): 5,000 digits or "²" are a 400 too
+    if value is None:
         raise ValidationFailed(f"must be a whole number from {low} to {high}", field=name)
-    return int(raw)
+    return value
 
 
 @endpoint("POST")

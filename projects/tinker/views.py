@@ -16,7 +16,6 @@ there or ``TINKER_POLL_S`` passes (then ``try_again``: the SDK asks again at onc
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from functools import wraps
@@ -28,6 +27,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from projects import services
 from projects.access import Permission, TeamAccess, resolve_team_and_role
+from projects.content_encoding import ZSTD, decoded_body
 from projects.errors import DomainError, NotFound, RateLimited, ValidationFailed
 from projects.models import (
     BaseModel,
@@ -39,6 +39,7 @@ from projects.models import (
 )
 from projects.selectors import scoped
 from projects.tinker.paths import checkpoint_for_path
+from training import strict_json
 from training.openai_errors import error_object
 from training.tinker_wire import PROTOBUF, WireError
 
@@ -122,20 +123,17 @@ def _body(request: HttpRequest) -> bytes:
     data = request.read(limit + 1)
     if len(data) > limit:
         raise _Denied(413, f"the body is over {limit} bytes (PREVIEW_MAX_BODY_BYTES)")
-    if request.headers.get("Content-Encoding", "") == "zstd":
-        import zstandard
-
-        try:
-            data = zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
-        except zstandard.ZstdError as exc:
-            raise _Denied(400, f"the body is not valid zstd: {exc}") from None
-    return data
+    # Decoded as a stream and stopped at the same limit, whatever the frame declares (issue 51).
+    return decoded_body(data, request.headers.get("Content-Encoding"), limit=limit,
+                        setting="PREVIEW_MAX_BODY_BYTES", accepted=(ZSTD,))  # fmt: skip
 
 
 def _json(request: HttpRequest) -> dict[str, Any]:
+    """The body through the one strict reader (training.strict_json): depth, NaN, 1e400, integers
+    past 64 bits, lone surrogates and NUL are a 400 naming the position, never a 500 later."""
     try:
-        value = json.loads(_body(request) or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
+        value = strict_json.loads(_body(request) or b"{}", allow_nul=False)
+    except strict_json.JSONError as exc:
         raise ValidationFailed(f"the body is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ValidationFailed("the body must be a JSON object")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from training.strict_json import INT_MAX, INT_MIN, JSONError, check, loads, loads_lenient
+from training.strict_json import INT_MAX, INT_MIN, JSONError, check, loads, loads_lenient, parse_int, storable
 
 
 @pytest.mark.parametrize(
@@ -140,3 +140,18 @@ def test_what_json_cannot_hold_is_ordinary_bad_json_to_the_lenient_reader(text, 
     with pytest.raises(json.JSONDecodeError) as refused:
         loads_lenient(text)
     assert (refused.value.msg, refused.value.pos) == (message, position)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("0", 0), ("12", 12), ("-3", -3), (str(INT_MAX), INT_MAX), (str(INT_MIN), INT_MIN), (str(INT_MAX + 1), None),
+     ("9" * 5000, None), ("²", None), ("١٢", None), ("+1", None), (" 1", None), ("", None), ("-", None)],
+)  # fmt: skip
+def test_parse_int_reads_plain_ascii_digits_within_64_bits_only(text, value):
+    assert parse_int(text) == value
+    assert parse_int("5", low=6) is None and parse_int("5", high=4) is None
+
+
+def test_storable_refuses_nul_and_lone_surrogates_only():
+    assert storable("proj/model:3") and storable("caf\u00e9 \U0001f600")
+    assert not storable("a\x00b") and not storable("\ud800") and not storable("x\udfff")
