@@ -111,3 +111,13 @@ def test_sample_efficiency_benchmark_runs_a_task_on_a_tiny_model(tiny_model_dir,
         is None
     )
     assert "bold: held-out reward" in capsys.readouterr().out
+
+
+def test_trainer_fairness_benchmark_runs_its_three_sides_on_a_tiny_model(tmp_path, capsys):
+    from benchmarks import trainer_fairness
+
+    report = trainer_fairness.main(["--tiny", "--cache", str(tmp_path), "--samples", "2", "--max-tokens", "16",
+                                    "--prompt-tokens", "8", "--repeats", "2"])  # fmt: skip
+    assert all(report[f"{side}_median_s"] > 0 for side in ("alone", "before", "after"))
+    assert report["before_median_ratio"] > 0 and report["after_median_ratio"] > 0
+    assert "lock per slice" in capsys.readouterr().out
