@@ -288,7 +288,8 @@ WEBHOOK_RETRY_MAX_S = env_float("WEBHOOK_RETRY_MAX_S", 3600.0)
 WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 10.0)
 # Prometheus (projects.metrics): /metrics answers only with "Bearer $METRICS_TOKEN" (unset: off);
 # a worker serves its own on METRICS_BIND_ADDRESS:WORKER_METRICS_PORT (0: off; needs
-# PROMETHEUS_MULTIPROC_DIR, as its tasks run in forked children).
+# PROMETHEUS_MULTIPROC_DIR, as its tasks run in forked children) with the same token, or without
+# one on a loopback address only.
 METRICS_TOKEN = env_str("METRICS_TOKEN")
 WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0, minimum=0)
 METRICS_BIND_ADDRESS = env_str("METRICS_BIND_ADDRESS", "127.0.0.1")
@@ -348,6 +349,9 @@ INFERENCE_SERVER_TOKEN = (
     env_str("INFERENCE_SERVER_TOKEN")
     or hmac.new(SECRET_KEY.encode(), b"artweb inference server token", "sha256").hexdigest()
 )
+# The key of the secret part of adapter names on inference servers (projects.gateway.vllm): a name
+# nobody can guess from a model id and step. Every gateway and worker derives the same one.
+INFERENCE_ADAPTER_NAME_KEY = hmac.new(SECRET_KEY.encode(), b"artweb adapter names", "sha256").hexdigest()
 INFERENCE_PORT = env_int("INFERENCE_PORT", 8100, minimum=0)
 # Servers write a heartbeat this often; the gateway routes only to servers heard from within the timeout.
 INFERENCE_HEARTBEAT_INTERVAL_S = env_float("INFERENCE_HEARTBEAT_INTERVAL_S", 2.0)

@@ -17,7 +17,8 @@ Multiprocess-safe: with ``PROMETHEUS_MULTIPROC_DIR`` set (prometheus_client's ow
 up`` and the compose file set it, one empty folder per host) every process writes its samples
 there and a scrape sums them, so uvicorn workers and Celery's forked pool children are all counted.
 ``/metrics`` is for the operator: it answers only with ``Authorization: Bearer $METRICS_TOKEN``
-(unset: 404), and the worker's own endpoint binds ``METRICS_BIND_ADDRESS:WORKER_METRICS_PORT``.
+(unset: 404), and the worker's own endpoint binds ``METRICS_BIND_ADDRESS:WORKER_METRICS_PORT`` with the
+same token (without one: loopback only).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ import hmac
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
@@ -212,17 +215,45 @@ class MetricsMiddleware:
         return response
 
 
-def start_worker_metrics_server() -> None:
-    """The worker's ``/metrics`` on METRICS_BIND_ADDRESS:WORKER_METRICS_PORT (0: off)."""
-    from prometheus_client import start_http_server
+def start_worker_metrics_server() -> WSGIServer | None:
+    """The worker's ``/metrics`` on METRICS_BIND_ADDRESS:WORKER_METRICS_PORT (0: off), served by a
+    daemon thread (the server is returned; ``shutdown()`` stops it). With METRICS_TOKEN set it answers only "Bearer $METRICS_TOKEN", like the web's; without
+    one it serves on a loopback address only (elsewhere it stays off, with an error in the log)."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client import make_wsgi_app
+
+    from training.serving.binding import is_loopback
 
     port = settings.WORKER_METRICS_PORT
     if not port:
-        return
+        return None
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Tasks run in forked pool children: without the shared folder their samples never reach
         # the parent that serves /metrics, and the endpoint would show zeros that look like data.
         logger.error("WORKER_METRICS_PORT is set but PROMETHEUS_MULTIPROC_DIR is not: worker metrics are off")
-        return
-    start_http_server(port, addr=settings.METRICS_BIND_ADDRESS, registry=registry(with_state=False))
-    logger.info("worker metrics on http://%s:%d/metrics", settings.METRICS_BIND_ADDRESS, port)
+        return None
+    address, token = settings.METRICS_BIND_ADDRESS, settings.METRICS_TOKEN
+    if not token and not is_loopback(address):
+        logger.error(
+            "worker metrics are off: METRICS_BIND_ADDRESS %s is not loopback and METRICS_TOKEN is unset",
+            address,
+        )
+        return None
+    metrics_app = make_wsgi_app(registry(with_state=False))
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        given = environ.get("HTTP_AUTHORIZATION", "")
+        if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            start_response("401 Unauthorized", [("Content-Type", "text/plain")])
+            return [b"metrics need Authorization: Bearer $METRICS_TOKEN\n"]
+        return metrics_app(environ, start_response)
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+            pass
+
+    server = make_server(address, port, guarded, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, name="worker-metrics", daemon=True).start()
+    logger.info("worker metrics on http://%s:%d/metrics", address, port)
+    return server

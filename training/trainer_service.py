@@ -408,7 +408,7 @@ class TrainerService:
         await json_response(send, status, body)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
-        if not self.config.token:
+        if not self.config.token:  # served on loopback only (training.serving.binding)
             return True
         given = headers.get("authorization", "").removeprefix("Bearer ").strip()
         return hmac.compare_digest(given.encode(), self.config.token.encode())
@@ -455,11 +455,13 @@ def _data(body: dict[str, Any]) -> list[Datum]:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m training.trainer_service --root DIR``: the service of one host. The token comes
-    from ``TRAINER_SERVICE_TOKEN`` in the environment, never from the command line."""
+    from ``TRAINER_SERVICE_TOKEN`` in the environment, never from the command line; without one it
+    refuses to start, unless ``--dev-no-token`` on a loopback ``--host``."""
     import argparse
     import os
 
     from training.loop import load_policy_model
+    from training.serving.binding import InsecureBindError, check_bind
     from training.serving.server import advertised_url, bind, serve
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -473,7 +475,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-budget-mb", type=int, default=0, help="resident sessions' budget; 0: none")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--unsloth", default="auto")
+    parser.add_argument(
+        "--dev-no-token", action="store_true",
+        help="development only: serve without TRAINER_SERVICE_TOKEN (refused unless --host is loopback)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    token = os.environ.get("TRAINER_SERVICE_TOKEN", "")
+    try:  # before loading anything: a refused start is quick
+        check_bind(args.host, token=token, dev_no_token=args.dev_no_token,
+                   token_variable="TRAINER_SERVICE_TOKEN", what="the trainer service")  # fmt: skip
+    except InsecureBindError as exc:
+        parser.exit(2, f"error: {exc}\n")
     cache = args.model_cache_dir or args.root / "models"
     threads = int(os.environ.get("TORCH_THREADS") or 0)  # `manage.py up` splits the cores
     if threads:
@@ -488,13 +500,11 @@ def main(argv: list[str] | None = None) -> None:
     pool = SessionPool(load, spill_dir=args.spill_dir or args.root / ".trainer-spill", device=args.device,
                        budget_bytes=args.memory_budget_mb * 2**20 or None, model_cache_dir=cache,
                        unsloth=args.unsloth)  # fmt: skip
-    service = TrainerService(
-        pool, ServiceConfig(root=args.root, token=os.environ.get("TRAINER_SERVICE_TOKEN", ""))
-    )
+    service = TrainerService(pool, ServiceConfig(root=args.root, token=token))
     sock = bind(args.host, args.port)
     url = advertised_url(args.host, sock.getsockname()[1])
     print(f"trainer service on {url}", flush=True)
-    serve(service, sock=sock, url=url)  # type: ignore[arg-type]
+    serve(service, sock=sock, url=url, token=token)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

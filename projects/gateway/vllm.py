@@ -2,8 +2,10 @@
 checkpoint's LoRA adapter into vLLM on first use and speaks vLLM's dialect of the API
 (``VLLMUpstream``, one of the two upstreams of projects.gateway.upstream).
 
-- Names: a checkpoint's adapter is ``model-<trainable model id>-step-<step>`` on every server.
-  The request's ``model`` is rewritten to it; the response's ``model`` back to the public id.
+- Names: a checkpoint's adapter is ``model-<trainable model id>-step-<step>-<secret suffix>`` on
+  every server, the suffix an HMAC of the checkpoint under INFERENCE_ADAPTER_NAME_KEY (``secret_suffix``):
+  whoever reaches a server cannot name another team's adapter from its id and step. The request's
+  ``model`` is rewritten to it; the response's ``model`` back to the public id.
 - Where vLLM loads an adapter from: the folder the server's checkpoint fetcher (``fetch_url``,
   training.serving.fetch_server) answers after fetching it by store key into its host's cache, so a
   vLLM host needs no shared volume; the writer's folder only for a server without a fetcher.
@@ -21,6 +23,7 @@ checkpoint's LoRA adapter into vLLM on first use and speaks vLLM's dialect of th
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 from typing import Any
@@ -42,8 +45,15 @@ from training.serving.vllm import HttpCall, load_adapter_call, unload_adapter_ca
 log = logging.getLogger(__name__)
 
 
+def secret_suffix(identity: str) -> str:
+    """16 hex characters no one without the installation's SECRET_KEY can compute for ``identity``."""
+    key = settings.INFERENCE_ADAPTER_NAME_KEY.encode()
+    return hmac.new(key, identity.encode(), "sha256").hexdigest()[:16]
+
+
 def adapter_name(checkpoint: Checkpoint) -> str:
-    return f"model-{checkpoint.model_id}-step-{checkpoint.step}"
+    identity = f"model-{checkpoint.model_id}-step-{checkpoint.step}"
+    return f"{identity}-{secret_suffix(identity)}"
 
 
 class VLLMUpstream(Upstream):

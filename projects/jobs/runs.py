@@ -174,6 +174,7 @@ def run_rollout_server(run: Run, config: TrainConfig) -> Any:
     if config.rollouts_on != "inference_servers":
         return None
     from projects.gateway.routing import live_servers
+    from projects.gateway.vllm import secret_suffix
     from training.engines.remote_engine import RolloutServer
 
     base = run.model.base_model
@@ -197,9 +198,10 @@ def run_rollout_server(run: Run, config: TrainConfig) -> Any:
     server = servers[0]
     return RolloutServer(
         url=server.url, token=settings.INFERENCE_SERVER_TOKEN, locate=locate,
-        # A vLLM server: its dialect, its host's checkpoint fetcher, and adapter names of this run's own.
+        # A vLLM server: its dialect, its host's checkpoint fetcher, and adapter names of this run's own
+        # that no one else can guess (projects.gateway.vllm).
         engine="vllm" if server.engine == "vllm" else "transformers", fetch_url=server.fetch_url,
-        served_model=base.name, adapter_prefix=f"run-{run.pk}-",
+        served_model=base.name, adapter_prefix=f"run-{run.pk}-{secret_suffix(f'run-{run.pk}')}-",
     )  # fmt: skip
 
 

@@ -436,3 +436,42 @@ def test_each_hosts_workers_train_on_that_hosts_trainer_service():
             "${TRAINER_SERVICE_TOKEN:?"
         )
     from training.trainer_service import main  # noqa: F401  (the module the command runs)
+
+
+def _published(entry: object, given: dict[str, str] | None = None) -> tuple[str, str]:
+    """(host address, container port) of a compose ``ports`` entry with the defaults (or ``given``)
+    interpolated; "" as the address: every interface."""
+    if isinstance(entry, dict):  # the long syntax
+        return str(entry.get("host_ip", "")), str(entry["target"])
+    parts = interpolated(str(entry), given).split("/")[0].rsplit(":", 2)
+    if len(parts) == 3:
+        return parts[0].strip("[]"), parts[2]
+    return "", parts[-1]
+
+
+def test_no_model_trainer_or_metrics_port_is_published_on_every_interface():
+    """By default only the web's port is published to all interfaces; the inference servers, their
+    checkpoint fetchers, the trainer services and the workers' metrics answer the compose network
+    (and, where a further host must reach one, a private address the operator names). The compose
+    file says how to open one."""
+    from training.serving.binding import is_loopback
+
+    seen = {}
+    for name, service in compose()["services"].items():
+        for entry in service.get("ports", []):
+            address, port = _published(entry)
+            seen[(name, port)] = address
+            if (name, port) == ("web", "8000"):
+                continue
+            assert address and address not in ("0.0.0.0", "::"), f"{name} publishes {port} on every interface"
+            assert is_loopback(address), f"{name} publishes {port} on {address} by default"
+    assert seen[("web", "8000")] == ""
+    # The gpu-large inference server (dialled by the first host's web) opens on the address named.
+    gpu_large = compose()["services"]["inference-gpu-large"]["ports"]
+    assert {_published(e, {"GPU_LARGE_PUBLISH_ADDRESS": "10.0.0.12"}) for e in gpu_large} == {
+        ("10.0.0.12", "8100"),
+        ("10.0.0.12", "8101"),
+    }
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "127.0.0.1:8100:8100" in text and "docker-compose.override.yml" in text  # how to open one
+    assert "`GPU_LARGE_PUBLISH_ADDRESS`" in _many_hosts_section()

@@ -98,3 +98,55 @@ def test_a_starting_worker_clears_only_dead_processes_samples(tmp_path, monkeypa
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     celery._fresh_metrics_folder()
     assert sorted(p.name for p in tmp_path.glob("*.db")) == [f"histogram_{os.getpid()}.db"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(url: str, token: str | None = None) -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_the_workers_metrics_need_the_token_and_without_one_stay_on_loopback(settings, tmp_path, monkeypatch):
+    """The worker's own endpoint (issue 51): with METRICS_TOKEN only "Bearer $METRICS_TOKEN" reads
+    it, like the web's; without one it does not listen on a network address at all."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    settings.METRICS_BIND_ADDRESS, settings.METRICS_TOKEN = "0.0.0.0", ""
+    settings.WORKER_METRICS_PORT = _free_port()
+    assert metrics.start_worker_metrics_server() is None  # refused: every interface, no token
+
+    settings.METRICS_TOKEN, settings.WORKER_METRICS_PORT = "scrape-me", _free_port()
+    server = metrics.start_worker_metrics_server()
+    assert server is not None
+    try:
+        url = f"http://127.0.0.1:{settings.WORKER_METRICS_PORT}/metrics"
+        assert _get(url) == 401 and _get(url, "wrong") == 401
+        assert _get(url, "scrape-me") == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    settings.METRICS_BIND_ADDRESS, settings.METRICS_TOKEN = "127.0.0.1", ""
+    settings.WORKER_METRICS_PORT = _free_port()
+    server = metrics.start_worker_metrics_server()  # loopback: this host's own scraper
+    assert server is not None
+    try:
+        assert _get(f"http://127.0.0.1:{settings.WORKER_METRICS_PORT}/metrics") == 200
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -9,9 +9,10 @@ window scheduler (training.serving.scheduler), kept as the reference that
 benchmarks/serving_batching.py measures against. A client that disconnects, streaming or not,
 has its request cancelled: it leaves the queue, or the decode batch before the next token.
 
-Trust: every route but /health needs `Authorization: Bearer <server token>` when a token is set
-(the gateway holds it); the gateway names the checkpoint in ADAPTER_HEADER, and only checkpoint
-directories under `adapter_root` are ever loaded.
+Trust: every route but GET /health (`ROUTES`) needs `Authorization: Bearer <server token>`, checked
+before routing (the gateway holds it; a server without one listens on loopback only); the gateway
+names the checkpoint in ADAPTER_HEADER, and only checkpoint directories under `adapter_root` are
+ever loaded.
 """
 
 from __future__ import annotations
@@ -72,6 +73,15 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_TOKEN_PROMPTS = 4096  # prompts in one POST /generate (a run step's rollouts of one turn)
 SCHEDULERS = ("continuous", "window")
+# Every (method, path) served besides GET /health, and its handler; all need the server token
+# (tests walk this table: none answers without it).
+ROUTES: dict[tuple[str, str], str] = {
+    ("POST", "/v1/chat/completions"): "_route_chat",
+    ("POST", "/generate"): "_route_generate",
+    ("GET", "/metrics"): "_route_metrics",
+    ("GET", "/v1/models"): "_route_models",
+    ("GET", "/stats"): "_route_stats",
+}
 
 
 @dataclass
@@ -176,35 +186,15 @@ class InferenceApp:
         send = send_tracked
         try:
             try:
-                if path == "/health":
+                if (method, path) == ("GET", "/health"):  # the one open route: liveness, nothing else
                     await _json(send, 200, {"status": "ok", "model": self.config.model_name})
                     return
-                if not self._authorized(headers):
+                if not self._authorized(headers):  # before routing: an unknown path is a 401 too
                     raise RequestError("a valid server token is required", code="invalid_api_key", status=401)
-                if path == "/v1/chat/completions" and method == "POST":
-                    await self._chat(headers, await read_body(receive, MAX_BODY_BYTES), send, receive)
-                elif path == "/generate" and method == "POST":
-                    await self._generate_tokens(
-                        headers, await read_body(receive, MAX_BODY_BYTES), send, receive
-                    )
-                elif path == "/metrics" and method == "GET":
-                    body, content_type = metrics.exposition()
-                    await send({"type": "http.response.start", "status": 200,
-                                "headers": [(b"content-type", content_type.encode())]})  # fmt: skip
-                    await send({"type": "http.response.body", "body": body})
-                elif path == "/v1/models" and method == "GET":
-                    created = int(self.started_at)
-                    model = {
-                        "id": self.config.model_name,
-                        "object": "model",
-                        "created": created,
-                        "owned_by": "artweb",
-                    }
-                    await _json(send, 200, {"object": "list", "data": [model]})
-                elif path == "/stats" and method == "GET":
-                    await _json(send, 200, self.stats())
-                else:
+                handler = ROUTES.get((method, path))
+                if handler is None:
                     raise RequestError(f"no route {method} {path}", code="not_found", status=404)
+                await getattr(self, handler)(headers, receive, send)
             except RequestError as exc:
                 await _json(send, exc.status, exc.body())
             except Exception:
@@ -230,8 +220,28 @@ class InferenceApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    async def _route_chat(self, headers: dict[str, str], receive: Any, send: Any) -> None:
+        await self._chat(headers, await read_body(receive, MAX_BODY_BYTES), send, receive)
+
+    async def _route_generate(self, headers: dict[str, str], receive: Any, send: Any) -> None:
+        await self._generate_tokens(headers, await read_body(receive, MAX_BODY_BYTES), send, receive)
+
+    async def _route_metrics(self, headers: dict[str, str], receive: Any, send: Any) -> None:
+        body, content_type = metrics.exposition()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", content_type.encode())]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+    async def _route_models(self, headers: dict[str, str], receive: Any, send: Any) -> None:
+        model = {"id": self.config.model_name, "object": "model", "created": int(self.started_at),
+                 "owned_by": "artweb"}  # fmt: skip
+        await _json(send, 200, {"object": "list", "data": [model]})
+
+    async def _route_stats(self, headers: dict[str, str], receive: Any, send: Any) -> None:
+        await _json(send, 200, self.stats())
+
     def _authorized(self, headers: dict[str, str]) -> bool:
-        if not self.config.token:
+        if not self.config.token:  # served on loopback only (training.serving.binding)
             return True
         given = headers.get("authorization", "").removeprefix("Bearer ").strip()
         return hmac.compare_digest(given.encode(), self.config.token.encode())

@@ -11,8 +11,9 @@ then hands vLLM the local folder it answered.
     404 the store has no such checkpoint; 502 it could not be fetched (digest, store unreachable)
     GET /metrics  the cache's Prometheus series (training.serving.metrics)
 
-Every request needs ``Authorization: Bearer <server token>`` when a token is set (the gateway holds
-it), like vLLM's own routes. Plain ``http.server``: one small route, threads for slow downloads.
+Every request, on every path and method, needs ``Authorization: Bearer <server token>`` (the gateway
+holds it); there is no open route. Without a token it listens on loopback only (``start_fetch_server``
+refuses another host). Plain ``http.server``: one small route, threads for slow downloads.
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ from typing import Any
 
 from training.openai_errors import error_object
 from training.serving import metrics
+from training.serving.binding import InsecureBindError, is_loopback
 from training.serving.fetch_cache import FetchedCheckpoints
 from training.serving.protocol import FETCH_PATH
+
+# Every (method, path) it answers (tests walk them: none answers without the token).
+ROUTES = (("POST", FETCH_PATH), ("GET", "/metrics"))
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +43,15 @@ _MAX_BODY = 4096
 
 def start_fetch_server(cache: FetchedCheckpoints, *, host: str, port: int, token: str) -> ThreadingHTTPServer:
     """Serve ``FETCH_PATH`` on ``host:port`` (0: a free port) in a daemon thread; returns the server
-    (``server.server_address[1]`` is the port; ``shutdown()`` stops it)."""
+    (``server.server_address[1]`` is the port; ``shutdown()`` stops it). InsecureBindError: no
+    token on a host other than loopback."""
+    if not token and not is_loopback(host):
+        raise InsecureBindError(f"the checkpoint fetcher needs a token to listen on {host!r}")
 
     class Handler(BaseHTTPRequestHandler):
         def _authorized(self) -> bool:
             given = self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-            if not token or hmac.compare_digest(given.encode(), token.encode()):
+            if not token or hmac.compare_digest(given.encode(), token.encode()):  # no token: loopback
                 return True
             self._reply(401, error_object(401, "A valid server token is required.", code="invalid_api_key"))
             return False
@@ -88,6 +96,12 @@ def start_fetch_server(cache: FetchedCheckpoints, *, host: str, port: int, token
                 return self._reply(502, error_object(502, f"Cannot fetch the checkpoint: {exc}",
                                                      code="adapter_fetch_failed"))  # fmt: skip
             self._reply(200, {"path": str(path)})
+
+        def _other_method(self) -> None:
+            if self._authorized():
+                self._reply(405, error_object(405, f"{self.command} is not allowed on {self.path}"))
+
+        do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _other_method  # noqa: N815 (http.server's names)
 
         def _reply(self, status: int, body: dict[str, Any]) -> None:
             data = json.dumps(body).encode()

@@ -4,6 +4,8 @@ The socket is bound here, before uvicorn starts, so port 0 works and the adverti
 real port. A daemon thread calls `heartbeat(url, app)` every `heartbeat_interval_s` once the
 server accepts connections (never on the event loop: the callback may block on a database), and
 `on_stop(url)` runs when the server exits so routing stops at once on a clean shutdown.
+
+Invariant (training.serving.binding): a server that requires no token listens on loopback only.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from training.serving.app import InferenceApp
+from training.serving.binding import InsecureBindError, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +52,15 @@ def serve(
     heartbeat_interval_s: float = 2.0,
     on_stop: Callable[[str], None] | None = None,
     log_level: str = "warning",
+    token: str,
 ) -> None:
-    """Serve until SIGINT/SIGTERM."""
+    """Serve until SIGINT/SIGTERM. ``token`` is the one ``app`` requires ("" = none): an app that
+    requires none is served only on a loopback socket (InsecureBindError otherwise), whatever its
+    caller checked."""
     import uvicorn
+
+    if not token and not is_loopback(str(sock.getsockname()[0])):
+        raise InsecureBindError(f"refusing to serve without a token on {sock.getsockname()[0]}")
 
     config = uvicorn.Config(
         app,

@@ -1,7 +1,8 @@
 """An inference server without the platform: no registry, no heartbeat, no store (checkpoints are
 named by their folder under ``--adapter-root``). For benchmarks and tests that need a server process
 of their own; the platform's is ``manage.py serve_inference``. The token comes from
-``INFERENCE_SERVER_TOKEN`` in the environment, never from the command line.
+``INFERENCE_SERVER_TOKEN`` in the environment, never from the command line; without one it refuses
+to start, unless ``--dev-no-token`` on a loopback ``--host``.
 
     python -m training.serving.standalone --model bundled:smollm2-135m-instruct --adapter-root /tmp
 """
@@ -28,7 +29,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--device", default="cpu", help="cpu or cuda[:N] (bf16 on a GPU that has it, else fp32)"
     )
+    parser.add_argument(
+        "--dev-no-token", action="store_true",
+        help="development only: serve without INFERENCE_SERVER_TOKEN (refused unless --host is loopback)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    from training.serving.binding import InsecureBindError, check_bind
+
+    token = os.environ.get("INFERENCE_SERVER_TOKEN", "")
+    try:  # before loading anything: a refused start is quick
+        check_bind(args.host, token=token, dev_no_token=args.dev_no_token,
+                   token_variable="INFERENCE_SERVER_TOKEN", what="the inference server")  # fmt: skip
+    except InsecureBindError as exc:
+        parser.exit(2, f"error: {exc}\n")
     import torch
 
     if args.threads:
@@ -43,13 +56,13 @@ def main(argv: list[str] | None = None) -> None:
     config = ServerConfig(
         model_name=args.model,
         adapter_root=args.adapter_root,
-        token=os.environ.get("INFERENCE_SERVER_TOKEN", ""),
+        token=token,
     )
     app = InferenceApp(TransformersEngine(model, tokenizer, device=args.device), config)
     sock = bind(args.host, args.port)
     url = advertised_url(args.host, sock.getsockname()[1])
     print(f"inference server on {url}", flush=True)
-    serve(app, sock=sock, url=url)
+    serve(app, sock=sock, url=url, token=token)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,17 @@ and speaks vLLM's endpoints as documented; the real path is the `gpu`-marked tes
 
 vLLM does the batching (continuous), logprobs with real top-k alternatives, `return_token_ids`,
 and Hermes tool-call parsing (`--tool-call-parser hermes`).
+
+Trust: vLLM's `--api-key` guards only `/v1/*`; it also serves `/invocations`, `/tokenize`,
+`/metrics`, `/pooling`, `/score`, ... without it. So vLLM runs with our middleware
+(training.serving.vllm_guard, `--middleware`), which refuses every path but `GET /health` without
+the token, and `start_vllm`'s caller checks the host (training.serving.binding).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -31,6 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from training.engines.vllm_engine import LOGPROBS_MODE
+
+GUARD_MIDDLEWARE = "training.serving.vllm_guard.BearerTokenGuard"
+# The folder that holds the `training` package: on vLLM's PYTHONPATH, so the guard imports even
+# from a virtualenv of vLLM's own (the guard needs only the standard library).
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +67,11 @@ def vllm_executable() -> list[str]:
 
 
 def vllm_serve_command(
-    options: VLLMServeOptions, executable: list[str] | None = None
+    options: VLLMServeOptions, executable: list[str] | None = None, *, python_path: str = ""
 ) -> tuple[list[str], dict[str, str]]:
     """The `vllm serve` command line and the environment variables it needs on top of the caller's
     own environment. `executable` replaces the program (default `vllm_executable()`), e.g. with a
-    protocol double in tests."""
+    protocol double in tests; `python_path` is the caller's PYTHONPATH, kept after the project's."""
     command = list(executable) if executable else vllm_executable()
     command += [
         "serve", str(options.model_dir),
@@ -76,8 +87,13 @@ def vllm_serve_command(
         # Logprobs under the trainer's convention (training.engines.base: after temperature), as
         # the in-process engine's: a run's rollouts sampled here train on them.
         "--logprobs-mode", LOGPROBS_MODE,
+        # Every route but GET /health needs the token (the module doc); it reads VLLM_API_KEY.
+        "--middleware", GUARD_MIDDLEWARE,
     ]  # fmt: skip
-    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    env = {
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "PYTHONPATH": os.pathsep.join(part for part in (str(PROJECT_ROOT), python_path) if part),
+    }
     if options.api_key:
         # In the environment, not on the command line: any local process reads /proc/<pid>/cmdline,
         # and the command line is logged. vLLM takes VLLM_API_KEY when --api-key is absent.

@@ -10,6 +10,10 @@ through it); this process then only heartbeats while the child lives, and stops 
 deregisters on SIGTERM/SIGINT. ``--vllm-command`` (or the INFERENCE_VLLM_COMMAND setting) replaces the program
 that is run with the same arguments: for operators with a wrapper, and for the tests, which run
 a protocol double of vLLM's server (tests/projects/gateway/fake_vllm.py).
+
+Every route of both (vLLM's included, through training.serving.vllm_guard) but ``GET /health``
+needs INFERENCE_SERVER_TOKEN, which settings derive from SECRET_KEY when unset, so it is never
+empty; neither listens on a public address (training.serving.binding).
 """
 
 from __future__ import annotations
@@ -80,6 +84,13 @@ class Command(BaseCommand):
                fetch_port: int = 0, **options):  # fmt: skip
         if engine not in ENGINES:  # a bad INFERENCE_ENGINE (argparse checks only given values)
             raise CommandError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        from training.serving.binding import InsecureBindError, check_bind
+
+        try:
+            check_bind(host, token=settings.INFERENCE_SERVER_TOKEN, token_variable="INFERENCE_SERVER_TOKEN",
+                       what="the inference server")  # fmt: skip
+        except InsecureBindError as exc:
+            raise CommandError(str(exc)) from exc
         row = BaseModel.objects.filter(name=base_model).first()
         if row is None:
             raise CommandError(
@@ -159,6 +170,7 @@ class Command(BaseCommand):
             heartbeat=heartbeat,
             heartbeat_interval_s=settings.INFERENCE_HEARTBEAT_INTERVAL_S,
             on_stop=deregister,
+            token=settings.INFERENCE_SERVER_TOKEN,
         )
 
     def _start_fetcher(self, host: str, port: int, public_url: str) -> tuple[Any, str]:
@@ -215,7 +227,7 @@ class Command(BaseCommand):
             api_key=settings.INFERENCE_SERVER_TOKEN,
             gpu_memory_utilization=gpu_memory_utilization,
         )
-        argv, env = vllm_serve_command(options, executable)
+        argv, env = vllm_serve_command(options, executable, python_path=os.environ.get("PYTHONPATH", ""))
         local_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
         public_url = url or advertised_url(host, port)
         stop = threading.Event()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 
 from tests.processes import Process, test_database_url
 
@@ -105,6 +106,8 @@ def serving(django_db_setup, django_db_blocker, tiny_model_dir, tmp_path_factory
             "TORCH_THREADS": "1",
             "HF_HUB_OFFLINE": "1",
             "INFERENCE_SERVER_TOKEN": SERVER_TOKEN,
+            # This process's: the adapter names the gateway derives from it are the tests' to compute.
+            "SECRET_KEY": settings.SECRET_KEY,
             "INFERENCE_HEARTBEAT_INTERVAL_S": "0.5",
             "INFERENCE_HEARTBEAT_TIMEOUT_S": "3",
             "INFERENCE_BATCH_WINDOW_MS": "20",

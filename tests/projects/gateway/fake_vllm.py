@@ -15,6 +15,9 @@ completions:
   "The model `x` does not exist."); the reply is "canned reply from <model>", streamed as one
   chunk per word with vLLM's final usage chunk when `stream_options.include_usage` is set.
 - `--api-key`, else the VLLM_API_KEY variable: every /v1 route needs it, as in vLLM.
+- `--middleware` (required: the launcher must pass training.serving.vllm_guard's guard): each named
+  ASGI middleware class is imported, as vLLM imports it, and every request but the hooks below
+  goes through it first (its answer, e.g. a 401, is relayed), as it would in vLLM's app.
 
 Test hooks, which vLLM does not have: `GET /fake/calls` (every /v1 call received, in order),
 `GET /fake/info` (argv, pid, environment flag), `POST /fake/die` (exit with status 3, as a
@@ -25,6 +28,8 @@ delays the health check like a model load; a user message "FAKE_ERROR" gets a 40
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib
 import json
 import os
 import sys
@@ -53,7 +58,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--logprobs-mode", choices=["raw_logprobs", "raw_logits", "processed_logprobs",
                                                     "processed_logits"], required=True)  # fmt: skip
+    parser.add_argument("--middleware", action="append", default=[])
     options = parser.parse_args(argv)
+    if "training.serving.vllm_guard.BearerTokenGuard" not in options.middleware:
+        parser.error("artweb's vLLM must run with its token guard (--middleware)")
     if options.max_cpu_loras < options.max_loras:  # vLLM refuses this too
         parser.error("max_cpu_loras must be >= max_loras")
     if not (Path(options.model) / "config.json").is_file():
@@ -64,6 +72,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 class State:
     def __init__(self, options: argparse.Namespace) -> None:
         self.options = options
+        # As vLLM: `module.Class` imported, each added with app.add_middleware (the last outermost).
+        self.middleware = [
+            getattr(importlib.import_module(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1])
+            for path in options.middleware
+        ]
         self.runtime_lora = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("true", "1")
         self.loras: dict[str, str] = {}  # name -> path, load order
         self.calls: list[dict[str, Any]] = []
@@ -100,6 +113,42 @@ class Handler(BaseHTTPRequestHandler):
         key = self.state.options.api_key or os.environ.get("VLLM_API_KEY", "")
         return not key or self.headers.get("Authorization") == f"Bearer {key}"
 
+    def _through_middleware(self) -> bool:
+        """Run the request's method, path and headers through the --middleware stack with an inner
+        app that only notes it was reached; if it was not, relay the middleware's answer."""
+        reached = False
+
+        async def inner(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            nonlocal reached
+            reached = True
+
+        app: Any = inner
+        for middleware in self.state.middleware:
+            app = middleware(app)
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        path, _, query = self.path.partition("?")
+        headers = [
+            (key.lower().encode("latin-1"), value.encode("latin-1")) for key, value in self.headers.items()
+        ]
+        scope = {"type": "http", "method": self.command, "path": path, "query_string": query.encode(),
+                 "headers": headers}  # fmt: skip
+        asyncio.run(app(scope, receive, send))
+        if reached:
+            return True
+        start = next(message for message in sent if message["type"] == "http.response.start")
+        body = b"".join(
+            message.get("body", b"") for message in sent if message["type"] == "http.response.body"
+        )
+        self._send(start["status"], body)
+        return False
+
     def _record(self, body: Any) -> None:
         with self.state.lock:
             self.state.calls.append({"method": self.command, "path": self.path, "body": body})
@@ -107,6 +156,8 @@ class Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ routes
     def do_GET(self) -> None:
         state = self.state
+        if not self.path.startswith("/fake/") and not self._through_middleware():
+            return
         if self.path == "/health":
             self._send(200, b"", "text/plain")
         elif self.path == "/fake/calls":
@@ -131,6 +182,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         state = self.state
         body = self._body()
+        if not self.path.startswith("/fake/") and not self._through_middleware():
+            return
         if self.path == "/fake/die":
             self._send(200, {"dying": True})
             self.wfile.flush()

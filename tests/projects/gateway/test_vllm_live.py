@@ -128,6 +128,14 @@ def post_status(url: str, body: dict) -> int:
         return error.code
 
 
+def adapter(model, step: int) -> str:
+    """The name the gateway gives a checkpoint's adapter on vLLM: not guessable without SECRET_KEY."""
+    from projects.gateway.vllm import secret_suffix
+
+    identity = f"model-{model.pk}-step-{step}"
+    return f"{identity}-{secret_suffix(identity)}"
+
+
 def loaded(server_url: str) -> list[str]:
     return InferenceServer.objects.get(url=server_url).loaded_adapters
 
@@ -143,8 +151,12 @@ def test_serve_inference_launches_vllm_with_lora_and_registers_it(live, vllm_ser
         assert flag in argv
     assert SERVER_TOKEN not in argv  # it travels in VLLM_API_KEY: a command line is readable by all
     assert info["pid"] != vllm_server.process.pid  # a child, not this process
-    # The server token guards vLLM's /v1 routes.
+    # The server token guards vLLM's /v1 routes, and through the guard middleware every other route.
     assert http("GET", f"{vllm_server.url}/v1/models")[0] == 401
+    assert "--middleware training.serving.vllm_guard.BearerTokenGuard" in argv
+    for path in ("/metrics", "/tokenize", "/invocations", "/v1/models"):
+        assert http("GET", f"{vllm_server.url}{path}")[0] == 401, path
+    assert http("GET", f"{vllm_server.url}/v1/models", key=SERVER_TOKEN)[0] == 200
 
 
 def test_checkpoints_are_loaded_on_first_use_and_the_least_recently_used_is_unloaded(
@@ -155,7 +167,7 @@ def test_checkpoints_are_loaded_on_first_use_and_the_least_recently_used_is_unlo
     assert (reply.model, reply.choices[0].message.content) == (VLLM_MODEL, f"canned reply from {VLLM_MODEL}")
 
     model, (one, two, three) = checkpoints(serving, tiny_model_dir, cast.alpha, [1, 2, 3])
-    names = {step: f"model-{model.pk}-step-{step}" for step in (1, 2, 3)}
+    names = {step: adapter(model, step) for step in (1, 2, 3)}
     before = len(fake(vllm_server, "calls"))
     for step in (1, 2, 1, 3):  # 3 pushes out 2, the least recently used (capacity 2)
         reply = api.chat.completions.create(model=f"vl/agent:{step}", messages=HELLO, max_tokens=5)
@@ -207,8 +219,8 @@ def test_a_checkpoint_written_elsewhere_is_fetched_by_key_on_the_vllm_host(
     first.save(update_fields=["path", "storage_key", "sha256", "size_bytes"])
 
     reply = client(live, alpha_key).chat.completions.create(model="fx/agent:1", messages=HELLO, max_tokens=5)
-    assert reply.choices[0].message.content == f"canned reply from model-{model.pk}-step-1"
-    name = f"model-{model.pk}-step-1"
+    assert reply.choices[0].message.content == f"canned reply from {adapter(model, 1)}"
+    name = adapter(model, 1)
     load = next(c for c in fake(vllm_server, "calls") if c["body"] and c["body"].get("lora_name") == name)
     assert Path(load["body"]["lora_path"]).resolve() == stored.resolve()
 
@@ -228,7 +240,7 @@ def test_streams_are_relayed_with_the_public_model_id_and_metered(live, serving,
     chunks = list(api.chat.completions.create(model="st/agent:1", messages=HELLO, stream=True))
     assert {c.model for c in chunks} == {"st/agent:1"}
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
-        f"canned reply from model-{model.pk}-step-1"
+        f"canned reply from {adapter(model, 1)}"
     )
     assert all(c.usage is None for c in chunks)  # the usage chunk the gateway asked for is hidden
     asked = list(api.chat.completions.create(model="st/agent:1", messages=HELLO, stream=True,
@@ -244,7 +256,7 @@ def test_already_loaded_lost_and_unloadable_adapters_are_handled(live, serving, 
                                                                   alpha_key):  # fmt: skip
     model, (one, two) = checkpoints(serving, tiny_model_dir, cast.alpha, [1, 2], project="err")
     api = client(live, alpha_key)
-    name_one, name_two = f"model-{model.pk}-step-1", f"model-{model.pk}-step-2"
+    name_one, name_two = adapter(model, 1), adapter(model, 2)
     load = f"{vllm_server.url}/v1/load_lora_adapter"
     unload = f"{vllm_server.url}/v1/unload_lora_adapter"
 
@@ -379,9 +391,9 @@ def test_real_vllm_serves_checkpoints_through_the_gateway(serving, tiny_model_di
                                             logprobs=True, top_logprobs=2)  # fmt: skip
         assert reply.model == f"gpu/agent:{step}" and reply.usage.completion_tokens >= 1
         assert all(len(entry.top_logprobs) == 2 for entry in reply.choices[0].logprobs.content)
-    assert loaded(server.url) == [f"model-{model.pk}-step-2"]  # capacity 1: step 1 was unloaded
+    assert loaded(server.url) == [adapter(model, 2)]  # capacity 1: step 1 was unloaded
     served = {m["id"] for m in http("GET", f"{server.url}/v1/models", key=SERVER_TOKEN)[2]["data"]}
-    assert served == {"gateway-tiny-real-vllm", f"model-{model.pk}-step-2"}
+    assert served == {"gateway-tiny-real-vllm", adapter(model, 2)}
     chunks = list(
         api.chat.completions.create(model="gpu/agent:latest", messages=HELLO, max_tokens=8, stream=True)
     )

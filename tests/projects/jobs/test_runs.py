@@ -4,7 +4,10 @@ splits, and the step a first attempt starts from and resumes."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from django.test import override_settings
 
 from projects import services
 from projects.jobs.runs import build_run_spec
@@ -78,13 +81,17 @@ def test_rollouts_on_the_inference_servers_go_to_a_live_server_of_the_base_model
     vllm = inference_server_heartbeat(url="http://10.0.0.9:8100", base_model_name=base, engine="vllm",
                                       fetch_url="http://10.0.0.9:8101")  # fmt: skip
     server = build_run_spec(run).rollout_server
-    assert (server.url, server.engine, server.fetch_url, server.served_model, server.adapter_prefix) == (
+    assert (server.url, server.engine, server.fetch_url, server.served_model) == (
         "http://10.0.0.9:8100",
         "vllm",
         "http://10.0.0.9:8101",
         base,
-        f"run-{run.pk}-",
     )
+    # The run's names carry a secret part: another run's (or team's) cannot be guessed from its id.
+    prefix = server.adapter_prefix
+    assert re.fullmatch(rf"run-{run.pk}-[0-9a-f]{{16}}-", prefix), prefix
+    with override_settings(INFERENCE_ADAPTER_NAME_KEY="another installation"):
+        assert build_run_spec(run).rollout_server.adapter_prefix != prefix
     vllm.delete()
     inference_server_heartbeat(url="http://10.0.0.5:8100", base_model_name=base)
     server = build_run_spec(run).rollout_server
