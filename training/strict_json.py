@@ -178,6 +178,17 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH, allow_nul: bool = Tr
     return value
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of JSON Lines text: split on ``\\n`` only (a trailing ``\\r`` dropped), as the
+    format says. Not ``str.splitlines()``, which also splits on U+2028, U+2029 and U+0085:
+    characters a JSON string may hold unescaped, so a valid row holding one would be refused as two
+    broken lines."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line starts no new one
+    return [line.removesuffix("\r") for line in lines]
+
+
 def storable(text: str) -> bool:
     """Whether ``text`` (an id from a path, a model name) can reach a database at all: no NUL
     (PostgreSQL refuses it even in a comparison) and no lone surrogate (no UTF-8 encoding)."""

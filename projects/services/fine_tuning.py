@@ -238,7 +238,7 @@ def file_create(*, project: Project, filename: str, jsonl: str, purpose: str) ->
         raise ValidationFailed("only purpose 'fine-tune' is supported", field="purpose")
     rows: list[Any] = []
     problems: list[tuple[str, str]] = []
-    for number, raw in enumerate(jsonl.splitlines(), start=1):
+    for number, raw in enumerate(strict_json.jsonl_lines(jsonl), start=1):
         if not raw.strip():
             continue
         try:

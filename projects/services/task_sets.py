@@ -85,7 +85,7 @@ def parse_rows(*, jsonl: str | None = None, rows: list[Any] | None = None) -> li
     numbered: list[tuple[int, Any]] = []
     problems: list[tuple[str, str]] = []
     if jsonl is not None:
-        for line_number, line in enumerate(jsonl.splitlines(), start=1):
+        for line_number, line in enumerate(strict_json.jsonl_lines(jsonl), start=1):
             if not line.strip():
                 continue
             try:  # the strict reader: depth, NaN, number range, lone surrogates, NUL

@@ -8,7 +8,17 @@ import time
 
 import pytest
 
-from training.strict_json import INT_MAX, INT_MIN, JSONError, check, loads, loads_lenient, parse_int, storable
+from training.strict_json import (
+    INT_MAX,
+    INT_MIN,
+    JSONError,
+    check,
+    jsonl_lines,
+    loads,
+    loads_lenient,
+    parse_int,
+    storable,
+)
 
 
 @pytest.mark.parametrize(
@@ -155,3 +165,12 @@ def test_parse_int_reads_plain_ascii_digits_within_64_bits_only(text, value):
 def test_storable_refuses_nul_and_lone_surrogates_only():
     assert storable("proj/model:3") and storable("caf\u00e9 \U0001f600")
     assert not storable("a\x00b") and not storable("\ud800") and not storable("x\udfff")
+
+
+def test_jsonl_lines_split_on_newline_only():
+    assert jsonl_lines('{"a": "x\u2028y\u2029z\x85"}\r\n\n{"b": 1}\n') == [
+        '{"a": "x\u2028y\u2029z\x85"}',
+        "",
+        '{"b": 1}',
+    ]
+    assert jsonl_lines("") == [] and jsonl_lines("x") == ["x"]
