@@ -83,6 +83,9 @@ def test_up_serves_the_api_and_ctrl_c_stops_everything(tmp_path):
             raise AssertionError("the trainer service answered without its token")
         except urllib.error.HTTPError as exc:
             assert exc.code == 401
+        # Its token is a random one of this start, in its environment, never on its command line.
+        token = environ[b"TRAINER_SERVICE_TOKEN"]
+        assert len(token) >= 32 and token not in Path(f"/proc/{pids['trainer']}/cmdline").read_bytes()
         deadline = time.monotonic() + 60
         while "ready." not in (data_dir / "logs" / "worker.log").read_text(errors="replace"):
             assert time.monotonic() < deadline, "worker did not start"
