@@ -224,6 +224,7 @@ def test_every_tinker_route_is_in_the_walk():
 
 def test_tinker_outsiders_get_404_read_only_keys_403_and_the_owner_succeeds(tinker, cast, tmp_path, settings):
     settings.TINKER_POLL_S = 0
+    settings.TINKER_MAX_PENDING_SAMPLES_PER_TEAM = 1000  # a world per route, each with a queued sample
     from tests.factories import ProjectFactory
 
     ProjectFactory(team=cast.alpha, name="math")
