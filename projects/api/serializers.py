@@ -38,6 +38,7 @@ from projects.models import (
 from projects.services.environments import SYSTEM_PROMPT_MAX_CHARS
 from projects.services.projects import DESCRIPTION_MAX_CHARS
 from training import names
+from training.strict_json import parse_int
 
 # --- output ---------------------------------------------------------------------------------
 
@@ -508,8 +509,8 @@ class RunIn(InputSerializer):
     def validate_start_from(self, value: Any) -> str | int:
         if value in ("latest", "base"):
             return str(value)
-        if isinstance(value, str) and value.isdecimal():
-            value = int(value)
+        if isinstance(value, str):  # parse_int, not int(): 5,000 digits are a 400, not a ValueError
+            value = parse_int(value, low=1, high=ID_MAX)
         if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= ID_MAX:
             return value
         raise serializers.ValidationError('must be "latest", "base" or a checkpoint id of the model')

@@ -204,3 +204,16 @@ def test_files_and_fine_tuning_answer_hostile_ids_and_parameters_with_a_4xx(gate
     path, _, query = path.partition("?")
     status, answer = gateway("GET", path, gateway_key, query=query)
     assert status in (400, 404) and set(answer["error"]) >= {"message", "type", "param", "code"}, answer
+
+
+# --- /api/ --------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("start_from", [DIGITS, PAST_64_BITS, "١٢", "-1"])
+def test_a_run_start_from_written_as_a_huge_number_is_a_400_naming_it(alpha_setup, key_client, start_from):
+    from tests.projects.api.test_run_control_api import body
+
+    response = key_client.post("/api/v1/runs/", body(alpha_setup, start_from=start_from), format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["error"]["param"] == "start_from"
