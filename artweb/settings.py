@@ -408,6 +408,12 @@ else:
 GRADER_SANDBOX_TIMEOUT_S = env_float("GRADER_SANDBOX_TIMEOUT_S", 5.0)
 GRADER_SANDBOX_CPU_S = env_int("GRADER_SANDBOX_CPU_S", 5, minimum=1)
 GRADER_SANDBOX_MEMORY_MB = env_int("GRADER_SANDBOX_MEMORY_MB", 512, minimum=64)
+# The regex grader's limit per match (a catastrophic pattern is a regex_timeout error, not a stall).
+GRADER_REGEX_TIMEOUT_S = env_float("GRADER_REGEX_TIMEOUT_S", 1.0)
+if not 0 < GRADER_REGEX_TIMEOUT_S <= 60:  # also refuses nan
+    raise ImproperlyConfigured(
+        f"GRADER_REGEX_TIMEOUT_S={GRADER_REGEX_TIMEOUT_S!r}: must be more than 0 and at most 60"
+    )
 GRADER_SANDBOX_ALLOW_UNSANDBOXED = env_bool("GRADER_SANDBOX_ALLOW_UNSANDBOXED", False)
 
 # Sandboxes at once on this host (python graders and MCP stdio servers together), per team and in

@@ -149,8 +149,10 @@ def judge_endpoint_test(*, endpoint: JudgeEndpoint, model: str = "") -> JudgeEnd
 
 def sandbox_config(*, team_id: Any = None, interactive: bool = False) -> SandboxConfig:
     """The operator's limits for python graders (settings, from the environment), taking a slot of
-    `team_id`'s; a web request (`interactive`) waits only briefly for one (SlotsBusy: a 429)."""
+    `team_id`'s; a web request (`interactive`) waits only briefly for one (SlotsBusy: a 429). It
+    carries the regex grader's match timeout too."""
     return SandboxConfig(
+        regex_timeout_seconds=settings.GRADER_REGEX_TIMEOUT_S,
         timeout_seconds=settings.GRADER_SANDBOX_TIMEOUT_S,
         cpu_seconds=settings.GRADER_SANDBOX_CPU_S,
         memory_bytes=settings.GRADER_SANDBOX_MEMORY_MB * 1024 * 1024,

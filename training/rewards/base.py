@@ -124,6 +124,7 @@ OPENAI_ERROR_FLAGS = {
     "python_grader_runtime_error": "python_grader_runtime_error",
     "memory_limit": "python_grader_runtime_error",
     "timeout": "unresponsive_reward_error",
+    "regex_timeout": "unresponsive_reward_error",
     "python_grader_server_error": "python_grader_server_error",
     "model_grader_server_error": "model_grader_server_error",
     "model_grader_parse_error": "model_grader_parse_error",

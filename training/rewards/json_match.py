@@ -16,15 +16,23 @@ matches a boolean; strings compare exactly, or case-insensitively with `ignore_c
 
 `expected` is a literal JSON value, or a template: a template that is a single variable
 (`{{item.answer}}`) yields that value as is; any other template's text is parsed as JSON.
+
+A schema's `pattern` and `patternProperties` are matched like the regex grader's patterns (the
+`regex` package with the operator's timeout, never Python's `re`, whose backtracking has no end:
+training/rewards/patterns.py); `unevaluatedProperties` next to `patternProperties` is refused, as
+jsonschema matches those with `re` itself.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from training.rewards.base import Field, Grader, GraderRuntime, Sample, Score, is_number
 from training.rewards.errors import GradingError
+from training.rewards.patterns import PatternError, compile_pattern, matches
 from training.rewards.templates import Template, TemplateSyntaxError
 
 MAX_INPUT_CHARS = 1_000_000
@@ -73,7 +81,8 @@ class JsonMatchGrader(Grader):
         expected = spec.get("expected")
         self.expected_template = Template.parse(expected) if isinstance(expected, str) else None
         self.has_expected = "expected" in spec
-        self.validator = _validator(spec["schema"]) if "schema" in spec else None
+        timeout = self.runtime.sandbox.regex_timeout_seconds
+        self.validator = _validator(spec["schema"], timeout) if "schema" in spec else None
         self.paths: list[Path] | None = (
             [tuple(p.split(".")) for p in spec["fields"]] if "fields" in spec else None
         )
@@ -173,10 +182,85 @@ def schema_problem(schema: dict[str, Any]) -> str | None:
     except exceptions.SchemaError as error:
         where = "/".join(str(part) for part in error.absolute_path)
         return f"invalid JSON Schema{' at ' + where if where else ''}: {error.message}"
+    keywords = {keyword for keyword, _ in _schema_nodes(schema)}
+    if {"patternProperties", "unevaluatedProperties"} <= keywords:
+        return "unevaluatedProperties next to patternProperties is not supported (use additionalProperties)"
+    for keyword, value in _schema_nodes(schema):
+        patterns = [value] if keyword == "pattern" else []
+        if keyword == "patternProperties" and isinstance(value, dict):
+            patterns = list(value)
+        # A property named "pattern" holds a schema, not a pattern: only strings are patterns.
+        for pattern in (each for each in patterns if isinstance(each, str)):
+            try:
+                compile_pattern(pattern)
+            except PatternError as error:
+                return f"invalid regular expression {pattern!r} in {keyword}: {error}"
     return None
 
 
-def _validator(schema: dict[str, Any]) -> Any:
-    from jsonschema import validators
+# Keywords whose values are data, not schemas: a "pattern" key inside them is not a pattern.
+DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 
-    return validators.validator_for(schema)(schema)
+
+def _schema_nodes(schema: Any) -> Iterator[tuple[str, Any]]:
+    """Every (keyword, value) pair in `schema`, nested schemas included."""
+    if isinstance(schema, dict):
+        for keyword, value in schema.items():
+            yield keyword, value
+            if keyword not in DATA_KEYWORDS:
+                yield from _schema_nodes(value)
+    elif isinstance(schema, list):
+        for element in schema:
+            yield from _schema_nodes(element)
+
+
+def _validator(schema: dict[str, Any], timeout_seconds: float) -> Any:
+    """jsonschema's validator for `schema`, its pattern keywords matched with a timeout."""
+    from jsonschema import ValidationError, validators
+
+    base = validators.validator_for(schema)
+    compiled = functools.lru_cache(maxsize=256)(compile_pattern)
+
+    def found(pattern: str, text: str) -> bool:
+        return matches(compiled(pattern), text, mode="search", timeout_seconds=timeout_seconds)
+
+    def pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Iterator[Any]:
+        if validator.is_type(instance, "string") and not found(pattern, instance):
+            yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+    def pattern_properties(
+        validator: Any, patterns: dict[str, Any], instance: Any, schema: Any
+    ) -> Iterator[Any]:
+        if not validator.is_type(instance, "object"):
+            return
+        for pattern, subschema in patterns.items():
+            for key, value in instance.items():
+                if found(pattern, key):
+                    yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+    def additional_properties(
+        validator: Any, allowed: Any, instance: Any, schema: dict[str, Any]
+    ) -> Iterator[Any]:
+        patterns = schema.get("patternProperties")
+        if not patterns:  # no pattern involved: jsonschema's own
+            yield from base.VALIDATORS["additionalProperties"](validator, allowed, instance, schema)
+            return
+        if not validator.is_type(instance, "object"):
+            return
+        properties = schema.get("properties", {})
+        extras = sorted(
+            key for key in instance if key not in properties and not any(found(p, key) for p in patterns)
+        )
+        if validator.is_type(allowed, "object"):
+            for extra in extras:
+                yield from validator.descend(instance[extra], allowed, path=extra)
+        elif not allowed and extras:
+            listed = ", ".join(repr(extra) for extra in extras)
+            yield ValidationError(
+                f"{listed} do not match any of the regexes: {', '.join(map(repr, patterns))}"
+            )
+
+    timed = {"pattern": pattern, "patternProperties": pattern_properties}
+    if "additionalProperties" in base.VALIDATORS:
+        timed["additionalProperties"] = additional_properties
+    return validators.extend(base, timed)(schema)

@@ -6,34 +6,26 @@
 `pattern` may be a template. Variables are inserted raw, not escaped, so an item can carry its own
 regex; to match an item's value literally, store it escaped. The literal parts of a templated
 pattern are checked at validation; a pattern that only breaks after rendering is a `regex_error`.
+A match that runs past the operator's `regex_timeout_seconds` (1 s by default) is a `regex_timeout`
+error (the `error_reward`, never a stalled worker or web process): see `training/rewards/patterns.py`.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar
 
 from training.rewards.base import Field, Grader, GraderRuntime, Sample
 from training.rewards.errors import GradingError
+from training.rewards.patterns import FLAGS, MODES, PatternError, compile_pattern, flag_bits, matches
 from training.rewards.templates import Template, TemplateSyntaxError
 
-FLAGS = {"IGNORECASE": re.IGNORECASE, "MULTILINE": re.MULTILINE, "DOTALL": re.DOTALL}
-MODES = ("search", "fullmatch")
-# Python's re has no timeout. Backtracking cost grows with input length (polynomially for the usual
-# culprits like `.*a.*b.*c`, exponentially for nested quantifiers like `(a+)+$`), and policy outputs
-# can be arbitrarily long, so we bound the input: 20k characters is far beyond a typical answer yet
-# keeps polynomial worst cases to seconds. It does not tame exponential patterns; don't write them.
+# Backtracking cost grows with input length (polynomially for the usual culprits like `.*a.*b.*c`,
+# exponentially for nested quantifiers like `(a|a)+$`) and policy outputs can be arbitrarily long:
+# 20k characters is far beyond a typical answer. The match timeout bounds what is left.
 MAX_INPUT_CHARS = 20_000
 # Stands in for each variable when checking a templated pattern's literal parts: a plain letter is
 # valid in every position a value plausibly goes (a group, a character class, a group name).
 STAND_IN = "x"
-
-
-def _compile_flags(names: list[str]) -> int:
-    flags = 0
-    for name in names:
-        flags |= FLAGS[name]
-    return flags
 
 
 class RegexGrader(Grader):
@@ -56,10 +48,10 @@ class RegexGrader(Grader):
         except TemplateSyntaxError:
             return []  # already reported by the field check
         # Without valid flags, check the pattern without them rather than skip it.
-        flags = _compile_flags(spec["flags"]) if "flags" in spec else 0
+        flags = flag_bits(spec["flags"]) if "flags" in spec else 0
         try:
-            re.compile(template.with_stand_in(STAND_IN), flags)
-        except re.error as error:
+            compile_pattern(template.with_stand_in(STAND_IN), flags)
+        except PatternError as error:
             note = "" if template.is_literal else f" (with each variable replaced by {STAND_IN!r})"
             return [{"path": f"{path}.pattern", "message": f"invalid regular expression{note}: {error}"}]
         return []
@@ -68,12 +60,13 @@ class RegexGrader(Grader):
         super().__init__(spec, runtime)
         self.input = Template.parse(spec["input"])
         self.pattern = Template.parse(spec["pattern"])
-        self.flags = _compile_flags(spec["flags"])
+        self.flags = flag_bits(spec["flags"])
         self.mode: str = spec["mode"]
         self.score_on_match: float = spec["score_on_match"]
         self.score_on_miss: float = spec["score_on_miss"]
-        # A literal pattern is compiled once; a templated one per sample (re caches recent ones).
-        self.compiled = re.compile(spec["pattern"], self.flags) if self.pattern.is_literal else None
+        self.timeout_seconds = self.runtime.sandbox.regex_timeout_seconds
+        # A literal pattern is compiled once; a templated one per sample (regex caches recent ones).
+        self.compiled = compile_pattern(spec["pattern"], self.flags) if self.pattern.is_literal else None
 
     def score(self, sample: Sample, item: dict[str, Any]) -> float:
         text = self.input.render(sample, item)[:MAX_INPUT_CHARS]
@@ -81,10 +74,10 @@ class RegexGrader(Grader):
         if compiled is None:
             pattern = self.pattern.render(sample, item)
             try:
-                compiled = re.compile(pattern, self.flags)
-            except re.error as error:
+                compiled = compile_pattern(pattern, self.flags)
+            except PatternError as error:
                 raise GradingError(
                     "regex_error", f"rendered pattern {pattern!r} is invalid: {error}"
                 ) from None
-        match = compiled.search(text) if self.mode == "search" else compiled.fullmatch(text)
-        return self.score_on_match if match else self.score_on_miss
+        matched = matches(compiled, text, mode=self.mode, timeout_seconds=self.timeout_seconds)
+        return self.score_on_match if matched else self.score_on_miss

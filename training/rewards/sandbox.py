@@ -135,6 +135,11 @@ class SandboxConfig:
     extra_modules: tuple[str, ...] = field(default=())  # preloaded besides ALLOWED_MODULES
     slots: SlotPolicy = field(default_factory=SlotPolicy)  # the host's sandbox caps (training.slots)
     team: str = ""  # whose slot a child takes
+    # Not the sandbox's: the regex grader's limit per match (the regex engine's own timeout, see
+    # training/rewards/patterns.py), kept with the operator's other limits on an author's code.
+    # Far beyond a sane pattern on a long answer (micro- to milliseconds); a catastrophic one costs
+    # one second a sample. The operator's GRADER_REGEX_TIMEOUT_S.
+    regex_timeout_seconds: float = 1.0
 
 
 class SandboxUnavailable(RuntimeError):

@@ -12,15 +12,16 @@ maps paths to regular expressions that must match the whole argument (a non-stri
 matched as its JSON text). With `scoring` "all" the reward is 1 when some call to `tool` meets every
 condition, else 0; with "fraction" it is the best call's fraction of conditions met (a call with no
 conditions counts as 1). Not calling the tool at all is 0, not an error: it is the policy's doing.
+A match running past the operator's regex timeout is a `regex_timeout` error (training/rewards/patterns.py).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, ClassVar
 
 from training.rewards.base import Field, Grader, GraderRuntime, Sample, Score
+from training.rewards.patterns import PatternError, compile_pattern, matches
 from training.rewards.templates import Template, TemplateSyntaxError
 
 SCORING = ("all", "fraction")
@@ -54,8 +55,8 @@ class ToolCallGrader(Grader):
                 problems.append({"path": where, "message": "must be a string (a regular expression)"})
                 continue
             try:
-                re.compile(pattern)
-            except re.error as error:
+                compile_pattern(pattern)
+            except PatternError as error:
                 problems.append({"path": where, "message": f"invalid regular expression: {error}"})
         return problems
 
@@ -67,8 +68,9 @@ class ToolCallGrader(Grader):
             for key, value in spec["arguments"].items()
         }
         self.patterns = {
-            tuple(key.split(".")): re.compile(value) for key, value in spec["argument_patterns"].items()
+            tuple(key.split(".")): compile_pattern(value) for key, value in spec["argument_patterns"].items()
         }
+        self.timeout_seconds = self.runtime.sandbox.regex_timeout_seconds
         self.scoring: str = spec["scoring"]
 
     def score(self, sample: Sample, item: dict[str, Any]) -> Score:
@@ -86,7 +88,7 @@ class ToolCallGrader(Grader):
             met += sum(
                 1
                 for path, pattern in self.patterns.items()
-                if _pattern_matches(pattern, _lookup(arguments, path))
+                if _pattern_matches(pattern, _lookup(arguments, path), self.timeout_seconds)
             )
             best = max(best, met / conditions if conditions else 1.0)
         reward = best if self.scoring == "fraction" else float(best == 1.0)
@@ -121,8 +123,8 @@ def _equal(actual: Any, expected: Any) -> bool:
     return bool(actual == expected)
 
 
-def _pattern_matches(pattern: re.Pattern[str], actual: Any) -> bool:
+def _pattern_matches(pattern: Any, actual: Any, timeout_seconds: float) -> bool:
     if actual is _MISSING:
         return False
     text = actual if isinstance(actual, str) else json.dumps(actual)
-    return pattern.fullmatch(text) is not None
+    return matches(pattern, text, mode="fullmatch", timeout_seconds=timeout_seconds)

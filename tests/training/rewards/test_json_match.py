@@ -1,8 +1,9 @@
 import json
+import time
 
 import pytest
 
-from training.rewards import GraderSpecError, Sample, build_grader, validate_grader
+from training.rewards import GraderSpecError, Sample, SandboxConfig, build_grader, validate_grader
 
 EXPECTED = {"city": "Paris", "population": 2100000, "tags": ["capital", "europe"], "coastal": False}
 
@@ -102,3 +103,70 @@ def test_spec_problems():
         validate_grader({"type": "json_match", "schema": {"type": "objekt"}})
     [problem] = caught.value.problems
     assert problem["path"] == "grader.schema" and "invalid JSON Schema" in problem["message"]
+
+
+# --- schema patterns (issue 51): matched with a timeout, never by Python's re ------------------------
+
+QUICK = SandboxConfig(regex_timeout_seconds=0.3)
+EVIL = "^(a|a)+$"  # exponential in `re` and `regex` alike; `re` holds the GIL for hours on 41 characters
+
+
+@pytest.mark.parametrize(
+    ("schema", "output"),
+    [
+        ({"type": "string", "pattern": EVIL}, "a" * 40 + "b"),
+        ({"type": "object", "patternProperties": {EVIL: {}}}, {"a" * 40 + "b": 1}),
+        (
+            {"type": "object", "patternProperties": {EVIL: {}}, "additionalProperties": False},
+            {"a" * 40 + "b": 1},
+        ),
+        ({"type": "object", "propertyNames": {"pattern": EVIL}}, {"a" * 40 + "b": 1}),
+    ],
+)
+def test_a_catastrophic_schema_pattern_is_a_regex_timeout_error(schema, output):
+    grader = build_grader({"type": "json_match", "schema": schema}, sandbox=QUICK)
+    started = time.process_time()  # what the timeout counts
+    result = grader.grade(Sample(output_text=json.dumps(output)), {})
+    assert time.process_time() - started < 1.0
+    assert [error["code"] for error in result.errors] == ["regex_timeout"]
+
+
+def test_schema_patterns_still_decide_validity():
+    schema = {
+        "type": "object",
+        "properties": {"id": {"type": "string", "pattern": r"^\d{3}$"}},
+        "patternProperties": {"^x-": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    spec = {"type": "json_match", "schema": schema}
+    assert grade(spec, {"id": "123", "x-a": 1}).reward == 1.0
+    wrong_id, wrong_extra, extra = (
+        grade(spec, {"id": "12"}),
+        grade(spec, {"id": "123", "x-a": "one"}),
+        grade(spec, {"id": "123", "y": 1}),
+    )
+    assert [r.reward for r in (wrong_id, wrong_extra, extra)] == [0.0, 0.0, 0.0]
+    assert "does not match" in wrong_id.scores["schema_error"]
+    assert "'y' do not match any of the regexes" in extra.scores["schema_error"]
+    assert not any(r.errors for r in (wrong_id, wrong_extra, extra))
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "string", "pattern": "x{4294967294}"}, "repeats too large"),
+        ({"properties": {"a": {"patternProperties": {"(a{1000}){1000}": {}}}}}, "repeats too large"),
+        ({"patternProperties": {"^a": {}}, "unevaluatedProperties": False}, "not supported"),
+    ],
+)
+def test_schema_patterns_that_cannot_be_matched_safely_are_refused(schema, message):
+    with pytest.raises(GraderSpecError, match=message):
+        validate_grader({"type": "json_match", "schema": schema})
+
+
+def test_a_property_named_pattern_is_not_a_pattern():
+    schema = {
+        "properties": {"pattern": {"type": "string"}, "patternProperties": True},
+        "const": {"pattern": 1},
+    }
+    validate_grader({"type": "json_match", "schema": schema})

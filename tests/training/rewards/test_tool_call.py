@@ -1,6 +1,8 @@
+import time
+
 import pytest
 
-from training.rewards import GraderSpecError, Sample, build_grader, validate_grader
+from training.rewards import GraderSpecError, Sample, SandboxConfig, build_grader, validate_grader
 
 WEATHER = {
     "type": "tool_call",
@@ -106,3 +108,19 @@ def test_spec_problems():
         "grader.argument_patterns.b",
         "grader.scoring",
     }
+
+
+def test_a_catastrophic_argument_pattern_is_a_regex_timeout_error():
+    # Python's `re` takes hours on this; the regex package stops at the operator's timeout.
+    spec = {"type": "tool_call", "tool": "f", "argument_patterns": {"x": "^(a|a)+$"}, "error_reward": -1}
+    grader = build_grader(spec, sandbox=SandboxConfig(regex_timeout_seconds=0.3))
+    started = time.process_time()  # what the timeout counts
+    result = grader.grade(Sample(output_text="", output_tools=[call("f", x="a" * 40 + "b")]), {})
+    assert time.process_time() - started < 0.6
+    assert [error["code"] for error in result.errors] == ["regex_timeout"]
+    assert result.reward == -1.0
+
+
+def test_an_argument_pattern_too_large_to_compile_is_refused():
+    with pytest.raises(GraderSpecError, match="repeats too large"):
+        validate_grader({"type": "tool_call", "tool": "f", "argument_patterns": {"x": "x{4294967294}"}})

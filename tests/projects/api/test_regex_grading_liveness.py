@@ -1,0 +1,110 @@
+"""A catastrophic regex graded through the web API stalls nothing (issue 51, finding 8): a real
+uvicorn process grades `^(a|a)+$` on 40 a's and a b (exponential in Python's `re`, which holds the
+GIL: the process, /healthz included, froze) while this test polls /healthz from another thread."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from tests.processes import ROOT, Process, test_database_url
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+
+TIMEOUT_S = 2.0  # GRADER_REGEX_TIMEOUT_S of the server: the window in which /healthz is polled
+CATASTROPHIC = {"type": "regex", "pattern": "^(a|a)+$"}  # exponential in `re` and in `regex` alike
+
+
+@pytest.fixture
+def server(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        **os.environ,
+        "DATABASE_URL": test_database_url(),
+        "ARTWEB_DATA_DIR": str(tmp_path),
+        "DEBUG": "1",
+        "GRADER_REGEX_TIMEOUT_S": str(TIMEOUT_S),
+    }
+    log = tmp_path / "uvicorn.log"
+    command = [sys.executable, "-m", "uvicorn", "artweb.asgi:application", "--port", str(port),
+               "--log-level", "warning"]  # fmt: skip
+    with open(log, "wb") as handle:
+        child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                 start_new_session=True)  # fmt: skip
+    process = Process("uvicorn", child, log, f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{process.url}/healthz", timeout=2):
+                break
+        except OSError:
+            if child.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"uvicorn did not start:\n{process.output()[-3000:]}")
+            time.sleep(0.2)
+    yield process
+    process.kill()  # a stalled grading request must not hold the teardown
+
+
+def grade(url: str, key: str, grader: dict, sample: str) -> dict:
+    request = urllib.request.Request(
+        f"{url}/api/v1/graders/run",
+        data=json.dumps({"grader": grader, "model_sample": sample}).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def healthz_seconds(url: str) -> float:
+    """Seconds /healthz took to answer (at most 5: a frozen process counts as that slow)."""
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=5) as response:
+            assert response.status == 200
+    except TimeoutError:
+        pass
+    return time.perf_counter() - started
+
+
+def test_healthz_answers_within_100_ms_while_a_catastrophic_pattern_is_graded(server, alpha_key):
+    # Warm up: the first grading request imports the graders; the first /healthz sets up Django.
+    assert grade(server.url, alpha_key, {"type": "regex", "pattern": "b$"}, "ab")["reward"] == 1.0
+    healthz_seconds(server.url)
+
+    answer: dict = {}
+
+    def catastrophic() -> None:
+        started = time.perf_counter()
+        answer["body"] = grade(server.url, alpha_key, CATASTROPHIC, "a" * 40 + "b")
+        answer["seconds"] = time.perf_counter() - started
+
+    grading = threading.Thread(target=catastrophic, daemon=True)
+    grading.start()
+    time.sleep(0.2)  # the request is in the view, matching
+    latencies = []
+    deadline = time.monotonic() + TIMEOUT_S + 3
+    while grading.is_alive() and time.monotonic() < deadline:
+        latencies.append(healthz_seconds(server.url))
+        time.sleep(0.02)
+    grading.join(timeout=10)
+
+    # With `re` the match never ends and holds the GIL: /healthz's first poll waits past 100 ms.
+    assert max(latencies) < 0.1, f"/healthz took {max(latencies) * 1000:.0f} ms: {sorted(latencies)[-5:]}"
+    assert len(latencies) >= 10, f"grading ended too soon to observe: {answer}"
+    body = answer["body"]
+    assert body["reward"] == 0.0
+    assert [error["code"] for error in body["metadata"]["error_details"]] == ["regex_timeout"]
+    assert body["metadata"]["errors"]["unresponsive_reward_error"] is True
+    # The timeout counts the server's CPU seconds: its wall time stretches on a crowded machine.
+    assert answer["seconds"] < 3 * TIMEOUT_S + 2
