@@ -198,3 +198,25 @@ def test_every_session_refuses_token_ids_outside_the_vocabulary_naming_datum_and
     ):
         session.sample([[5, 9]], SamplingParams(max_new_tokens=1023))
     assert len(session.sample([[5, 9]], SamplingParams(max_new_tokens=2))[0].token_ids) <= 2
+
+
+def test_a_data_parallel_session_refuses_a_bad_token_id_before_any_rank_gets_the_call(session):
+    """The mirrored (data-parallel) session checks the whole call on rank 0, so the message names the
+    datum's index in the call (not in a rank's share) and no follower is sent a call to fail on."""
+    from training.distributed import MirroredSession
+
+    class Followers:
+        generation, sent = 0, []
+
+        def send(self, message):
+            self.sent.append(message)
+
+    followers = Followers()
+    mirrored = MirroredSession(session, followers)  # type: ignore[arg-type]
+    good = sequence_datum([5, 9, 14, 3], trained_from=1)
+    bad = Datum(model_input=[5, -3], loss_fn_inputs={"target_tokens": [-3, 4]})
+    with pytest.raises(LossInputError, match=r"data\[2\]\.model_input\[1\]: token id -3 is outside"):
+        mirrored.forward_backward([good, good, bad], "cross_entropy")
+    with pytest.raises(LossInputError, match=r"data\[0\]\.model_input\[1\]"):
+        mirrored.forward(data=[bad])
+    assert followers.sent == []
