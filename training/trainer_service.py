@@ -474,6 +474,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8200, help="0 picks a free port")
     parser.add_argument("--memory-budget-mb", type=int, default=0, help="resident sessions' budget; 0: none")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--max-new-tokens", type=int, default=4096, help="a sample's largest max_new_tokens")
     parser.add_argument("--unsloth", default="auto")
     parser.add_argument(
         "--dev-no-token", action="store_true",
@@ -500,7 +501,10 @@ def main(argv: list[str] | None = None) -> None:
     pool = SessionPool(load, spill_dir=args.spill_dir or args.root / ".trainer-spill", device=args.device,
                        budget_bytes=args.memory_budget_mb * 2**20 or None, model_cache_dir=cache,
                        unsloth=args.unsloth)  # fmt: skip
-    service = TrainerService(pool, ServiceConfig(root=args.root, token=token))
+    service = TrainerService(
+        pool,
+        ServiceConfig(root=args.root, token=token, max_new_tokens=args.max_new_tokens),
+    )
     sock = bind(args.host, args.port)
     url = advertised_url(args.host, sock.getsockname()[1])
     print(f"trainer service on {url}", flush=True)
