@@ -34,22 +34,19 @@ def checkpoint_for_path(team: Team, path: str, *, param: str, public: bool = Fal
             step=-1 if (step := parse_int(name, low=0)) is None else step,  # 5,000 digits: no step
         ).select_related("model__base_model").first()  # fmt: skip
     elif kind in ("weights", "sampler_weights", "external_weights"):
-        # Unscoped on purpose: a name another team published is readable (``public``); the owner's
-        # team is checked below for everything else.
+        # Unscoped on purpose: a name another team published is readable (``public``). One check
+        # below decides whether another team's name is: no second place to forget it in.
         tinker = TinkerModel.objects.filter(pk=owner).select_related("session").first()
-        checkpoint = None
-        if tinker is not None and (public or tinker.session.team_id == team.pk):
+        checkpoint, label = None, f"{kind}/{name}"
+        if tinker is not None:
             for candidate in Checkpoint.objects.filter(model=tinker.model).select_related(
                 "model__base_model"
             ):
-                if f"{kind}/{name}" in candidate.metrics.get("tinker_names", {}):
+                if label in candidate.metrics.get("tinker_names", {}):
                     checkpoint = candidate
                     break
-            if (
-                checkpoint is not None
-                and tinker.session.team_id != team.pk
-                and not is_public(checkpoint, f"{kind}/{name}")
-            ):
+            theirs = tinker.session.team_id != team.pk
+            if checkpoint is not None and theirs and not (public and is_public(checkpoint, label)):
                 checkpoint = None
     else:
         raise ValidationFailed(

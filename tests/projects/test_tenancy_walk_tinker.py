@@ -340,3 +340,23 @@ def test_tinker_views_never_filter_by_team_by_hand():
             ):
                 found.append(f"{path.name}:{node.lineno}")
     assert not found, "filter by team by hand (use projects.selectors.scoped): " + ", ".join(found)
+
+
+def test_copy_weights_into_another_teams_project_reads_as_a_missing_project(tinker, cast, tmp_path):
+    """A published checkpoint may be copied by any team, but only into a project of its own: alpha's
+    project named by beta is the same 404 as a project that does not exist."""
+    from tests.factories import ProjectFactory
+
+    ProjectFactory(team=cast.alpha, name="math")
+    world = _world(tinker["alpha"], tmp_path)
+    publish = f"training_runs/{world.saved}/checkpoints/weights/w/publish"
+    assert call(publish, key=f"tml-{tinker['alpha']}")[0] == 204
+    source = f"tinker://{world.saved}/weights/w"
+    for project in ("math", "nope"):
+        status, reply = call("copy_weights", {"source_path": source, "destination_project_id": project},
+                             key=f"tml-{tinker['beta']}")  # fmt: skip
+        assert status == 404 and reply.json()["error"]["param"] == "destination_project_id", reply.content
+    assert not Project.objects.filter(team=cast.beta).exists()
+    status, reply = call("copy_weights", {"source_path": source, "destination_project_id": "math"},
+                         key=f"tml-{tinker['alpha']}")  # fmt: skip
+    assert status == 200, reply.content
