@@ -321,9 +321,27 @@ def forward_backward(request: HttpRequest, access: TeamAccess) -> dict[str, Any]
         raise ValidationFailed(f"the body is not a ForwardBackwardRequest protobuf: {exc}") from None
     if not head.data:
         raise ValidationFailed("data must hold at least one datum", field="data")
+    _check_datum_tokens(_model(access, head.model_id).model.base_model, blob)
     kind = "forward_backward"
     return _submit(access, kind, {"forward_only": head.forward_only}, blob=blob, model_id=head.model_id,
                    seq_id=int(head.seq_id))  # fmt: skip
+
+
+def _check_datum_tokens(base: BaseModel, blob: bytes) -> None:
+    """Every datum's input and target ids in the base model's vocabulary, refused here (400 naming
+    the datum and position) before the call is queued; the session checks again for every caller."""
+    from training.losses import LossInputError
+    from training.session import check_token_ids
+    from training.tinker_wire import parse_forward_backward
+
+    vocabulary = _vocabulary(base)
+    if vocabulary is None:
+        return
+    call = parse_forward_backward(blob)  # a WireError is a 400 naming the part
+    try:
+        check_token_ids(call.data, vocabulary)
+    except LossInputError as exc:
+        raise ValidationFailed(str(exc), field=str(exc).split(":", 1)[0]) from None
 
 
 @endpoint("POST", write=True)
@@ -470,12 +488,29 @@ def asample(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     return _future_reply(future, sample_sequence_ids=[f"{future.pk}:{i}" for i in range(num)])
 
 
+def _vocabulary(base: BaseModel) -> int | None:
+    """The base model's vocabulary size from its config.json, None where this host cannot read it
+    (then the trainer service's own check is the one that refuses)."""
+    from training.base_models import base_model_config
+
+    try:
+        config = base_model_config(base.source, settings.MODEL_CACHE_DIR) or {}
+    except Exception:  # noqa: BLE001 (unreadable here: the trainer service checks it)
+        return None
+    vocabulary = config.get("vocab_size")
+    return (
+        vocabulary
+        if isinstance(vocabulary, int) and not isinstance(vocabulary, bool) and vocabulary > 0
+        else None
+    )
+
+
 def _check_sample_size(base: BaseModel, prompt: list[int], params: Any) -> None:
     """A sample the shared trainer will run (issue 51), refused here before it is queued:
     ``max_tokens`` up to ``INFERENCE_MAX_TOKENS`` (the inference server's cap), the prompt plus it
     within the model's context, every prompt id in its vocabulary. The trainer service checks the
     same for every caller (training.session); a model this host cannot read is checked there only."""
-    from training.base_models import base_model_config, context_length
+    from training.base_models import context_length
 
     if params is not None and not isinstance(params, dict):
         raise ValidationFailed("must be an object", field="sampling_params")
@@ -489,17 +524,16 @@ def _check_sample_size(base: BaseModel, prompt: list[int], params: Any) -> None:
     new_tokens = max_tokens or 64  # projects.jobs.tinker's default
     try:
         context = context_length(base.source, settings.MODEL_CACHE_DIR)
-        config = base_model_config(base.source, settings.MODEL_CACHE_DIR) or {}
     except Exception:  # noqa: BLE001 (unreadable here: the trainer service checks it)
-        context, config = None, {}
+        context = None
     if context is not None and len(prompt) + new_tokens > context:
         raise ValidationFailed(
             f"the prompt's {len(prompt)} tokens plus max_tokens {new_tokens} exceed {base.name}'s context "
             f"of {context} tokens",
             field="sampling_params.max_tokens",
         )
-    vocabulary = config.get("vocab_size")
-    if isinstance(vocabulary, int) and vocabulary > 0:
+    vocabulary = _vocabulary(base)
+    if vocabulary is not None:
         for position, token in enumerate(prompt):
             if token >= vocabulary:
                 raise ValidationFailed(

@@ -1,7 +1,7 @@
 """A fair share of the shared trainer through the Tinker API (issue 51): a sample's size is capped
 before it is queued (max_tokens, the prompt within the model's context, ids in its vocabulary), a
 team's queue is bounded with a 429 and Retry-After while other teams go on, and a training
-request with a token id outside the vocabulary fails naming the datum and the position."""
+request with a token id outside the vocabulary is refused naming the datum and the position."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from projects import services
 from projects.jobs import tinker as tinker_jobs
-from projects.models import TinkerFuture, TinkerFutureStatus
+from projects.models import TinkerFuture, TinkerFutureStatus, TinkerModel
 from tests.projects.api.test_tinker_api import BASE, _model, call
 from tests.projects.api.test_tinker_api import tinker as tinker  # noqa: F401 (the fixture)
 from tests.projects.jobs.test_tinker_recovery import forward_backward
@@ -74,19 +74,29 @@ def test_a_teams_queue_is_bounded_with_a_429_and_retry_after_while_others_go_on(
     assert "TINKER_MAX_PENDING_TRAINING_PER_TEAM" in reply.json()["error"]["message"]
 
 
-def test_a_token_id_outside_the_vocabulary_fails_the_request_naming_datum_and_position(tinker, settings):
+def test_a_token_id_outside_the_vocabulary_is_a_400_at_the_api_and_a_failed_future_in_the_worker(
+    tinker, settings
+):
     settings.TRAINER_SERVICE_URL = ""  # the worker process's own sessions (training.resident)
     key = f"tml-{tinker['alpha']}"
     model_id = _model(tinker["alpha"])
     raw = forward_backward(model_id, 1, [5, 9, 1_000_000, 7])
     status, reply = call("forward_backward", key=key, raw=raw, content_type="application/x-protobuf")
-    assert status == 200, reply.content
+    error = reply.json()["error"]
+    assert (status, error["param"]) == (400, "data[0].model_input[2]"), reply.content
+    assert "token id 1000000 is outside the model's vocabulary" in error["message"]
+    assert not TinkerFuture.objects.filter(kind="forward_backward").exists()  # nothing was queued
+    # A request the web could not check (its host does not hold the model) fails in the worker, the
+    # session's own check naming the datum and the position, and the session stays intact.
+    model = TinkerModel.objects.get(pk=model_id)
+    future = services.tinker_future_submit(team=model.session.team, kind="forward_backward", model=model,
+                                           seq_id=1, payload={"forward_only": False}, body=raw)  # fmt: skip
     tinker_jobs.drain(model_id)
-    future = TinkerFuture.objects.get(pk=reply.json()["request_id"])
+    future.refresh_from_db()
     assert future.status == TinkerFutureStatus.FAILED and future.category == "user"
     assert "data[0].model_input[2]: token id 1000000 is outside the model's vocabulary" in future.error
-    # The session is intact: the next request (a good one) trains.
     raw = forward_backward(model_id, 2, [5, 9, 2, 7])
     status, reply = call("forward_backward", key=key, raw=raw, content_type="application/x-protobuf")
+    assert status == 200, reply.content
     tinker_jobs.drain(model_id)
     assert TinkerFuture.objects.get(pk=reply.json()["request_id"]).status == TinkerFutureStatus.DONE
