@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,3 +60,34 @@ class Process:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_web(tmp_path: Path, **env: str) -> Process:
+    """The web (``uvicorn artweb.asgi:application``) on the test database, answering /healthz; ``env``
+    adds settings. The caller stops or kills it."""
+    port = free_port()
+    environment = {**os.environ, "DATABASE_URL": test_database_url(), "ARTWEB_DATA_DIR": str(tmp_path),
+                   "DEBUG": "1", **env}  # fmt: skip
+    log = tmp_path / "uvicorn.log"
+    command = [sys.executable, "-m", "uvicorn", "artweb.asgi:application", "--port", str(port),
+               "--log-level", "warning"]  # fmt: skip
+    with open(log, "wb") as handle:
+        child = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=handle, stderr=subprocess.STDOUT,
+                                 start_new_session=True)  # fmt: skip
+    process = Process("uvicorn", child, log, f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{process.url}/healthz", timeout=2):
+                return process
+        except OSError:
+            if child.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"uvicorn did not start:\n{process.output()[-3000:]}")
+            time.sleep(0.2)

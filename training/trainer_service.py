@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> None:
     import os
 
     from training.loop import load_policy_model
-    from training.serving.binding import InsecureBindError, check_bind
+    from training.serving.binding import add_dev_no_token_argument, check_bind_or_exit
     from training.serving.server import advertised_url, bind, serve
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -476,17 +476,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-new-tokens", type=int, default=4096, help="a sample's largest max_new_tokens")
     parser.add_argument("--unsloth", default="auto")
-    parser.add_argument(
-        "--dev-no-token", action="store_true",
-        help="development only: serve without TRAINER_SERVICE_TOKEN (refused unless --host is loopback)",
-    )  # fmt: skip
+    add_dev_no_token_argument(parser, token_variable="TRAINER_SERVICE_TOKEN")
     args = parser.parse_args(argv)
     token = os.environ.get("TRAINER_SERVICE_TOKEN", "")
-    try:  # before loading anything: a refused start is quick
-        check_bind(args.host, token=token, dev_no_token=args.dev_no_token,
-                   token_variable="TRAINER_SERVICE_TOKEN", what="the trainer service")  # fmt: skip
-    except InsecureBindError as exc:
-        parser.exit(2, f"error: {exc}\n")
+    check_bind_or_exit(
+        parser, args, token=token, token_variable="TRAINER_SERVICE_TOKEN", what="the trainer service"
+    )
     cache = args.model_cache_dir or args.root / "models"
     threads = int(os.environ.get("TORCH_THREADS") or 0)  # `manage.py up` splits the cores
     if threads:

@@ -5,7 +5,6 @@ a 400; a Content-Encoding no view decodes is a 415, at the ASGI gate and in the 
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import tracemalloc
@@ -15,6 +14,7 @@ import zstandard
 from django.test import Client
 
 from projects import services
+from tests.asgi import asgi_json
 
 LIMIT = 1024 * 1024  # PREVIEW_MAX_BODY_BYTES in these tests: the Tinker routes' limit
 GIB = 1024 * 1024 * 1024
@@ -122,26 +122,7 @@ def test_an_encoding_the_tinker_views_do_not_decode_is_a_415_not_parsed_as_plain
 
 
 def asgi(path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
-    from projects.gateway.asgi import application
-
-    all_headers = [(b"host", b"testserver"), (b"content-type", b"application/json"),
-                   (b"content-length", str(len(body)).encode()), *headers]  # fmt: skip
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": all_headers, "client": ("127.0.0.1", 1), "server": ("testserver", 80)}  # fmt: skip
-    sent: list[dict] = []
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive():
-        if messages:
-            return messages.pop()
-        await asyncio.Event().wait()
-
-    async def send(message):
-        sent.append(message)
-
-    asyncio.run(application(scope, receive, send))
-    return sent[0]["status"], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    return asgi_json("POST", path, body, headers)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -7,13 +7,13 @@ surrogate) name nothing. The REST API's own cases are in tests/projects/api/test
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 from django.test import Client
 
 from projects import services
+from tests.asgi import asgi_json
 
 BASE = "hostile-tiny"
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -137,28 +137,7 @@ def test_an_id_no_database_can_store_in_a_tinker_path_is_a_404(tinker, route, ba
 
 
 def gateway(method: str, path: str, key: str, body: bytes = b"", query: str = "") -> tuple[int, dict]:
-    from projects.gateway.asgi import application
-
-    headers = [(b"host", b"testserver"), (b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode()), (b"authorization", f"Bearer {key}".encode())]  # fmt: skip
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-             "scheme": "http", "path": path, "raw_path": path.encode("utf-8", "surrogatepass"),
-             "query_string": query.encode(), "root_path": "", "headers": headers, "client": ("127.0.0.1", 1),
-             "server": ("testserver", 80)}  # fmt: skip
-    sent: list[dict] = []
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive():
-        if messages:
-            return messages.pop()
-        await asyncio.Event().wait()
-
-    async def send(message):
-        sent.append(message)
-
-    asyncio.run(application(scope, receive, send))
-    content = b"".join(m.get("body", b"") for m in sent[1:])
-    return sent[0]["status"], json.loads(content)
+    return asgi_json(method, path, body, key=key, query=query)
 
 
 @pytest.fixture

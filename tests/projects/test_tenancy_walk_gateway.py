@@ -11,7 +11,6 @@ key may call them, another team's key finds none of alpha's checkpoints.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -21,6 +20,7 @@ from django.urls import URLPattern, get_resolver, reverse
 from projects import services
 from projects.api.base import TeamViewSet
 from projects.models import Run, TrainingJob
+from tests.asgi import asgi_json
 from tests.conftest import _client
 from tests.projects.api.test_preview_api import groups
 from tests.projects.test_tenancy_walk import _walk
@@ -162,30 +162,7 @@ def test_v1_outsiders_get_404_read_only_keys_403_and_the_owner_succeeds(cast, al
 # ---------------------------------------------------------------------- models and chat completions
 def _asgi(method: str, path: str, key: str | None, body: bytes = b"") -> tuple[int, Any]:
     """A request through the ASGI application that serves /v1/ (projects.gateway.asgi)."""
-    from projects.gateway.asgi import application
-
-    headers = [(b"host", b"testserver"), (b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]  # fmt: skip
-    if key:
-        headers.append((b"authorization", f"Bearer {key}".encode()))
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": headers, "client": ("127.0.0.1", 1), "server": ("testserver", 80)}  # fmt: skip
-    sent: list[dict] = []
-    requests = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive() -> dict:
-        if requests:
-            return requests.pop()
-        await asyncio.Event().wait()
-        return {}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    asyncio.run(application(scope, receive, send))
-    content = b"".join(m.get("body", b"") for m in sent[1:])
-    return sent[0]["status"], json.loads(content) if content else None
+    return asgi_json(method, path, body, key=key)
 
 
 @pytest.mark.django_db(transaction=True)  # the gateway reads on its own database threads

@@ -8,6 +8,7 @@ address. Entry points call `check_bind` before loading anything (a clear message
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 
 
@@ -54,3 +55,22 @@ def check_bind(host: str, *, token: str, dev_no_token: bool = False, token_varia
             f"{what}: --dev-no-token is allowed only on a loopback host (127.0.0.1, ::1), not {host!r}; "
             f"set {token_variable} to serve on another address"
         )
+
+
+def add_dev_no_token_argument(parser: argparse.ArgumentParser, *, token_variable: str) -> None:
+    """A command line's ``--dev-no-token`` (see ``check_bind_or_exit``)."""
+    parser.add_argument(
+        "--dev-no-token", action="store_true",
+        help=f"development only: serve without {token_variable} (refused unless --host is loopback)",
+    )  # fmt: skip
+
+
+def check_bind_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, *, token: str,
+                       token_variable: str, what: str) -> None:  # fmt: skip
+    """``check_bind`` for a command line's ``args.host`` and ``--dev-no-token``: a refusal exits with
+    status 2 and the message, before anything is loaded."""
+    try:
+        check_bind(args.host, token=token, dev_no_token=args.dev_no_token, token_variable=token_variable,
+                   what=what)  # fmt: skip
+    except InsecureBindError as exc:
+        parser.exit(2, f"error: {exc}\n")

@@ -13,6 +13,8 @@ import argparse
 import os
 from pathlib import Path
 
+from training.serving.binding import add_dev_no_token_argument, check_bind_or_exit
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -29,19 +31,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--device", default="cpu", help="cpu or cuda[:N] (bf16 on a GPU that has it, else fp32)"
     )
-    parser.add_argument(
-        "--dev-no-token", action="store_true",
-        help="development only: serve without INFERENCE_SERVER_TOKEN (refused unless --host is loopback)",
-    )  # fmt: skip
+    add_dev_no_token_argument(parser, token_variable="INFERENCE_SERVER_TOKEN")
     args = parser.parse_args(argv)
-    from training.serving.binding import InsecureBindError, check_bind
-
     token = os.environ.get("INFERENCE_SERVER_TOKEN", "")
-    try:  # before loading anything: a refused start is quick
-        check_bind(args.host, token=token, dev_no_token=args.dev_no_token,
-                   token_variable="INFERENCE_SERVER_TOKEN", what="the inference server")  # fmt: skip
-    except InsecureBindError as exc:
-        parser.exit(2, f"error: {exc}\n")
+    check_bind_or_exit(
+        parser, args, token=token, token_variable="INFERENCE_SERVER_TOKEN", what="the inference server"
+    )
     import torch
 
     if args.threads:

@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import select
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from dataclasses import dataclass
 
 import pytest
@@ -25,7 +20,7 @@ from django.test import Client
 
 from projects import body_limits, services
 from projects.gateway import lookups
-from tests.processes import ROOT, Process, test_database_url
+from tests.processes import Process, start_web
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -340,33 +335,9 @@ def test_the_dashboard_keeps_djangos_handling(cast):
 # --- through a real uvicorn -----------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def uvicorn(tmp_path) -> Process:
-    port = free_port()
-    env = {**os.environ, "DATABASE_URL": test_database_url(), "ARTWEB_DATA_DIR": str(tmp_path), "DEBUG": "1"}
-    log = tmp_path / "uvicorn.log"
-    command = [sys.executable, "-m", "uvicorn", "artweb.asgi:application", "--port", str(port),
-               "--log-level", "warning"]  # fmt: skip
-    with open(log, "wb") as handle:
-        child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
-                                 start_new_session=True)  # fmt: skip
-    process = Process("uvicorn", child, log, f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{process.url}/healthz", timeout=2):
-                break
-        except OSError:
-            if child.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"uvicorn did not start:\n{process.output()[-3000:]}")
-            time.sleep(0.2)
+    process = start_web(tmp_path)
     yield process
     process.stop()
 

@@ -5,17 +5,13 @@ GIL: the process, /healthz included, froze) while this test polls /healthz from 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 
 import pytest
 
-from tests.processes import ROOT, Process, test_database_url
+from tests.processes import start_web
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
@@ -25,33 +21,7 @@ CATASTROPHIC = {"type": "regex", "pattern": "^(a|a)+$"}  # exponential in `re` a
 
 @pytest.fixture
 def server(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {
-        **os.environ,
-        "DATABASE_URL": test_database_url(),
-        "ARTWEB_DATA_DIR": str(tmp_path),
-        "DEBUG": "1",
-        "GRADER_REGEX_TIMEOUT_S": str(TIMEOUT_S),
-    }
-    log = tmp_path / "uvicorn.log"
-    command = [sys.executable, "-m", "uvicorn", "artweb.asgi:application", "--port", str(port),
-               "--log-level", "warning"]  # fmt: skip
-    with open(log, "wb") as handle:
-        child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
-                                 start_new_session=True)  # fmt: skip
-    process = Process("uvicorn", child, log, f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{process.url}/healthz", timeout=2):
-                break
-        except OSError:
-            if child.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"uvicorn did not start:\n{process.output()[-3000:]}")
-            time.sleep(0.2)
+    process = start_web(tmp_path, GRADER_REGEX_TIMEOUT_S=str(TIMEOUT_S))
     yield process
     process.kill()  # a stalled grading request must not hold the teardown
 
