@@ -492,6 +492,24 @@ def test_a_published_checkpoint_is_readable_by_every_team_until_unpublished(tink
     assert reply.json()["category"] == "user" and "no checkpoint" in reply.json()["error"], reply.content
 
 
+def test_a_published_name_crosses_teams_only_for_reading(tinker, tmp_path, cast):
+    # checkpoint_for_path's one cross-team rule: another team's published name resolves where the
+    # caller reads (public=True) and is a 404 wherever it would be written or trained (public=False).
+    from projects.errors import NotFound
+    from projects.tinker.paths import checkpoint_for_path
+
+    model_id, _ = _saved(tinker, tmp_path)
+    path = f"tinker://{model_id}/weights/w"
+    assert (
+        call(f"training_runs/{model_id}/checkpoints/weights/w/publish", key=f"tml-{tinker['alpha']}")[0]
+        == 204
+    )
+    own = checkpoint_for_path(cast.alpha, path, param="path")
+    assert checkpoint_for_path(cast.beta, path, param="path", public=True) == own
+    with pytest.raises(NotFound):
+        checkpoint_for_path(cast.beta, path, param="path")
+
+
 def test_copy_weights_makes_a_stored_copy_that_is_not_trained(tinker, tmp_path, cast):
     from projects.storage import checkpoint_local_dir, checkpoint_store
 
