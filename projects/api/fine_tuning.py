@@ -27,6 +27,7 @@ from projects.api.serializers import InputSerializer
 from projects.api.views import upload_text
 from projects.errors import Conflict, NotFound, ValidationFailed
 from projects.models import Checkpoint, Run, RunEvent, RunStatus, StepMetrics, TaskRow, TaskSet
+from projects.selectors import scoped
 from projects.services import fine_tuning
 from projects.services.fine_tuning import parse_id
 
@@ -154,9 +155,7 @@ class FilesView(TeamViewSet):
         number = parse_id("file-" + file_id.removeprefix("file-r"), "file")
         run = None
         if number is not None:
-            run = Run.objects.filter(
-                project__team=self.team, pk=number, fine_tuning__has_key="method"
-            ).first()
+            run = scoped(Run, self.team).filter(pk=number, fine_tuning__has_key="method").first()
         if run is None or run.status != RunStatus.SUCCEEDED:
             raise NotFound(f"No such File object: {file_id}", field="file_id")
         return run
