@@ -15,6 +15,7 @@ from django.http import HttpRequest
 
 from projects import catalog
 from projects.models import EnvironmentKind, EvaluationStatus
+from training.grpo import is_zero_variance
 
 # The per-step series the run page charts (key, caption), read from StepMetrics.metrics
 # (training/loop.py and training/trainer.py write these keys), except completion length, the mean
@@ -194,7 +195,8 @@ class Column:
     messages: list[Message]
     rank: str  # "best", "worst" or ""
     side: str = ""  # an evaluation sample's side: "subject" or "reference"
-    advantage: float | None = None  # the sample's group-relative advantage (trajectory viewer)
+    advantage: float | None = None  # the sample's advantage in the update (trajectory viewer)
+    signal: Any = None  # selectors.UpdateSignal: length penalty, whether it was trained on
 
 
 def _tool_calls(message: dict[str, Any]) -> list[dict[str, str]]:
@@ -288,45 +290,43 @@ def transcript_columns(trajectories: Sequence[Any], summary: GroupSummary | None
                 _messages(trajectory.messages, split if marked else None),
                 rank if len(trajectories) > 1 else "",
                 advantage=summary.advantages.get(trajectory.pk) if summary is not None else None,
+                signal=summary.signals.get(trajectory.pk) if summary is not None else None,
             )
         )
     return columns
 
 
-# Rewards this close count as equal (training.grpo.ZERO_VARIANCE_TOLERANCE): no learning signal.
-ZERO_VARIANCE_TOLERANCE = 1e-8
-# Added to the std before dividing, as training.grpo.group_advantages does.
-ADVANTAGE_EPSILON = 1e-6
-
-
 @dataclass
 class GroupSummary:
-    mean: float
+    mean: float  # of the training rewards (the grader's plus any length penalty)
     std: float  # population std (divide by G), as GRPO's advantages use it
     zero_variance: bool
     scaled: bool  # advantages divided by the std (the run's TrainConfig.scale_rewards)
     advantages: dict[int, float]  # by trajectory pk
+    penalised: bool  # some sample's reward carried a length penalty
+    signals: dict[int, Any]  # by trajectory pk: selectors.UpdateSignal
 
 
-def group_summary(trajectories: Sequence[Any], *, scale_rewards: bool) -> GroupSummary | None:
-    """A group's reward mean and std and each sample's group-relative advantage as GRPO computed it
-    (training.grpo): reward − mean, divided by (std + 1e-6) when the run scales by the std; a
-    zero-variance group gets zeros (the trainer skips it)."""
+def group_summary(
+    trajectories: Sequence[Any], signals: dict[int, Any], *, scale_rewards: bool
+) -> GroupSummary | None:
+    """A group's training-reward mean and std and each sample's advantage as the update used it
+    (``signals``: selectors.trajectory_update_signals, the trainer's stored values or the same
+    computation, training.grpo.update_advantages); a zero-variance group gets zeros."""
     if not trajectories:
         return None
-    rewards = [float(t.reward) for t in trajectories]
+    rewards = [signals[t.pk].training_reward for t in trajectories]
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    zero_variance = max(rewards) - min(rewards) <= ZERO_VARIANCE_TOLERANCE
-    advantages = {
-        t.pk: 0.0
-        if zero_variance
-        else (t.reward - mean) / (std + ADVANTAGE_EPSILON)
-        if scale_rewards
-        else t.reward - mean
-        for t in trajectories
-    }
-    return GroupSummary(mean, std, zero_variance, scale_rewards, advantages)
+    return GroupSummary(
+        mean,
+        std,
+        is_zero_variance(rewards),
+        scale_rewards,
+        {t.pk: signals[t.pk].advantage for t in trajectories},
+        any(signals[t.pk].length_penalty != 0.0 for t in trajectories),
+        signals,
+    )
 
 
 @dataclass

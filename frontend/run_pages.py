@@ -316,7 +316,8 @@ def run_fork(request: TeamHttpRequest, run_id: int) -> HttpResponse:
 @team_view()
 def trajectories(request: TeamHttpRequest, run_id: int) -> HttpResponse:
     """One group of one step side by side, with the row's reference ``item``, the group's reward
-    mean/std and each sample's advantage; ``?variance=1`` keeps only groups whose rewards differ.
+    mean/std and each sample's advantage as the update used it (selectors.trajectory_update_signals:
+    with any length penalty); ``?variance=1`` keeps only groups whose training rewards differ.
     Links to the neighbouring groups and steps carry the keys app.js binds (j/k, [/])."""
     run = get_scoped(Run, request, run_id)
     variance_only = request.GET.get("variance") == "1"
@@ -335,7 +336,8 @@ def trajectories(request: TeamHttpRequest, run_id: int) -> HttpResponse:
     rows = []
     if step is not None and group is not None:
         rows = selectors.trajectory_group(run=run, step=step, group_index=group)
-    summary = group_summary(rows, scale_rewards=bool(run.config.get("scale_rewards", True)))
+    signals = selectors.trajectory_update_signals(run=run, trajectories=rows)
+    summary = group_summary(rows, signals, scale_rewards=bool(run.config.get("scale_rewards", True)))
     row_indexes = sorted({t.task_row_index for t in rows if t.task_row_index is not None})
     items = selectors.run_task_row_items(run=run, indexes=row_indexes) if row_indexes else {}
 

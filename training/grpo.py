@@ -49,6 +49,19 @@ def compute_advantages(groups: list[list[float]], scale: bool) -> tuple[list[lis
     return advantages, zero_variance
 
 
+def update_advantages(rewards: list[float], trainable: list[bool], *, scale: bool) -> list[float | None]:
+    """Each sample's advantage in a GRPO update of its group, None for a sample the update leaves
+    out (every sample of a zero-variance group; one with ``trainable`` False, e.g. cut off under
+    overlong_filter, which still counts in the group's mean and std). ``rewards`` are the ones the
+    trainer compares: the grader's plus any length penalty (training.trajectory.to_train_group).
+    The trainer (training.grpo_update.grpo_step), the step's stored trajectories and the viewer
+    all take their advantages from here."""
+    if is_zero_variance(rewards):
+        return [None] * len(rewards)
+    (advantages,), _ = compute_advantages([rewards], scale=scale)
+    return [advantage if keep else None for advantage, keep in zip(advantages, trainable, strict=True)]
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

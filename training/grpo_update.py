@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from training.config import TrainConfig
-from training.grpo import compute_advantages, is_zero_variance
+from training.grpo import is_zero_variance, update_advantages
 from training.minibatches import grpo_data, split_evenly
 from training.session import BASE_MODEL
 from training.trajectory import TrainGroup, TrainSample
@@ -43,7 +43,7 @@ def grpo_step(
     there is no update: loss, grad_norm, entropy, kl and trainable_tokens are 0."""
     start = time.perf_counter()
     rewards = [[sample.reward for sample in group.samples] for group in groups]
-    advantages, zero_variance_groups = compute_advantages(rewards, scale=config.scale_rewards)
+    zero_variance_groups = sum(1 for group_rewards in rewards if is_zero_variance(group_rewards))
     all_rewards = torch.tensor([r for group in rewards for r in group], dtype=torch.float64)
     metrics = update_metrics()
     metrics["zero_variance_fraction"] = zero_variance_groups / max(len(groups), 1)
@@ -52,17 +52,23 @@ def grpo_step(
     # Groups whose rewards are all equal have zero advantage everywhere: nothing to learn. With
     # overlong_filter, a completion cut off at max_new_tokens (its mask all 0) is not trained on
     # either; it still counted in its group's advantages.
-    samples: list[tuple[TrainSample, float]] = []
-    for group, group_rewards, group_advantages in zip(groups, rewards, advantages, strict=True):
-        if not is_zero_variance(group_rewards):
-            samples.extend(
-                (sample, advantage)
-                for sample, advantage in zip(group.samples, group_advantages, strict=True)
-                if not (config.overlong_filter and sample.trainable_tokens() == 0)
-            )
+    samples = [
+        (sample, advantage)
+        for group in groups
+        for sample, advantage in zip(group.samples, group_update_advantages(group, config), strict=True)
+        if advantage is not None
+    ]
     return update_samples(
         session_for, samples, metrics, config, step=step, start=start, learning_rate=learning_rate
     )
+
+
+def group_update_advantages(group: TrainGroup, config: TrainConfig) -> list[float | None]:
+    """Each sample's advantage in the update, None for one it leaves out (training.grpo
+    .update_advantages): what grpo_step trains on and what the step records with each trajectory."""
+    trainable = [not (config.overlong_filter and sample.trainable_tokens() == 0) for sample in group.samples]
+    rewards = [sample.reward for sample in group.samples]
+    return update_advantages(rewards, trainable, scale=config.scale_rewards)
 
 
 def update_samples(

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 from training.agent import rollout_groups
 from training.cost import device_usage, sampled_tokens
 from training.grpo import is_zero_variance
+from training.grpo_update import group_update_advantages
 from training.progress import phase, progress_events
 from training.rewards import grade_trajectories
 from training.schedules import learning_rate_at
-from training.trajectory import Trajectory, to_train_group
+from training.trajectory import TrainGroup, Trajectory, longest_turn, overlong_penalty, to_train_group
 
 if TYPE_CHECKING:
+    from training.config import TrainConfig
     from training.learning_signal import SignalWatch
     from training.loop import RunHooks, RunSpec
 
@@ -203,6 +205,7 @@ def update_step(
         )  # fmt: skip
     if config.dynamic_sampling:
         metrics.update(drawn.draw.summary(drawn.groups, batch))
+    record_update_signal(drawn, train_groups, config)
     if config.length_penalty_buffer:  # what to_train_group added to each reward
         penalties = [
             sample.reward - float(t.reward)
@@ -218,6 +221,24 @@ def update_step(
     trainer.save_checkpoint(path, step=drawn.step, metrics=metrics)
     metrics["sync_seconds"] = time.monotonic() - saving
     return metrics, path
+
+
+def record_update_signal(drawn: DrawnStep, train_groups: list[TrainGroup], config: TrainConfig) -> None:
+    """Note in each drawn trajectory's metrics what the update made of it, for the viewer and the
+    API to show rather than recompute: ``length_penalty`` (added to the grader's reward),
+    ``advantage`` (0.0 where the update left it out) and ``trained``. Groups drawn but not in the
+    batch (dynamic sampling replaced them) were not trained on."""
+    for group in drawn.groups:
+        for trajectory in group:
+            penalty = overlong_penalty(
+                longest_turn(trajectory), config.max_new_tokens, config.length_penalty_buffer
+            )
+            trajectory.metrics.update({"length_penalty": penalty, "advantage": 0.0, "trained": False})
+    for group, train in zip(drawn.batch, train_groups, strict=True):
+        for trajectory, advantage in zip(group, group_update_advantages(train, config), strict=True):
+            trajectory.metrics.update(
+                {"advantage": 0.0 if advantage is None else advantage, "trained": advantage is not None}
+            )
 
 
 def record_step(

@@ -378,10 +378,22 @@ class RunViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     @extend_schema(responses=s.TrajectoryOut(many=True), parameters=[OpenApiParameter("step", int)])
     @action(detail=True, methods=["get"])
     def trajectories(self, request: Request, pk: str) -> Response:
-        trajectories = selectors.run_trajectories(
-            run=self.get_object(), step=int_query_param(request, "step", None)
-        )
-        return self.paginated(trajectories, s.TrajectoryOut)
+        """The run's trajectories; each one's ``metrics`` carries what the update made of it:
+        ``length_penalty``, ``advantage`` and ``trained`` (the values the trainer stored with the
+        step, or for older rows the same computation again: selectors.trajectory_update_signals)."""
+        run = self.get_object()
+        trajectories = selectors.run_trajectories(run=run, step=int_query_param(request, "step", None))
+        page = list(self.paginate_queryset(trajectories) or [])
+        signals = selectors.trajectory_page_update_signals(run=run, page=page)
+        for row in page:
+            signal = signals[row.pk]
+            row.metrics = {
+                **row.metrics,
+                "length_penalty": signal.length_penalty,
+                "advantage": signal.advantage,
+                "trained": signal.trained,
+            }
+        return self.get_paginated_response(s.TrajectoryOut(page, many=True).data)
 
 
 def _user(request: Request) -> User | None:

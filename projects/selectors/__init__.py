@@ -78,7 +78,9 @@ from projects.selectors.steps import (
     trajectory_group,
     trajectory_group_indexes,
     trajectory_group_indexes_with_variance,
+    trajectory_page_update_signals,
     trajectory_steps,
+    trajectory_update_signals,
 )
 from projects.selectors.task_sets import (
     task_set_rows,
@@ -126,6 +128,8 @@ __all__ = [
     "trajectory_steps",
     "trajectory_group_indexes",
     "trajectory_group_indexes_with_variance",
+    "trajectory_update_signals",
+    "trajectory_page_update_signals",
     "run_step_sample_means",
     "run_task_row_items",
     "trajectory_group",

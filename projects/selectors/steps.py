@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import BigIntegerField, Func, Max, Min, QuerySet
+from django.db.models import BigIntegerField, Func, Q, QuerySet
 
 from projects.models import Checkpoint, Run, StepMetrics, TaskRow, Team, TrainableModel, Trajectory
 from projects.selectors._scoping import scoped
-
-# Rewards this close count as equal (training.grpo.ZERO_VARIANCE_TOLERANCE): no learning signal.
-ZERO_VARIANCE_TOLERANCE = 1e-8
+from training.grpo import is_zero_variance, update_advantages
+from training.trajectory import overlong_penalty
 
 
 def run_step_metrics(*, run: Run) -> QuerySet[StepMetrics]:
@@ -42,15 +43,80 @@ def trajectory_group_indexes(*, run: Run, step: int) -> list[int]:
 
 
 def trajectory_group_indexes_with_variance(*, run: Run, step: int) -> list[int]:
-    """The step's groups whose rewards differ (the groups GRPO learns from)."""
-    return list(
-        Trajectory.objects.filter(run=run, step=step)
-        .values("group_index")
-        .annotate(spread=Max("reward") - Min("reward"))
-        .filter(spread__gt=ZERO_VARIANCE_TOLERANCE)
-        .values_list("group_index", flat=True)
-        .order_by("group_index")
-    )
+    """The step's groups whose training rewards (the grader's plus any length penalty) differ:
+    the groups GRPO learns from."""
+    rows = Trajectory.objects.filter(run=run, step=step).only(*_SIGNAL_FIELDS)
+    signals = trajectory_update_signals(run=run, trajectories=rows)
+    groups: dict[int, list[float]] = {}
+    for row in rows:
+        groups.setdefault(row.group_index, []).append(signals[row.pk].training_reward)
+    return sorted(index for index, rewards in groups.items() if not is_zero_variance(rewards))
+
+
+# What trajectory_update_signals reads of a row.
+_SIGNAL_FIELDS = ("id", "step", "group_index", "reward", "metrics", "completion_tokens", "finish_reason")
+
+
+@dataclass(frozen=True)
+class UpdateSignal:
+    """What a step's update made of one trajectory."""
+
+    length_penalty: float  # added to the grader's reward (DAPO's soft overlong penalty; 0 when off)
+    training_reward: float  # reward + length_penalty: what the group's advantages compare
+    advantage: float  # the advantage the update trained it with; 0.0 where it was left out
+    trained: bool  # False: left out (a zero-variance group, a group dynamic sampling replaced, ...)
+    stored: bool  # True: recorded by the trainer with the step; False: recomputed (older rows)
+
+
+def trajectory_update_signals(*, run: Run, trajectories: Iterable[Trajectory]) -> dict[int, UpdateSignal]:
+    """By trajectory id, what the update made of each of ``trajectories`` (whole groups): the
+    values the trainer stored with the step (training.run_steps.record_update_signal; a client
+    job's ``advantage``, training.client_step), or for rows recorded before it stored them the
+    same computation again (training.grpo.update_advantages over the run's config; the longest
+    turn read as the completion's length, exact for single-turn runs)."""
+    config = run.config or {}
+    max_new_tokens = int(config.get("max_new_tokens") or 0)
+    buffer = int(config.get("length_penalty_buffer") or 0)
+    overlong_filter = bool(config.get("overlong_filter"))
+    scale = bool(config.get("scale_rewards", True))
+    groups: dict[tuple[int, int], list[Trajectory]] = {}
+    for row in trajectories:
+        groups.setdefault((row.step, row.group_index), []).append(row)
+    signals: dict[int, UpdateSignal] = {}
+    for group in groups.values():
+        if all("advantage" in (row.metrics or {}) for row in group):
+            for row in group:
+                penalty = float(row.metrics.get("length_penalty", 0.0))
+                stored = float(row.metrics["advantage"])
+                # A client job stores no "trained": ART leaves out trajectories of advantage 0.
+                trained = bool(row.metrics.get("trained", stored != 0.0))
+                signals[row.pk] = UpdateSignal(penalty, row.reward + penalty, stored, trained, stored=True)
+            continue
+        penalties = [overlong_penalty(row.completion_tokens, max_new_tokens, buffer) for row in group]
+        rewards = [row.reward + penalty for row, penalty in zip(group, penalties, strict=True)]
+        trainable = [
+            not (overlong_filter and (row.finish_reason == "length" or row.completion_tokens == 0))
+            for row in group
+        ]
+        used = update_advantages(rewards, trainable, scale=scale)
+        for row, penalty, reward, advantage in zip(group, penalties, rewards, used, strict=True):
+            signals[row.pk] = UpdateSignal(
+                penalty, reward, 0.0 if advantage is None else advantage, advantage is not None, stored=False
+            )
+    return signals
+
+
+def trajectory_page_update_signals(*, run: Run, page: list[Trajectory]) -> dict[int, UpdateSignal]:
+    """trajectory_update_signals for a page of rows, which may cut a group: a group recorded
+    without its signal is read whole (one query for all of them) to recompute it."""
+    missing = {(row.step, row.group_index) for row in page if "advantage" not in (row.metrics or {})}
+    rows: list[Trajectory] = [row for row in page if (row.step, row.group_index) not in missing]
+    if missing:
+        where = Q()
+        for step, group_index in missing:
+            where |= Q(step=step, group_index=group_index)
+        rows += list(Trajectory.objects.filter(where, run=run).only(*_SIGNAL_FIELDS))
+    return trajectory_update_signals(run=run, trajectories=rows)
 
 
 def run_step_sample_means(*, run: Run) -> dict[int, dict[str, Any]]:
