@@ -136,7 +136,7 @@ audit: $(TOOLS_STAMP)
 # The platform needs the Python environment and the dashboard's packages, not the ART clients'
 # virtualenvs (test-only, ~2.6 GB): `make install` (and `make test`) adds those.
 up: $(STAMP) $(VENDOR_STAMP)
-	DEBUG=$${DEBUG:-1} $(PY) manage.py up $(if $(PORT),--port $(PORT)) $(if $(INFERENCE_PORT),--inference-port $(INFERENCE_PORT))
+	DEBUG=$${DEBUG:-1} $(PY) manage.py up $(if $(PORT),--port $(PORT)) $(if $(INFERENCE_PORT),--inference-port $(INFERENCE_PORT)) $(if $(DEMO),$(if $(filter 0,$(DEMO)),--demo-steps 0,--demo))
 
 demo: install
 	DEBUG=$${DEBUG:-1} $(PY) manage.py demo --steps $${STEPS:-5}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,26 +46,50 @@ def worker_command(*, concurrency: int = 1, beat: bool = True, loglevel: str = "
     return command
 
 
-def web_command(*, host: str = "127.0.0.1", port: int = 8000) -> list[str]:
-    return [sys.executable, "-m", "uvicorn", "artweb.asgi:application", "--host", host, "--port", str(port),
-            "--log-level", "warning"]  # fmt: skip
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (0: a free port), bound here so that no other process can
+    take the port between a check and a child's own bind: ``up`` hands it to the child that serves
+    on it (``--fd``). OSError (EADDRINUSE) if the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly, as training.serving.server.bind: asyncio sets TCP_NODELAY only then.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT only: a listener still clashes
+        sock.bind((host, port))
+        sock.listen(2048)  # listening now: a second bind of the port fails, even with SO_REUSEADDR
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
-def trainer_command(*, port: int, host: str = "127.0.0.1") -> list[str]:
+def web_command(*, fd: int) -> list[str]:
+    """The web server (uvicorn) on the listening socket ``fd`` (``listen``) that it inherits."""
+    return [sys.executable, "-m", "artweb.serve_web", "--fd", str(fd), "--log-level", "warning"]
+
+
+def trainer_command(*, port: int, host: str = "127.0.0.1", fd: int | None = None) -> list[str]:
     """The host's trainer service (training.trainer_service): it writes checkpoints under
-    CHECKPOINT_DIR only, and reads its token from TRAINER_SERVICE_TOKEN in the environment."""
-    return [sys.executable, "-m", "training.trainer_service", "--root", str(settings.CHECKPOINT_DIR),
-            "--model-cache-dir", str(settings.MODEL_CACHE_DIR), "--spill-dir", str(settings.DATA_DIR / "trainer-spill"),
-            "--host", host, "--port", str(port), "--device", settings.TRAINING_DEVICE,
-            "--memory-budget-mb", str(settings.TRAINER_SESSION_MEMORY_MB)]  # fmt: skip
+    CHECKPOINT_DIR only, and reads its token from TRAINER_SERVICE_TOKEN in the environment; with
+    ``fd`` it serves on that inherited listening socket (bound to ``host:port``)."""
+    command = [sys.executable, "-m", "training.trainer_service", "--root", str(settings.CHECKPOINT_DIR),
+               "--model-cache-dir", str(settings.MODEL_CACHE_DIR), "--spill-dir", str(settings.DATA_DIR / "trainer-spill"),
+               "--host", host, "--port", str(port), "--device", settings.TRAINING_DEVICE,
+               "--memory-budget-mb", str(settings.TRAINER_SESSION_MEMORY_MB)]  # fmt: skip
+    return command + (["--fd", str(fd)] if fd is not None else [])
 
 
-def inference_command(*, base_model: str, host: str = "127.0.0.1", port: int | None = None) -> list[str]:
+def inference_command(
+    *, base_model: str, host: str = "127.0.0.1", port: int | None = None, fd: int | None = None
+) -> list[str]:
     """The inference server for one base model (its catalogue name); the gateway finds it through
-    the heartbeat it writes, so its port only has to be free."""
+    the heartbeat it writes, so its port only has to be free. With ``fd`` it serves on that
+    inherited listening socket (bound to ``host:port``)."""
     port = settings.INFERENCE_PORT if port is None else port
-    return [sys.executable, "manage.py", "serve_inference", "--base-model", base_model, "--host", host,
-            "--port", str(port)]  # fmt: skip
+    command = [sys.executable, "manage.py", "serve_inference", "--base-model", base_model, "--host", host,
+               "--port", str(port)]  # fmt: skip
+    return command + (["--fd", str(fd)] if fd is not None else [])
 
 
 class Stack:
@@ -82,16 +107,23 @@ class Stack:
             metrics_dir.mkdir(parents=True, exist_ok=True)
             self.env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
-    def start(self, name: str, command: list[str]) -> subprocess.Popen:
+    def start(self, name: str, command: list[str], *, sock: socket.socket | None = None) -> subprocess.Popen:
+        """Start ``command``; ``sock`` (a ``listen`` socket named by ``--fd`` in it) is handed to the
+        child and closed here, so the child alone accepts on it."""
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
-        process = subprocess.Popen(
-            command,
-            cwd=BASE_DIR,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=self.env,
-        )
+        try:
+            process = subprocess.Popen(
+                command,
+                cwd=BASE_DIR,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.env,
+                pass_fds=(sock.fileno(),) if sock is not None else (),
+            )
+        finally:
+            if sock is not None:
+                sock.close()
         self.processes[name] = process
         (self.log_dir / f"{name}.pid").write_text(str(process.pid))
         return process

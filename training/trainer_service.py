@@ -44,6 +44,7 @@ import asyncio
 import hmac
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -476,6 +477,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-new-tokens", type=int, default=4096, help="a sample's largest max_new_tokens")
     parser.add_argument("--unsloth", default="auto")
+    parser.add_argument(
+        "--fd", type=int, default=None,
+        help="serve on this inherited listening socket, bound to --host/--port by the parent (manage.py up)",
+    )  # fmt: skip
     add_dev_no_token_argument(parser, token_variable="TRAINER_SERVICE_TOKEN")
     args = parser.parse_args(argv)
     token = os.environ.get("TRAINER_SERVICE_TOKEN", "")
@@ -500,7 +505,7 @@ def main(argv: list[str] | None = None) -> None:
         pool,
         ServiceConfig(root=args.root, token=token, max_new_tokens=args.max_new_tokens),
     )
-    sock = bind(args.host, args.port)
+    sock = socket.socket(fileno=args.fd) if args.fd is not None else bind(args.host, args.port)
     url = advertised_url(args.host, sock.getsockname()[1])
     print(f"trainer service on {url}", flush=True)
     serve(service, sock=sock, url=url, token=token)  # type: ignore[arg-type]

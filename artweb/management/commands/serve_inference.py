@@ -77,11 +77,16 @@ class Command(BaseCommand):
             help="vLLM: port of the checkpoint fetcher beside vLLM (0 picks a free one); the gateway dials "
             "the --url host at this port",
         )  # fmt: skip
+        parser.add_argument(
+            "--fd", type=int, default=None,
+            help="serve on this inherited listening socket, bound to --host/--port by the parent (manage.py up)",
+        )  # fmt: skip
 
     def handle(self, *args, base_model: str, host: str, port: int, url: str, capacity: int,
                max_batch_size: int, batch_window_ms: float, engine: str, vllm_command: str,
                vllm_startup_timeout: float, vllm_gpu_memory_utilization: float, scheduler: str = "continuous",
-               fetch_port: int = 0, **options):  # fmt: skip
+               fetch_port: int = 0, fd: int | None = None, **options):  # fmt: skip
+        listening = socket.socket(fileno=fd) if fd is not None else None  # manage.py up's bound port
         if engine not in ENGINES:  # a bad INFERENCE_ENGINE (argparse checks only given values)
             raise CommandError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         from training.serving.binding import InsecureBindError, check_bind
@@ -101,6 +106,9 @@ class Command(BaseCommand):
 
             engine = select_engine_kind("cuda", "auto")
         if engine == "vllm":
+            if listening is not None:  # vLLM binds its own port: give the parent's socket up
+                port = listening.getsockname()[1]
+                listening.close()
             self._serve_vllm(row, host=host, port=port, url=url, capacity=capacity,
                              max_batch_size=max_batch_size, command=vllm_command,
                              startup_timeout=vllm_startup_timeout,
@@ -108,10 +116,11 @@ class Command(BaseCommand):
         else:
             self._serve_transformers(row, host=host, port=port, url=url, capacity=capacity,
                                      max_batch_size=max_batch_size, batch_window_ms=batch_window_ms,
-                                     scheduler=scheduler)  # fmt: skip
+                                     scheduler=scheduler, sock=listening)  # fmt: skip
 
     def _serve_transformers(self, row: BaseModel, *, host: str, port: int, url: str, capacity: int,
-                            max_batch_size: int, batch_window_ms: float, scheduler: str) -> None:  # fmt: skip
+                            max_batch_size: int, batch_window_ms: float, scheduler: str,
+                            sock: socket.socket | None = None) -> None:  # fmt: skip
         import torch
 
         from training.base_models import ModelLoadError, load_base_model
@@ -145,7 +154,7 @@ class Command(BaseCommand):
             **fetch_cache_options(),
         )
         app = InferenceApp(engine, config)
-        sock = bind(host, port)
+        sock = sock or bind(host, port)
         public_url = url or advertised_url(host, sock.getsockname()[1])
         started_at = timezone.now()
 

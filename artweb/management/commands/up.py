@@ -3,39 +3,83 @@ demo run."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import http.client
 import os
 import secrets
 import signal
 import socket
 import time
+import urllib.request
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from artweb.demo.setup import demo_start
+from artweb.demo.setup import DEMO_TEAM, demo_start
 from artweb.management.commands.demo import print_credentials, watch_run
-from artweb.stack import Stack, inference_command, trainer_command, web_command, worker_command
+from artweb.stack import Stack, inference_command, listen, trainer_command, web_command, worker_command
 from projects import services
+from projects.errors import DomainError
+from projects.models import Run, RunStatus
 from training.base_models import BUNDLED_MODEL
 
 
-def port_free(host: str, port: int) -> bool:
-    """Whether a server could listen on ``host:port`` now."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def listen_or_another(host: str, port: int, *, what: str, stdout) -> socket.socket:
+    """A listening socket on ``port`` (``stack.listen``), or, if it is taken, on a free port, with
+    one line naming both; ``port`` 0 takes a free one quietly. Bound here and handed to the server
+    (``--fd``): nothing can take the port between this line and the server's first request."""
+    try:
+        return listen(host, port)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+    sock = listen(host, 0)
+    stdout.write(f"Port {port} ({what}) is in use: it takes {sock.getsockname()[1]} instead.")
+    return sock
+
+
+def wait_for_web(url: str, *, stack: Stack, timeout_s: float = 300.0) -> None:
+    """Return once ``url`` (the web server's /healthz) answers 200; a web server (or any child) that
+    exits meanwhile raises RuntimeError (Stack.check_alive), a silent one CommandError."""
+    deadline = time.monotonic() + timeout_s
+    while True:
         try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
+            with urllib.request.urlopen(
+                url, timeout=max(0.5, min(5.0, deadline - time.monotonic()))
+            ) as response:
+                if response.status == 200:
+                    return
+        except (OSError, http.client.HTTPException):
+            pass  # not serving yet: the listening socket queues the connection, or resets it
+        stack.check_alive()
+        if time.monotonic() > deadline:
+            raise CommandError(f"the web server did not answer {url} within {timeout_s:.0f}s")
+        time.sleep(0.25)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def earlier_demo_run() -> Run | None:
+    """The demo run of an earlier start (the newest that was not cancelled), if any: ``up`` starts
+    the demo on the first start only, or when asked (``--demo``, ``make up DEMO=1``)."""
+    return (
+        Run.objects.filter(model__project__team__name=DEMO_TEAM, model__project__name="demo")
+        .exclude(status=RunStatus.CANCELLED)
+        .order_by("-id")
+        .first()
+    )
+
+
+def cancel_if_queued(run: Run) -> bool:
+    """Cancel ``run`` if no worker took it yet: a start that failed or was stopped must not leave
+    its demo queued to train ahead of the next start's work. True if it was cancelled."""
+    run.refresh_from_db()
+    if run.status != RunStatus.QUEUED:
+        return False
+    with contextlib.suppress(DomainError):  # a worker took it meanwhile
+        services.run_cancel(run=run)
+    run.refresh_from_db()
+    return run.status == RunStatus.CANCELLED
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -68,12 +112,19 @@ def torch_process_environment(torch_processes: int, cores: int | None = None) ->
 
 
 class Command(BaseCommand):
-    help = "Run the platform (Celery worker + web server on 127.0.0.1:8000) and a demo run. Ctrl-C stops it."
+    help = (
+        "Run the platform (Celery worker + web server on 127.0.0.1:8000) and, on the first start, a demo "
+        "run. Ctrl-C stops it."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--demo-steps", type=int, default=20, help="0 to skip the demo run")
+        parser.add_argument("--demo-steps", type=int, default=20, help="the demo run's steps; 0 skips it")
+        parser.add_argument(
+            "--demo", action="store_true",
+            help="start a demo run even though an earlier start ran one (`make up DEMO=1`)",
+        )  # fmt: skip
         parser.add_argument("--base-model", default=BUNDLED_MODEL)
         parser.add_argument(
             "--inference-port", type=int, default=settings.INFERENCE_PORT, help="0 picks a free port"
@@ -85,20 +136,29 @@ class Command(BaseCommand):
         )  # fmt: skip
 
     def handle(self, *args, host: str, port: int, demo_steps: int, base_model: str, inference_port: int,
-               no_inference: bool, trainer_port: int = 0, **options):  # fmt: skip
+               no_inference: bool, trainer_port: int = 0, demo: bool = False, **options):  # fmt: skip
         call_command("migrate", interactive=False, verbosity=0)
-        if not port_free(host, port):
+        # Every port is bound and listening here, before anything starts, and handed to its server:
+        # no other process can take one between a check and the server's own bind.
+        try:
+            web_socket = listen(host, port)
+        except OSError as exc:
             raise CommandError(
                 f"port {port} on {host} is in use: choose another with `make up PORT=…` (--port)"
+            ) from exc
+        sockets = [web_socket]
+        inference_socket = trainer_socket = None
+        if not no_inference:
+            inference_socket = listen_or_another(
+                "127.0.0.1", inference_port, what="the inference server's", stdout=self.stdout
             )
-        if not no_inference and inference_port and not port_free("127.0.0.1", inference_port):
-            self.stdout.write(
-                f"Port {inference_port} (the inference server's) is in use: it takes a free port instead."
+            sockets.append(inference_socket)
+        if trainer_port:
+            trainer_socket = listen_or_another(
+                "127.0.0.1", trainer_port, what="the trainer service's", stdout=self.stdout
             )
-            inference_port = 0
-        if trainer_port and not port_free("127.0.0.1", trainer_port):
-            trainer_port = free_port()
-            self.stdout.write(f"The trainer service's port is in use: it takes {trainer_port} instead.")
+            sockets.append(trainer_socket)
+            trainer_port = trainer_socket.getsockname()[1]
         if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
             # This stack owns its database: a run left running was stopped with the last one.
             for run_id in services.runs_pause_interrupted():
@@ -117,24 +177,40 @@ class Command(BaseCommand):
                 "TRAINER_SERVICE_TOKEN"
             ) or secrets.token_urlsafe(32)
         stack = Stack(settings.DATA_DIR / "logs")  # after the environment above: its children's copy
+        demo_run = None
         try:
-            if trainer_port:
-                stack.start("trainer", trainer_command(port=trainer_port))
+            if trainer_socket is not None:
+                stack.start("trainer", trainer_command(port=trainer_port, fd=trainer_socket.fileno()),
+                            sock=trainer_socket)  # fmt: skip
             stack.start("worker", worker_command())
-            stack.start("web", web_command(host=host, port=port))
-            if not no_inference:
+            stack.start("web", web_command(fd=web_socket.fileno()), sock=web_socket)
+            if inference_socket is not None:
                 # Named as the demo names it, so the demo's checkpoints are served by this server.
                 name = "smollm2-135m-instruct" if base_model == BUNDLED_MODEL else "demo-local-model"
                 services.base_model_register(name=name, source=base_model)
-                stack.start("inference", inference_command(base_model=name, port=inference_port))
+                stack.start(
+                    "inference",
+                    inference_command(base_model=name, port=inference_socket.getsockname()[1],
+                                      fd=inference_socket.fileno()),
+                    sock=inference_socket,
+                )  # fmt: skip
+            dial = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+            wait_for_web(f"http://{f'[{dial}]' if ':' in dial else dial}:{port}/healthz", stack=stack)
             self.stdout.write(f"artweb is up: http://{host}:{port}/api/v1/docs/  (logs in {stack.log_dir})")
             self.stdout.write(f"OpenAI-compatible API (team API keys): http://{host}:{port}/v1")
             self.stdout.write(
                 f"Dashboard: http://{host}:{port}/  (sign in as 'demo'; forgot the password? "
                 "manage.py changepassword demo)"
             )
-            if demo_steps > 0:
+            earlier = earlier_demo_run() if demo_steps > 0 and not demo else None
+            if earlier is not None:
+                self.stdout.write(
+                    f"The demo ran on an earlier start (run {earlier.pk}, {earlier.status}); "
+                    "`make up DEMO=1` (manage.py up --demo) starts another."
+                )
+            elif demo_steps > 0:
                 setup = demo_start(steps=demo_steps, base_model_source=base_model)
+                demo_run = setup.run
                 print_credentials(self.stdout, setup)
                 run = watch_run(setup.run, stack=stack, stdout=self.stdout, timeout_s=float("inf"))
                 self.stdout.write(
@@ -146,5 +222,11 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             self.stdout.write("\nStopping worker, web, inference and trainer servers…")
         finally:
+            for sock in sockets:  # those not handed to a server yet
+                sock.close()
             stack.stop()
+            if demo_run is not None and cancel_if_queued(demo_run):
+                self.stdout.write(
+                    f"Demo run {demo_run.pk} had not started: cancelled (the next start runs the demo again)."
+                )
             self.stdout.write("Stopped.")
