@@ -174,15 +174,14 @@ def _create_run(request: TeamHttpRequest, project: Project, form: f.NewRunForm) 
 
 
 def _timing(run: Run) -> dict[str, Any]:
-    """Elapsed time and a simple ETA: the mean time per finished step times the steps left."""
+    """Elapsed time and the ETA: the recorded steps' mean duration times the steps left
+    (selectors.run_seconds_left; the session opening and step-0 evaluation are no step's time)."""
     if not run.started_at:
         return {"elapsed": None, "eta": None}
     end = run.finished_at or timezone.now()
     elapsed = end - run.started_at
-    done, total = run.steps_done, run.total_steps
-    eta = None
-    if run.status == RunStatus.RUNNING and 0 < done < total:
-        eta = timedelta(seconds=round(elapsed.total_seconds() / done * (total - done)))
+    left = selectors.run_seconds_left(run=run)
+    eta = timedelta(seconds=round(left)) if left is not None else None
     return {"elapsed": timedelta(seconds=round(elapsed.total_seconds())), "eta": eta}
 
 

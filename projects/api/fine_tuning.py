@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from django.http import HttpResponse
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -27,7 +29,7 @@ from projects.api.serializers import InputSerializer
 from projects.api.views import upload_text
 from projects.errors import Conflict, NotFound, ValidationFailed
 from projects.models import Checkpoint, Run, RunEvent, RunStatus, StepMetrics, TaskRow, TaskSet
-from projects.selectors import scoped
+from projects.selectors import run_seconds_left, scoped
 from projects.services import fine_tuning
 from projects.services.fine_tuning import parse_id
 
@@ -254,9 +256,9 @@ def job_body(run: Run) -> dict[str, Any]:
             for metrics in StepMetrics.objects.filter(run=run).values_list("metrics", flat=True)
         ))  # fmt: skip
     estimated = None
-    if run.status == RunStatus.RUNNING and run.started_at and run.steps_done and run.heartbeat_at:
-        per_step = (run.heartbeat_at - run.started_at) / run.steps_done
-        estimated = _stamp(run.heartbeat_at + per_step * max(0, run.total_steps - run.steps_done))
+    left = run_seconds_left(run=run)  # the recorded steps' own durations, not the time before them
+    if left is not None:
+        estimated = _stamp((run.heartbeat_at or timezone.now()) + timedelta(seconds=left))
     method = asked["method"]
     return {
         "object": "fine_tuning.job",

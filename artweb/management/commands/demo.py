@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 from django.conf import settings
 from django.core.management import call_command
@@ -36,9 +37,30 @@ def eta_text(step_seconds: list[float], remaining: int) -> str:
     return f"eta {left // 60}:{left % 60:02d}"
 
 
+def clock(seconds: float) -> str:
+    """0:07, 1:43, 1:02:05: a phase's running time on the terminal."""
+    whole = max(0, int(seconds))
+    if whole < 3600:
+        return f"{whole // 60}:{whole % 60:02d}"
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+def now_text(run: Run, phase: RunEvent | None, now: datetime) -> str:
+    """What the run is doing now and for how long, redrawn every half second by ``watch_run``: a
+    clock that moves while a long phase (opening a session, loading a model) runs, where the bar
+    once sat frozen for 103 s. A queued run says it waits for a worker."""
+    if run.status == RunStatus.QUEUED:
+        return f"queued, waiting for a worker {clock((now - run.created_at).total_seconds())}"
+    if run.status != RunStatus.RUNNING or phase is None:
+        return ""
+    message = phase.message if len(phase.message) <= 60 else phase.message[:59] + "…"
+    return f"{message.rstrip('…. ')} {clock((now - phase.created_at).total_seconds())}"
+
+
 def watch_run(run: Run, *, stack: Stack | None, stdout, timeout_s: float) -> Run:
     """Print the run's events as timestamped lines (its phases among them) and draw a bar per step
-    (mean reward, loss, ETA from the recorded steps' durations) until the run ends."""
+    (mean reward, loss, ETA from the recorded steps' durations) with the current phase and its
+    running clock (``now_text``) until the run ends."""
     bar = tqdm(
         total=run.total_steps,
         desc=f"run {run.pk}",
@@ -47,7 +69,8 @@ def watch_run(run: Run, *, stack: Stack | None, stdout, timeout_s: float) -> Run
         # tqdm's own ETA counts the model load and the step-0 evaluation as step time.
         bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]",
     )
-    bar.set_postfix_str(eta_text([], run.total_steps))
+    step_text = eta_text([], run.total_steps)
+    phase: RunEvent | None = None
     seen_step = 0
     last_event = 0
     durations: list[float] = []
@@ -58,15 +81,19 @@ def watch_run(run: Run, *, stack: Stack | None, stdout, timeout_s: float) -> Run
             for event in RunEvent.objects.filter(run=run, id__gt=last_event, type="message").order_by("id"):
                 last_event = event.id
                 bar.write(event_line(event))
+                if (event.data or {}).get("phase"):
+                    phase = event
             for metrics in StepMetrics.objects.filter(run=run, step__gt=seen_step).order_by("step"):
                 seen_step = metrics.step
                 if (metrics.metrics or {}).get("step_seconds"):
                     durations.append(float(metrics.metrics["step_seconds"]))
                 bar.update(1)
-                bar.set_postfix_str(
+                step_text = (
                     f"reward {format_number(metrics.reward_mean, 3)}, loss {format_number(metrics.loss, 3)}, "
                     + eta_text(durations, run.total_steps - bar.n)
                 )
+            now = now_text(run, phase, timezone.now())
+            bar.set_postfix_str(f"{step_text}; {now}" if now else step_text)  # redraws: the clock moves
             if run.status in TERMINAL:
                 return run
             if stack is not None:

@@ -303,9 +303,12 @@ def test_cancel_pause_resume_events_and_checkpoints(ft, cast):
     Run.objects.filter(pk=run.pk).update(
         status=RunStatus.RUNNING, started_at=now - timedelta(seconds=30), heartbeat_at=now, current_step=1
     )
-    running = ft.fine_tuning.jobs.retrieve(job.id)  # 1 of 10 steps in 30 s: 9 × 30 s to go
-    assert running.status == "running" and abs(running.estimated_finish - (now.timestamp() + 270)) <= 2
-    StepMetrics.objects.create(run=run, step=1, loss=0.5, metrics={"loss": 0.5, "trainable_tokens": 40.0})
+    # 1 of 10 steps, itself 20 s of the 30 s since the start: 9 × 20 s to go (the load is no step's)
+    StepMetrics.objects.create(
+        run=run, step=1, loss=0.5, metrics={"loss": 0.5, "trainable_tokens": 40.0, "step_seconds": 20.0}
+    )
+    running = ft.fine_tuning.jobs.retrieve(job.id)
+    assert running.status == "running" and abs(running.estimated_finish - (now.timestamp() + 180)) <= 2
     services.run_event_add(
         run=run, message="step 1/2: loss 0.5", type="metrics", data={"step": 1, "loss": 0.5}
     )
