@@ -4,6 +4,7 @@ error data, the batch goes on in a fresh sandbox, and this (the parent) process 
 import json
 import os
 import resource
+import shutil
 import socket
 import stat
 import subprocess
@@ -451,20 +452,19 @@ def cannot_run(reason):
     pytest.skip(reason)
 
 
-def unreadable_by_nobody(repo):
-    """Why user nobody cannot import the sandbox from `repo` (each folder on the way must be
-    searchable by others, the package folders listable, the modules readable), or None."""
-    folders = [*reversed(repo.parents), repo, repo / "training", repo / "training" / "rewards"]
-    for folder in folders:
-        mode = folder.stat().st_mode
-        needed = stat.S_IXOTH | (stat.S_IROTH if folder.is_relative_to(repo) else 0)
-        if mode & needed != needed:
-            missing = "listable" if needed & stat.S_IROTH else "searchable"
-            return f"{folder} (mode {stat.filemode(mode)}) is not {missing} by other users"
-    for module in [repo / "training" / "__init__.py", *(repo / "training" / "rewards").glob("*.py")]:
-        if not module.stat().st_mode & stat.S_IROTH:
-            return f"{module} is not readable by other users"
-    return None
+def readable_copy_of_training(repo, into):
+    """The checkout's ``training`` package (its .py files) copied under ``into``, every folder
+    searchable and every file readable by other users: user nobody imports the sandbox from there,
+    wherever CI cloned the repository (a clone below a private folder such as /root would not do)."""
+    into.chmod(0o755)
+    for source in (repo / "training").rglob("*.py"):
+        target = into / source.relative_to(repo)
+        for folder in reversed(target.relative_to(into).parents):
+            (into / folder).mkdir(exist_ok=True)
+            (into / folder).chmod(0o755)
+        shutil.copyfile(source, target)
+        target.chmod(0o644)
+    return into
 
 
 def test_unprivileged_callers_get_a_user_namespace_sandbox():
@@ -478,15 +478,10 @@ def test_unprivileged_callers_get_a_user_namespace_sandbox():
         if not os.access(tool, os.X_OK):
             cannot_run(f"needs {tool} (the distribution's python3 and util-linux)")
     repo = Path(__file__).resolve().parents[3]
-    unreadable = unreadable_by_nobody(repo)
-    if unreadable:
-        cannot_run(
-            f"user nobody cannot import the sandbox from this checkout: {unreadable} (.ci/run makes "
-            "the checkout readable, but not a private folder above it such as /root: clone elsewhere)"
-        )
+    copy = readable_copy_of_training(repo, Path(tempfile.mkdtemp(prefix="sandbox-probe-", dir="/tmp")))
     script = f"""
 import json, sys
-sys.path.insert(0, {str(repo)!r})
+sys.path.insert(0, {str(copy)!r})
 from training.rewards.sandbox import PythonSandbox, SandboxConfig, sandbox_mode
 from training.rewards.errors import GradingError
 config = SandboxConfig(python="/usr/bin/python3", timeout_seconds=3)
@@ -516,7 +511,8 @@ print(json.dumps(out))
         timeout=60,
         cwd="/",
     )
-    # Not a skip: the folders were checked above, so these are the code's or the host's doing.
+    shutil.rmtree(copy)
+    # Not a skip: the copy is readable by nobody, so these are the code's or the host's doing.
     assert "No module named" not in probe.stderr, (
         "importing training.rewards.sandbox needs a package the system Python lacks: keep its import "
         f"chain to the standard library: {probe.stderr[-600:]}"
