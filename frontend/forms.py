@@ -107,13 +107,24 @@ class NewRunForm(forms.Form):
     environment = forms.TypedChoiceField(coerce=int, label="Environment")
     reward = forms.TypedChoiceField(coerce=int, label="Reward definition")
 
-    def __init__(self, *args: Any, choices: dict[str, list[tuple[int, str]]], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        choices: dict[str, list[tuple[int, str]]],
+        last_used: dict[str, int] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         for name in ("model", "environment", "reward"):
             set_choices(self, name, choices[name])
         set_choices(self, "task_set", [("", "— upload a new one below —"), *choices["task_set"]])
         if choices["task_set"]:  # an existing task set, the newest, rather than "upload"
             self.fields["task_set"].initial = max(pk for pk, _ in choices["task_set"])
+        # What the project's last run used (selectors.project_last_run_inputs), not the newest or
+        # the first of each list: a newcomer's second run keeps the first one's reward.
+        for name, pk in (last_used or {}).items():
+            if any(choice == pk for choice, _ in choices[name]):
+                self.fields[name].initial = pk
         for name, spec in catalog.hyperparameters().items():
             self.fields[HYPERPARAMETER_PREFIX + name] = _hyperparameter_field(spec)
             self.fields[HYPERPARAMETER_PREFIX + name].label = name
@@ -128,7 +139,34 @@ class NewRunForm(forms.Form):
             self.add_error("task_set", "choose a task set or upload a JSONL file")
         if data.get("task_file") and not data.get("task_set_name"):
             self.add_error("task_set_name", "name the uploaded task set")
+        # Every problem in one submit: the uploaded rows are checked here, and when anything is
+        # wrong so are the hyperparameters (a bad file hid `steps: -3` until the next submit).
+        # With nothing else wrong, run_create checks them after saving the upload (keep_uploaded).
+        self._check_upload(data)
+        if self.errors:
+            try:
+                services.run_config_check(config=self.config(), kind=data.get("kind") or "platform")
+            except ValidationFailed as exc:
+                attach_errors(self, exc)
         return data
+
+    def _check_upload(self, data: dict[str, Any]) -> None:
+        upload = data.get("task_file")
+        if not upload:
+            return
+        try:
+            text = upload.read().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.add_error("task_file", f"not UTF-8 text (byte {exc.start})")
+            return
+        finally:
+            upload.seek(0)  # read again when the task set is made
+        try:
+            services.task_set_rows_check(
+                jsonl=text, validation_fraction=data.get("validation_fraction") or 0.0
+            )
+        except ValidationFailed as exc:
+            attach_errors(self, exc, rename=FIELD_FOR_SERVICE_ERROR)
 
     def keep_uploaded(self, task_set_id: int, label: str) -> None:
         """After an error past the upload: the task set it made is saved, so select it (a browser
@@ -173,7 +211,7 @@ class NewRunForm(forms.Form):
         return {
             name.removeprefix(HYPERPARAMETER_PREFIX): self.cleaned_data[name]
             for name in self.changed_data
-            if name.startswith(HYPERPARAMETER_PREFIX)
+            if name.startswith(HYPERPARAMETER_PREFIX) and name in self.cleaned_data  # not a field error
         }
 
 

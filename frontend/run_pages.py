@@ -122,7 +122,12 @@ def _run_start(run: Run) -> str:
 @team_view(write=True)
 def run_new(request: TeamHttpRequest, project_id: int) -> HttpResponse:
     project = get_scoped(Project, request, project_id)
-    form = f.NewRunForm(request.POST or None, request.FILES or None, choices=_run_choices(request, project))
+    form = f.NewRunForm(
+        request.POST or None,
+        request.FILES or None,
+        choices=_run_choices(request, project),
+        last_used=selectors.project_last_run_inputs(project=project),
+    )
     if request.method == "POST" and form.is_valid():
         run = _create_run(request, project, form)
         if run is not None:

@@ -58,6 +58,7 @@ from projects.selectors.rewards import (
     reward_item_paths,
 )
 from projects.selectors.runs import (
+    project_last_run_inputs,
     run_get,
     run_phase,
     run_recent_events,
@@ -123,6 +124,7 @@ __all__ = [
     "run_seconds_left",
     "run_signal_warnings",
     "runs_search",
+    "project_last_run_inputs",
     "run_stop_reason",
     "run_step_metrics",
     "run_checkpoints",

@@ -6,7 +6,7 @@ from django.db.models import Max, Min, Q, QuerySet
 
 from projects import catalog
 from projects.errors import NotFound
-from projects.models import Run, RunEvent, RunStatus, StepMetrics, Team, Trajectory
+from projects.models import Project, RewardDefinition, Run, RunEvent, RunStatus, StepMetrics, Team, Trajectory
 from projects.selectors._scoping import scoped
 
 
@@ -112,3 +112,28 @@ def run_stop_reason(*, run_id: int, worker: str) -> str | None:
     if state["cancel_requested"]:
         return "cancelled"
     return "paused" if state["pause_requested"] else None
+
+
+def project_last_run_inputs(*, project: Project) -> dict[str, int]:
+    """The task set, environment and reward of the project's most recent platform run (SFT and DPO
+    included), for the new-run form to preselect; the reward as its name's newest version, the one
+    the form lists. Empty when the project has no such run."""
+    run = (
+        Run.objects.filter(
+            project=project, task_set__isnull=False, environment__isnull=False, reward__isnull=False
+        )
+        .select_related("reward")
+        .order_by("-created_at", "-id")
+        .first()
+    )
+    if run is None or run.reward is None:
+        return {}
+    newest = (
+        RewardDefinition.objects.filter(project=project, name=run.reward.name).order_by("-version").first()
+    )
+    used = {
+        "task_set": run.task_set_id,
+        "environment": run.environment_id,
+        "reward": (newest or run.reward).pk,
+    }
+    return {name: pk for name, pk in used.items() if pk is not None}

@@ -126,6 +126,7 @@ from projects.services.runs import (
     START_FROM_LATEST,
     TERMINAL_STATUSES,
     run_claim,
+    run_config_check,
     run_create,
     run_event_add,
     run_fail,
@@ -148,6 +149,7 @@ from projects.services.task_sets import (
     parse_rows,
     task_set_create,
     task_set_delete,
+    task_set_rows_check,
 )
 from projects.services.teams import (
     LAST_OWNER,
@@ -256,6 +258,7 @@ __all__ = [
     "parse_rows",
     "task_set_create",
     "task_set_delete",
+    "task_set_rows_check",
     "environment_create",
     "environment_update",
     "environment_delete",
@@ -265,6 +268,7 @@ __all__ = [
     "ALLOWED_TRANSITIONS",
     "run_event_add",
     "run_transition",
+    "run_config_check",
     "run_create",
     "run_cancel",
     "run_claim",

@@ -156,17 +156,8 @@ def run_create(
         raise ValidationFailed(f"must be one of {', '.join(WORKER_KINDS)}", field="kind")
     if kind != RunKind.PLATFORM:
         _check_rows(task_set=task_set, kind=kind)
-    merged = {k: v for k, v in environment.sampling.items() if k != "stop"}
-    merged.update(config or {})
-    try:
-        train_config = TrainConfig.from_dict(merged)
-    except ConfigError as exc:
-        raise config_invalid(exc, "config.") from exc
+    train_config = run_config_check(config=config or {}, kind=kind, sampling=environment.sampling)
     objective = "grpo" if kind == RunKind.PLATFORM else str(kind)
-    try:
-        train_config.check_objective(objective)
-    except ConfigError as exc:
-        raise config_invalid(exc, "config.") from exc
     _check_context(model=model, task_set=task_set, environment=environment, config=train_config)
     rate_note = ""
     if train_config.learning_rate is None:  # the default for the base model's width, stored explicit
@@ -229,6 +220,23 @@ def run_create(
         )
         _enqueue_run(run.id)
     return run
+
+
+def run_config_check(
+    *, config: dict[str, Any], kind: str = RunKind.PLATFORM, sampling: dict[str, Any] | None = None
+) -> TrainConfig:
+    """The TrainConfig a run of ``kind`` trains with: the environment's ``sampling`` settings, then
+    ``config`` over them. A 400 lists every bad field (``config.<name>``); the dashboard's run form
+    calls it next to the upload's row check, so one submit shows every problem."""
+    merged = {k: v for k, v in (sampling or {}).items() if k != "stop"}
+    merged.update(config)
+    objective = "grpo" if kind == RunKind.PLATFORM else str(kind)
+    try:
+        train_config = TrainConfig.from_dict(merged)
+        train_config.check_objective(objective)
+    except ConfigError as exc:
+        raise config_invalid(exc, "config.") from exc
+    return train_config
 
 
 def _check_rows(*, task_set: TaskSet, kind: str) -> None:

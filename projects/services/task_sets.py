@@ -128,6 +128,16 @@ def assign_splits(rows: list[ParsedRow], *, validation_fraction: float, seed: in
     ]
 
 
+def task_set_rows_check(*, jsonl: str, validation_fraction: float = 0.0, seed: int = 0) -> None:
+    """The checks ``task_set_create`` makes of an upload's rows and split, without saving it: a
+    form calls it with its other checks, so a bad file does not hide the form's other problems."""
+    if not 0.0 <= validation_fraction < 1.0:
+        raise ValidationFailed("must be in [0, 1)", field="validation_fraction")
+    parsed = parse_rows(jsonl=jsonl)
+    if "train" not in assign_splits(parsed, validation_fraction=validation_fraction, seed=seed):
+        raise ValidationFailed("the task set needs at least one training row", field="validation_fraction")
+
+
 def task_set_create(
     *,
     project: Project,

@@ -165,3 +165,41 @@ def test_the_form_starts_an_sft_run_and_says_which_row_lacks_its_target(cast, al
     assert run.kind == "sft" and run.task_set == targets
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert "SFT run" in page
+
+
+def test_a_bad_upload_and_a_bad_hyperparameter_are_shown_in_one_submit(cast, alpha_setup):
+    data = _run_form(alpha_setup, task_set="", task_set_name="uploaded", hp_steps="-3")
+    data["task_file"] = SimpleUploadedFile("rows.jsonl", b'{"prompt": "a"}\nnot json\n')
+    response = client_for(cast.alice).post(new_run_url(alpha_setup), data)
+    assert (
+        response.status_code == 200
+        and not Run.objects.exists()
+        and not TaskSet.objects.filter(name="uploaded").exists()
+    )
+    errors = response.context["form"].errors
+    assert any(e.startswith("line 2:") for e in errors["task_file"])
+    assert errors["hp_steps"], errors  # not hidden until the next submit
+
+
+def test_a_missing_name_and_a_bad_hyperparameter_are_shown_in_one_submit(cast, alpha_setup):
+    data = _run_form(alpha_setup, task_set_name="", hp_steps="-3")
+    data["task_file"] = SimpleUploadedFile("rows.jsonl", ROWS)
+    errors = client_for(cast.alice).post(new_run_url(alpha_setup), data).context["form"].errors
+    assert errors["task_set_name"] == ["name the uploaded task set"] and errors["hp_steps"]
+
+
+def test_the_form_preselects_what_the_projects_last_run_used(cast, alpha_setup):
+    project = alpha_setup.project
+    # Newer inputs the last run did not use: a reward sorted first, a newer task set and environment.
+    other_reward = factories.RewardDefinitionFactory(project=project, name="aaa-first")
+    factories.TaskSetFactory(project=project, name="newer")
+    factories.EnvironmentFactory(project=project, name="newer-env")
+    services.run_create(
+        model=alpha_setup.model, task_set=alpha_setup.task_set, environment=alpha_setup.environment,
+        reward=alpha_setup.reward, config={"steps": 2}, created_by=cast.alice,
+    )  # fmt: skip
+    form = client_for(cast.alice).get(new_run_url(alpha_setup)).context["form"]
+    assert form["reward"].value() == alpha_setup.reward.pk != other_reward.pk
+    assert form["task_set"].value() == alpha_setup.task_set.pk
+    assert form["environment"].value() == alpha_setup.environment.pk
+    assert f'<option value="{alpha_setup.reward.pk}" selected>' in str(form["reward"])
