@@ -297,12 +297,20 @@ METRICS_BIND_ADDRESS = env_str("METRICS_BIND_ADDRESS", "127.0.0.1")
 PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR")
 GRADER_MAX_ERROR_FRACTION = env_float("GRADER_MAX_ERROR_FRACTION", 0.5)
 RUN_REAPER_INTERVAL_S = env_float("RUN_REAPER_INTERVAL_S", 60.0)
+# A client run (an ART model's training jobs, a Tinker training client) has no worker of its own:
+# it ends (succeeded) once its client has sent no training job, step or session heartbeat and has
+# nothing pending for this long (beat task training.close_idle_client_runs, every
+# RUN_REAPER_INTERVAL_S). An ART client's next job then starts a new client run.
+CLIENT_RUN_IDLE_S = env_float("CLIENT_RUN_IDLE_S", 1800.0)
+if CLIENT_RUN_IDLE_S <= 0:
+    raise ImproperlyConfigured("CLIENT_RUN_IDLE_S must be positive")
 # The tasks live in projects.jobs.tasks; their names keep the "training." prefix they were queued under.
 CELERY_TASK_DEFAULT_QUEUE = Queue.DEFAULT.value
 CELERY_TASK_ROUTES = {
     "training.train_run": {"queue": Queue.TRAIN.value},
     "training.requeue_orphaned_runs": {"queue": Queue.DEFAULT.value},
     "training.requeue_orphaned_evaluations": {"queue": Queue.DEFAULT.value},
+    "training.close_idle_client_runs": {"queue": Queue.DEFAULT.value},
     # A client's training job (/v1/preview/training-jobs) trains like a run: on the train queue.
     "training.train_job": {"queue": Queue.TRAIN.value},
     "training.requeue_orphaned_training_jobs": {"queue": Queue.DEFAULT.value},
@@ -336,6 +344,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     "warn-unserved-queues": {"task": "training.warn_unserved_queues", "schedule": RUN_REAPER_INTERVAL_S},
     "expire-tinker-names": {"task": "training.expire_tinker_names", "schedule": RUN_REAPER_INTERVAL_S},
+    "close-idle-client-runs": {"task": "training.close_idle_client_runs", "schedule": RUN_REAPER_INTERVAL_S},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 

@@ -75,6 +75,12 @@ def requeue_orphaned_runs() -> list[int]:
     return services.runs_requeue_orphaned()
 
 
+@shared_task(name="training.close_idle_client_runs", time_limit=60)
+def close_idle_client_runs() -> list[int]:
+    """Client runs (ART, Tinker) whose client has been idle for CLIENT_RUN_IDLE_S end."""
+    return services.client_runs_close_idle()
+
+
 @shared_task(name="training.requeue_orphaned_evaluations", time_limit=60)
 def requeue_orphaned_evaluations() -> list[int]:
     """Evaluation jobs whose worker stopped heartbeating go back on the queue; they restart from scratch."""

@@ -8,7 +8,8 @@ module per subject; this package re-exports them all, so callers write ``service
 - ``task_sets``: task set upload (the row rules) and deletion
 - ``environments``: environments, and building one for use (MCP headers decrypted)
 - ``runs``: the run state machine, create, claim, heartbeat, fail, requeue
-- ``run_control``: cancel, pause, resume, and the runs a stopped ``manage.py up`` left running
+- ``run_control``: cancel, pause, resume, the runs a stopped ``manage.py up`` left running, and
+  the end of client runs (stopped, or idle for ``CLIENT_RUN_IDLE_S``)
 - ``run_forks``: a fork: a new model whose step 0 copies a run's checkpoint, and its run (and
   ``checkpoint_fork``, which a fine-tuning job continuing a checkpoint shares)
 - ``fine_tuning``: OpenAI's fine-tuning API on these objects (a file is a task set, a job a run)
@@ -112,6 +113,8 @@ from projects.services.rewards import (
     reward_definition_update,
 )
 from projects.services.run_control import (
+    client_run_end,
+    client_runs_close_idle,
     run_cancel,
     run_pause,
     run_pause_finish,
@@ -226,6 +229,8 @@ __all__ = [
     "tinker_session_heartbeat",
     "tinker_step_record",
     "runs_pause_interrupted",
+    "client_run_end",
+    "client_runs_close_idle",
     "ART_OPTIONS",
     "check_slug",
     "json_text_read",

@@ -84,10 +84,11 @@ def client_model_register(
 
 
 def client_run_of(model: TrainableModel) -> Run:
-    """The model's client run (the caller holds the model row's lock), created with the model's
-    step 0 if it has no checkpoint yet."""
+    """The model's running client run (the caller holds the model row's lock); a new one, from the
+    model's latest checkpoint, when the last one ended (stopped, or idle: run_control), created
+    with the model's step 0 if it has no checkpoint yet."""
     run = Run.objects.filter(model=model, kind=RunKind.CLIENT).order_by("-id").first()
-    if run is not None:
+    if run is not None and run.status == RunStatus.RUNNING:
         return run
     latest = Checkpoint.objects.filter(model=model).order_by("-step").first()
     step = latest.step if latest else 0

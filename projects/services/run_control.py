@@ -1,24 +1,51 @@
 """A user's control of a platform run: cancel, pause (at the worker's next step boundary, or at
 once while queued), resume (queued again, continuing from the last recorded checkpoint as after a
-crash), and the runs a stopped ``manage.py up`` left running (paused for the user to resume)."""
+crash), and the runs a stopped ``manage.py up`` left running (paused for the user to resume).
+
+A client run (ART's training jobs, a Tinker training client) has no worker to stop: it ends when a
+user stops it, when its client closes it (``tinker_session_finish``) or when its client has been
+idle for ``CLIENT_RUN_IDLE_S`` (``client_runs_close_idle``, a beat task)."""
 
 from __future__ import annotations
 
-from django.db import transaction
+from datetime import datetime, timedelta
+from typing import Any
 
-from projects.errors import Conflict, InvalidTransition
-from projects.models import CLIENT_KINDS, Run, RunStatus
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from projects.errors import InvalidTransition
+from projects.models import (
+    CLIENT_KINDS,
+    Run,
+    RunKind,
+    RunStatus,
+    TinkerFuture,
+    TinkerFutureStatus,
+    TinkerSession,
+    TrainableModel,
+    TrainingJob,
+    TrainingJobStatus,
+)
 from projects.services import runs
 from projects.services.runs import TERMINAL_STATUSES, _refuse_client_run, run_event_add, run_transition
 
 
 def run_cancel(*, run: Run) -> Run:
-    """Queued runs are cancelled at once; a running run stops before its next step."""
+    """Queued runs are cancelled at once; a running run stops before its next step. A client run
+    (ART, Tinker) is stopped at once: ``client_run_end``."""
     if run.kind in CLIENT_KINDS:
-        raise Conflict(
-            "a client run's steps are the training jobs its client submits; it has nothing to cancel",
-            code="client_run",
+        ended = client_run_end(
+            run_id=run.pk,
+            to=RunStatus.CANCELLED,
+            message="Run stopped by a user: its client's further training requests are refused "
+            + _CLIENT_AFTER[RunKind(run.kind)],
         )
+        if ended is None:
+            raise InvalidTransition(f"the run already {Run.objects.get(pk=run.pk).status}", field="status")
+        return ended
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status in TERMINAL_STATUSES:
@@ -124,3 +151,84 @@ def run_resume(*, run: Run) -> Run:
         )
         runs._enqueue_run(resumed.pk)  # through the module: tests capture it there
     return resumed
+
+
+# What a client does after its run ended, by kind.
+_CLIENT_AFTER = {
+    RunKind.CLIENT: "(its training jobs not yet done failed; the next one starts a new client run from "
+    "the model's latest checkpoint)",
+    RunKind.TINKER: "(create a training client from its last saved checkpoint to go on)",
+}
+
+
+def client_run_end(
+    *,
+    run_id: int,
+    to: str,
+    message: str,
+    idle_before: datetime | None = None,
+    updates: dict[str, Any] | None = None,
+) -> Run | None:
+    """End a running client run through the run state machine; an ART run's unfinished training
+    jobs fail with it. The model's row is locked first, as ``training_job_create`` locks it, so no
+    job joins the run while it ends. ``idle_before``: only if its client has shown nothing since
+    then (``client_run_last_seen``, read under the locks). None when the run was not ended."""
+    from projects.services.training_jobs import training_job_fail
+
+    with transaction.atomic():
+        model_id = Run.objects.filter(pk=run_id).values_list("model_id", flat=True).get()
+        TrainableModel.objects.select_for_update().get(pk=model_id)
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if run.status != RunStatus.RUNNING:
+            return None
+        if idle_before is not None:
+            seen = client_run_last_seen(run)
+            if seen is None or seen > idle_before:
+                return None
+        ended = run_transition(run_id=run_id, to=to, message=message, updates=updates)
+        for job_id in TrainingJob.objects.filter(run_id=run_id, status__in=_UNFINISHED_JOBS).values_list(
+            "id", flat=True
+        ):
+            training_job_fail(job_id=job_id, error=f"its client run #{run_id} ended: {message}")
+    return ended
+
+
+_UNFINISHED_JOBS = (TrainingJobStatus.QUEUED, TrainingJobStatus.RUNNING)
+
+
+def client_run_last_seen(run: Run) -> datetime | None:
+    """When the client last showed it is there: its run's last step (or start), its last training
+    job and, for a Tinker client, its session's last heartbeat; None while it has work pending."""
+    times = [run.heartbeat_at, run.started_at, run.created_at]
+    if run.kind == RunKind.TINKER:
+        if TinkerFuture.objects.filter(model__run=run, status=TinkerFutureStatus.PENDING).exists():
+            return None
+        times.append(
+            TinkerSession.objects.filter(models__run=run).aggregate(last=Max("heartbeat_at"))["last"]
+        )
+    else:
+        if TrainingJob.objects.filter(run=run, status__in=_UNFINISHED_JOBS).exists():
+            return None
+        times.append(TrainingJob.objects.filter(run=run).aggregate(last=Max("finished_at"))["last"])
+    return max(t for t in times if t is not None)
+
+
+def client_runs_close_idle(*, idle_s: float | None = None) -> list[int]:
+    """End the client runs whose client is gone: running, nothing pending, and no step, training
+    job or (Tinker) session heartbeat for ``idle_s`` (default ``CLIENT_RUN_IDLE_S``). They succeed:
+    a client that is done simply stops (ART never says so; many Tinker scripts close no session).
+    The ids ended."""
+    idle = settings.CLIENT_RUN_IDLE_S if idle_s is None else idle_s
+    cutoff = timezone.now() - timedelta(seconds=idle)
+    closed = []
+    for run in Run.objects.filter(status=RunStatus.RUNNING, kind__in=CLIENT_KINDS).order_by("id"):
+        ended = client_run_end(
+            run_id=run.pk,
+            to=RunStatus.SUCCEEDED,
+            message=f"Run ended: its client has been idle for over {idle:.0f} s (CLIENT_RUN_IDLE_S) "
+            + _CLIENT_AFTER[RunKind(run.kind)],
+            idle_before=cutoff,
+        )
+        if ended is not None:
+            closed.append(run.pk)
+    return closed

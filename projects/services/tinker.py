@@ -85,18 +85,19 @@ def tinker_session_finish(*, session: TinkerSession, reason: str, detail: str = 
     """The client closed its session (the SDK's ``with`` block ended: ``success``, ``errored`` or
     ``interrupted``): each training client's run ends as succeeded, failed or cancelled; its
     checkpoints stay, served and loadable."""
-    now = timezone.now()
     status = {"success": RunStatus.SUCCEEDED, "interrupted": RunStatus.CANCELLED}.get(
         reason, RunStatus.FAILED
     )
-    failed = status == RunStatus.FAILED
+    from projects.services.run_control import client_run_end
+
+    error = f"the Tinker client closed its session: {reason} {detail}".strip()[:2000]
     for run in Run.objects.filter(tinker_models__session=session, status=RunStatus.RUNNING):
-        run.status = status
-        run.finished_at = now
-        if failed:
-            run.error = f"the Tinker client closed its session: {reason} {detail}".strip()[:2000]
-        run.save(update_fields=["status", "finished_at", "error"])
-        run_event_add(run=run, message=f"Tinker session closed by its client ({reason})")
+        client_run_end(
+            run_id=run.pk,
+            to=status,
+            message=f"Tinker session closed by its client ({reason})",
+            updates={"error": error} if status == RunStatus.FAILED else None,
+        )
 
 
 def lora_of(config: dict[str, Any] | None) -> dict[str, Any]:
@@ -200,6 +201,13 @@ def tinker_future_submit(
         existing = TinkerFuture.objects.filter(model=model, seq_id=seq_id).first()
         if existing is not None:
             return existing
+        run = Run.objects.get(pk=model.run_id)
+        if run.status != RunStatus.RUNNING:  # stopped by a user, closed, or idle (run_control)
+            raise ValidationFailed(
+                f"{model.pk}'s run #{run.pk} {run.status}: its training requests are refused; create a "
+                "training client from its last saved checkpoint to go on",
+                field="model_id",
+            )
         _check_sole_writer(model)
     _check_team_share(team, training=model is not None)
     try:
