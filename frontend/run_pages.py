@@ -190,7 +190,19 @@ def _timing(run: Run) -> dict[str, Any]:
     return {"elapsed": timedelta(seconds=round(elapsed.total_seconds())), "eta": eta}
 
 
+def _step_text(run: Run) -> str:
+    """The model's step, as its checkpoints and the events number it. A client run plans no step
+    count (its client decides): the steps it made, never "Step 0/0"."""
+    if run.kind in CLIENT_KINDS:
+        made = f"{run.steps_done} step{'s' if run.steps_done != 1 else ''} made by its client"
+        return f"Step {run.current_step} ({made})"
+    return step_label(
+        run.current_step, start_step=run.start_step, final_step=run.start_step + run.total_steps
+    )
+
+
 def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
+    client = run.kind in CLIENT_KINDS
     return {
         "run": run,
         "active": run.status in services.ACTIVE_STATUSES,
@@ -198,15 +210,13 @@ def _run_context(request: TeamHttpRequest, run: Run) -> dict[str, Any]:
         "phase": selectors.run_phase(run=run) if run.status == RunStatus.RUNNING else None,
         "signal_warnings": selectors.run_signal_warnings(run=run),
         "start": _run_start(run),
-        # The model's step, as its checkpoints and the events number it.
-        "step_text": step_label(
-            run.current_step, start_step=run.start_step, final_step=run.start_step + run.total_steps
-        ),
+        "step_text": _step_text(run),
+        "client_run": client,
         "checkpoints": selectors.run_checkpoints(run=run),
         "cost": selectors.run_cost(run=run),  # device-hours, tokens and price (projects.selectors.costs)
+        # A client run (its steps are its client's training jobs) is stopped at once while running.
         "can_cancel": can_write(request)
-        and run.kind not in CLIENT_KINDS  # its steps are its client's training jobs
-        and run.status in services.ACTIVE_STATUSES
+        and (run.status == RunStatus.RUNNING if client else run.status in services.ACTIVE_STATUSES)
         and not run.cancel_requested,
         **_run_controls(request, run),
         **_timing(run),
@@ -268,7 +278,8 @@ def run_metrics(request: TeamHttpRequest, run_id: int) -> JsonResponse:
 @team_view(write=True)
 def run_cancel(request: TeamHttpRequest, run_id: int) -> HttpResponse:
     run = get_scoped(Run, request, run_id)
-    f.call_service(request, lambda: services.run_cancel(run=run), success="Cancellation requested.")
+    done = "Run stopped." if run.kind in CLIENT_KINDS else "Cancellation requested."
+    f.call_service(request, lambda: services.run_cancel(run=run), success=done)
     return redirect("frontend:run", run_id=run.pk)
 
 
