@@ -289,6 +289,10 @@
 
   function validate(form) {
     const target = form.querySelector("[data-validation]");
+    // The live check replaces the spec's problems the server listed after a submit: the same
+    // problems were shown twice, and once the spec is edited the server's list is stale.
+    const field = form.querySelector("textarea[name=spec]").closest(".field");
+    if (field) field.querySelectorAll(".field-errors").forEach(function (list) { list.remove(); });
     let spec;
     try {
       spec = JSON.parse(specOf(form));
