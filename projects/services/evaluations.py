@@ -443,6 +443,10 @@ def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], sampl
             started_at=now - timedelta(seconds=_seconds(results.get("seconds"))),
             finished_at=now,
         )
+        # Recorded when it ended, it was asked for when it started: created_at is auto_now_add, so
+        # set after the insert (a run's evaluation showed "created" after it "started").
+        evaluation.created_at = evaluation.started_at
+        Evaluation.objects.filter(pk=evaluation.pk).update(created_at=evaluation.created_at)
         _samples(evaluation, samples)
         evaluation_event_add(
             evaluation=evaluation, message=f"Step {step} evaluated: {evaluation_results_summary(results)}"

@@ -218,6 +218,9 @@ def test_run_evaluations_are_stored_per_checkpoint_once_and_listed_on_the_run(
     assert first.max_rows == 8 and first.pass_threshold == 1.0
     # It ran for the seconds its results say, ending when it was recorded (not a zero-length span).
     assert (first.finished_at - first.started_at).total_seconds() == pytest.approx(31.0)
+    # ... and was created when it started, not "created" 31 s after it started.
+    stored = Evaluation.objects.get(pk=first.pk)
+    assert stored.created_at == stored.started_at == first.created_at
     listed = alice_client.get(f"/api/v1/runs/{run.id}/evaluations").json()["data"]
     assert [(e["step"], e["results"]["reward_mean"]) for e in listed] == [(0, 0.25)]
     assert listed[0]["model"] == "math/agent:0"
