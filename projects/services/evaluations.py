@@ -420,6 +420,8 @@ def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], sampl
             return existing
         results = {**results, **_against_baseline(run, step, samples)}
         now = timezone.now()
+        # The results carry how long it ran (training.evaluation): it started that long ago.
+        started = now - timedelta(seconds=_seconds(results.get("seconds")))
         evaluation = Evaluation.objects.create(
             project=run.project,
             run=run,
@@ -439,14 +441,13 @@ def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], sampl
             },
             status=EvaluationStatus.SUCCEEDED,
             results=jsonb_safe(results),
-            # The results carry how long it ran (training.evaluation): it started that long ago.
-            started_at=now - timedelta(seconds=_seconds(results.get("seconds"))),
+            started_at=started,
             finished_at=now,
         )
         # Recorded when it ended, it was asked for when it started: created_at is auto_now_add, so
         # set after the insert (a run's evaluation showed "created" after it "started").
-        evaluation.created_at = evaluation.started_at
-        Evaluation.objects.filter(pk=evaluation.pk).update(created_at=evaluation.created_at)
+        evaluation.created_at = started
+        Evaluation.objects.filter(pk=evaluation.pk).update(created_at=started)
         _samples(evaluation, samples)
         evaluation_event_add(
             evaluation=evaluation, message=f"Step {step} evaluated: {evaluation_results_summary(results)}"
