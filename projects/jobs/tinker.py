@@ -223,6 +223,8 @@ def _run(
                                               forward_only=call.forward_only)  # fmt: skip
         if not call.forward_only:
             services.tinker_loss_add(model=model, loss=result.loss)
+            # Kept with the request (its client reads the blob): the next optim_step's cost counts it.
+            return {"trainable_tokens": trained_tokens(call.data)}, forward_backward_output(result)
         return None, forward_backward_output(result)
     if kind == "optim_step":
         arguments = optim_arguments(payload)
@@ -238,6 +240,17 @@ def _run(
     if kind == "load_weights":
         return _load(model, payload), None
     raise RequestFailed(f"unknown request kind {kind!r}", category="server")
+
+
+def trained_tokens(data: Any) -> int:
+    """The positions a ``forward_backward`` trained on: those with a non-zero ``weights`` value
+    (cross_entropy), else a non-zero ``advantages`` value (the RL losses), else every position."""
+    total = 0
+    for datum in data:
+        inputs = datum.loss_fn_inputs
+        mask = inputs.get("weights", inputs.get("advantages"))
+        total += len(datum.model_input) if mask is None else sum(1 for value in mask if value)
+    return total
 
 
 def optim_arguments(payload: dict[str, Any]) -> dict[str, float]:
@@ -331,7 +344,7 @@ def sample(future_pk: str) -> None:
         return
     started = time.monotonic()
     try:
-        blob = _sample(future)
+        blob, tokens = _sample(future)
     except (RequestFailed, WireError, ValueError) as exc:
         services.tinker_future_finish(
             future=future, error=str(exc), category=getattr(exc, "category", "user")
@@ -339,10 +352,13 @@ def sample(future_pk: str) -> None:
     except Exception as exc:  # noqa: BLE001
         services.tinker_future_finish(future=future, error=f"{type(exc).__name__}: {exc}", category="server")
     else:
-        services.tinker_future_finish(future=future, blob=blob, seconds=time.monotonic() - started)
+        services.tinker_future_finish(future=future, blob=blob, seconds=time.monotonic() - started,
+                                      result={"completion_tokens": tokens})  # fmt: skip
 
 
-def _sample(future: TinkerFuture) -> bytes:
+def _sample(future: TinkerFuture) -> tuple[bytes, int]:
+    """The response and the tokens sampled (kept with the request: the cost of the next optim_step
+    of the training client whose checkpoint it sampled counts them)."""
     from projects.jobs.training_jobs import resident_sessions
 
     payload = future.payload
@@ -410,4 +426,5 @@ def _sample(future: TinkerFuture) -> bytes:
         with pool.use(session_id) as session:
             choices = session.sample(prompts, sampling)
             scored = session.forward([scoring])[0] if scoring is not None else None
-    return sample_response(choices, prompt_logprobs(prompt, scored, last_n) if wanted else None)
+    sampled = sum(len(choice.token_ids) for choice in choices)
+    return sample_response(choices, prompt_logprobs(prompt, scored, last_n) if wanted else None), sampled

@@ -369,12 +369,14 @@ def tinker_step_record(
 ) -> None:
     """An ``optim_step``: step ``step`` of the model's run, charted with the loss summed over the
     ``forward_backward`` calls since the step before, and the device seconds of every request since
-    then (``seconds``: the step's own), which the run's cost line counts."""
+    then (``seconds``: the step's own), which the run's cost line counts, with the tokens trained
+    since the step before and those sampled from the model's checkpoints (``_tokens_since``)."""
     from projects.models import StepMetrics
 
     with transaction.atomic():
         locked = TinkerModel.objects.select_for_update().get(pk=model.pk)
         loss, spent = locked.pending_loss, locked.pending_seconds + seconds
+        metrics = {**metrics, **_tokens_since(locked)}
         locked.pending_loss, locked.pending_seconds, locked.steps = 0.0, 0.0, step
         locked.save(update_fields=["pending_loss", "pending_seconds", "steps"])
         # A GPU per rank of a data-parallel session (its optim_step says how many); one CPU "device".
@@ -386,6 +388,30 @@ def tinker_step_record(
         run.total_steps = max(run.total_steps, step)
         run.heartbeat_at = timezone.now()
         run.save(update_fields=["current_step", "total_steps", "heartbeat_at"])
+
+
+def _tokens_since(model: TinkerModel) -> dict[str, float]:
+    """What the client did since its last optim_step (the one being recorded is still pending):
+    ``trainable_tokens`` of its ``forward_backward`` requests and ``completion_tokens`` of samples
+    from its model's checkpoints, as the requests' results keep them (projects.jobs.tinker)."""
+    done = TinkerFuture.objects.filter(status=TinkerFutureStatus.DONE)
+    last = done.filter(model=model, kind="optim_step").order_by("-seq_id").first()
+    trained = done.filter(model=model, kind="forward_backward")
+    sampled = done.filter(team_id=model.session.team_id, kind="sample", payload__sampler__in=list(
+        TinkerSampler.objects.filter(checkpoint__model=model.model).values_list("id", flat=True)
+    ))  # fmt: skip
+    if last is not None:
+        trained = trained.filter(seq_id__gt=last.seq_id)
+        sampled = sampled.filter(finished_at__gt=last.finished_at)
+
+    def total(rows: Any, key: str) -> float:
+        return float(sum(int((row.result or {}).get(key) or 0) for row in rows.only("result")))
+
+    # A count of 0 is left out: the charts read trainable_tokens 0 as "no update at this step"
+    # (frontend.presentation), and an optim_step always updates.
+    counts = {"trainable_tokens": total(trained, "trainable_tokens"),
+              "completion_tokens": total(sampled, "completion_tokens")}  # fmt: skip
+    return {key: value for key, value in counts.items() if value}
 
 
 def tinker_checkpoint_record(
