@@ -139,6 +139,7 @@ def _initial(request: TeamHttpRequest) -> dict[str, Any]:
     if checkpoint_id.isdecimal():
         checkpoint = get_scoped(Checkpoint, request, int(checkpoint_id))
         initial["subject"] = f"checkpoint:{checkpoint.pk}"
+        initial["pass_threshold"] = services.run_pass_threshold(checkpoint)  # the run's, as the API's default
     source_id = request.GET.get("from", "")
     if source_id.isdecimal():
         source = get_scoped(Evaluation, request, int(source_id))

@@ -461,4 +461,5 @@ def _checkpoint_evaluation_form(request: TeamHttpRequest, checkpoint: Checkpoint
     if checkpoint.run is not None:
         run = checkpoint.run
         initial.update(task_set=run.task_set_id, environment=run.environment_id, reward=run.reward_id)
+    initial["pass_threshold"] = services.run_pass_threshold(checkpoint)  # the run's, as the API's default
     return evaluation_pages.evaluation_form(request, initial=initial)

@@ -63,7 +63,15 @@ class EvaluationIn(s.InputSerializer):
     environment = s.id_field()
     reward = s.id_field(help_text="a reward definition (version) id")
     # The ranges services.evaluation_create checks (it names the field too).
-    pass_threshold = serializers.FloatField(min_value=-1e9, max_value=1e9, required=False, default=1.0)
+    pass_threshold = serializers.FloatField(
+        min_value=-1e9,
+        max_value=1e9,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="a sample passes at a reward at least this; default: the eval_pass_threshold of the"
+        " run that made the checkpoint, else 1.0",
+    )
     max_rows = serializers.IntegerField(
         min_value=1, max_value=MAX_SAMPLES, required=False, allow_null=True, default=None
     )

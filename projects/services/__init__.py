@@ -73,6 +73,7 @@ from projects.services.evaluations import (
     evaluation_transition,
     evaluations_requeue_orphaned,
     run_evaluation_record,
+    run_pass_threshold,
 )
 from projects.services.exports import (
     export_claim,
@@ -315,6 +316,7 @@ __all__ = [
     "evaluation_event_add",
     "evaluation_transition",
     "evaluation_create",
+    "run_pass_threshold",
     "evaluation_claim",
     "evaluation_heartbeat",
     "evaluations_requeue_orphaned",

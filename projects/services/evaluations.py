@@ -137,6 +137,16 @@ def _integer(value: Any, field: str, *, low: int, high: int) -> int:
     return value
 
 
+def run_pass_threshold(checkpoint: Checkpoint | None) -> float:
+    """The pass threshold the run that made ``checkpoint`` evaluated with (TrainConfig's default
+    for a checkpoint without a run, or a base model)."""
+    run = checkpoint.run if checkpoint is not None else None
+    value = (run.config or {}).get("eval_pass_threshold") if run is not None else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return TrainConfig().eval_pass_threshold
+    return float(value)
+
+
 def evaluation_create(
     *,
     task_set: TaskSet,
@@ -145,7 +155,7 @@ def evaluation_create(
     checkpoint: Checkpoint | None = None,
     base_model: BaseModel | None = None,
     split: str = "validation",
-    pass_threshold: float = 1.0,
+    pass_threshold: float | None = None,
     max_rows: int | None = None,
     samples_per_row: int = 1,
     temperature: float = 0.0,
@@ -158,7 +168,10 @@ def evaluation_create(
     created_by: User | None = None,
 ) -> Evaluation:
     """Queue an evaluation of a checkpoint or a base model on a task set's split, optionally
-    against a reference (a checkpoint, a base model, or a model behind a team endpoint)."""
+    against a reference (a checkpoint, a base model, or a model behind a team endpoint).
+    ``pass_threshold`` left out: the one the checkpoint's run evaluated with (its
+    ``eval_pass_threshold``), else TrainConfig's default, so the CLI's and the API's figure for a
+    run's checkpoint is the run page's (the demo passes at 0.5, not 1.0)."""
     project = task_set.project
     for field, obj in (("environment", environment), ("reward", reward)):
         if obj.project_id != project.id:
@@ -167,6 +180,8 @@ def evaluation_create(
         raise ValidationFailed("give exactly one of model or checkpoint", field="model")
     if split not in EVALUATION_SPLITS:
         raise ValidationFailed(f"must be one of {', '.join(EVALUATION_SPLITS)}", field="split")
+    if pass_threshold is None:
+        pass_threshold = run_pass_threshold(checkpoint)
     pass_threshold = _number(pass_threshold, "pass_threshold", low=-1e9, high=1e9)
     if max_rows is not None:
         max_rows = _integer(max_rows, "max_rows", low=1, high=MAX_SAMPLES)

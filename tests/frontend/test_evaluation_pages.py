@@ -402,3 +402,16 @@ def test_evaluation_event_names_the_pass_threshold():
         {"reward_mean": 0.354, "pass_rate": 0.0, "n": 24, "pass_threshold": 1.0}
     )
     assert line == "reward 0.354, pass rate 0.000 (n=24, reward ≥ 1)"
+
+
+def test_the_evaluate_form_of_a_runs_checkpoint_prefills_the_runs_pass_threshold(cast, alpha_setup):
+    run = services.run_create(
+        model=alpha_setup.model, task_set=alpha_setup.task_set, environment=alpha_setup.environment,
+        reward=alpha_setup.reward, config={"steps": 2, "eval_pass_threshold": 0.5}, created_by=cast.alice,
+    )  # fmt: skip
+    checkpoint = services.checkpoint_record(model=alpha_setup.model, run=run, step=1, path="/nowhere/step-1")
+    client = client_for(cast.alice)
+    form = client.get(f"/evaluations/new?checkpoint={checkpoint.pk}").context["form"]
+    assert form["pass_threshold"].value() == 0.5
+    page_form = client.get(f"/checkpoints/{checkpoint.pk}/").context["evaluation_form"]
+    assert page_form["pass_threshold"].value() == 0.5

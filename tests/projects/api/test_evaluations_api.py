@@ -247,3 +247,22 @@ def test_run_evaluations_are_stored_per_checkpoint_once_and_listed_on_the_run(
     event = Run.objects.get(pk=run.pk).events.filter(message__startswith="Evaluation at step 0").first()
     assert event is not None and event.data["reward_mean"] == 0.25
     assert Evaluation.objects.filter(run=run).count() == 2
+
+
+def test_an_evaluation_of_a_runs_checkpoint_passes_at_the_runs_threshold_by_default(alice_client, setup):
+    """The CLI posts the body as written: without pass_threshold, a run's checkpoint is graded at
+    the run's eval_pass_threshold (the demo's 0.5), not 1.0; a base model at TrainConfig's 1.0."""
+    run = services.run_create(
+        model=setup.model, task_set=setup.task_set, environment=setup.environment, reward=setup.reward,
+        config={"eval_pass_threshold": 0.5},
+    )  # fmt: skip
+    services.checkpoint_record(model=setup.model, run=run, step=1, path="/nowhere/step-1")
+    created = alice_client.post("/api/v1/evaluations/", body(setup, model="math/agent:1"), format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["pass_threshold"] == 0.5
+    given = alice_client.post(
+        "/api/v1/evaluations/", body(setup, model="math/agent:1", pass_threshold=0.75), format="json"
+    )
+    assert given.json()["pass_threshold"] == 0.75
+    without_run = alice_client.post("/api/v1/evaluations/", body(setup), format="json").json()
+    assert without_run["pass_threshold"] == 1.0
