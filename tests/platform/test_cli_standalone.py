@@ -192,3 +192,28 @@ def test_a_watch_summarises_history_instead_of_replaying_it():
         "10:00:04 WARN  Step 1/3: 2 groups had no learning signal",
         "10:00:06 INFO  Step 2/3: saving checkpoint",
     ]
+
+
+def test_the_readme_calls_every_option_by_the_name_its_help_shows():
+    """README's `artweb …` lines parse, and each long option is the one --help lists first (the
+    README said `login --url` where --help says --base-url)."""
+    import re
+    import shlex
+
+    readme = (CLI.parent.parent / "README.md").read_text()
+    lines = re.findall(r"\bartweb ((?:login|runs|evaluations|checkpoints)\b[^#`\n]*)", readme)
+    assert any(line.startswith("login --") for line in lines), lines
+    parser = cli.build_parser()
+    for line in lines:
+        words = shlex.split(line)
+        parser.parse_args(words)  # a bad line exits 2
+        chain = [p for p in _parsers(parser) if p.prog == "artweb " + " ".join(words[:2])] or [
+            p for p in _parsers(parser) if p.prog == "artweb " + words[0]
+        ]
+        options = {s: a.option_strings for a in chain[0]._actions for s in a.option_strings}
+        for word in words:
+            if word.startswith("--"):
+                long_names = [s for s in options[word] if s.startswith("--")]
+                assert word == long_names[0], (
+                    f"README: artweb {line.strip()}: --help names it {long_names[0]}"
+                )
