@@ -184,7 +184,8 @@ def _timing(run: Run) -> dict[str, Any]:
     if not run.started_at:
         return {"elapsed": None, "eta": None}
     end = run.finished_at or timezone.now()
-    elapsed = end - run.started_at
+    # Time spent paused is no time the run ran (a resumed run counted its pause as elapsed).
+    elapsed = end - run.started_at - timedelta(seconds=selectors.run_seconds_paused(run=run, until=end))
     left = selectors.run_seconds_left(run=run)
     eta = timedelta(seconds=round(left)) if left is not None else None
     return {"elapsed": timedelta(seconds=round(elapsed.total_seconds())), "eta": eta}

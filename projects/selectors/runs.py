@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db.models import Max, Min, Q, QuerySet
 
 from projects import catalog
@@ -52,9 +54,34 @@ def run_phase(*, run: Run) -> RunEvent | None:
 
 
 def run_signal_warnings(*, run: Run) -> list[RunEvent]:
-    """The run's "no learning signal" warnings (``data.signal``; training.learning_signal), oldest
-    first: the run page shows them as a banner."""
-    return list(RunEvent.objects.filter(run=run, level="warn", data__has_key="signal").order_by("id"))
+    """The run's "no learning signal" warnings (``data.signal``; training.learning_signal), the
+    latest of each kind (signal and grader), oldest first: the run page shows them as banners. A
+    resumed run's watcher starts afresh and says the same again; one banner each."""
+    latest: dict[tuple[str, str], RunEvent] = {}
+    for event in RunEvent.objects.filter(run=run, level="warn", data__has_key="signal").order_by("id"):
+        key = (str(event.data.get("signal")), str(event.data.get("grader", "")))
+        latest.pop(key, None)  # re-inserted: ordered by its latest occurrence
+        latest[key] = event
+    return list(latest.values())
+
+
+def run_seconds_paused(*, run: Run, until: datetime) -> float:
+    """Seconds ``run`` spent paused up to ``until``: from each transition to paused to the next
+    to running (a resumed run waits in the queue too), or to ``until`` while it is still paused.
+    The run page leaves them out of its elapsed time."""
+    paused = 0.0
+    since: datetime | None = None
+    for data, at in (
+        RunEvent.objects.filter(run=run, data__has_key="to").order_by("id").values_list("data", "created_at")
+    ):
+        if data.get("to") == RunStatus.PAUSED and since is None:
+            since = at
+        elif data.get("to") == RunStatus.RUNNING and since is not None:
+            paused += (at - since).total_seconds()
+            since = None
+    if since is not None:
+        paused += max((until - since).total_seconds(), 0.0)
+    return paused
 
 
 def run_reward_range(*, run: Run) -> tuple[tuple[float, float], str] | None:
