@@ -115,9 +115,11 @@ def compare_series(runs: list[Run], charts: dict[int, dict[str, Any]]) -> list[d
                 note = "" if steps else "No evaluation yet."
                 if not_comparable and steps:
                     label += f" ({', '.join(evaluated_on(run, data))})"
-            else:
+            elif key in data["series"]:
                 series = data["series"][key]
                 steps, values, note = data["steps"], series["values"], series["note"]
+            else:  # a series its kind does not measure (presentation.chart_series)
+                steps, values, note = [], [], f"A {run.kind} run does not measure this."
             datasets.append(
                 {
                     "run": run.pk,

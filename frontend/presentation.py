@@ -37,6 +37,33 @@ CHART_SERIES = [
     ("tokens_per_second", "Tokens / s (rollouts)"),
 ]
 
+# The series each kind of run measures (projects.models.RunKind): a GRPO run no held-out loss, an
+# SFT or DPO run no rollouts, a Tinker client only what its optim_steps report.
+_GRPO_ONLY = {"completion_tokens", "entropy", "kl", "clip_fraction", "ratio_std", "zero_variance_fraction",
+              "groups_dropped", "off_policy_steps", "tokens_per_second"}  # fmt: skip
+_SUPERVISED = {"heldout_loss", "heldout_preference_accuracy"}
+_KIND_SERIES = {
+    "platform": {key for key, _ in CHART_SERIES} - _SUPERVISED,
+    "sft": {key for key, _ in CHART_SERIES} - _GRPO_ONLY - {"heldout_preference_accuracy"},
+    "dpo": {key for key, _ in CHART_SERIES} - _GRPO_ONLY,
+    # An ART client's steps: its own rollouts (no dynamic sampling, no rollout speed here), ART's loss.
+    "client": {key for key, _ in CHART_SERIES}
+    - _SUPERVISED
+    - {"groups_dropped", "tokens_per_second", "ratio_std"},
+    "tinker": {"loss", "grad_norm", "learning_rate"},
+}
+# Whether a kind's steps have rewards (the reward and sub-reward charts) and whether the run
+# evaluates its validation rows itself (a client run never does: its client evaluates, if at all).
+KIND_HAS_REWARDS = {"platform", "client"}
+KIND_EVALUATES = {"platform", "sft", "dpo"}
+
+
+def chart_series(kind: str) -> list[tuple[str, str]]:
+    """The (key, label) series a run of ``kind`` draws."""
+    keys = _KIND_SERIES.get(kind, _KIND_SERIES["platform"])
+    return [(key, label) for key, label in CHART_SERIES if key in keys]
+
+
 # The trainer writes these as 0 on a step without an update (every group had one reward, so
 # trainable_tokens is 0; training/trainer.py): there they were not measured and are not drawn.
 UPDATE_METRICS = {"loss", "grad_norm", "entropy", "clip_fraction", "kl", "ratio_std"}
@@ -69,6 +96,8 @@ def chart_data(
     sample_means: dict[int, dict[str, Any]] | None = None,
     evaluations: Sequence[Any] = (),
     reward_range: tuple[tuple[float, float], str] | None = None,
+    kind: str = "platform",
+    heldout_before: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run page's chart series (``/runs/<id>/metrics.json``). What was not measured is null,
     never 0, and a series with a reason to read it carefully carries a ``note``: KL with
@@ -77,7 +106,9 @@ def chart_data(
     completion length and the per-sub-reward means; ``evaluations`` the validation reward per
     evaluated step, with what each evaluated (task set, split, rows, samples: evaluations of
     different rows are not one trend); ``reward_range`` (selectors.run_reward_range) the bounds
-    the mean ± std band is clipped to, with their source."""
+    the mean ± std band is clipped to, with their source. Only the series of the run's ``kind``
+    (``chart_series``), with the notes that apply to it; ``heldout_before`` (an SFT or DPO run's
+    held-out figures before its first step, ``{"step", "heldout_loss", …}``) is their first point."""
     config = config or {}
     sample_means = sample_means or {}
     steps = [row.step for row in step_metrics]
@@ -100,7 +131,7 @@ def chart_data(
         updates = minibatches * epochs
         early_updates = minibatches * max(epochs, int(_number(config.get("early_ppo_epochs")) or 1))
         early_steps = int(_number(config.get("early_ppo_epochs_steps")) or 0)
-        if key in ("clip_fraction", "ratio_std"):
+        if key in ("clip_fraction", "ratio_std") and kind == "platform":  # GRPO's minibatches and epochs
             notes.append(SEVERAL_UPDATES_NOTE.format(updates=updates) if updates > 1 else CLIP_FRACTION_NOTE)
             # (steps count from the base model: a run continuing a checkpoint made no extra passes)
             if early_steps and early_updates > updates and (not steps or min(steps) <= early_steps):
@@ -125,7 +156,7 @@ def chart_data(
         return " ".join(notes)
 
     series: dict[str, dict[str, Any]] = {}
-    for key, label in CHART_SERIES:
+    for key, label in chart_series(kind):
         measured = values(key)
         if key == "kl" and _number(config.get("kl_coef")) == 0:
             measured = [None] * len(step_metrics)
@@ -146,10 +177,21 @@ def chart_data(
     if reward_range is not None:
         (low, high), source = reward_range
         band = {"low": low, "high": high, "source": source}
+    reward_mean = [_number(row.reward_mean) for row in step_metrics]
+    reward_std = [_number(row.reward_std) for row in step_metrics]
+    before = (heldout_before or {}).get("step")
+    if isinstance(before, int) and steps and before < steps[0]:
+        # The held-out figures before training are an event, not a step: the first point.
+        steps = [before, *steps]
+        for key, entry in series.items():
+            entry["values"] = [_number((heldout_before or {}).get(key)) if key in _SUPERVISED else None,
+                               *entry["values"]]  # fmt: skip
+        reward_mean, reward_std = [None, *reward_mean], [None, *reward_std]
+        sub_rewards = {name: [None, *values] for name, values in sub_rewards.items()}
     return {
         "steps": steps,
-        "reward_mean": [_number(row.reward_mean) for row in step_metrics],
-        "reward_std": [_number(row.reward_std) for row in step_metrics],
+        "reward_mean": reward_mean,
+        "reward_std": reward_std,
         "reward_range": band,
         "series": series,
         "sub_rewards": sub_rewards,

@@ -22,8 +22,10 @@ from frontend import evaluation_pages
 from frontend import forms as f
 from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
 from frontend.presentation import (
-    CHART_SERIES,
+    KIND_EVALUATES,
+    KIND_HAS_REWARDS,
     chart_data,
+    chart_series,
     group_summary,
     page_of,
     query_without_page,
@@ -40,6 +42,7 @@ from projects.models import (
     Project,
     RewardDefinition,
     Run,
+    RunKind,
     RunStatus,
     TaskSet,
     TrainableModel,
@@ -247,7 +250,9 @@ def run_detail(request: TeamHttpRequest, run_id: int) -> HttpResponse:
     context = _run_context(request, run)
     context["evaluations"] = selectors.run_evaluations(run=run)
     context["config"] = sorted(run.config.items())
-    context["chart_series"] = CHART_SERIES
+    context["chart_series"] = chart_series(run.kind)
+    context["has_rewards"] = run.kind in KIND_HAS_REWARDS
+    context["evaluates"] = run.kind in KIND_EVALUATES
     return render(request, "frontend/run.html", context)
 
 
@@ -266,6 +271,10 @@ def run_chart_data(run: Run) -> dict[str, Any]:
         sample_means=selectors.run_step_sample_means(run=run),
         evaluations=list(selectors.run_evaluations(run=run)),
         reward_range=selectors.run_reward_range(run=run),
+        kind=run.kind,
+        heldout_before=selectors.run_heldout_before(run=run)
+        if run.kind in (RunKind.SFT, RunKind.DPO)
+        else None,
     )
 
 

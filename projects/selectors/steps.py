@@ -8,7 +8,16 @@ from typing import Any
 
 from django.db.models import BigIntegerField, Func, Q, QuerySet
 
-from projects.models import Checkpoint, Run, StepMetrics, TaskRow, Team, TrainableModel, Trajectory
+from projects.models import (
+    Checkpoint,
+    Run,
+    RunEvent,
+    StepMetrics,
+    TaskRow,
+    Team,
+    TrainableModel,
+    Trajectory,
+)
 from projects.selectors._scoping import scoped
 from training.grpo import is_zero_variance, update_advantages
 from training.trajectory import overlong_penalty
@@ -16,6 +25,17 @@ from training.trajectory import overlong_penalty
 
 def run_step_metrics(*, run: Run) -> QuerySet[StepMetrics]:
     return StepMetrics.objects.filter(run=run).order_by("step")
+
+
+def run_heldout_before(*, run: Run) -> dict[str, Any] | None:
+    """An SFT or DPO run's held-out figures before its first step (``{"step", "heldout_loss", …}``):
+    the event ``training.supervised.run_supervised`` sends then, not a step's metrics."""
+    event = (
+        RunEvent.objects.filter(run=run, data__has_key="heldout_loss", data__step=run.start_step)
+        .order_by("id")
+        .first()
+    )
+    return event.data if event is not None else None
 
 
 def run_checkpoints(*, run: Run) -> QuerySet[Checkpoint]:
