@@ -345,8 +345,9 @@ def evaluate_during_run(spec: Any, engine: Any, adapter: str | None, step: int, 
     if not rows:
         if step == spec.start_step:
             hooks.event(
-                "No validation rows in the task set: the run is not evaluated "
-                "(give rows split 'validation' or a validation_fraction when uploading)",
+                "No validation rows in the task set: the run is not evaluated (a fine-tuning job: "
+                "give a validation_file; a run: rows split 'validation', or a validation_fraction "
+                "when uploading its task set)",
                 level="warn",
             )
         return

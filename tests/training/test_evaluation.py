@@ -191,6 +191,8 @@ def test_run_without_validation_rows_gets_a_warning_not_a_crash():
     evaluate_during_run(spec, engine=None, adapter=None, step=0, hooks=hooks)
     assert hooks.evaluations == []
     assert hooks.events and hooks.events[0][0] == "warn" and "validation" in hooks.events[0][1]
+    # A fine-tuning job's events say what its API takes (validation_file; it has no fraction).
+    assert "a fine-tuning job: give a validation_file" in hooks.events[0][1]
 
 
 def test_eval_config_fields_are_validated():
