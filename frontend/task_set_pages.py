@@ -94,6 +94,8 @@ def task_set_generate(request: TeamHttpRequest, project_id: int) -> HttpResponse
             f.attach_errors(form, exc)
         else:
             return redirect("frontend:scenario-job", job_id=job.pk)
+    elif request.method == "POST" and choices["endpoint"]:
+        _check_the_rest(request, project, form)
     return render(
         request,
         "frontend/task_set_generate.html",
@@ -104,6 +106,29 @@ def task_set_generate(request: TeamHttpRequest, project_id: int) -> HttpResponse
             "api_url": request.build_absolute_uri("/api/v1/judge-endpoints/"),
         },
     )
+
+
+def _check_the_rest(request: TeamHttpRequest, project: Project, form: f.ScenarioForm) -> None:
+    """A form with field errors: the service's checks of the fields that passed are shown with them
+    (a taken name no longer waits for the next submit behind an empty instruction)."""
+    data = form.cleaned_data
+    if "environment" not in data or "endpoint" not in data:
+        return
+    try:
+        scenarios.scenario_input_check(
+            project=project,
+            environment=get_scoped(Environment, request, data["environment"], project=project),
+            endpoint=get_scoped(JudgeEndpoint, request, data["endpoint"]),
+            model=data.get("model", ""),
+            n=data.get("n", 1),
+            instruction=data.get("instruction") or "-",  # one the form refused is not said twice
+            name=data.get("name") or "-",
+            validation_fraction=data.get("validation_fraction", 0.0),
+        )
+    except ValidationFailed as exc:
+        rest = [(field, message) for field, message in exc.problems if field not in form.errors]
+        if rest:
+            f.attach_errors(form, ValidationFailed(rest[0][1], field=rest[0][0], problems=rest))
 
 
 def _job_context(job: ScenarioJob) -> dict[str, Any]:

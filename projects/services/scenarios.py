@@ -69,7 +69,7 @@ def environment_tool_schemas(*, environment: Environment, interactive: bool = Fa
         return [tool for tool in environment.tools if isinstance(tool, dict)]
 
 
-def _checked_input(
+def scenario_input_check(
     *,
     project: Project,
     environment: Environment,
@@ -80,24 +80,34 @@ def _checked_input(
     model: str,
     validation_fraction: float,
 ) -> str:
-    """What generation needs, checked before any request (ValidationFailed on the field); the model
-    to call (the endpoint's default when none is named)."""
-    check_slug(name, "name")
+    """What generation needs, checked before any request: one ValidationFailed listing every
+    problem, each on its field (a form shows them all at once); the model to call (the endpoint's
+    default when none is named)."""
+    problems: list[tuple[str, str]] = []
+    try:
+        check_slug(name, "name")
+    except ValidationFailed as exc:
+        problems += exc.problems
+    else:
+        if TaskSet.objects.filter(project=project, name=name).exists():
+            problems.append(("name", f"a task set named {name!r} already exists in this project"))
     if environment.project_id != project.id:
-        raise ValidationFailed("must belong to the project", field="environment")
-    if TaskSet.objects.filter(project=project, name=name).exists():
-        raise ValidationFailed(f"a task set named {name!r} already exists in this project", field="name")
+        problems.append(("environment", "must belong to the project"))
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_ROWS:
-        raise ValidationFailed(f"must be an integer from 1 to {MAX_ROWS}", field="n")
+        problems.append(("n", f"must be an integer from 1 to {MAX_ROWS}"))
     if not instruction.strip():
-        raise ValidationFailed("must not be empty", field="instruction")
-    if len(instruction) > MAX_INSTRUCTION_CHARS:
-        raise ValidationFailed(f"must be at most {MAX_INSTRUCTION_CHARS} characters", field="instruction")
+        problems.append(("instruction", "must not be empty"))
+    elif len(instruction) > MAX_INSTRUCTION_CHARS:
+        problems.append(("instruction", f"must be at most {MAX_INSTRUCTION_CHARS} characters"))
     if not 0.0 <= validation_fraction < 1.0:
-        raise ValidationFailed("must be in [0, 1)", field="validation_fraction")
+        problems.append(("validation_fraction", "must be in [0, 1)"))
     model = model or endpoint.default_model
     if not model:
-        raise ValidationFailed("name the model to call (the endpoint has no default model)", field="model")
+        problems.append(("model", "name the model to call (the endpoint has no default model)"))
+    if problems:
+        (field, message), *more = problems
+        summary = "; ".join(f"{where}: {text}" for where, text in problems) if more else message
+        raise ValidationFailed(summary, field=field, problems=problems)
     return model
 
 
@@ -118,7 +128,7 @@ def task_set_generate(
     """Generate ``n`` rows and save the valid ones as task set ``name``; raises ValidationFailed
     (listing the per-row errors) when no row is valid. ``on_progress`` gets the report after each
     request to the endpoint."""
-    model = _checked_input(
+    model = scenario_input_check(
         project=project,
         environment=environment,
         endpoint=endpoint,
@@ -196,7 +206,7 @@ def scenario_job_create(
 ) -> ScenarioJob:
     """Queue a generation: the input is checked now (ValidationFailed on its field, nothing
     queued), the rows are asked for by a worker (``scenario_job_run``)."""
-    model = _checked_input(
+    model = scenario_input_check(
         project=project,
         environment=environment,
         endpoint=endpoint,

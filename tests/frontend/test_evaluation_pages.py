@@ -415,3 +415,19 @@ def test_the_evaluate_form_of_a_runs_checkpoint_prefills_the_runs_pass_threshold
     assert form["pass_threshold"].value() == 0.5
     page_form = client.get(f"/checkpoints/{checkpoint.pk}/").context["evaluation_form"]
     assert page_form["pass_threshold"].value() == 0.5
+
+
+def test_generate_shows_every_problem_of_the_input_at_once(cast, alpha_setup, writer):
+    _, endpoint = writer([])
+    client = client_for(cast.alice)
+    url = f"/projects/{alpha_setup.project.pk}/task-sets/generate"
+    taken = alpha_setup.task_set.name
+    errors = client.post(url, generate_form(alpha_setup, endpoint, name=taken, n="0")).context["form"].errors
+    assert "already exists" in errors["name"][0] and "from 1 to" in errors["n"][0]
+    # A field the form itself refuses (empty) does not hide the service's problem with another.
+    errors = (
+        client.post(url, generate_form(alpha_setup, endpoint, name=taken, instruction=""))
+        .context["form"]
+        .errors
+    )
+    assert errors["instruction"] == ["This field is required."] and "already exists" in errors["name"][0]
