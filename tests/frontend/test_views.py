@@ -387,12 +387,13 @@ def test_environment_form_offers_every_kind_and_marks_unavailable(cast, alpha_se
 
 
 def test_run_metrics_json_has_the_chart_series(cast, alpha_setup, alpha_run):
+    # A GRPO run's series: no SFT/DPO held-out panels (tests/frontend/test_run_charts_by_kind.py).
     data = client_for(cast.alice).get(f"/runs/{alpha_run.pk}/metrics.json").json()
     assert data["steps"] == []
     assert set(data["series"]) == {
         "loss", "grad_norm", "completion_tokens", "kl", "entropy", "clip_fraction",
         "zero_variance_fraction", "tokens_per_second", "ratio_std", "learning_rate", "groups_dropped",
-        "off_policy_steps", "heldout_loss", "heldout_preference_accuracy",
+        "off_policy_steps",
     }  # fmt: skip
     assert data["sub_rewards"] == {}
     assert data["validation"] == {"steps": [], "reward_mean": [], "evaluated": []}
