@@ -15,7 +15,6 @@ from django.http import HttpRequest
 
 from projects import catalog
 from projects.models import EnvironmentKind, EvaluationStatus
-from training.grpo import is_zero_variance
 
 # The per-step series the run page charts (key, caption), read from StepMetrics.metrics
 # (training/loop.py and training/trainer.py write these keys), except completion length, the mean
@@ -363,7 +362,7 @@ def group_summary(
     return GroupSummary(
         mean,
         std,
-        is_zero_variance(rewards),
+        catalog.is_zero_variance(rewards),
         scale_rewards,
         {t.pk: signals[t.pk].advantage for t in trajectories},
         any(signals[t.pk].length_penalty != 0.0 for t in trajectories),

@@ -10,6 +10,13 @@ from training.config import TrainConfig
 from training.rewards import GraderSetupError, GraderSpecError, build_grader
 
 
+def is_zero_variance(rewards: list[float]) -> bool:
+    """Whether a group's rewards give GRPO no signal (training.grpo's rule: the trainer's own)."""
+    from training.grpo import is_zero_variance as rule
+
+    return rule(rewards)
+
+
 def hyperparameters() -> dict[str, dict[str, Any]]:
     """Every run hyperparameter: ``{name: {type, default, help[, choices]}}``."""
     return TrainConfig.field_help()
