@@ -165,3 +165,21 @@ test-gpu: install-python
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} \
 	CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
 	HF_HUB_OFFLINE=1 DEBUG=1 $(PY) -m pytest -m gpu $(PYTEST_ARGS)
+
+# Wheels for benchmarks/gpu_check.sh, for a GPU host whose image has a CUDA torch, transformers and
+# peft but reaches no package registry: pure-Python wheels (llguidance: one abi3 build for CPython
+# >= 3.9) that travel with the working tree in .gpu-bundle/wheels (git-ignored), 20 MiB.
+# transformers and peft are the lock's (the image's transformers 5.17 fails the trainer's packed
+# logprob pass); huggingface-hub 1.x is installed there only where the image's is older than 1.31.
+# No datasets/pandas/pyarrow (pyarrow alone is 55 MB): benchmarks/trl_compare.py stands in for them.
+GPU_BUNDLE_WHEELS := transformers==5.24.0 peft==0.21.2 huggingface-hub==1.33.0 trl==1.16.0 \
+	llguidance==1.9.1 uvicorn==0.54.0 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 \
+	pytest-timeout==2.4.0
+
+.PHONY: gpu-bundle
+gpu-bundle:
+	rm -rf .gpu-bundle/wheels
+	$(PYTHON) -m pip download -q --no-deps --only-binary :all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		-d .gpu-bundle/wheels $(GPU_BUNDLE_WHEELS)
+	du -sh .gpu-bundle/wheels
