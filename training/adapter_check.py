@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from training.engines.base import Engine, SamplingParams
 from training.engines.remote_engine import RemoteEngine
-from training.engines.vllm_engine import VLLMEngine, render_prompt
+from training.engines.vllm_engine import render_prompt
 from training.trainer import ADAPTER_WEIGHTS
 
 
@@ -82,7 +82,7 @@ def sampler_adapter_fingerprint(engine: Engine, adapter: str | None) -> str:
     For a TransformersEngine asked for adapter=None this is its model's active adapter; one that
     wrapped a plain model samples the base weights then, which only the probe can tell apart.
     """
-    if isinstance(engine, VLLMEngine | RemoteEngine):
+    if isinstance(engine, RemoteEngine):
         # vLLM's weights live in its workers (an inference server's in its process); what we can
         # read is the files it was pointed at. That the engine really serves them is what the probe checks.
         if adapter is None:

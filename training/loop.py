@@ -61,6 +61,10 @@ class RunSpec:
     # ``rollouts_on: inference_servers``: the inference server an overlapped run's rollouts are
     # sampled on (training.engines.remote_engine.RolloutServer); None: a sampler in this process.
     rollout_server: Any = None
+    # vLLM when this interpreter does not import it: the python of its own virtualenv (the CPU
+    # build's, or a GPU image's), and the CPU build's KV cache in GiB (training.serving.vllm).
+    vllm_python: str = ""
+    vllm_cpu_kv_cache_gib: float = 2.0
 
     def __post_init__(self) -> None:
         # An empty learning rate: the default for the base model's width and the run's objective
@@ -122,14 +126,57 @@ def load_policy_model(
     return model, tokenizer, dtype
 
 
+def start_run_vllm(
+    spec: RunSpec, trainer: Any, tokenizer: Any, dtype: Any, *, sleep_mode: bool
+) -> tuple[Any, Any]:
+    """The run's own vLLM server over its base model and the RemoteEngine that samples it: LoRA up
+    to the run's rank, its dtype, sleep mode when it shares a GPU with the trainer (else a fixed
+    share of the GPU), and its log beside the checkpoints."""
+    from training.base_models import base_model_dir
+    from training.engines.remote_engine import RemoteEngine, RolloutServer
+    from training.engines.transformers_engine import stop_token_ids_of
+    from training.engines.vllm_engine import default_memory_utilization, max_lora_rank_for
+    from training.serving.vllm import LocalVLLM, VLLMServeOptions, vllm_executable
+
+    executable = vllm_executable(spec.vllm_python)
+    if executable is None:  # select_engine_kind checked; the virtualenv went away since
+        raise ValueError(f"the vLLM engine needs vLLM, found neither here nor at {spec.vllm_python!r}")
+    on_gpu = spec.device.startswith("cuda")
+    sleep_mode = sleep_mode and on_gpu
+    name = "policy-base"
+    options = VLLMServeOptions(
+        model_dir=base_model_dir(spec.base_model_source, spec.model_cache_dir),
+        served_model_name=name,
+        port=0,
+        max_loras=2,  # the checkpoint sampled and the one replacing it
+        max_cpu_loras=2,
+        max_lora_rank=max_lora_rank_for(spec.lora.rank),
+        dtype=str(dtype).removeprefix("torch."),
+        gpu_memory_utilization=default_memory_utilization(sleep_mode) if on_gpu else 0.9,
+        cpu_kv_cache_gib=None if on_gpu else spec.vllm_cpu_kv_cache_gib,
+        max_model_len=getattr(trainer.model.config, "max_position_embeddings", None),
+        seed=spec.config.seed,
+        sleep_mode=sleep_mode,
+    )
+    spec.checkpoint_root.mkdir(parents=True, exist_ok=True)
+    server = LocalVLLM(options, executable=executable, log_path=spec.checkpoint_root / "vllm.log")
+    rollout_server = RolloutServer(url=server.url, token=server.token, engine="vllm", served_model=name)
+    engine = RemoteEngine(
+        rollout_server, tokenizer, stop_token_ids=stop_token_ids_of(trainer.model, tokenizer)
+    )
+    return server, engine
+
+
 class PolicySampler:
     """The rollout engine and the adapter it samples with.
 
-    On CPU (and whenever vLLM is absent) the TransformersEngine samples from the trainer's live
-    policy, so there is nothing to load. With vLLM, every saved checkpoint is loaded as a new
-    adapter (fresh id: vLLM caches adapters by id) and the previous one is dropped. vLLM shares the
-    GPU with the trainer through sleep mode: asleep during the update, woken before the adapter
-    of the new checkpoint loads (engines/vllm_engine.py).
+    The TransformersEngine samples from the trainer's live policy, so there is nothing to load.
+    With vLLM, the run starts a vLLM server of its own (training.serving.vllm.LocalVLLM: a child
+    process, so it starts inside a Celery pool child too) and samples it through RemoteEngine in
+    vLLM's dialect, as rollouts on a shared vLLM do; every saved checkpoint is loaded as a new
+    adapter by its folder and the previous one is unloaded. On a GPU vLLM shares it with the
+    trainer through sleep mode: asleep during the update, woken before the adapter of the new
+    checkpoint loads.
     """
 
     def __init__(
@@ -137,8 +184,9 @@ class PolicySampler:
     ) -> None:
         from training.engines import select_engine_kind
 
-        self.kind: str = select_engine_kind(spec.device, spec.engine)
+        self.kind: str = select_engine_kind(spec.device, spec.engine, spec.vllm_python)
         self.engine: Any
+        self.vllm: Any = None  # the run's own vLLM server (kind "vllm")
         if detached and spec.rollout_server is not None:
             self.kind = "remote"
         if self.kind == "vllm" and spec.config.top_p < 1:
@@ -157,16 +205,7 @@ class PolicySampler:
             stops = stop_token_ids_of(trainer.model, tokenizer)
             self.engine = RemoteEngine(spec.rollout_server, tokenizer, stop_token_ids=stops)
         elif self.kind == "vllm":
-            from training.base_models import base_model_dir
-            from training.engines.vllm_engine import VLLMEngine
-
-            self.engine = VLLMEngine(
-                base_model_dir(spec.base_model_source, spec.model_cache_dir),
-                tokenizer=tokenizer,
-                max_lora_rank=spec.lora.rank,
-                dtype=str(dtype).removeprefix("torch."),
-                sleep_mode=not detached,
-            )
+            self.vllm, self.engine = start_run_vllm(spec, trainer, tokenizer, dtype, sleep_mode=not detached)
         else:
             from training.engines.transformers_engine import TransformersEngine
             from training.service_run import ServiceTrainer, SessionEngine
@@ -185,27 +224,31 @@ class PolicySampler:
 
     def before_update(self) -> None:
         """Give the GPU memory vLLM holds to the policy update (not when detached: it samples on)."""
-        if self.kind == "vllm" and not self.detached:
-            self.engine.sleep()
+        if self.vllm is not None and self.vllm.options.sleep_mode:
+            self.vllm.sleep()
 
     def release(self) -> None:
         """The run is over: a sampler on an inference server lets go of the checkpoint it holds
-        (vLLM unloads it; the transformers server keeps its own LRU). Best effort."""
+        (vLLM unloads it; the transformers server keeps its own LRU), and the run's own vLLM
+        stops. Best effort."""
         if self.kind == "remote" and self.adapter is not None:
             with contextlib.suppress(Exception):
                 self.engine.unload_adapter(self.adapter)
             self.adapter = None
+        if self.vllm is not None:
+            self.vllm.close()
+            self.vllm = None
 
     def use_checkpoint(self, step: int, path: Path) -> None:
         """Sample from the checkpoint saved at ``path`` from now on (the live policy needs nothing)."""
         if self.kind != "vllm" and not self.detached:
             return
-        if self.kind == "vllm":
+        if self.vllm is not None and self.vllm.asleep:
             import torch
 
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # the update's cached blocks, which vLLM's wake-up needs
-            self.engine.wake_up()
+            self.vllm.wake_up()
         previous, name = self.adapter, f"step-{step}"
         self.engine.load_adapter(name, path)
         self.adapter, self.step = name, step
@@ -429,43 +472,54 @@ def _train(spec: RunSpec, hooks: RunHooks, trainer: Any, tokenizer: Any, dtype: 
             spec, hooks, trainer, tokenizer, dtype, current, followers, watch=watch, probes=probes, tolerance=tolerance
         )  # fmt: skip
     sampler = PolicySampler(spec, trainer, tokenizer, dtype, current)
-    final_step = spec.start_step + config.steps
-    evaluate_start(spec, hooks, sampler, current)
-    for step in range(current + 1, final_step + 1):
-        reason = hooks.should_stop()
-        if reason:
-            return reason
-        step_started = time.monotonic()
-        label = step_label(step, start_step=spec.start_step, final_step=final_step)
-        drawn = draw_step(spec, sampler, hooks, step=step, label=label, policy_step=step - 1)
-        if hooks.should_stop() == "cancelled":
-            return "cancelled"
-        phase(hooks, "updating", f"{label}: updating the policy", step=step)
-        sampler.before_update()
-        metrics, path = update_step(
-            spec, trainer, followers, drawn, on_restart=lambda message: hooks.event(message, level="warn"),
-            on_saving=lambda: phase(hooks, "saving", f"{label}: saving checkpoint", step=step),  # noqa: B023
-        )  # fmt: skip
-        loading = time.monotonic()  # sync: wake the sampler, load and check the adapter
-        sampler.use_checkpoint(step, path)
-        # Fail loudly if training did not reach the sampler (peers shipped exactly that bug).
-        if isinstance(trainer, ServiceTrainer):
-            check = check_session_sampler(sampler.engine, trainer, probes, tolerance=tolerance)
-        else:
-            check = verify_sampler(
-                sampler.engine, trainer, tokenizer, path, probes, adapter=sampler.adapter, tolerance=tolerance
+    try:
+        final_step = spec.start_step + config.steps
+        evaluate_start(spec, hooks, sampler, current)
+        for step in range(current + 1, final_step + 1):
+            reason = hooks.should_stop()
+            if reason:
+                return reason
+            step_started = time.monotonic()
+            label = step_label(step, start_step=spec.start_step, final_step=final_step)
+            drawn = draw_step(spec, sampler, hooks, step=step, label=label, policy_step=step - 1)
+            if hooks.should_stop() == "cancelled":
+                return "cancelled"
+            phase(hooks, "updating", f"{label}: updating the policy", step=step)
+            sampler.before_update()
+            metrics, path = update_step(
+                spec, trainer, followers, drawn, on_restart=lambda message: hooks.event(message, level="warn"),
+                on_saving=lambda: phase(hooks, "saving", f"{label}: saving checkpoint", step=step),  # noqa: B023
+            )  # fmt: skip
+            loading = time.monotonic()  # sync: wake the sampler, load and check the adapter
+            sampler.use_checkpoint(step, path)
+            # Fail loudly if training did not reach the sampler (peers shipped exactly that bug).
+            if isinstance(trainer, ServiceTrainer):
+                check = check_session_sampler(sampler.engine, trainer, probes, tolerance=tolerance)
+            else:
+                check = verify_sampler(
+                    sampler.engine,
+                    trainer,
+                    tokenizer,
+                    path,
+                    probes,
+                    adapter=sampler.adapter,
+                    tolerance=tolerance,
+                )
+            metrics["sync_seconds"] += time.monotonic() - loading
+            step_seconds = time.monotonic() - step_started
+            if not record_step(spec, hooks, watch, drawn, metrics, path, step_seconds=step_seconds,
+                               sampler_logprob_gap=check.max_logprob_gap):  # fmt: skip
+                return "lost"
+            if is_evaluation_step(
+                step, start_step=spec.start_step, final_step=final_step, interval=config.eval_interval
+            ):
+                evaluate_during_run(spec, sampler.engine, sampler.adapter, step, hooks)
+            logger.info(
+                "step %d done in %.1fs: reward %.3f", step, step_seconds, metrics.get("reward_mean", 0.0)
             )
-        metrics["sync_seconds"] += time.monotonic() - loading
-        step_seconds = time.monotonic() - step_started
-        if not record_step(spec, hooks, watch, drawn, metrics, path, step_seconds=step_seconds,
-                           sampler_logprob_gap=check.max_logprob_gap):  # fmt: skip
-            return "lost"
-        if is_evaluation_step(
-            step, start_step=spec.start_step, final_step=final_step, interval=config.eval_interval
-        ):
-            evaluate_during_run(spec, sampler.engine, sampler.adapter, step, hooks)
-        logger.info("step %d done in %.1fs: reward %.3f", step, step_seconds, metrics.get("reward_mean", 0.0))
-    return "succeeded"
+        return "succeeded"
+    finally:
+        sampler.release()  # the run's own vLLM stops with it
 
 
 def evaluate_start(spec: RunSpec, hooks: RunHooks, sampler: PolicySampler, current: int) -> None:

@@ -280,50 +280,53 @@ def run_supervised(spec: Any, hooks: Any, trainer: Any, tokenizer: Any, dtype: A
     # A sharded base (fsdp) cannot sample on rank 0 alone: the held-out answers are then sampled by
     # a copy of the base of its own, which loads each saved checkpoint (as an overlapped GRPO run's).
     sampler = PolicySampler(spec, trainer, tokenizer, dtype, current, detached=config.fsdp)
-    evaluation = dataclasses.replace(
-        spec, validation_rows=[{**row, "data": prompt_row(row["data"])} for row in spec.validation_rows]
-    )
-    final_step = spec.start_step + config.steps
-    if spec.resume_step is None:
-        held = objective.measure()
-        if held:
-            hooks.event(f"Held-out before training: {_describe(held)}", data={"step": current, **held})
-        evaluate_during_run(evaluation, sampler.engine, sampler.adapter, current, hooks)
-    for step in range(current + 1, final_step + 1):
-        reason = hooks.should_stop()
-        if reason:
-            return reason
-        started = time.monotonic()
-        label = step_label(step, start_step=spec.start_step, final_step=final_step)
-        phase(hooks, "updating", f"{label}: {spec.objective} update", step=step)
-        sampler.before_update()
-        rows = rows_for_step(spec.train_rows, seed=config.seed, step=step, count=config.groups_per_step)
-        rate = learning_rate_at(config, step - spec.start_step, config.steps)
-        if followers is None:
-            metrics = objective.update(rows, rate)
-        else:
-            metrics = followers.run(trainer, functools.partial(objective.update, rows, rate),
-                                    checkpoint=checkpoint_path(spec.checkpoint_root, step - 1),
-                                    on_restart=lambda message: hooks.event(message, level="warn"))  # fmt: skip
-            metrics["update_devices"] = float(followers.world_size)
-        metrics["train_seconds"] = time.monotonic() - started
-        evaluated = is_evaluation_step(step, start_step=spec.start_step, final_step=final_step,
-                                       interval=config.eval_interval)  # fmt: skip
-        if evaluated:
-            metrics.update(objective.measure())
-        path = checkpoint_path(spec.checkpoint_root, step)
-        phase(hooks, "saving", f"{label}: saving checkpoint", step=step)
-        if path.exists():
-            shutil.rmtree(path)
-        trainer.save_checkpoint(path, step=step, metrics=metrics)
-        sampler.use_checkpoint(step, path)
-        metrics["step_seconds"] = time.monotonic() - started
-        metrics.update(device_usage(spec.device, metrics["step_seconds"]))
-        if not hooks.record_step(step=step, metrics=metrics, trajectories=[], path=path):
-            return "lost"
-        if evaluated:
-            evaluate_during_run(evaluation, sampler.engine, sampler.adapter, step, hooks)
-    return "succeeded"
+    try:
+        evaluation = dataclasses.replace(
+            spec, validation_rows=[{**row, "data": prompt_row(row["data"])} for row in spec.validation_rows]
+        )
+        final_step = spec.start_step + config.steps
+        if spec.resume_step is None:
+            held = objective.measure()
+            if held:
+                hooks.event(f"Held-out before training: {_describe(held)}", data={"step": current, **held})
+            evaluate_during_run(evaluation, sampler.engine, sampler.adapter, current, hooks)
+        for step in range(current + 1, final_step + 1):
+            reason = hooks.should_stop()
+            if reason:
+                return reason
+            started = time.monotonic()
+            label = step_label(step, start_step=spec.start_step, final_step=final_step)
+            phase(hooks, "updating", f"{label}: {spec.objective} update", step=step)
+            sampler.before_update()
+            rows = rows_for_step(spec.train_rows, seed=config.seed, step=step, count=config.groups_per_step)
+            rate = learning_rate_at(config, step - spec.start_step, config.steps)
+            if followers is None:
+                metrics = objective.update(rows, rate)
+            else:
+                metrics = followers.run(trainer, functools.partial(objective.update, rows, rate),
+                                        checkpoint=checkpoint_path(spec.checkpoint_root, step - 1),
+                                        on_restart=lambda message: hooks.event(message, level="warn"))  # fmt: skip
+                metrics["update_devices"] = float(followers.world_size)
+            metrics["train_seconds"] = time.monotonic() - started
+            evaluated = is_evaluation_step(step, start_step=spec.start_step, final_step=final_step,
+                                           interval=config.eval_interval)  # fmt: skip
+            if evaluated:
+                metrics.update(objective.measure())
+            path = checkpoint_path(spec.checkpoint_root, step)
+            phase(hooks, "saving", f"{label}: saving checkpoint", step=step)
+            if path.exists():
+                shutil.rmtree(path)
+            trainer.save_checkpoint(path, step=step, metrics=metrics)
+            sampler.use_checkpoint(step, path)
+            metrics["step_seconds"] = time.monotonic() - started
+            metrics.update(device_usage(spec.device, metrics["step_seconds"]))
+            if not hooks.record_step(step=step, metrics=metrics, trajectories=[], path=path):
+                return "lost"
+            if evaluated:
+                evaluate_during_run(evaluation, sampler.engine, sampler.adapter, step, hooks)
+        return "succeeded"
+    finally:
+        sampler.release()
 
 
 def _describe(metrics: dict[str, float]) -> str:

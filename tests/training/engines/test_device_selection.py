@@ -20,7 +20,7 @@ def machine(monkeypatch):
     def declare(cuda=False, bf16=False, vllm=False, unsloth=False):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
-        monkeypatch.setattr(engines, "vllm_installed", lambda: vllm)
+        monkeypatch.setattr(engines, "vllm_installed", lambda vllm_python="": vllm)
         monkeypatch.setattr(unsloth_loader, "unsloth_available", lambda: unsloth)
 
     return declare
@@ -51,13 +51,35 @@ def test_transformers_can_be_forced_by_argument(machine, monkeypatch):
     assert select_engine_kind("cuda", "auto") == "vllm"
 
 
+def test_vllm_on_a_cpu_only_when_asked_for(machine, tmp_path):
+    """Its CPU build samples on a CPU when a run insists ("auto" keeps the engine in the worker);
+    where vLLM is comes from the python of its own virtualenv (VLLM_PYTHON) when this one lacks it."""
+    machine(cuda=False, vllm=True)
+    assert select_engine_kind("cpu", "vllm") == "vllm"
+    assert select_engine_kind("cpu", "auto") == "transformers"
+
+
+def test_vllm_is_found_in_a_virtualenv_of_its_own(monkeypatch, tmp_path):
+    from training.serving import vllm as serving_vllm
+
+    monkeypatch.setattr(serving_vllm.importlib.util, "find_spec", lambda name: None)  # not importable here
+    python = tmp_path / "bin" / "python"
+    assert serving_vllm.vllm_executable(str(python)) is None  # no such file
+    python.parent.mkdir()
+    python.write_text("#!/bin/sh\n")
+    assert serving_vllm.vllm_executable(str(python)) is None  # not executable
+    python.chmod(0o755)
+    assert serving_vllm.vllm_executable(str(python)) == [str(python), "-m", "vllm.entrypoints.openai.api_server"]
+    assert engines.vllm_installed(str(python)) and not engines.vllm_installed("")
+
+
 def test_insisting_on_vllm_fails_early_with_the_reason(machine):
     machine(cuda=True, vllm=False)
-    with pytest.raises(ValueError, match=r"pip install \.\[gpu\]"):
+    with pytest.raises(ValueError, match=r"make install-vllm"):
         select_engine_kind("cuda", "vllm")
     machine(cuda=False, vllm=True)
-    with pytest.raises(ValueError, match="CUDA"):
-        select_engine_kind("cpu", "vllm")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        select_engine_kind("cuda", "vllm")
     with pytest.raises(ValueError, match="must be one of"):
         select_engine_kind("cpu", "tensorrt")
 

@@ -1,123 +1,37 @@
-"""vLLM sleep mode when the trainer and the sampler share one GPU: the loop puts vLLM to sleep for
+"""A run's own vLLM server (training.serving.vllm.LocalVLLM, started by training.loop.start_run_vllm)
+and sleep mode when the trainer and the sampler share one GPU: the loop puts vLLM to sleep for
 every policy update and wakes it before the new checkpoint's adapter loads and the next rollouts.
 
-No GPU or vLLM here: a stand-in `vllm` module at the boundary records what the real training loop
-asks of `vllm.LLM`, in order, over a two-step run on the tiny model. It returns well-formed outputs
-and checks nothing about sampling; whether vLLM itself samples correctly after a wake-up is what
-benchmarks/gpu_smoke.sh and the gpu-marked tests check on a GPU host.
+vLLM's CPU build has no sleep mode (vLLM offers it on CUDA, ROCm and XPU only), so the order is
+checked here against doubles: the loop's calls over a run whose vLLM is a recording stand-in
+sampled through the real RemoteEngine over the vLLM-dialect double (tests/training/vllm_double.py,
+the tiny model's transformers engine), and LocalVLLM's own calls against the process double of
+vLLM's server (tests/projects/gateway/fake_vllm.py), which has vLLM's development routes. The
+real vLLM runs a whole run in tests/vllm/test_vllm_runs.py (no sleep mode on CPU).
 """
 
 from __future__ import annotations
 
+import json
 import sys
-import types
-from dataclasses import dataclass
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from tests.training.test_learning_signal import ROWS, Hooks
+from tests.training.vllm_double import VLLMDouble
 from training.config import LoraSpec, TrainConfig
-from training.engines import vllm_engine
-from training.engines.base import SamplingParams
-from training.engines.vllm_engine import VLLMEngine, sleep_mode_memory_utilization
+from training.engines.vllm_engine import sleep_mode_memory_utilization
 from training.environments import build_environment
 from training.loop import RunSpec, run_training
+from training.serving.vllm import LocalVLLM, VLLMServeOptions, VLLMStartError
 
 GIB = 1 << 30
-
-
-@dataclass
-class Logprob:
-    logprob: float
-
-
-@dataclass
-class Completion:
-    text: str
-    token_ids: list[int]
-    logprobs: list[dict[int, Logprob]]
-    finish_reason: str
-
-
-@dataclass
-class Output:
-    prompt_token_ids: list[int]
-    outputs: list[Completion]
-
-
-class FakeVLLM:
-    """`vllm`, `vllm.LLM` and `vllm.lora.request.LoRARequest` as VLLMEngine uses them; every call
-    lands in `calls` as (name, detail)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-        fake = self
-
-        class LLM:
-            def __init__(self, **kwargs: Any) -> None:
-                fake.calls.append(("init", kwargs))
-                self.llm_engine = types.SimpleNamespace(
-                    add_lora=lambda request: fake.calls.append(("add_lora", request.lora_name)),
-                    remove_lora=lambda lora_id: fake.calls.append(("remove_lora", lora_id)),
-                )
-
-            def sleep(self, level: int = 1) -> None:
-                fake.calls.append(("sleep", level))
-
-            def wake_up(self, tags: list[str] | None = None) -> None:
-                fake.calls.append(("wake_up", tags))
-
-            def generate(self, prompts, params, lora_request=None, use_tqdm=True):
-                fake.calls.append(("generate", lora_request.lora_name if lora_request else None))
-                outputs = []
-                for prompt, sampling in zip(prompts, params, strict=True):
-                    tokens = [3] * sampling.kwargs["max_tokens"]
-                    logprobs = [{3: Logprob(-0.7)} for _ in tokens]
-                    completion = Completion("x" * len(tokens), tokens, logprobs, "length")
-                    outputs.append(Output(prompt["prompt_token_ids"], [completion]))
-                return outputs
-
-        class SamplingParamsStandIn:
-            def __init__(self, **kwargs: Any) -> None:
-                self.kwargs = kwargs
-
-        @dataclass
-        class LoRARequest:
-            lora_name: str
-            lora_int_id: int
-            lora_path: str
-
-        self.module = types.ModuleType("vllm")
-        self.module.LLM = LLM  # type: ignore[attr-defined]
-        self.module.SamplingParams = SamplingParamsStandIn  # type: ignore[attr-defined]
-        self.lora = types.ModuleType("vllm.lora")
-        self.request = types.ModuleType("vllm.lora.request")
-        self.request.LoRARequest = LoRARequest  # type: ignore[attr-defined]
-
-    def install(self, monkeypatch) -> None:
-        monkeypatch.setitem(sys.modules, "vllm", self.module)
-        monkeypatch.setitem(sys.modules, "vllm.lora", self.lora)
-        monkeypatch.setitem(sys.modules, "vllm.lora.request", self.request)
-
-    def sequence(self) -> list[str]:
-        """Call names with runs of generate collapsed (a step's rollouts are several batches)."""
-        names: list[str] = []
-        for name, _ in self.calls:
-            if not (name == "generate" and names and names[-1] == "generate"):
-                names.append(name)
-        return names
-
-
-@pytest.fixture
-def fake_vllm(monkeypatch) -> FakeVLLM:
-    fake = FakeVLLM()
-    fake.install(monkeypatch)
-    # 70 of 80 GiB free once the trainer's model is loaded.
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *args: (70 * GIB, 80 * GIB))
-    return fake
+ROOT = Path(__file__).resolve().parents[3]
+FAKE_VLLM = [sys.executable, str(ROOT / "tests" / "projects" / "gateway" / "fake_vllm.py")]
 
 
 class MetricHooks(Hooks):
@@ -130,27 +44,54 @@ class MetricHooks(Hooks):
         return super().record_step(step=step, metrics=metrics, trajectories=trajectories, path=path)
 
 
-def test_the_loop_sleeps_vllm_through_each_update_and_wakes_it_before_the_new_adapter(
-    fake_vllm, tiny_model_dir, tmp_path, monkeypatch
-):
-    import training.adapter_check
-    import training.engines
-    import training.trainer
+class RecordingServer:
+    """What the loop asks of its own vLLM server (LocalVLLM's interface), recorded in `calls`."""
 
-    monkeypatch.setattr(training.engines, "select_engine_kind", lambda device, setting="auto": "vllm")
-    # The sampler check compares vLLM's logprobs with the trainer's: the stand-in has none to give.
-    monkeypatch.setattr(
-        training.adapter_check,
-        "verify_sampler",
-        lambda *args, **kwargs: (
-            fake_vllm.calls.append(("verify_sampler", kwargs["adapter"]))
-            or types.SimpleNamespace(max_logprob_gap=0.0)
-        ),
-    )
+    def __init__(self, calls: list[tuple[str, Any]]) -> None:
+        self.calls = calls
+        self.options = VLLMServeOptions(model_dir=Path("/unused"), served_model_name="tiny", sleep_mode=True)
+        self.asleep = False
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(("sleep", level))
+        self.asleep = True
+
+    def wake_up(self) -> None:
+        self.calls.append(("wake_up", None))
+        self.asleep = False
+
+    def close(self) -> None:
+        self.calls.append(("close", None))
+
+
+def test_the_loop_sleeps_vllm_through_each_update_and_wakes_it_before_the_new_adapter(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    import training.engines
+    import training.loop
+    import training.trainer
+    from training.base_models import load_base_model
+    from training.engines.remote_engine import RemoteEngine, RolloutServer
+    from training.engines.transformers_engine import TransformersEngine, stop_token_ids_of
+
+    calls: list[tuple[str, Any]] = []
+    model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
+    double = VLLMDouble(TransformersEngine(model, tokenizer), served_model="tiny", token="t")
+    url = double.start()
+
+    def start_run_vllm(spec, trainer, tokenizer, dtype, *, sleep_mode):
+        calls.append(("start", sleep_mode))
+        server = RolloutServer(url=url, token="t", engine="vllm", served_model="tiny")
+        return RecordingServer(calls), RemoteEngine(
+            server, tokenizer, stop_token_ids=stop_token_ids_of(trainer.model, tokenizer)
+        )
+
+    monkeypatch.setattr(training.loop, "start_run_vllm", start_run_vllm)
+    monkeypatch.setattr(training.engines, "select_engine_kind", lambda *args, **kwargs: "vllm")
     train_step = training.trainer.Trainer.train_step
 
     def recorded_train_step(self, groups, **options):
-        fake_vllm.calls.append(("train_step", None))
+        calls.append(("train_step", None))
         return train_step(self, groups, **options)
 
     monkeypatch.setattr(training.trainer.Trainer, "train_step", recorded_train_step)
@@ -168,54 +109,71 @@ def test_the_loop_sleeps_vllm_through_each_update_and_wakes_it_before_the_new_ad
         engine="vllm",
     )
     hooks = MetricHooks()
+    try:
+        assert run_training(spec, hooks) == "succeeded"
+    finally:
+        double.stop()
 
-    assert run_training(spec, hooks) == "succeeded"
-
-    init = fake_vllm.calls[0][1]
-    assert init["enable_sleep_mode"] is True and init["enable_lora"] is True
-    assert init["gpu_memory_utilization"] == pytest.approx(0.775)  # (70 - 8 reserve) / 80 GiB
-    update = ["sleep", "train_step", "wake_up", "add_lora", "remove_lora", "verify_sampler"]
-    assert fake_vllm.sequence() == ["init", "add_lora", *(["generate", *update] * 2)]
-    assert [detail for name, detail in fake_vllm.calls if name == "sleep"] == [1, 1]  # level 1: LoRA-safe
-    assert [detail for name, detail in fake_vllm.calls if name == "add_lora"] == [
-        "step-0",
-        "step-1",
-        "step-2",
-    ]
-    assert [detail for name, detail in fake_vllm.calls if name == "generate"][-1] == "step-1"
+    adapters = [(path.rsplit("_", 3)[0][4:], body["lora_name"]) for path, body in double.requests
+                if path.endswith("_lora_adapter")]  # fmt: skip
+    assert adapters == [("load", "step-0"), ("load", "step-1"), ("unload", "step-0"),
+                        ("load", "step-2"), ("unload", "step-1")]  # fmt: skip
+    assert [name for name, _ in calls] == ["start", *["sleep", "train_step", "wake_up"] * 2, "close"]
+    assert calls[0] == ("start", True)  # not detached: it shares the device with the trainer
+    assert [level for name, level in calls if name == "sleep"] == [1, 1]  # level 1: LoRA-safe
+    # Each step's rollouts sampled the checkpoint before it, through the run's own server.
+    rollouts = [body["model"] for path, body in double.requests if path == "/v1/completions"]
+    assert {"step-0", "step-1"} <= set(rollouts)
     assert hooks.steps == [1, 2]
     for step in (1, 2):
         metrics = hooks.metrics[step]
         assert 0 < metrics["sync_seconds"] < metrics["step_seconds"]
-        assert metrics["rollout_seconds"] > 0 and metrics["train_seconds"] > 0
+        # The sampler check ran on the server's logprobs (the double's: the same weights).
+        assert metrics["sampler_logprob_gap"] <= 1e-4
 
 
-def test_an_asleep_engine_refuses_to_sample_or_load_and_sleeps_only_in_sleep_mode(fake_vllm, tiny_model_dir):
-    engine = VLLMEngine(
-        tiny_model_dir, sleep_mode=True, gpu_memory_utilization=0.5, tokenizer=_tokenizer(tiny_model_dir)
-    )
-    engine.sleep()
-    engine.sleep()  # already asleep: no second call into vLLM
-    with pytest.raises(RuntimeError, match="asleep"):
-        engine.generate_from_tokens([[1, 2]], SamplingParams(max_new_tokens=1))
-    with pytest.raises(RuntimeError, match="asleep"):
-        engine.load_adapter("a", tiny_model_dir)
-    engine.wake_up()
-    engine.wake_up()
-    assert [name for name, _ in fake_vllm.calls] == ["init", "sleep", "wake_up"]
-    assert engine.generate_from_tokens([[1, 2]], SamplingParams(max_new_tokens=1))[0].token_ids == [3]
-
-    shared = VLLMEngine(tiny_model_dir, tokenizer=_tokenizer(tiny_model_dir))
-    assert fake_vllm.calls[-1][1]["gpu_memory_utilization"] == vllm_engine.SHARED_GPU_MEMORY_UTILIZATION
-    assert "enable_sleep_mode" not in fake_vllm.calls[-1][1]
-    with pytest.raises(RuntimeError, match="sleep_mode"):
-        shared.sleep()
+def _get(url: str, token: str) -> Any:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
 
 
-def _tokenizer(model_dir: Path):
-    from transformers import AutoTokenizer
+def test_a_runs_own_vllm_listens_on_loopback_with_a_token_of_its_own_and_sleeps_on_request(
+    tiny_model_dir, tmp_path
+):
+    options = VLLMServeOptions(model_dir=tiny_model_dir, served_model_name="tiny", port=0, sleep_mode=True)
+    server = LocalVLLM(options, executable=FAKE_VLLM, startup_timeout_s=60, log_path=tmp_path / "vllm.log")
+    try:
+        assert server.url.startswith("http://127.0.0.1:") and server.options.host == "127.0.0.1"
+        info = _get(f"{server.url}/fake/info", server.token)
+        assert len(server.token) >= 40 and not any(server.token in argument for argument in info["argv"])
+        assert "--enable-sleep-mode" in info["argv"]
+        with pytest.raises(urllib.error.HTTPError):  # every route but /health needs the token
+            _get(f"{server.url}/is_sleeping", "wrong")
+        server.sleep()
+        server.sleep()  # already asleep: no second call
+        assert _get(f"{server.url}/is_sleeping", server.token) == {"is_sleeping": True}
+        server.wake_up()
+        assert _get(f"{server.url}/is_sleeping", server.token) == {"is_sleeping": False}
+        sleeps = [call["path"] for call in _get(f"{server.url}/fake/calls", server.token)]
+        assert sleeps == ["/sleep?level=1", "/wake_up"]
+    finally:
+        server.close()
+    assert server.process.poll() is not None  # stopped
 
-    return AutoTokenizer.from_pretrained(model_dir)
+
+def test_a_vllm_that_fails_to_start_says_why_with_the_end_of_its_log(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_EXIT_AT_START", "3")
+    options = VLLMServeOptions(model_dir=tiny_model_dir, served_model_name="tiny", port=0)
+    with pytest.raises(VLLMStartError, match=r"exited with status 3(.|\n)*end of its log"):
+        LocalVLLM(options, executable=FAKE_VLLM, startup_timeout_s=60, log_path=tmp_path / "vllm.log")
+    monkeypatch.delenv("FAKE_VLLM_EXIT_AT_START")
+    server = LocalVLLM(options, executable=FAKE_VLLM, startup_timeout_s=60)
+    try:
+        with pytest.raises(RuntimeError, match="without sleep mode"):
+            server.sleep()
+    finally:
+        server.close()
 
 
 def test_sleep_mode_gives_vllm_the_free_memory_but_a_reserve():

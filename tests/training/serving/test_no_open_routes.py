@@ -229,7 +229,9 @@ def test_the_vllm_launcher_runs_vllm_with_the_guard_importable():
     from training.serving.vllm import VLLMServeOptions, vllm_serve_command
 
     command, env = vllm_serve_command(
-        VLLMServeOptions(model_dir=Path("/m"), served_model_name="m", api_key=TOKEN), python_path="/extra"
+        VLLMServeOptions(model_dir=Path("/m"), served_model_name="m", api_key=TOKEN),
+        ["python", "-m", "vllm.entrypoints.openai.api_server"],
+        python_path="/extra",
     )
     assert command[command.index("--middleware") + 1] == "training.serving.vllm_guard.BearerTokenGuard"
     assert env["VLLM_API_KEY"] == TOKEN and TOKEN not in " ".join(command)
