@@ -272,6 +272,10 @@ TINKER_REPLAY_MAX = env_int("TINKER_REPLAY_MAX", 500, minimum=0)
 TINKER_MAX_PENDING_SAMPLES_PER_TEAM = env_int("TINKER_MAX_PENDING_SAMPLES_PER_TEAM", 32, minimum=1)
 TINKER_MAX_PENDING_TRAINING_PER_TEAM = env_int("TINKER_MAX_PENDING_TRAINING_PER_TEAM", 64, minimum=1)
 TINKER_RETRY_AFTER_S = env_int("TINKER_RETRY_AFTER_S", 5, minimum=1)
+# Who samples for a Tinker sampling client: auto, a live vLLM inference server of the base model
+# when one serves it (the checkpoint loaded as a LoRA adapter for the call; requests with top-k,
+# top-p truncation or prompt logprobs stay on the session), else the session; session: always it.
+TINKER_SAMPLER = env_choice("TINKER_SAMPLER", "auto", ("auto", "session"))
 # The largest request body read into memory: JSON bodies (API and gateway) and form fields; more is
 # a 413. Multipart files are not counted (a task-set `file` is bounded by MAX_TASKSET_BYTES).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 10 * 1024 * 1024, minimum=1024)

@@ -400,6 +400,10 @@ def _sample(future: TinkerFuture) -> tuple[bytes, int]:
     prompts = [prompt] * num
     wanted = bool(payload.get("prompt_logprobs"))
     last_n = payload.get("prompt_logprobs_last_n")
+    on_vllm = None if wanted else vllm_sampler(sampler, sampling)
+    if on_vllm is not None:
+        choices = sample_on_vllm(on_vllm, sampler, folder, prompts, sampling)
+        return sample_response(choices), sum(len(choice.token_ids) for choice in choices)
     scoring = prompt_scoring(prompt, last_n) if wanted else None
     scored = None
     if isinstance(keeper, ServiceSessions):
@@ -428,3 +432,58 @@ def _sample(future: TinkerFuture) -> tuple[bytes, int]:
             scored = session.forward([scoring])[0] if scoring is not None else None
     sampled = sum(len(choice.token_ids) for choice in choices)
     return sample_response(choices, prompt_logprobs(prompt, scored, last_n) if wanted else None), sampled
+
+
+def vllm_sampler(sampler: TinkerSampler, sampling: SamplingParams) -> Any:
+    """A live vLLM inference server of the sampler's base model (TINKER_SAMPLER=auto), or None:
+    none serves it, or the request asks what vLLM cannot report the sampled tokens' logprobs under
+    (top-k, top-p truncation: training.engines.vllm_engine.check_logprob_convention)."""
+    if settings.TINKER_SAMPLER != "auto":
+        return None
+    from training.engines.vllm_engine import check_logprob_convention
+
+    try:
+        check_logprob_convention(sampling)
+    except ValueError:
+        return None
+    from projects.gateway.routing import live_servers
+
+    affinity = f"tinker-{sampler.checkpoint_id or sampler.base_model.name}"
+    return next(
+        (s for s in live_servers(base_model=sampler.base_model, affinity=affinity) if s.engine == "vllm"),
+        None,
+    )
+
+
+def sample_on_vllm(server: Any, sampler: TinkerSampler, folder: Path | None, prompts: list[list[int]],
+                   sampling: SamplingParams) -> list[Any]:  # fmt: skip
+    """Sample ``prompts`` on the vLLM server ``server`` (an InferenceServer row), the sampler's
+    checkpoint loaded as an adapter of a name no one else can guess for the call and unloaded
+    after it: the gateway keeps its own adapters' count on that server. vLLM stops at the model's
+    eos itself; the client's stop tokens are added."""
+    from projects.gateway.vllm import secret_suffix
+    from training.engines.remote_engine import RemoteEngine, RolloutServer
+
+    checkpoint = sampler.checkpoint
+    located = (
+        (checkpoint.storage_key, checkpoint.sha256)
+        if checkpoint and checkpoint.storage_key and checkpoint.sha256
+        else None
+    )
+    engine = RemoteEngine(
+        RolloutServer(
+            url=server.url, token=settings.INFERENCE_SERVER_TOKEN, locate=lambda _folder: located, engine="vllm",
+            fetch_url=server.fetch_url, served_model=sampler.base_model.name,
+            adapter_prefix=f"tinker-{sampler.pk}-{secret_suffix(f'tinker-{sampler.pk}')}-",
+        ),
+        tokenizer=None,
+        stop_token_ids=frozenset(),
+    )  # fmt: skip
+    if folder is None:
+        return engine.generate_from_tokens(prompts, sampling)
+    name = f"step-{checkpoint.step if checkpoint else 0}"
+    engine.load_adapter(name, folder)
+    try:
+        return engine.generate_from_tokens(prompts, sampling, adapter=name)
+    finally:
+        engine.unload_adapter(name)

@@ -215,6 +215,60 @@ def test_a_runs_rollouts_sample_on_the_real_vllm_and_pass_the_sampler_check(
     }  # the run let go of them
 
 
+def test_a_tinker_sampling_client_is_served_by_vllm_at_the_checkpoints_logprobs(live, serving, vllm_server,
+                                                                                vllm_model_dir, cast, settings):  # fmt: skip
+    """TINKER_SAMPLER=auto: a sampling client of a checkpoint samples on the live vLLM of its base
+    model, the checkpoint loaded as an adapter for the call and unloaded after it; each sampled
+    token's logprob is the checkpoint's own (a teacher-forced float32 forward pass)."""
+    import numpy as np
+    import torch
+    from peft import PeftModel
+    from tinker.proto import tinker_public_pb2 as pb
+
+    from projects.jobs.tinker import sample
+    from projects.models import TinkerFutureStatus
+    from training.base_models import load_base_model
+
+    settings.INFERENCE_SERVER_TOKEN = SERVER_TOKEN  # the worker's, as the deployment's servers have
+    model, _ = checkpoints(serving, vllm_model_dir, cast.alpha, [1], project="tinker")
+    checkpoint = model.checkpoints.get(step=1)
+    session = services.tinker_session_create(team=cast.alpha, project=None, tags=[], user_metadata=None,
+                                             sdk_version="0.38.0")  # fmt: skip
+    sampler = services.tinker_sampler_create(session=session, sampler_id=None, base_model=checkpoint.model.base_model,
+                                             checkpoint=checkpoint)  # fmt: skip
+    prompt = [5, 6, 7, 8, 9]
+    future = services.tinker_future_submit(team=cast.alpha, kind="sample", payload={
+        "sampler": sampler.pk, "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]},
+        "num_samples": 3, "sampling_params": {"max_tokens": 6, "temperature": 1.0, "seed": 11}})  # fmt: skip
+    before = len(vllm_server.output())
+    sample(future.pk)
+    future.refresh_from_db()
+    assert future.status == TinkerFutureStatus.DONE, future.error
+    log = vllm_server.output()[before:]
+    assert (
+        "POST /v1/load_lora_adapter" in log
+        and "POST /v1/completions" in log
+        and "POST /v1/unload_lora_adapter" in log
+    )
+    assert not {name for name in served(vllm_server) if name.startswith("tinker-")}
+    reply = pb.SampleResponse()
+    reply.ParseFromString(bytes(future.blob))
+    assert len(reply.sequences) == 3 and future.result["completion_tokens"] >= 3
+    base, _ = load_base_model(str(vllm_model_dir), vllm_model_dir.parent)
+    policy = PeftModel.from_pretrained(base, checkpoint.path).eval()
+    gaps = []
+    for sequence in reply.sequences:
+        tokens = np.frombuffer(sequence.tokens, dtype=np.int32).tolist()
+        logprobs = np.frombuffer(sequence.logprobs, dtype=np.float32)
+        with torch.no_grad():
+            logits = policy(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+        expected = torch.log_softmax(logits, -1)[torch.arange(len(tokens)), torch.tensor(tokens)]
+        gaps.append(float((expected - torch.from_numpy(logprobs)).abs().max()))
+    print("Tinker sampling on vLLM, logprob gaps against the checkpoint:", gaps)
+    assert max(gaps) <= 1e-4
+    assert len({tuple(np.frombuffer(q.tokens, dtype=np.int32)) for q in reply.sequences}) > 1  # seeded apart
+
+
 def test_sigterm_stops_vllm_and_deregisters(live, vllm_server):
     row = InferenceServer.objects.get(url=vllm_server.url)
     os.kill(vllm_server.process.pid, signal.SIGTERM)
