@@ -180,7 +180,7 @@ test: install lint typecheck
 	DEBUG=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
 	$(PY) -m pytest $(PYTEST_ARGS) $(TEST_SQLITE_PATHS)
 
-# On a GPU host (see benchmarks/gpu_smoke.sh): the tests that need CUDA and vLLM.
+# On a GPU host with a registry: the tests that need CUDA (without one: benchmarks/gpu_check.sh).
 test-gpu: install-python
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} \
 	CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \

@@ -98,7 +98,7 @@ def default_memory_utilization(sleep_mode: bool) -> float:
 
 def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
     """Prompt token ids of a chat request, ending with the assistant header: `Engine.render`'s,
-    which VLLMEngine uses too, so vLLM samples from the prompt ids the trainer scores."""
+    which every vLLM sampler sends as token ids, so vLLM samples from the prompt ids the trainer scores."""
     return render_chat(tokenizer, messages)
 
 

@@ -9,9 +9,10 @@
 - `scheduler`: collects concurrent requests and runs one batched generation per compatible group,
   passing each sampled token back to a streaming request as it comes.
 - `app`: the ASGI application; `server`: binds, runs it under uvicorn and heartbeats.
-- `vllm`: the GPU path: builds the `vllm serve` command (vLLM's own OpenAI server with LoRA),
-  starts and supervises it; the gateway loads adapters into it (projects.gateway.vllm). Tested
-  here against a protocol double only; the real vLLM runs in a gpu-marked test.
+- `vllm`: builds the command of vLLM's own OpenAI server with LoRA (from this interpreter or from
+  vLLM's own virtualenv), starts and supervises it, or starts one private to a run (`LocalVLLM`);
+  the gateway loads adapters into it (projects.gateway.vllm). Tested against the real vLLM's CPU
+  build (tests/vllm) and, for failures on demand, a protocol double.
 
 Nothing here imports Django; `manage.py serve_inference` passes settings and the registration
 callback in. Importing this package imports neither torch nor uvicorn.

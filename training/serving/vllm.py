@@ -93,7 +93,7 @@ def vllm_available(vllm_python: str = "") -> bool:
 def vllm_serve_command(
     options: VLLMServeOptions, executable: list[str] | None = None, *, python_path: str = ""
 ) -> tuple[list[str], dict[str, str]]:
-    """The `vllm serve` command line and the environment variables it needs on top of the caller's
+    """The command line of vLLM's server and the environment variables it needs on top of the caller's
     own environment. `executable` is the program (`vllm_executable()`, or a protocol double in
     tests); `python_path` is the caller's PYTHONPATH, kept after the project's."""
     if not executable:

@@ -1,4 +1,4 @@
-"""The bearer-token guard vLLM's server runs with (``vllm serve --middleware
+"""The bearer-token guard vLLM's server runs with (``--middleware
 training.serving.vllm_guard.BearerTokenGuard``, added by training.serving.vllm.vllm_serve_command).
 
 vLLM's own ``--api-key``/``VLLM_API_KEY`` guards only ``/v1/*``; its server also answers
