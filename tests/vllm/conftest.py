@@ -8,13 +8,13 @@ Only tests/training/test_cuda.py and the like (marked `gpu`) keep what needs CUD
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 
-from tests.projects.gateway.conftest import Process, Serving, register_base_model, serving  # noqa: F401 (a fixture)
+from projects.models import InferenceServer
+from tests.projects.gateway.conftest import Process, Serving, register_base_model, serving, wait_for  # noqa: F401 (a fixture)
 
 VLLM_MODEL = "tiny-real-vllm"
 
@@ -56,18 +56,31 @@ def vllm_model_dir(tiny_model_dir: Path, tmp_path_factory) -> Path:
 
 
 def start_real_vllm(serving: Serving, base_model: str, *, capacity: int = 2) -> Process:  # noqa: F811
-    """`manage.py serve_inference --engine vllm` of `base_model`, launching the real vLLM."""
+    """`manage.py serve_inference --engine vllm` of `base_model`, launching the real vLLM, in float32:
+    the trainer's dtype on a CPU, so a run's sampler check holds at 1e-4 (auto is bf16 here)."""
+    from tests.projects.gateway.test_vllm_live import start_vllm_server
 
-    def ready(process: Process) -> bool:
-        for line in process.output().splitlines():
-            if line.startswith("inference server for ") and " on " in line:
-                process.url = line.rsplit(" on ", 1)[1].strip()
-                return True
-        return False
+    return start_vllm_server(serving, base_model, capacity=capacity, command=None,
+                             VLLM_CPU_KV_CACHE_GIB="1", INFERENCE_VLLM_DTYPE="float32")  # fmt: skip
 
-    argv = [sys.executable, "manage.py", "serve_inference", "--base-model", base_model, "--port", "0",
-            "--engine", "vllm", "--capacity", str(capacity)]  # fmt: skip
-    # float32: the trainer's dtype on a CPU, so a run's sampler check holds at 1e-4 (auto is bf16 here)
-    return serving.start(
-        f"vllm-{base_model}", argv, ready, VLLM_CPU_KV_CACHE_GIB="1", INFERENCE_VLLM_DTYPE="float32"
-    )
+
+@pytest.fixture(scope="module")
+def vllm_server(serving, vllm_python, vllm_model_dir, django_db_blocker) -> Process:  # noqa: F811
+    """The module's real vLLM server of VLLM_MODEL (capacity 2), registered."""
+    with django_db_blocker.unblock():
+        register_base_model(vllm_model_dir, name=VLLM_MODEL)  # the command checks it exists
+    return start_real_vllm(serving, VLLM_MODEL, capacity=2)
+
+
+@pytest.fixture(scope="module")
+def vllm_gateway(serving, vllm_server) -> Process:  # noqa: F811
+    return serving.start_gateway()
+
+
+@pytest.fixture
+def live(vllm_model_dir, vllm_server, vllm_gateway) -> Process:
+    """The gateway, once this test's (flushed) database has the base model and vLLM's heartbeat."""
+    register_base_model(vllm_model_dir, name=VLLM_MODEL)
+    wait_for(lambda: InferenceServer.objects.filter(url=vllm_server.url).exists(), timeout=10,
+             what="the vLLM server's heartbeat")  # fmt: skip
+    return vllm_gateway

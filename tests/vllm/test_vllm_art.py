@@ -15,32 +15,15 @@ import pytest
 from projects.models import InferenceServer, Run, RunKind, StepMetrics, TrainingJob, Trajectory
 from tests.integration.conftest import start_worker  # noqa: F401 (a fixture)
 from tests.integration.test_art_client import ART23_PYTHON, SCRIPT23, _python, run_client, team_keys
-from tests.processes import Process
-from tests.projects.gateway.conftest import register_base_model, wait_for
-from tests.vllm.conftest import VLLM_MODEL, start_real_vllm
+from tests.vllm.conftest import VLLM_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture(scope="module")
-def vllm_server(serving, vllm_python, vllm_model_dir, django_db_blocker) -> Process:
-    with django_db_blocker.unblock():
-        register_base_model(vllm_model_dir, name=VLLM_MODEL)  # the command checks it exists
-    return start_real_vllm(serving, VLLM_MODEL, capacity=2)
-
-
-@pytest.fixture(scope="module")
-def vllm_gateway(serving, vllm_server) -> Process:
-    return serving.start_gateway()
-
-
 @pytest.fixture
-def vllm_worker(serving, vllm_server, vllm_gateway, start_worker, vllm_model_dir):  # noqa: F811
+def vllm_worker(serving, live, start_worker):  # noqa: F811
     """A Celery worker training on the vLLM base model, writing checkpoints where vLLM's server
-    fetches them from; returned once the vLLM server's heartbeat is in this test's database."""
-    register_base_model(vllm_model_dir, name=VLLM_MODEL)  # this test's (flushed) database
-    wait_for(lambda: InferenceServer.objects.filter(url=vllm_server.url).exists(), timeout=10,
-             what="the vLLM server's heartbeat")  # fmt: skip
+    fetches them from; started once the vLLM server's heartbeat is in this test's database."""
     return start_worker(ARTWEB_DATA_DIR=str(serving.data_dir))
 
 

@@ -26,34 +26,13 @@ from tests.projects.gateway.conftest import (
     Process,
     Serving,
     http,
-    register_base_model,
     wait_for,
 )
-from tests.vllm.conftest import VLLM_MODEL, start_real_vllm
+from tests.vllm.conftest import VLLM_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 HELLO = [{"role": "user", "content": "Hello there"}]
-
-
-@pytest.fixture(scope="module")
-def vllm_server(serving, vllm_python, vllm_model_dir, django_db_blocker) -> Process:
-    with django_db_blocker.unblock():
-        register_base_model(vllm_model_dir, name=VLLM_MODEL)  # the command checks it exists
-    return start_real_vllm(serving, VLLM_MODEL, capacity=2)
-
-
-@pytest.fixture(scope="module")
-def vllm_gateway(serving, vllm_server) -> Process:
-    return serving.start_gateway()
-
-
-@pytest.fixture
-def live(vllm_model_dir, vllm_server, vllm_gateway) -> Process:
-    register_base_model(vllm_model_dir, name=VLLM_MODEL)  # this test's (flushed) database
-    wait_for(lambda: InferenceServer.objects.filter(url=vllm_server.url).exists(), timeout=10,
-             what="the vLLM server's heartbeat")  # fmt: skip
-    return vllm_gateway
 
 
 def client(gateway: Process, key: str) -> OpenAI:
