@@ -69,7 +69,11 @@ def test_vllm_is_found_in_a_virtualenv_of_its_own(monkeypatch, tmp_path):
     python.write_text("#!/bin/sh\n")
     assert serving_vllm.vllm_executable(str(python)) is None  # not executable
     python.chmod(0o755)
-    assert serving_vllm.vllm_executable(str(python)) == [str(python), "-m", "vllm.entrypoints.openai.api_server"]
+    assert serving_vllm.vllm_executable(str(python)) == [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
     assert engines.vllm_installed(str(python)) and not engines.vllm_installed("")
 
 
