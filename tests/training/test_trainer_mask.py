@@ -58,7 +58,10 @@ def assert_same_update(a, b):
     assert metrics_a["grad_norm"] == pytest.approx(metrics_b["grad_norm"], rel=1e-5)
     assert params_a.keys() == params_b.keys()
     for name in params_a:  # the gradients (train_once): equal to float32 noise
-        assert torch.allclose(params_a[name], params_b[name], rtol=1e-4, atol=1e-8), name
+        # Noise is relative to the tensor's scale, not to each element: an element near zero
+        # differed by 3.4e-8 (0.5% of itself, 1.4e-6 of the largest) on this machine's kernels.
+        scale = float(params_b[name].abs().max())
+        assert torch.allclose(params_a[name], params_b[name], rtol=1e-4, atol=1e-5 * scale), name
 
 
 @pytest.mark.parametrize("normalization", ["sequence", "token"])
