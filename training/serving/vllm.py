@@ -260,7 +260,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A port free on `host` now (vLLM binds its own socket, so a race with another binder is
     possible; the health wait then fails with vLLM's exit status)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.bind((host, 0))
+        probe.bind((host or "0.0.0.0", 0))
         return int(probe.getsockname()[1])
 
 

@@ -210,6 +210,7 @@ class Command(BaseCommand):
         from training.serving.vllm import (
             VLLMServeOptions,
             VLLMStartError,
+            free_port,
             start_vllm,
             stop_child,
             supervise,
@@ -226,7 +227,7 @@ class Command(BaseCommand):
                 "pip install .[gpu] on a CUDA host (or use --engine transformers)"
             )
         if port == 0:
-            port = _free_port(host)
+            port = free_port(host)
         options = VLLMServeOptions(
             model_dir=base_model_dir(row.source, settings.MODEL_CACHE_DIR),
             served_model_name=row.name,
@@ -317,10 +318,3 @@ def stored_adapter_fetch() -> Callable[[str, str], Path]:
             raise FileNotFoundError(str(exc)) from exc
 
     return fetch
-
-
-def _free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host if host not in ("",) else "0.0.0.0", 0))
-        return int(sock.getsockname()[1])
