@@ -31,7 +31,8 @@ from artweb.demo import REWARD_SPEC, RUN_CONFIG, SYSTEM_PROMPT, TASKS_PATH
 from training.base_models import BUNDLED_MODEL
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import RunSpec, StepTrajectories, run_training
+from training.loop import run_training
+from training.run_spec import RunSpec, StepTrajectories
 
 
 def demo_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -568,7 +568,7 @@ def make_adapter(model_dir: Path, folder: Path, seed: int = 0, b_std: float = 0.
     from transformers import AutoModelForCausalLM
 
     from training.config import LoraSpec
-    from training.trainer import peft_lora_config
+    from training.policy import peft_lora_config
 
     torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)

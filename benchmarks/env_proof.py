@@ -60,8 +60,10 @@ from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import Environment, build_environment
-from training.loop import RunSpec, StepTrajectories, checkpoint_path, run_training
+from training.loop import run_training
 from training.rewards import grade_trajectories
+from training.run_spec import RunSpec, StepTrajectories
+from training.run_steps import checkpoint_path
 from training.trainer import Trainer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

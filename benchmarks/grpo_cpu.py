@@ -49,9 +49,10 @@ from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec, build_messages
+from training.policy import peft_lora_config
 from training.rewards import Sample, build_grader, grade_many, grade_trajectories
 from training.run_steps import rows_for_step
-from training.trainer import Trainer, peft_lora_config
+from training.trainer import Trainer
 from training.trajectory import to_train_group
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -58,7 +58,8 @@ from benchmarks.demo_learning import MemoryHooks
 from training.base_models import BUNDLED_MODEL
 from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import RunSpec, run_training
+from training.loop import run_training
+from training.run_spec import RunSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EVAL_AT = (3, 6, 12)
@@ -289,9 +290,9 @@ def trl(settings: dict[str, Any], arguments: argparse.Namespace) -> dict[str, An
     from training.engines.transformers_engine import TransformersEngine
     from training.environments import EnvironmentSpec, build_messages
     from training.evaluation import LocalPolicy, evaluate
+    from training.policy import peft_lora_config
     from training.rewards import Sample, build_grader, grade_many
     from training.run_steps import rows_for_step
-    from training.trainer import peft_lora_config
 
     config = TrainConfig.from_dict(base_config(arguments, settings))
     environment = EnvironmentSpec(system_prompt=settings["system_prompt"])

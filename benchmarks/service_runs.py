@@ -29,7 +29,8 @@ from benchmarks._model import add_model_arguments, prepared_model
 from benchmarks.resident_jobs import start_service
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import RunSpec, run_training
+from training.loop import run_training
+from training.run_spec import RunSpec
 from training.run_steps import checkpoint_path
 from training.service_run import ServiceTarget
 

@@ -277,7 +277,7 @@ def run_trl(
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from training.trainer import peft_lora_config
+    from training.policy import peft_lora_config
 
     device = args.device
     by_prompt = {f"w{index + FIRST_WORD_ID}": (prompt, completions) for index, (prompt, completions) in

@@ -13,6 +13,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# Fixtures that reach the database (pytest-django's, and the module-scoped servers built on them).
+_DATABASE_FIXTURES = frozenset({"db", "transactional_db", "django_db_setup", "live_server"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """``ARTWEB_TESTS_ORM_ONLY=1`` (make test's SQLite pass): only the tests that touch the database
+    run; a test that never opens a connection runs the same code on either database, and the
+    PostgreSQL pass ran it already."""
+    if os.environ.get("ARTWEB_TESTS_ORM_ONLY") != "1":
+        return
+    keep, drop = [], []
+    for item in items:
+        touches = item.get_closest_marker("django_db") is not None or bool(
+            _DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        )
+        (keep if touches else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
     """On SQLite (make test's second pass: the embedded default) the test database is a file beside

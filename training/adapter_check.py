@@ -19,10 +19,10 @@ import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
+from training.checkpoint_files import ADAPTER_WEIGHTS
 from training.engines.base import Engine, SamplingParams
 from training.engines.remote_engine import RemoteEngine
 from training.engines.vllm_engine import render_prompt
-from training.trainer import ADAPTER_WEIGHTS
 
 
 class AdapterMismatchError(RuntimeError):

@@ -34,8 +34,9 @@ from training.client_tokens import TokenizedTrajectory, TrajectoryTokenizer
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.cost import device_usage
 from training.grpo import compute_advantages
-from training.loop import checkpoint_path, load_policy_model
 from training.packing import plan_sequences
+from training.policy import load_policy_model
+from training.run_steps import checkpoint_path
 from training.session import TrainingSession
 
 # An advantage this close to zero is zero: the trajectory carries no signal (ART drops it).

@@ -73,6 +73,7 @@ import torch
 import torch.distributed as dist
 
 from training.losses import KL_AVERAGE, LossInputError
+from training.policy import Policy, load_policy_model
 from training.session import Datum, ForwardBackwardResult, TrainingSession, check_token_ids
 
 T = TypeVar("T")
@@ -581,7 +582,7 @@ class MirroredSession:
     """Rank 0's session of an update whose every primitive the followers mirror: each call is sent
     down their pipes first, then run here over every rank (``DataParallelSession``, built anew
     whenever the followers' process group is new: after a restart). The followers answer the
-    calls in order on their own ``DataParallelSession`` (``_follow``). Whatever else is asked of
+    calls in order on their own ``DataParallelSession`` (training.follower). Whatever else is asked of
     it (sample, save_state, the trainer, ...) is rank 0's session's: the ranks hold the same state.
 
     ``replay_dir``: the session recovers from a lost follower by itself, for a caller whose
@@ -691,16 +692,13 @@ def reload_base(trainer: Any, spec: FollowerSpec, *, state: dict[str, Any] | Non
     adapter, optimizer state and step it held before (or ``state``, a ``_snapshot`` taken
     earlier); the process's random states are left as they were. The trainer object stays the
     caller's."""
-    from training.loop import load_policy_model
-    from training.trainer import Trainer
-
     if state is None:
         state = _snapshot(trainer)
     states = (torch.get_rng_state(), random.getstate())
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     base_model, _, _ = load_policy_model(spec.base_model_source, spec.model_cache_dir, device=str(trainer.device),
                                          unsloth=spec.unsloth, fsdp=trainer.config.fsdp)  # fmt: skip
-    fresh = Trainer(base_model, trainer.tokenizer, trainer.config, trainer.lora, trainer.device,
+    fresh = Policy(base_model, trainer.tokenizer, trainer.config, trainer.lora, trainer.device,
                     adapter_name=trainer.adapter_name)  # fmt: skip
     torch.set_rng_state(states[0])
     random.setstate(states[1])
@@ -745,10 +743,10 @@ def _start_follower() -> tuple[Any, subprocess.Popen[bytes]]:
     finally:
         os.close(down_read)
         os.close(up_write)
-    return _Duplex(Connection(up_read, writable=False), Connection(down_write, readable=False)), process
+    return Duplex(Connection(up_read, writable=False), Connection(down_write, readable=False)), process
 
 
-class _Duplex:
+class Duplex:
     """One end of the two pipes as one connection (send, recv, poll, close)."""
 
     def __init__(self, incoming: Any, outgoing: Any) -> None:
@@ -766,83 +764,3 @@ class _Duplex:
     def close(self) -> None:
         self.incoming.close()
         self.outgoing.close()
-
-
-def follower_main(read_fd: int, write_fd: int) -> None:
-    """The follower process: read its orders from rank 0 (see ``Followers``) and follow them."""
-    from multiprocessing.connection import Connection
-
-    pipe = _Duplex(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
-    try:
-        message = pipe.recv()
-    except EOFError:
-        return
-    _, rank, world_size, rendezvous, backend, spec, parent_pid = message
-    _follow(rank, world_size, rendezvous, backend, spec, pipe, parent_pid)
-
-
-def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: FollowerSpec, pipe: Any,
-            parent_pid: int) -> None:  # fmt: skip
-    from training.loop import load_policy_model
-    from training.trainer import Trainer
-
-    device = rank_device(spec.device, rank)
-    threads = int(os.environ.get("TORCH_THREADS") or 0) or max(1, (os.cpu_count() or 1) // world_size)
-    torch.set_num_threads(threads)
-    try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))  # fmt: skip
-        base_model, tokenizer, _ = load_policy_model(spec.base_model_source, spec.model_cache_dir, device=device,
-                                                     unsloth=spec.unsloth, fsdp=spec.config.fsdp)  # fmt: skip
-        trainer = Trainer.resume(
-            base_model, tokenizer, spec.checkpoint, spec.config, spec.lora, device=device
-        )
-        mirrored: DataParallelSession | None = None
-        pipe.send(("ready",))
-        while True:
-            if not pipe.poll(1.0):
-                if os.getppid() != parent_pid:  # the worker died: nobody will send work again
-                    return
-                continue
-            message = pipe.recv()
-            if message[0] == "stop":
-                return
-            if message[0] == "call":  # a MirroredSession's primitive, on this rank's share
-                _, name, args, kwargs = message
-                if mirrored is None:
-                    mirrored = DataParallelSession(TrainingSession(trainer))
-                try:
-                    getattr(mirrored, name)(*args, **kwargs)
-                except Exception as exc:
-                    if not getattr(exc, "raised_on_every_rank", False):
-                        raise
-                    # Bad input: rank 0 answers its caller; the ranks are in step for the next call.
-                continue
-            if message[0] == "probe":  # rank 0 probes a saved policy (Followers.probe): with every rank
-                from training.adapter_check import next_token_logprobs, probe_saved
-                from training.engines.vllm_engine import render_prompt
-
-                _, probes, saved = message
-                shard_base(trainer)  # sharded already, unless no update has run since this rank started
-                if saved is not None:  # an earlier checkpoint's adapter, for the probe only
-                    probe_saved(trainer, tokenizer, Path(saved), probes)
-                else:
-                    for messages in probes:
-                        next_token_logprobs(trainer.policy, render_prompt(tokenizer, messages))
-                continue
-            if message[0] == "configure":  # the session's settings from now on (SessionPool.configure)
-                trainer.config = message[1]
-                continue
-            _, groups, learning_rate = message
-            trainer.train_step(groups, learning_rate=learning_rate)
-    except (EOFError, BrokenPipeError):
-        return
-    except Exception as exc:  # told to rank 0 when it waits for "ready"; logged either way
-        log.exception("data-parallel rank %d failed", rank)
-        with contextlib.suppress(BrokenPipeError, OSError):
-            pipe.send(("error", f"{type(exc).__name__}: {exc}"))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()

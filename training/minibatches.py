@@ -6,16 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from training.config import TrainConfig
+from training.session import Datum, datum_of
 from training.trajectory import TrainSample
 
 
-def grpo_data(samples: list[tuple[TrainSample, float]], config: TrainConfig) -> list[Any]:
+def grpo_data(samples: list[tuple[TrainSample, float]], config: TrainConfig) -> list[Datum]:
     """The samples as session datums for the ``grpo`` loss: the sampler's logprobs and each
     sample's advantage on its completion tokens, and weights that make the summed loss the
     normalised one (``normalization``: sequence 1 / (tokens of the sequence · sequences), token
     1 / all tokens, constant 1 / (sequences · max_new_tokens)), 0 on tokens not trained."""
-    from training.session import datum_of
-
     sequences = len(samples)
     total_tokens = sum(sample.trainable_tokens() for sample, _ in samples)
     data = []

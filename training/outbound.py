@@ -29,13 +29,20 @@ import socket
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, cast
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-import idna
-
+from training.outbound_names import OutboundRefused, ascii_url, idna_host, normalise_host
+from training.outbound_transport import (
+    PinnedAsyncBackend,
+    PinnedHTTPHandler,
+    PinnedHTTPSHandler,
+    RefuseRedirects,
+)
 from training.redaction import REASON_CHARS, REDACTED, redact, upstream_reason
 
-__all__ = ["REASON_CHARS", "REDACTED", "redact", "upstream_reason"]  # re-exported: callers import them here
+# Re-exported: callers import them here (training.outbound_names and training.redaction hold them).
+__all__ = ["REASON_CHARS", "REDACTED", "OutboundRefused", "ascii_url", "idna_host", "normalise_host", "redact",
+           "upstream_reason"]  # fmt: skip
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -49,16 +56,6 @@ _SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT (RFC 6598)
 _THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")  # Linux connects 0.0.0.0 to the local host
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")  # well-known NAT64 prefix: the last 32 bits are IPv4
 _UNIQUE_LOCAL = ipaddress.ip_network("fc00::/7")
-
-
-class OutboundRefused(ValueError):
-    """The policy refuses this URL or address; the message says why (for people, no secret).
-    ``allow_entry``: for a host refused only for being internal (loopback, private, …; never cloud
-    metadata), the allow-list entry that would admit it (``127.0.0.1:8000``), else None."""
-
-    def __init__(self, message: str, *, allow_entry: str | None = None) -> None:
-        super().__init__(message)
-        self.allow_entry = allow_entry
 
 
 @dataclass(frozen=True)
@@ -198,7 +195,6 @@ class OutboundPolicy:
 
     @functools.cached_property
     def _opener(self) -> urllib.request.OpenerDirector:
-        from training.outbound_transport import PinnedHTTPHandler, PinnedHTTPSHandler, RefuseRedirects
 
         opener = urllib.request.OpenerDirector()
         for handler in (
@@ -218,8 +214,6 @@ class OutboundPolicy:
         also ignores proxy variables; keep ``follow_redirects`` off (httpx's default)."""
         import httpcore
         import httpx
-
-        from training.outbound_transport import PinnedAsyncBackend
 
         transport = httpx.AsyncHTTPTransport(trust_env=False)
         # httpx has no public hook for the network backend; httpcore's pool has one. The MCP
@@ -293,65 +287,6 @@ def parse_allow_entry(entry: str) -> _Rule:
             f"outbound allow-list entry {entry!r} is not a host name, an address or a CIDR (with an optional :port)"
         )
     return _Rule(host=host, port=port)
-
-
-def normalise_host(host: str) -> str:
-    """A host as compared and resolved: lower case, IDNA, without brackets or a trailing dot (which
-    would otherwise slip ``metadata.google.internal.`` past a name check)."""
-    host = host.strip().strip("[]").rstrip(".").lower()
-    if any(ord(char) < 0x21 or char in "\x7f\\" for char in host):  # C would cut at a NUL
-        raise OutboundRefused("the host is not a valid name")
-    if host and not host.isascii():
-        host = idna_host(host)
-    return host
-
-
-def idna_host(host: str) -> str:
-    """An internationalised host name in its ASCII form (IDNA 2008 with UTS 46 mapping: lower case,
-    ``。`` as a dot); OutboundRefused saying why when it is not a valid one (a label over 63
-    characters, a code point IDNA 2008 disallows such as ``☃``). One function for the check, the
-    stored URL and the connection, so that all three agree on the name."""
-    try:
-        return idna.encode(host, uts46=True).decode("ascii")
-    except (idna.IDNAError, UnicodeError) as exc:  # the message names the label, never more
-        raise OutboundRefused(f"the host is not a valid name (IDNA: {exc})") from None
-
-
-def ascii_url(url: str) -> str:
-    """``url`` as HTTP can carry it: a non-ASCII host name IDNA-encoded (``https://例え.テスト/v1`` →
-    ``https://xn--r8jz45g.xn--zckzah/v1``) and any other non-ASCII character percent-encoded as
-    UTF-8. http.client writes the Host header in Latin-1 and the request line in ASCII, so a URL kept
-    as typed raises UnicodeEncodeError at every call. Every URL write stores this form (a team sees
-    what is called); the opener applies it again to rows stored before. An ASCII URL comes back
-    unchanged. OutboundRefused when the host is not a valid IDNA name."""
-    if url.isascii():
-        return url
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # a bad IPv6 literal, a netloc that NFKC turns into "/" or "@"
-        raise OutboundRefused("must be an http:// or https:// URL with a valid host and port") from None
-    userinfo, at, host_port = parts.netloc.rpartition("@")
-    host, colon, port = host_port, "", ""
-    if not host_port.startswith("["):  # an IPv6 literal's colons are not the port's
-        host, colon, port = host_port.partition(":")
-    if not port.isascii() or (host.startswith("[") and not host.isascii()):
-        raise OutboundRefused("must be an http:// or https:// URL with a valid host and port")
-    if not host.isascii():
-        host = idna_host(host)
-    netloc = f"{_percent_encoded(userinfo)}{at}{host}{colon}{port}"
-    return urlunsplit(
-        parts._replace(
-            netloc=netloc,
-            path=_percent_encoded(parts.path),
-            query=_percent_encoded(parts.query),
-            fragment=_percent_encoded(parts.fragment),
-        )
-    )
-
-
-def _percent_encoded(text: str) -> str:
-    """Only the non-ASCII runs encoded: what was ASCII (escapes included) stays as it was written."""
-    return re.sub(r"[^\x00-\x7f]+", lambda match: quote(match.group(), safe=""), text)
 
 
 def addresses_to_judge(ip: IPAddress) -> list[IPAddress]:

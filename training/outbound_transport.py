@@ -11,7 +11,7 @@ import socket
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
-from training.outbound import OutboundRefused, ascii_url
+from training.outbound_names import OutboundRefused, ascii_url
 
 if TYPE_CHECKING:
     from training.outbound import OutboundPolicy

@@ -31,12 +31,13 @@ from functools import partial
 from typing import Any
 
 from training.adapter_check import PolicyProbe, check_sampler, probe_policy, probe_saved
+from training.checkpoint_files import ADAPTER_WEIGHTS
 from training.evaluation import evaluate_during_run, is_evaluation_step
 from training.learning_signal import SignalWatch
-from training.loop import PolicySampler, RunHooks, RunSpec, evaluate_start
+from training.policy_sampler import PolicySampler, evaluate_start
 from training.progress import phase, step_label
+from training.run_spec import RunHooks, RunSpec
 from training.run_steps import DrawnStep, checkpoint_path, draw_step, record_step, update_step
-from training.trainer import ADAPTER_WEIGHTS
 
 Update = tuple[dict[str, Any], Any, PolicyProbe, list[str]]  # metrics, folder, probe, rank restarts
 

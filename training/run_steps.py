@@ -27,7 +27,7 @@ from training.trajectory import TrainGroup, Trajectory, longest_turn, overlong_p
 if TYPE_CHECKING:
     from training.config import TrainConfig
     from training.learning_signal import SignalWatch
-    from training.loop import RunHooks, RunSpec
+    from training.run_spec import RunHooks, RunSpec
 
 
 def checkpoint_path(root: Path, step: int) -> Path:

@@ -48,8 +48,10 @@ import torch.distributed as dist
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
+from training.adapter_check import live_adapter_fingerprint
 from training.losses import LossInputError, LossInputs, loss_named
 from training.packing import ROW_TOKENS, pack
+from training.policy import Policy
 from training.trajectory import TrainSample
 
 BASE_MODEL = "base"  # forward's reference: the base model itself (the adapter switched off)
@@ -214,7 +216,7 @@ class SampleInProgress:
 
 
 class TrainingSession:
-    """The primitives over one policy. Built on a ``training.trainer.Trainer`` (which owns the
+    """The primitives over one policy. Built on a ``training.policy.Policy`` (which owns the
     peft model, the optimizer and the checkpoint format); the session adds nothing to its state."""
 
     def __init__(self, trainer: Any, engine: Any = None) -> None:
@@ -385,8 +387,6 @@ class TrainingSession:
 
     def live_fingerprint(self) -> str:
         """The fingerprint of the live adapter (training.adapter_check): a saved state holds it."""
-        from training.adapter_check import live_adapter_fingerprint
-
         return live_adapter_fingerprint(self.trainer.model, self.trainer.adapter_name)
 
     def save_state(self, path: Path, *, step: int, metrics: dict[str, Any]) -> None:
@@ -401,9 +401,7 @@ class TrainingSession:
     ) -> TrainingSession:
         """A session that continues exactly from ``save_state``'s folder (adapter, optimizer, RNG),
         on a freshly loaded ``base_model`` (peft injects the adapter into it)."""
-        from training.trainer import Trainer
-
-        return cls(Trainer.resume(base_model, tokenizer, path, config, lora, device=device))
+        return cls(Policy.resume(base_model, tokenizer, path, config, lora, device=device))
 
     def save_weights_for_sampler(self, path: Path) -> None:
         """The adapter alone (peft's folder), as an inference server loads it."""

@@ -241,7 +241,7 @@ class SessionPool:
                 followers.send(("configure", config))
         entry.config = config
         if entry.trainer is not None:
-            from training.trainer import model_width
+            from training.policy import model_width
 
             config = config.with_learning_rate(model_width(entry.trainer.model.get_base_model()))
             entry.trainer.config = config
@@ -299,7 +299,7 @@ class SessionPool:
         if base is None:
             if key != source and self.model_cache_dir is not None:
                 # A base to be sharded (fsdp): loaded as its followers load theirs, never whole on the device.
-                from training.loop import load_policy_model
+                from training.policy import load_policy_model
 
                 model, tokenizer, _ = load_policy_model(source, self.model_cache_dir, device=self.device,
                                                         unsloth=self.unsloth, fsdp=True)  # fmt: skip

@@ -267,7 +267,7 @@ def run_supervised(spec: Any, hooks: Any, trainer: Any, tokenizer: Any, dtype: A
     training.distributed.Followers) every primitive runs over all ranks (``MirroredSession``) and
     an update a rank is lost in is redone from the checkpoint before it."""
     from training.distributed import MirroredSession
-    from training.loop import PolicySampler
+    from training.policy_sampler import PolicySampler
     from training.run_steps import checkpoint_path, rows_for_step
     from training.service_run import ServiceTrainer
     from training.session import TrainingSession

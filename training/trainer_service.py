@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import os
 
-    from training.loop import load_policy_model
+    from training.policy import load_policy_model
     from training.serving.binding import add_dev_no_token_argument, check_bind_or_exit
     from training.serving.server import advertised_url, bind, serve
 

@@ -21,8 +21,9 @@ from projects.models import Checkpoint, Run, RunStatus, Split
 from projects.storage import StoredObject, checkpoint_local_dir, checkpoint_upload
 from training.config import LoraSpec, TrainConfig
 from training.cost import sampled_tokens
-from training.loop import RunSpec, run_training
+from training.loop import run_training
 from training.rewards import RewardFailure
+from training.run_spec import RunSpec
 from training.trajectory import Trajectory
 
 

@@ -35,9 +35,9 @@ from projects.models import Checkpoint, TinkerFuture, TinkerFutureStatus, Tinker
 from projects.storage import checkpoint_local_dir, checkpoint_upload
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
-from training.loop import checkpoint_path
 from training.losses import LossInputError
 from training.resident import ServiceSessions
+from training.run_steps import checkpoint_path
 from training.tinker_wire import (
     WireError,
     forward_backward_output,

@@ -28,7 +28,7 @@ from training.base_models import load_tokenizer
 from training.client_groups import GroupError, parse_groups
 from training.client_step import ClientStepSpec, ScoredTrajectory, off_policy_steps, train_client_step
 from training.config import ConfigError, LoraSpec, TrainConfig
-from training.loop import load_policy_model
+from training.policy import load_policy_model
 from training.resident import ResidentSessions, ServiceSessions, SessionKey
 from training.trainer_client import TrainerServiceClient
 

@@ -29,7 +29,7 @@ def model_adapter_import(*, model: TrainableModel, archive: bytes) -> Checkpoint
     from projects.services.steps import checkpoint_record
     from training.base_models import base_model_config
     from training.checkpoint_files import CHECKPOINT_FORMAT_VERSION
-    from training.loop import checkpoint_path
+    from training.run_steps import checkpoint_path
 
     if Checkpoint.objects.filter(model=model).exists():
         raise Conflict(

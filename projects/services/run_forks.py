@@ -172,7 +172,7 @@ def _copy_checkpoint(folder: Path, root: Path, *, source: Checkpoint, config: di
     scratch copy renamed into place), its ``state.json`` saying step 0 and where it came from. A
     source that kept only its adapter gets fresh optimizer and RNG state (``fresh_state`` in
     ``forked_from``): the fork then starts from its weights with new optimizer moments."""
-    from training.loop import checkpoint_path
+    from training.run_steps import checkpoint_path
 
     target = checkpoint_path(root, 0)
     root.mkdir(parents=True, exist_ok=True)

@@ -220,7 +220,8 @@ def test_a_hanging_tool_is_cut_off_by_its_timeout_and_the_trajectory_records_it(
 def test_a_run_lists_the_servers_tools_at_start_and_closes_the_session_at_the_end(tmp_path):
     from training.base_models import build_tiny_model
     from training.config import LoraSpec, TrainConfig
-    from training.loop import RunSpec, run_training
+    from training.loop import run_training
+    from training.run_spec import RunSpec
 
     environment = build_environment("mcp", config=STDIO, max_turns=2)
     events: list[str] = []

@@ -14,11 +14,11 @@ from transformers import AutoConfig, AutoTokenizer
 
 from tests.training.test_client_groups import Sampler, group, trajectory
 from training.art_config import EXPERIMENTAL_KEYS, art_job_config
+from training.checkpoint_files import read_checkpoint_state
 from training.client_groups import parse_groups
 from training.client_step import ClientStepSpec, art_advantages, off_policy_steps, train_client_step
 from training.client_tokens import sampled_step
 from training.config import ConfigError, LoraSpec
-from training.trainer import read_checkpoint_state
 
 # What openpipe-art 0.5.23's ServerlessBackend.train() sends with every argument at its default.
 ART_0523_DEFAULTS = {

@@ -10,7 +10,8 @@ import pytest
 from tests.training.test_learning_signal import ROWS, Hooks
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import RunSpec, run_training
+from training.loop import run_training
+from training.run_spec import RunSpec
 
 
 class MeteredHooks(Hooks):

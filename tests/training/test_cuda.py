@@ -22,8 +22,9 @@ from tests.training.test_service_run import RECIPE
 from tests.training.test_supervised import WORDS, Hooks, supervised_spec
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import RunSpec, run_training
+from training.loop import run_training
 from training.losses import LOSSES
+from training.run_spec import RunSpec
 from training.session import Datum, TrainingSession
 
 pytestmark = pytest.mark.gpu

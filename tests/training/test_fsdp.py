@@ -191,7 +191,7 @@ def test_a_base_to_be_sharded_stays_in_cpu_memory_and_only_its_adapter_goes_to_t
 def test_a_base_to_be_sharded_is_never_loaded_by_unsloth(tiny_model_dir, monkeypatch):
     """unsloth's loader puts the whole base on the GPU; a base to be sharded takes transformers'."""
     import training.unsloth_loader as unsloth_loader
-    from training.loop import load_policy_model
+    from training.policy import load_policy_model
 
     def whole_on_the_device(*args, **kwargs):
         raise AssertionError("unsloth's loader was used")
@@ -262,7 +262,7 @@ def test_a_rank_lost_before_or_during_the_probe_is_restarted_and_the_ranks_probe
     from training.adapter_check import next_token_logprobs, probe_policy, probe_saved
     from training.distributed import Followers, FollowerSpec
     from training.engines.vllm_engine import render_prompt
-    from training.loop import load_policy_model
+    from training.policy import load_policy_model
     from training.trainer import Trainer
 
     config = TrainConfig(devices=2, fsdp=True, max_off_policy_steps=1, seed=3)

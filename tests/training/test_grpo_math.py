@@ -151,7 +151,7 @@ def test_the_three_normalisations():
 @pytest.mark.parametrize("normalization", ["token", "sequence", "constant"])
 def test_the_grpo_datums_weights_make_the_summed_loss_the_normalised_one(normalization):
     from training.config import TrainConfig
-    from training.trainer import grpo_data
+    from training.minibatches import grpo_data
     from training.trajectory import TrainSample
 
     generator = torch.Generator().manual_seed(0)

@@ -11,7 +11,8 @@ from typing import Any
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
 from training.learning_signal import NO_SIGNAL, SignalWatch
-from training.loop import RunSpec, run_training
+from training.loop import run_training
+from training.run_spec import RunSpec
 
 ROWS = [{"index": i, "data": {"prompt": f"Say {w}", "item": {"answer": w}}} for i, w in enumerate("abcd")]
 

@@ -13,12 +13,14 @@ from safetensors.torch import load_file
 import training.run_steps as run_steps
 from tests.training.test_cost_loop import MeteredHooks
 from tests.training.test_learning_signal import ROWS
+from training.checkpoint_files import ADAPTER_WEIGHTS
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import RunSpec, run_training
+from training.loop import run_training
 from training.overlap import policy_step_for
+from training.run_spec import RunSpec
 from training.run_steps import checkpoint_path
-from training.trainer import ADAPTER_WEIGHTS, Trainer
+from training.trainer import Trainer
 
 # Matches some of what the tiny random model writes: groups carry a signal, so updates move weights.
 GRADER = {"type": "regex", "name": "vowel", "pattern": "[aeiou]"}

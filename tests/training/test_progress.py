@@ -13,7 +13,8 @@ from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec, build_environment
-from training.loop import RunSpec, run_training
+from training.loop import run_training
+from training.run_spec import RunSpec
 
 
 def test_rollouts_report_each_finished_row_and_then_the_groups_done(tiny_model):

@@ -16,8 +16,9 @@ from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import build_environment
 from training.grpo import is_zero_variance
 from training.grpo_update import passes
-from training.loop import RunSpec, run_training
+from training.loop import run_training
 from training.minibatches import split_evenly
+from training.run_spec import RunSpec
 from training.schedules import default_learning_rate, learning_rate_at
 from training.trainer import Trainer
 from training.trajectory import Trajectory, longest_turn, overlong_penalty, to_train_group

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import training.loop as loop
+import training.policy_sampler as policy_sampler
 from tests.training.test_cost_loop import MeteredHooks
 from tests.training.test_overlap import spec
 from tests.training.vllm_double import VLLMDouble
@@ -73,7 +74,8 @@ def counted_loads(monkeypatch) -> list[str]:
         loads.append(source)
         return real(source, cache, **kwargs)
 
-    monkeypatch.setattr(loop, "load_policy_model", counting)
+    monkeypatch.setattr(loop, "load_policy_model", counting)  # the trainer's
+    monkeypatch.setattr(policy_sampler, "load_policy_model", counting)  # a detached sampler's
     return loads
 
 

@@ -15,10 +15,10 @@ from safetensors.torch import load_file
 from tests.conftest import trainer_service
 from tests.training.test_cost_loop import MeteredHooks
 from tests.training.test_overlap import spec
+from training.checkpoint_files import ADAPTER_WEIGHTS
 from training.loop import run_training
 from training.run_steps import checkpoint_path
 from training.service_run import ServiceTarget, service_refusal
-from training.trainer import ADAPTER_WEIGHTS
 
 # A KL term (the base model's logprobs through ``forward``) and two minibatches (two optimizer
 # steps a step, in a seeded order on the second pass) take every path of the update.

@@ -12,7 +12,8 @@ import torch
 from tests.training.test_cost_loop import MeteredHooks
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import RunSpec, run_training
+from training.loop import run_training
+from training.run_spec import RunSpec
 from training.session import BASE_MODEL, TrainingSession
 from training.supervised import (
     RowError,

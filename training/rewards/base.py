@@ -413,3 +413,26 @@ def _field_problems(spec_field: Field, value: Any, path: str) -> list[dict[str, 
         except TemplateSyntaxError as error:
             problems.append({"path": path, "message": str(error)})
     return problems
+
+
+# Every grader type by its ``type`` name. training.rewards.registry imports every grader and fills
+# it; a composite grader (multi, ruler) validates and builds its parts from it.
+GRADER_TYPES: dict[str, type[Grader]] = {}
+
+
+def validate_grader(spec: Any, path: str = "grader") -> dict[str, Any]:
+    """Return the normalised spec (defaults filled in) or raise GraderSpecError with all problems.
+    Needs no judge and runs no user code (a python grader's source is only compiled)."""
+    if not isinstance(spec, dict):
+        raise GraderSpecError([{"path": path, "message": "must be an object"}])
+    if "type" not in spec:
+        raise GraderSpecError([{"path": f"{path}.type", "message": "is required"}])
+    grader_type = spec["type"]
+    if not isinstance(grader_type, str) or grader_type not in GRADER_TYPES:
+        allowed = ", ".join(GRADER_TYPES)
+        message = f"must be one of {allowed}"
+        suggestion = names.closest(grader_type, GRADER_TYPES) if isinstance(grader_type, str) else None
+        if suggestion:
+            message += f"; did you mean {suggestion}?"
+        raise GraderSpecError([{"path": f"{path}.type", "message": message}])
+    return GRADER_TYPES[grader_type].validate(spec, path)

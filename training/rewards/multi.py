@@ -18,7 +18,15 @@ import re
 import time
 from typing import Any, ClassVar
 
-from training.rewards.base import Field, Grader, GradeResult, GraderRuntime, Sample
+from training.rewards.base import (
+    GRADER_TYPES,
+    Field,
+    Grader,
+    GradeResult,
+    GraderRuntime,
+    Sample,
+    validate_grader,
+)
 from training.rewards.errors import GraderSpecError
 from training.rewards.formula import FUNCTIONS, FormulaError, FormulaEvaluationError, parse_formula
 from training.rewards.judge import merge_usage
@@ -35,8 +43,6 @@ class MultiGrader(Grader):
 
     @classmethod
     def check_spec(cls, spec: dict[str, Any], path: str) -> list[dict[str, str]]:
-        from training.rewards.registry import GRADER_TYPES, validate_grader
-
         problems: list[dict[str, str]] = []
         graders = spec.get("graders")
         names: set[str] | None = None
@@ -84,8 +90,6 @@ class MultiGrader(Grader):
         return problems
 
     def __init__(self, spec: dict[str, Any], runtime: GraderRuntime | None = None) -> None:
-        from training.rewards.registry import GRADER_TYPES
-
         super().__init__(spec, runtime)
         self.graders: dict[str, Grader] = {
             key: GRADER_TYPES[sub_spec["type"]](sub_spec, self.runtime)

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from training import names
 from training.cost import judge_token_usage
-from training.rewards.base import Grader, GradeResult, GraderRuntime, Sample
+from training.rewards.base import GRADER_TYPES, Grader, GradeResult, GraderRuntime, Sample, validate_grader
 from training.rewards.environment import EnvironmentGrader
-from training.rewards.errors import GraderSpecError, RewardFailure
+from training.rewards.errors import RewardFailure
 from training.rewards.json_match import JsonMatchGrader
 from training.rewards.judge import JudgeClient
 from training.rewards.label_model import LabelModelGrader
@@ -32,37 +31,22 @@ from training.rewards.text_similarity import TextSimilarityGrader
 from training.rewards.tool_call import ToolCallGrader
 from training.trajectory import Trajectory
 
-GRADER_TYPES: dict[str, type[Grader]] = {
-    StringCheckGrader.type: StringCheckGrader,
-    TextSimilarityGrader.type: TextSimilarityGrader,
-    RegexGrader.type: RegexGrader,
-    JsonMatchGrader.type: JsonMatchGrader,
-    ToolCallGrader.type: ToolCallGrader,
-    PythonGrader.type: PythonGrader,
-    ScoreModelGrader.type: ScoreModelGrader,
-    LabelModelGrader.type: LabelModelGrader,
-    MultiGrader.type: MultiGrader,
-    RulerGrader.type: RulerGrader,
-    EnvironmentGrader.type: EnvironmentGrader,
-}
-
-
-def validate_grader(spec: Any, path: str = "grader") -> dict[str, Any]:
-    """Return the normalised spec (defaults filled in) or raise GraderSpecError with all problems.
-    Needs no judge and runs no user code (a python grader's source is only compiled)."""
-    if not isinstance(spec, dict):
-        raise GraderSpecError([{"path": path, "message": "must be an object"}])
-    if "type" not in spec:
-        raise GraderSpecError([{"path": f"{path}.type", "message": "is required"}])
-    grader_type = spec["type"]
-    if not isinstance(grader_type, str) or grader_type not in GRADER_TYPES:
-        allowed = ", ".join(GRADER_TYPES)
-        message = f"must be one of {allowed}"
-        suggestion = names.closest(grader_type, GRADER_TYPES) if isinstance(grader_type, str) else None
-        if suggestion:
-            message += f"; did you mean {suggestion}?"
-        raise GraderSpecError([{"path": f"{path}.type", "message": message}])
-    return GRADER_TYPES[grader_type].validate(spec, path)
+# The table composite graders (multi, ruler) build their parts from (training.rewards.base), filled here.
+GRADER_TYPES.update(
+    {
+        StringCheckGrader.type: StringCheckGrader,
+        TextSimilarityGrader.type: TextSimilarityGrader,
+        RegexGrader.type: RegexGrader,
+        JsonMatchGrader.type: JsonMatchGrader,
+        ToolCallGrader.type: ToolCallGrader,
+        PythonGrader.type: PythonGrader,
+        ScoreModelGrader.type: ScoreModelGrader,
+        LabelModelGrader.type: LabelModelGrader,
+        MultiGrader.type: MultiGrader,
+        RulerGrader.type: RulerGrader,
+        EnvironmentGrader.type: EnvironmentGrader,
+    }
+)
 
 
 def build_grader(

@@ -29,7 +29,16 @@ import math
 import time
 from typing import Any, ClassVar
 
-from training.rewards.base import Field, Grader, GradeResult, GraderRuntime, Sample, Score
+from training.rewards.base import (
+    GRADER_TYPES,
+    Field,
+    Grader,
+    GradeResult,
+    GraderRuntime,
+    Sample,
+    Score,
+    validate_grader,
+)
 from training.rewards.errors import GraderSpecError, GradingError
 from training.rewards.judge import sampling_params_problems
 from training.rewards.model_grader import json_candidates, looks_like_refusal, require_judge
@@ -67,8 +76,6 @@ class RulerGrader(Grader):
 
     @classmethod
     def check_spec(cls, spec: dict[str, Any], path: str) -> list[dict[str, str]]:
-        from training.rewards.registry import GRADER_TYPES, validate_grader
-
         problems = []
         if "sampling_params" in spec:
             problems += sampling_params_problems(spec["sampling_params"], f"{path}.sampling_params")
@@ -96,8 +103,6 @@ class RulerGrader(Grader):
         return problems
 
     def __init__(self, spec: dict[str, Any], runtime: GraderRuntime | None = None) -> None:
-        from training.rewards.registry import GRADER_TYPES
-
         super().__init__(spec, runtime)
         self.judge = require_judge(self.runtime, self.type, self.name)
         self.model: str = spec["model"]

@@ -5,10 +5,11 @@ model's own forward; outside it nothing is changed."""
 import pytest
 import torch
 
+from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.packed import LinearPacks, _groups, packed_linears, packing_available
 from training.engines.transformers_engine import TransformersEngine
-from training.trainer import LoraSpec, TrainConfig, Trainer
+from training.trainer import Trainer
 
 PROMPT = [{"role": "user", "content": "Hello! How are you today?"}]
 
