@@ -35,7 +35,6 @@ from training.engines.base import (
     report_after,
     report_finished_after,
 )
-from training.engines.token_wire import choices_of, sampling_body
 from training.engines.vllm_engine import render_prompt
 from training.grpo_update import grpo_step
 from training.session import Datum
@@ -177,8 +176,7 @@ class SessionEngine(Engine):
             raise ValueError("the trainer service's session samples its live policy, not an adapter by name")
         if grammars is not None and any(g is not None for g in grammars):
             raise NotImplementedError("constrained decoding is not offered by the trainer service")
-        answers = self.session.sample(prompt_token_ids, sampling_body(sampling))
-        choices = choices_of(prompt_token_ids, answers)
+        choices = self.session.sample(prompt_token_ids, sampling)
         return report_finished_after(report_after(choices, on_token), on_finished)
 
     def load_adapter(self, name: str, path: Path) -> None:

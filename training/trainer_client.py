@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from training.config import LoraSpec, TrainConfig
+from training.engines.base import Choice, SamplingParams
+from training.engines.token_wire import choices_of, sampling_body
 from training.session import Datum, ForwardBackwardResult
 
 
@@ -131,10 +133,14 @@ class RemoteSession:
         return ForwardBackwardResult(loss=out["loss"], metrics=out["metrics"], logprobs=out["logprobs"])
 
     def sample(
-        self, prompts: Sequence[list[int]], sampling: dict[str, Any] | None = None
-    ) -> list[dict[str, Any]]:
-        """Completions by the session's current policy: token ids, their logprobs, finish reason."""
-        return self._call("sample", prompts=[list(p) for p in prompts], sampling=sampling or {})["choices"]
+        self, prompts: Sequence[list[int]], sampling: SamplingParams | dict[str, Any] | None = None
+    ) -> list[Choice]:
+        """Completions by the session's current policy, as a local session's ``sample`` answers them
+        (``Choice``: token ids, their logprobs, finish reason). ``sampling``: SamplingParams, or
+        the service's own ``sampling`` object as is."""
+        wire = sampling_body(sampling) if isinstance(sampling, SamplingParams) else (sampling or {})
+        prompts = [list(p) for p in prompts]
+        return choices_of(prompts, self._call("sample", prompts=prompts, sampling=wire)["choices"])
 
     def optim_step(self, *, learning_rate: float, **params: float | None) -> dict[str, float]:
         return self._call("optim_step", learning_rate=learning_rate, **params)["metrics"]

@@ -24,7 +24,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from django.conf import settings
@@ -409,8 +408,6 @@ def _sample(future: TinkerFuture) -> tuple[bytes, int]:
     if isinstance(keeper, ServiceSessions):
         from training.trainer_client import TrainerServiceError
 
-        wire = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-                "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed, "stop_token_ids": stop_ids}  # fmt: skip
         try:
             session = keeper.client.claim(session_id, holder=keeper.holder)
         except TrainerServiceError as exc:
@@ -419,7 +416,7 @@ def _sample(future: TinkerFuture) -> tuple[bytes, int]:
             session = keeper.client.open(session_id, holder=keeper.holder, base_model=source, config=TrainConfig(),
                                          lora=lora, state=str(folder) if folder else None)  # fmt: skip
         try:
-            choices = [SimpleNamespace(**c) for c in session.sample(prompts, wire)]
+            choices = session.sample(prompts, sampling)
             scored = session.forward([scoring])[0] if scoring is not None else None
         finally:
             session.release()

@@ -140,7 +140,7 @@ def test_two_teams_over_http_train_exactly_as_each_alone(live_service, tiny_mode
     for name in ("alpha", "beta"):
         sessions[name].save_weights_for_sampler(f"out/{name}")
     sampled = sessions["alpha"].sample([[5, 9, 14]], {"max_new_tokens": 4, "temperature": 0})
-    assert len(sampled) == 1 and len(sampled[0]["token_ids"]) == len(sampled[0]["logprobs"]) >= 1
+    assert len(sampled) == 1 and len(sampled[0].token_ids) == len(sampled[0].logprobs) >= 1
     with pytest.raises(TrainerServiceError) as bad:
         sessions["alpha"].sample([[5, 9]], {"max_new_tokens": 0})
     assert bad.value.status == 400 and "max_new_tokens" in bad.value.message
