@@ -13,10 +13,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from training.art_config import ArtOptions
-from training.session import BASE_MODEL, datum_of
+from training.session.contract import BASE_MODEL, Session, datum_of
 from training.trajectory import TrainSample
 
 __all__ = ["BASE_MODEL", "Sequenced", "art_update", "learning_rate_of"]
@@ -49,7 +48,7 @@ def _completion(values: list[float], sample: TrainSample) -> list[float]:
 
 
 def art_update(
-    session: Any,
+    session: Session,
     job: Sequenced,
     rows: list[list[int]],
     options: ArtOptions,

@@ -37,7 +37,8 @@ from training.grpo import compute_advantages
 from training.packing import plan_sequences
 from training.policy import load_policy_model
 from training.run_steps import checkpoint_path
-from training.session import TrainingSession
+from training.session.contract import Session
+from training.session.local import TrainingSession
 
 # An advantage this close to zero is zero: the trajectory carries no signal (ART drops it).
 ZERO_ADVANTAGE = 1e-9
@@ -58,7 +59,7 @@ class ClientStepSpec:
     reference_dir: Path | None = None  # the KL reference checkpoint's folder (options.reference_step > 0)
     # A session at exactly checkpoint from_step, kept by the caller (a worker's SessionPool or the
     # host's trainer service), with its tokenizer and context length; None: loaded here from disk.
-    session: Any = None
+    session: Session | None = None
     tokenizer: Any = None
     model_max: int | None = None
     load_seconds: float = 0.0  # what getting ``session`` cost the caller
@@ -81,7 +82,7 @@ class ClientStepResult:
     metrics: dict[str, float]  # artweb's names (StepMetrics: the dashboard's charts)
     events: list[dict[str, float]]  # one per optimizer step: the client's gradient_step events (ART's names)
     trajectories: list[ScoredTrajectory]
-    session: Any = None  # the session, now at checkpoint ``step``: the caller may keep it
+    session: Session | None = None  # the session, now at checkpoint ``step``: the caller may keep it
 
 
 class ClientStepHooks(Protocol):

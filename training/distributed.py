@@ -72,9 +72,11 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from training.engines.base import Choice, SamplingParams
 from training.losses import KL_AVERAGE, LossInputError
 from training.policy import Policy, load_policy_model
-from training.session import Datum, ForwardBackwardResult, TrainingSession, check_token_ids
+from training.session.contract import Datum, ForwardBackwardResult, check_token_ids
+from training.session.local import TrainingSession
 
 T = TypeVar("T")
 
@@ -294,6 +296,11 @@ class DataParallelSession:
         with ``options``: the same step on every rank."""
         self.reduce_gradients()
         return self.session.optim_step(**options)
+
+    def sample(self, prompts: Sequence[list[int]], sampling: SamplingParams) -> list[Choice]:
+        """This rank's policy samples alone (every rank holds the same adapter; no collective). A
+        sharded base cannot sample: TrainingSession.sample says so."""
+        return self.session.sample(prompts, sampling)
 
     def reset_optimizer(self) -> None:
         """TrainingSession.reset_optimizer on this rank (every rank calls it: the states stay equal)."""

@@ -28,7 +28,7 @@ from training.distributed import (
 )
 from training.engines.vllm_engine import render_prompt
 from training.policy import load_policy_model
-from training.session import TrainingSession
+from training.session.local import TrainingSession
 from training.trainer import Trainer
 
 

@@ -13,19 +13,18 @@ import math
 import random
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from training.config import TrainConfig
 from training.grpo import is_zero_variance, update_advantages
 from training.minibatches import grpo_data, split_evenly
-from training.session import BASE_MODEL
+from training.session.contract import BASE_MODEL, Session
 from training.trajectory import TrainGroup, TrainSample
 
 # The session an update runs over, made when there is something to update (it may add metrics,
 # e.g. the data-parallel world size).
-SessionFor = Callable[[dict[str, float]], Any]
+SessionFor = Callable[[dict[str, float]], Session]
 
 
 def update_metrics() -> dict[str, float]:

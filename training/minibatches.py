@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from training.config import TrainConfig
-from training.session import Datum, datum_of
+from training.session.contract import Datum, datum_of
 from training.trajectory import TrainSample
 
 

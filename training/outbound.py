@@ -195,7 +195,6 @@ class OutboundPolicy:
 
     @functools.cached_property
     def _opener(self) -> urllib.request.OpenerDirector:
-
         opener = urllib.request.OpenerDirector()
         for handler in (
             PinnedHTTPHandler(self),

@@ -37,7 +37,7 @@ from training.engines.base import (
 )
 from training.engines.vllm_engine import render_prompt
 from training.grpo_update import grpo_step
-from training.session import Datum
+from training.session.contract import Datum
 from training.trainer_client import LeaseLost, RemoteSession, TrainerServiceError
 from training.trajectory import TrainGroup
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from training.config import LoraSpec, TrainConfig
-from training.session import TrainingSession
+from training.session.local import TrainingSession
 
 
 class SessionPoolError(KeyError):

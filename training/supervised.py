@@ -36,6 +36,8 @@ from training.environments.base import prompt_messages
 from training.evaluation import evaluate_during_run, is_evaluation_step
 from training.progress import phase, step_label
 from training.schedules import learning_rate_at
+from training.session.contract import Session, datum_of
+from training.session.local import TrainingSession
 from training.trajectory import TrainSample
 
 OBJECTIVES = ("sft", "dpo")
@@ -136,7 +138,6 @@ def prompt_row(row: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------- losses
 def sft_data(samples: list[TrainSample]) -> list[Any]:
     """Datums for ``cross_entropy``: weight 1 / (all target tokens) on each target token."""
-    from training.session import datum_of
 
     total = max(sum(s.trainable_tokens() for s in samples), 1)
     return [datum_of(s, weights=[bit / total for bit in (s.completion_mask or [])]) for s in samples]
@@ -184,7 +185,6 @@ def _softplus(x: float) -> float:
 
 def _with_weights(sample: TrainSample, coefficient: float) -> Any:
     """A datum whose ``cross_entropy`` gradient is ``coefficient`` × ∇(the sample's log-likelihood)."""
-    from training.session import datum_of
 
     return datum_of(sample, weights=[-coefficient * bit for bit in (sample.completion_mask or [])])
 
@@ -193,7 +193,7 @@ def _with_weights(sample: TrainSample, coefficient: float) -> Any:
 class _Objective:
     """What differs between SFT and DPO: the examples, one update, the held-out measurement."""
 
-    def __init__(self, spec: Any, session: Any, tokenizer: Any, reference: Any) -> None:
+    def __init__(self, spec: Any, session: Session, tokenizer: Any, reference: Any) -> None:
         self.spec, self.session, self.reference = spec, session, reference
         self.kind = spec.objective
         system = spec.environment.system_prompt
@@ -227,7 +227,6 @@ class _Objective:
         self, pairs: list[Pair], beta: float
     ) -> tuple[float, list[tuple[float, float]], dict[str, float]]:
         samples = [sample for pair in pairs for sample in (pair.chosen, pair.rejected)]
-        from training.session import datum_of
 
         data = [datum_of(sample) for sample in samples]
         sums = [
@@ -270,12 +269,15 @@ def run_supervised(spec: Any, hooks: Any, trainer: Any, tokenizer: Any, dtype: A
     from training.policy_sampler import PolicySampler
     from training.run_steps import checkpoint_path, rows_for_step
     from training.service_run import ServiceTrainer
-    from training.session import TrainingSession
 
     config = spec.config
-    session: Any = trainer.session if isinstance(trainer, ServiceTrainer) else TrainingSession(trainer)
-    if followers is not None:
-        session = MirroredSession(session, followers)
+    session: Session
+    if isinstance(trainer, ServiceTrainer):
+        session = trainer.session
+    elif followers is not None:
+        session = MirroredSession(TrainingSession(trainer), followers)
+    else:
+        session = TrainingSession(trainer)
     objective = _Objective(spec, session, tokenizer, checkpoint_path(spec.checkpoint_root, spec.start_step))
     # A sharded base (fsdp) cannot sample on rank 0 alone: the held-out answers are then sampled by
     # a copy of the base of its own, which loads each saved checkpoint (as an overlapped GRPO run's).

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
-from training.session import Datum, ForwardBackwardResult
+from training.session.contract import Datum, ForwardBackwardResult
 
 PROTOBUF = "application/x-protobuf"
 

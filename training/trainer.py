@@ -9,12 +9,12 @@ is the policy's.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from training.distributed import DataParallelSession, is_data_parallel
 from training.grpo_update import grpo_step, update_metrics, update_samples
 from training.policy import Policy
-from training.session import TrainingSession
+from training.session.contract import Session
+from training.session.local import TrainingSession
 from training.trajectory import TrainGroup, TrainSample
 
 
@@ -41,11 +41,12 @@ class Trainer(Policy):
         self.step += 1
         return metrics
 
-    def _session(self, metrics: dict[str, float]) -> Any:
+    def _session(self, metrics: dict[str, float]) -> Session:
         """The session the update runs over: this trainer's, over every rank when the update is
         data-parallel (training.distributed)."""
-        session: Any = TrainingSession(self)
-        if is_data_parallel():  # every rank runs this update on the same samples (training.distributed)
-            session = DataParallelSession(session)
-            metrics["update_devices"] = float(session.world_size)
-        return session
+        local = TrainingSession(self)
+        if not is_data_parallel():
+            return local
+        ranks = DataParallelSession(local)  # every rank runs this update on the same samples
+        metrics["update_devices"] = float(ranks.world_size)
+        return ranks

@@ -22,7 +22,7 @@ from typing import Any
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import Choice, SamplingParams
 from training.engines.token_wire import choices_of, sampling_body
-from training.session import Datum, ForwardBackwardResult
+from training.session.contract import Datum, ForwardBackwardResult
 
 
 class TrainerServiceError(RuntimeError):

@@ -57,7 +57,7 @@ from training.engines.token_wire import TokenRequestError, choice_body, parse_pr
 from training.losses import LossInputError
 from training.serving.asgi import json_response, read_body
 from training.serving.protocol import RequestError
-from training.session import BASE_MODEL, Datum
+from training.session.contract import BASE_MODEL, Datum
 from training.session_pool import SessionPool, SessionPoolError
 
 log = logging.getLogger(__name__)

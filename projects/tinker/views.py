@@ -331,7 +331,7 @@ def _check_datum_tokens(base: BaseModel, blob: bytes) -> None:
     """Every datum's input and target ids in the base model's vocabulary, refused here (400 naming
     the datum and position) before the call is queued; the session checks again for every caller."""
     from training.losses import LossInputError
-    from training.session import check_token_ids
+    from training.session.contract import check_token_ids
     from training.tinker_wire import parse_forward_backward
 
     vocabulary = _vocabulary(base)

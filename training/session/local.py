@@ -1,11 +1,5 @@
-"""A training session: the primitives every way of training is written over.
-
-A session holds the policy (base model + LoRA adapter) and its optimizer, and offers
-``forward(data)`` (logprobs only), ``forward_backward(data, loss_fn, loss_fn_config)`` (a named loss
-from training.losses, gradients accumulated), ``optim_step(...)`` (one AdamW step, then the
-gradients are cleared), and through its trainer the checkpoint as state (``save_state`` /
-``load_state``: adapter, optimizer, RNG) and as weights a sampler loads (``save_weights_for_sampler``); ``sample`` draws completions from the
-current policy.
+"""The session in this process: the primitives of training.session.contract over a policy
+(training.policy.Policy) held here, on one device or (through training.distributed) one rank.
 
 ``data`` is a list of ``Datum``: Tinker's layout, one sequence each: ``model_input`` (N tokens) and
 ``loss_fn_inputs`` with ``target_tokens`` (N: position i predicts target i, so target i is input
@@ -39,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,70 +43,19 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from training.adapter_check import live_adapter_fingerprint
+from training.engines.base import Choice, SamplingParams
 from training.losses import LossInputError, LossInputs, loss_named
 from training.packing import ROW_TOKENS, pack
 from training.policy import Policy
+from training.session.contract import (
+    BASE_MODEL,
+    WHOLE_CALL_LOSSES,
+    Datum,
+    ForwardBackwardResult,
+    check_prompt_ids,
+    check_token_ids,
+)
 from training.trajectory import TrainSample
-
-BASE_MODEL = "base"  # forward's reference: the base model itself (the adapter switched off)
-
-# Losses whose value over a call is not the sum of their values over its parts.
-WHOLE_CALL_LOSSES = frozenset({"art"})
-
-
-@dataclass
-class Datum:
-    model_input: list[int]
-    loss_fn_inputs: dict[str, list[float]] = field(default_factory=dict)  # target_tokens among them
-
-    def __post_init__(self) -> None:
-        targets = self.loss_fn_inputs.get("target_tokens")
-        if not self.model_input:
-            raise LossInputError("a datum needs a non-empty model_input")
-        if targets is None or len(targets) != len(self.model_input):
-            raise LossInputError("loss_fn_inputs.target_tokens must have one token per model_input token")
-        for name, values in self.loss_fn_inputs.items():
-            if len(values) != len(self.model_input):
-                raise LossInputError(
-                    f"loss_fn_inputs.{name} has {len(values)} values for {len(self.model_input)} tokens"
-                )
-        if [int(t) for t in targets[:-1]] != list(self.model_input[1:]):
-            raise LossInputError(
-                "target_tokens must be model_input shifted by one (target i is input i + 1): "
-                "artweb trains on the sequence itself"
-            )
-
-    @property
-    def first_computed(self) -> int:
-        """The first position whose logprob is computed (see the module doc)."""
-        weights = self.loss_fn_inputs.get("weights")
-        if weights is None:
-            return 0
-        return next((i for i, w in enumerate(weights) if w != 0), len(weights))
-
-    def sample(self) -> TrainSample:
-        """The datum as the trainer's packed layout takes it: the positions from ``first_computed``
-        on are the completion."""
-        start = self.first_computed
-        tokens = [*self.model_input, int(self.loss_fn_inputs["target_tokens"][-1])]
-        completion = tokens[start + 1 :]
-        return TrainSample(
-            prompt_token_ids=tokens[: start + 1],
-            completion_token_ids=completion,
-            completion_logprobs=[0.0] * len(completion),
-            reward=0.0,
-        )
-
-
-def datum_of(sample: TrainSample, **per_token: list[float]) -> Datum:
-    """A sample as a session datum: its completion positions carry ``per_token`` values (one per
-    completion token), the prompt's carry 0 weight."""
-    tokens = sample.prompt_token_ids + sample.completion_token_ids
-    before = len(sample.prompt_token_ids) - 1
-    inputs = {name: [0.0] * before + list(values) for name, values in per_token.items()}
-    return Datum(
-        model_input=tokens[:-1], loss_fn_inputs={"target_tokens": [float(t) for t in tokens[1:]], **inputs}
-    )
 
 
 @dataclass
@@ -124,49 +67,6 @@ class _Row:
     positions: int
     padding: int
     padded: bool = False
-
-
-@dataclass
-class ForwardBackwardResult:
-    loss: float
-    metrics: dict[str, float]
-    logprobs: list[list[float]]  # per datum, N values (0.0 before its first computed position)
-
-
-def check_token_ids(data: Sequence[Datum], vocabulary: int) -> None:
-    """Every datum's input and target ids lie in ``0..vocabulary - 1``; else a LossInputError that
-    names the datum and the position (``data[3].model_input[17]``)."""
-    for index, datum in enumerate(data):
-        for name, ids in (("model_input", datum.model_input),
-                          ("loss_fn_inputs.target_tokens", datum.loss_fn_inputs.get("target_tokens") or [])):  # fmt: skip
-            _check_ids(ids, vocabulary, f"data[{index}].{name}")
-
-
-def check_prompt_ids(prompts: Sequence[Sequence[int]], vocabulary: int) -> None:
-    """Every prompt's ids lie in the vocabulary (``prompts[0][5]`` names a bad one)."""
-    for index, prompt in enumerate(prompts):
-        _check_ids(prompt, vocabulary, f"prompts[{index}]")
-
-
-def _check_ids(ids: Sequence[Any], vocabulary: int, where: str) -> None:
-    try:
-        if not ids or (min(ids) >= 0 and max(ids) < vocabulary):  # at C speed; the loop finds the culprit
-            return
-    except TypeError:
-        pass
-    for position, token in enumerate(ids):
-        if (
-            isinstance(token, bool)
-            or not isinstance(token, int | float)
-            or not math.isfinite(token)
-            or token != int(token)
-        ):
-            raise LossInputError(f"{where}[{position}]: {token!r} is not a token id")
-        if not 0 <= int(token) < vocabulary:
-            raise LossInputError(
-                f"{where}[{position}]: token id {int(token)} is outside the model's vocabulary of "
-                f"{vocabulary} (ids 0..{vocabulary - 1})"
-            )
 
 
 def context_length_of(model: Any) -> int | None:
@@ -223,7 +123,7 @@ class TrainingSession:
         self.trainer = trainer
         self._engine = engine  # a TransformersEngine over the trainer's model (built on first sample)
 
-    def sample(self, prompts: Sequence[list[int]], sampling: Any) -> list[Any]:
+    def sample(self, prompts: Sequence[list[int]], sampling: SamplingParams) -> list[Choice]:
         """Completions of each prompt (token ids) by the current policy, with the sampler's
         logprobs (``training.engines.base.Choice``, one per prompt). ``sampling``: a
         ``SamplingParams``; with ``seed=None`` it draws from the session's RNG, so a session's
@@ -232,7 +132,7 @@ class TrainingSession:
         running.advance()
         return running.choices()
 
-    def start_sample(self, prompts: Sequence[list[int]], sampling: Any) -> SampleInProgress:
+    def start_sample(self, prompts: Sequence[list[int]], sampling: SamplingParams) -> SampleInProgress:
         """``sample``, checked (ids in the vocabulary, each prompt plus ``max_new_tokens`` within the
         model's context) and queued, not yet decoded: the caller ``advance``s it."""
         if self.trainer.sharded or self.trainer.config.fsdp:  # sharded, or to be at its first call
