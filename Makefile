@@ -24,7 +24,8 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 # services, jobs and the dashboard, which between them call the selectors in-process (all but a
 # few unused ones and two plain filters only the evaluation job's integration test reaches). A
 # query PostgreSQL accepts and SQLite refuses fails here. The rest (training core, browser, integration, platform)
-# does not depend on the database's dialect and runs once, on PostgreSQL.
+# does not depend on the database's dialect and runs once, on PostgreSQL; so do the tests of these
+# suites that never reach the database (ARTWEB_TESTS_ORM_ONLY: tests/conftest.py deselects them).
 TEST_SQLITE_PATHS ?= tests/projects tests/frontend
 
 .PHONY: up test test-gpu install install-python install-vllm lint typecheck demo lock audit
@@ -175,7 +176,7 @@ test: install lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 	# The SQLite pass: a database file of its own (tests/conftest.py puts the test database beside it).
 	sqlite_dir=$$(mktemp -d) && trap 'rm -rf "$$sqlite_dir"' EXIT && \
-	DATABASE_URL=sqlite:///$$sqlite_dir/artweb.sqlite3 \
+	DATABASE_URL=sqlite:///$$sqlite_dir/artweb.sqlite3 ARTWEB_TESTS_ORM_ONLY=1 \
 	CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
 	DEBUG=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
 	$(PY) -m pytest $(PYTEST_ARGS) $(TEST_SQLITE_PATHS)
