@@ -142,7 +142,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "projects.api.errors.exception_handler",
     "DEFAULT_PARSER_CLASSES": [
-        # training.strict_json: depth limit, no NaN / out-of-range numbers / lone surrogates / NUL.
+        # training.rollouts.strict_json: depth limit, no NaN / out-of-range numbers / lone surrogates / NUL.
         "projects.api.parsers.StrictJSONParser",
         "projects.api.parsers.LimitedFormParser",
         "rest_framework.parsers.MultiPartParser",
@@ -221,7 +221,7 @@ TRAINING_UNSLOTH = env_choice("ARTWEB_UNSLOTH", "auto", ("auto", "on", "off"))
 # Client training jobs: how many trained sessions a worker process keeps between jobs, so the next
 # job of a model starts from memory instead of loading the base model and checkpoint (0: never).
 RESIDENT_SESSIONS = env_int("RESIDENT_SESSIONS", 1, minimum=0)
-# The host's trainer service (``python -m training.trainer_service``; `manage.py up` starts one):
+# The host's trainer service (``python -m training.hosting.service``; `manage.py up` starts one):
 # client training jobs keep their sessions there, many models' adapters on one copy of each base.
 # Empty: each worker process keeps its own (RESIDENT_SESSIONS). Its token comes from the environment.
 TRAINER_SERVICE_URL = env_str("TRAINER_SERVICE_URL", "")
@@ -467,13 +467,13 @@ MCP_STDIO_MEMORY_MB = env_int("MCP_STDIO_MEMORY_MB", 1024, minimum=128)
 
 # --- outbound calls -------------------------------------------------------------------------
 # Judge endpoints, remote policies, scenario generation and MCP server URLs reach public addresses
-# only (training.outbound, built by projects.outbound). These hosts, addresses or CIDRs, each
+# only (training.safety.outbound, built by projects.outbound). These hosts, addresses or CIDRs, each
 # optionally with :port, are allowed even when internal (comma-separated); a bad entry fails here.
 OUTBOUND_ALLOW: tuple[str, ...] = tuple(env_list("OUTBOUND_ALLOW", []))
 
 
 def _outbound_allow_checked() -> None:
-    from training.outbound import OutboundPolicy  # standard library only
+    from training.safety.outbound import OutboundPolicy  # standard library only
 
     try:
         OutboundPolicy(allow=OUTBOUND_ALLOW)

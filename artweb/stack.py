@@ -70,10 +70,10 @@ def web_command(*, fd: int) -> list[str]:
 
 
 def trainer_command(*, port: int, host: str = "127.0.0.1", fd: int | None = None) -> list[str]:
-    """The host's trainer service (training.trainer_service): it writes checkpoints under
+    """The host's trainer service (training.hosting.service): it writes checkpoints under
     CHECKPOINT_DIR only, and reads its token from TRAINER_SERVICE_TOKEN in the environment; with
     ``fd`` it serves on that inherited listening socket (bound to ``host:port``)."""
-    command = [sys.executable, "-m", "training.trainer_service", "--root", str(settings.CHECKPOINT_DIR),
+    command = [sys.executable, "-m", "training.hosting.service", "--root", str(settings.CHECKPOINT_DIR),
                "--model-cache-dir", str(settings.MODEL_CACHE_DIR), "--spill-dir", str(settings.DATA_DIR / "trainer-spill"),
                "--host", host, "--port", str(port), "--device", settings.TRAINING_DEVICE,
                "--memory-budget-mb", str(settings.TRAINER_SESSION_MEMORY_MB)]  # fmt: skip

@@ -1,5 +1,5 @@
 """The outbound-URL policy's added latency per request: chat completions POSTed to a local listener
-alternately through a bare urllib opener (what ``training.openai_http`` did before the policy) and
+alternately through a bare urllib opener (what ``training.wire.openai_http`` did before the policy) and
 through the policy (``check_url`` + the pinned opener, the listener's address allow-listed), in one
 run, reporting the median of the paired differences; plus the cost of the checks alone.
 
@@ -20,7 +20,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from training.outbound import OutboundPolicy
+from training.safety.outbound import OutboundPolicy
 
 ANSWER = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "1"}}]}).encode()
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     policy = OutboundPolicy(allow=(f"{args.host}:{port}",))
 
     def through_policy() -> None:
-        policy.check_url(url, resolve=False)  # as training.openai_http does before each request
+        policy.check_url(url, resolve=False)  # as training.wire.openai_http does before each request
         _post(policy.opener(), url)
 
     for _ in range(20):  # warm-up: imports, first connections

@@ -23,8 +23,8 @@ import torch
 from training.base_models import BUNDLED_MODEL, build_tiny_model, load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.export import merge_adapter, model_card, save_merged
-from training.trainer import Trainer
-from training.trajectory import TrainGroup, TrainSample
+from training.recipes.grpo_trainer import Trainer
+from training.rollouts.trajectory import TrainGroup, TrainSample
 
 STATE_FILES = ("optimizer.pt", "rng_state.pt")
 

@@ -1,4 +1,4 @@
-"""A data-parallel update (training.distributed, 2 gloo ranks) against one process on the same batch.
+"""A data-parallel update (training.hosting.ranks, 2 gloo ranks) against one process on the same batch.
 
 Prints the largest difference between the two sides' LoRA weights after --steps AdamW steps, the
 losses of each step, and the seconds per step of each side, measured inside the processes (process
@@ -11,10 +11,10 @@ a speed-up here, only the equality is the point. On GPUs each rank has its own d
 
     python -m benchmarks.data_parallel            # the bundled SmolLM2-135M
     python -m benchmarks.data_parallel --tiny
-    python -m benchmarks.data_parallel --pool     # a Tinker client's session (training.session_pool)
+    python -m benchmarks.data_parallel --pool     # a Tinker client's session (training.hosting.pool)
     python -m benchmarks.data_parallel --fsdp     # the base sharded across the ranks (FSDP2)
 
-``--fsdp``: the ranks shard the frozen base (training.distributed.shard_base); the report adds the
+``--fsdp``: the ranks shard the frozen base (training.hosting.ranks.shard_base); the report adds the
 parameter bytes each rank holds at rest against one process's.
 
 ``--pool``: a SessionPool session opened with ``devices: 2`` (rank 0 in this process, a follower
@@ -62,8 +62,8 @@ def batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> list[Any]:
 def session(source: str, cache: Path, threads: int) -> Any:
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
+    from training.recipes.grpo_trainer import Trainer
     from training.session import TrainingSession
-    from training.trainer import Trainer
 
     torch.set_num_threads(threads)
     model, tokenizer = load_base_model(source, cache, device="cpu")
@@ -90,7 +90,7 @@ def train(target: Any, data: list[Any], steps: int, learning_rate: float, loss: 
 
 def _rank(rank: int, world_size: int, source: str, cache: str, out: str, rows: int, tokens: int,
           steps: int, learning_rate: float, loss: str, fsdp: bool) -> None:  # fmt: skip
-    from training.distributed import DataParallelSession, local_parameter_bytes
+    from training.hosting.ranks import DataParallelSession, local_parameter_bytes
 
     parallel = DataParallelSession(session(source, Path(cache), threads=1), shard=fsdp)
     vocab = len(parallel.session.trainer.tokenizer)
@@ -104,7 +104,7 @@ def pool_side(source: str, cache: Path, work: Path, devices: int, data: list[Any
     """A Tinker client's calls on a pool session with ``devices`` ranks."""
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.session_pool import SessionPool
+    from training.hosting.pool import SessionPool
 
     def load(name: str) -> tuple[Any, Any]:
         model, tokenizer = load_base_model(name, cache, device="cpu")
@@ -167,7 +167,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from training.base_models import BUNDLED_MODEL, build_tiny_model
-    from training.distributed import local_parameter_bytes, run_ranks
+    from training.hosting.ranks import local_parameter_bytes, run_ranks
 
     work = Path(tempfile.mkdtemp(prefix="artweb-ddp-bench-"))
     cache = work / "models"

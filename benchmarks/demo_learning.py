@@ -1,5 +1,5 @@
 """Does the demo learn? The `make up` / `manage.py demo` run (artweb.demo: task set, reward, config)
-trained through the platform's own `training.loop.run_training` with in-memory hooks, and its
+trained through the platform's own `training.runs.loop.run_training` with in-memory hooks, and its
 greedy held-out reward (the 24 validation rows, the loop's own evaluation at step 0 and at the end)
 printed per seed.
 
@@ -31,8 +31,8 @@ from artweb.demo import REWARD_SPEC, RUN_CONFIG, SYSTEM_PROMPT, TASKS_PATH
 from training.base_models import BUNDLED_MODEL
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import run_training
-from training.run_spec import RunSpec, StepTrajectories
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec, StepTrajectories
 
 
 def demo_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -46,7 +46,7 @@ def demo_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 class MemoryHooks:
-    """training.loop.RunHooks without Django: keeps step metrics, evaluations and events."""
+    """training.runs.loop.RunHooks without Django: keeps step metrics, evaluations and events."""
 
     def __init__(self, echo: bool = True) -> None:
         self.steps: list[dict[str, Any]] = []
@@ -98,7 +98,7 @@ def demo_run(*, steps: int, seed: int, cache_dir: Path, model: str = BUNDLED_MOD
              overrides: dict[str, Any] | None = None, echo: bool = True, service: Any = None,
              rollout_server: Any = None) -> MemoryHooks:  # fmt: skip
     """One demo run of ``steps`` steps; its hooks hold the evaluations at step 0 and ``steps``.
-    ``service``: a trainer service's client the run's session lives on (training.service_run).
+    ``service``: a trainer service's client the run's session lives on (training.hosting.service_run).
     ``rollout_server``: the inference server an overlapped run's rollouts go to (``rollouts_on``)."""
     train, validation = demo_rows()
     config = TrainConfig.from_dict({**RUN_CONFIG, **(overrides or {}), "steps": steps, "seed": seed})
@@ -117,7 +117,7 @@ def demo_run(*, steps: int, seed: int, cache_dir: Path, model: str = BUNDLED_MOD
         rollout_server=rollout_server,
     )
     if service is not None:
-        from training.service_run import ServiceTarget
+        from training.hosting.service_run import ServiceTarget
 
         spec.trainer_service = ServiceTarget(service, holder="demo-learning", session_id=f"run-{seed}")
     hooks = MemoryHooks(echo=echo)
@@ -131,8 +131,8 @@ def evaluate_checkpoint(checkpoint: Path, *, cache_dir: Path, model: str = BUNDL
     from training.base_models import load_base_model
     from training.engines.base import SamplingParams
     from training.engines.transformers_engine import TransformersEngine
-    from training.evaluation import LocalPolicy, evaluate
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
+    from training.runs.evaluation import LocalPolicy, evaluate
 
     _, validation = demo_rows()
     config = TrainConfig.from_dict(RUN_CONFIG)

@@ -33,8 +33,8 @@ from benchmarks.demo_learning import MemoryHooks
 from benchmarks.sample_efficiency import FORMAT_REWARD, REPO_ROOT, task
 from training.base_models import BUNDLED_MODEL
 from training.config import LoraSpec, TrainConfig
-from training.loop import run_training
-from training.run_spec import RunSpec
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec
 
 EVAL_AT = (3, 6, 12)
 

@@ -5,7 +5,7 @@ random opponent? Validation mean reward at step 0 and after training, and the pe
     .venv/bin/python -m benchmarks.env_proof --task tools --steps 20 --json /tmp/env_proof/tools.json
     .venv/bin/python -m benchmarks.env_proof --task tic_tac_toe --steps 12
 
-Training goes through the platform's own `training.loop.run_training` (rollouts through the
+Training goes through the platform's own `training.runs.loop.run_training` (rollouts through the
 environment registry, grading, GRPO step, checkpoints) with in-memory hooks instead of Django.
 Validation is this script's own pass: the step-0 and final checkpoints are loaded
 (`Trainer.resume`), every validation row is played `--val-samples` times with one fixed sampling
@@ -54,17 +54,17 @@ from typing import Any
 
 import torch
 
-from training.agent import rollout_groups
 from training.base_models import BUNDLED_MODEL, load_base_model
 from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import Environment, build_environment
-from training.loop import run_training
+from training.recipes.grpo_trainer import Trainer
 from training.rewards import grade_trajectories
-from training.run_spec import RunSpec, StepTrajectories
-from training.run_steps import checkpoint_path
-from training.trainer import Trainer
+from training.rollouts.agent import rollout_groups
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec, StepTrajectories
+from training.runs.steps import checkpoint_path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOL_TASKS = REPO_ROOT / "artweb" / "demo" / "tool_tasks.jsonl"
@@ -125,7 +125,7 @@ def task_settings(task: str) -> dict[str, Any]:
 
 
 class MemoryHooks:
-    """training.loop.RunHooks without Django: prints and keeps each step's metrics."""
+    """training.runs.loop.RunHooks without Django: prints and keeps each step's metrics."""
 
     def __init__(self) -> None:
         self.steps: list[dict[str, Any]] = []

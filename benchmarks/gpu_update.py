@@ -47,7 +47,7 @@ def build_shaped_model(path: Path) -> Path:
 
 
 def groups_for(vocabulary: int) -> list:
-    from training.trajectory import TrainGroup, TrainSample
+    from training.rollouts.trajectory import TrainGroup, TrainSample
 
     generator = torch.Generator().manual_seed(0)
     groups = []
@@ -73,7 +73,7 @@ def measure(model_dir: Path, device: str, dtype: torch.dtype, repeats: int) -> d
     from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
     from training.engines.base import SamplingParams
     from training.engines.transformers_engine import TransformersEngine
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()

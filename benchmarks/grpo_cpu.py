@@ -8,7 +8,7 @@ same task rows in the same order, the same group size, max new tokens, LoRA and 
    against the same engine called once per completion, and against plain `model.generate`
    one sequence at a time (and batched, the path TRL takes);
 2. our training core (load_base_model, Trainer, TransformersEngine, rollout_groups, the
-   string_check reward) in a loop like training/loop.py without Django or checkpoints;
+   string_check reward) in a loop like training/runs/loop.py without Django or checkpoints;
 3. TRL's GRPOTrainer with the settings that mean the same thing (table in benchmarks/README.md);
 4. the final policies of both, graded by one evaluation procedure (every task row, same seed).
 
@@ -43,17 +43,17 @@ from typing import Any
 import torch
 
 from artweb.demo import SYSTEM_PROMPT, TASKS_PATH
-from training.agent import rollout_groups
 from training.base_models import BUNDLED_MODEL, load_base_model
 from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec, build_messages
-from training.policy import peft_lora_config
+from training.recipes.grpo_trainer import Trainer
 from training.rewards import Sample, build_grader, grade_many, grade_trajectories
-from training.run_steps import rows_for_step
-from training.trainer import Trainer
-from training.trajectory import to_train_group
+from training.rollouts.agent import rollout_groups
+from training.rollouts.trajectory import to_train_group
+from training.runs.steps import rows_for_step
+from training.session.policy import peft_lora_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENVIRONMENT = EnvironmentSpec(system_prompt=SYSTEM_PROMPT)
@@ -163,7 +163,7 @@ def _median(values: list[float]) -> float | None:
 
 # ---------------------------------------------------------------- tasks and reward
 def load_task_rows() -> list[dict[str, Any]]:
-    """The demo task set, as training/loop.py sees it: [{"index": i, "data": row}]."""
+    """The demo task set, as training/runs/loop.py sees it: [{"index": i, "data": row}]."""
     lines = [line for line in TASKS_PATH.read_text().splitlines() if line.strip()]
     return [{"index": index, "data": json.loads(line)} for index, line in enumerate(lines)]
 
@@ -252,7 +252,7 @@ def _add(total: list, tokens: int, started: float) -> None:
 
 # ---------------------------------------------------------------- part 2: our training core
 class OurRun:
-    """Our training core stepping as training/loop.py does (rollout, grade, update), without
+    """Our training core stepping as training/runs/loop.py does (rollout, grade, update), without
     checkpoints or hooks. Steps are called one at a time so they can interleave with TRL's."""
 
     def __init__(self, settings: Settings, rows: list[dict[str, Any]]) -> None:
@@ -289,7 +289,7 @@ class OurRun:
         _progress(f"ours step {step}: {result.step_seconds[-1]:.2f}s, reward {metrics['reward_mean']:.3f}")
 
     def time_checkpoint_save(self) -> None:
-        """training/loop.py also saves a checkpoint every step; timed once, apart from s/step."""
+        """training/runs/loop.py also saves a checkpoint every step; timed once, apart from s/step."""
         with tempfile.TemporaryDirectory() as scratch:
             started = time.perf_counter()
             self.trainer.save_checkpoint(Path(scratch) / "step", step=self.settings.steps, metrics={})

@@ -7,7 +7,7 @@ the held-out reward before and after (the loop's own greedy evaluation), the mea
 and each step's staleness; then the ratio of seconds per step, overlapped / synchronous.
 
 Thread split: the synchronous loop uses all ``--threads`` torch threads for rollouts, then for the
-update; the overlapped one gives half to each (training.overlap.split_threads), since both run at
+update; the overlapped one gives half to each (training.runs.overlap.split_threads), since both run at
 once. Evaluations happen only at step 0 and at the end (``eval_interval`` 0), outside the steps.
 
     OMP_NUM_THREADS=2 .venv/bin/python -m benchmarks.overlap --steps 8 --lags 0 1
@@ -37,8 +37,8 @@ from unittest import mock
 import torch
 
 from benchmarks.demo_learning import demo_run
-from training import overlap
 from training.base_models import BUNDLED_MODEL
+from training.runs import overlap
 
 
 @contextlib.contextmanager

@@ -2,8 +2,8 @@
 from disk, in one run, on the bundled model (or ``--tiny``). Three sides, interleaved job by job:
 
 - ``from disk``: every job loads the base model and its checkpoint (RESIDENT_SESSIONS=0);
-- ``kept``: the worker process keeps the session (training.resident.ResidentSessions, a SessionPool);
-- ``service``: the host's trainer service keeps it (training.trainer_service in a child process;
+- ``kept``: the worker process keeps the session (training.hosting.resident.ResidentSessions, a SessionPool);
+- ``service``: the host's trainer service keeps it (training.hosting.service in a child process;
   the job drives it over HTTP, as a worker with TRAINER_SERVICE_URL does).
 
     .venv/bin/python -m benchmarks.resident_jobs --jobs 4 --threads 1
@@ -25,17 +25,17 @@ import time
 from pathlib import Path
 
 from benchmarks._model import add_model_arguments, prepared_model
-from training.art_config import art_job_config
 from training.base_models import (
     context_length,
     load_base_model,
     load_tokenizer,
 )
-from training.client_groups import parse_groups
-from training.client_step import ClientStepSpec, train_client_step
 from training.config import LoraSpec
-from training.resident import ResidentSessions, ServiceSessions, SessionKey
-from training.trainer_client import TrainerServiceClient
+from training.hosting.client import TrainerServiceClient
+from training.hosting.resident import ResidentSessions, ServiceSessions, SessionKey
+from training.recipes.art_config import art_job_config
+from training.runs.art_groups import parse_groups
+from training.runs.art_step import ClientStepSpec, train_client_step
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("from disk", "kept", "service")
@@ -49,7 +49,7 @@ class Hooks:
 def start_service(root: Path, cache: Path, threads: int) -> tuple[subprocess.Popen, TrainerServiceClient]:
     env = {**os.environ, "TRAINER_SERVICE_TOKEN": "bench", "TORCH_THREADS": str(threads)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "training.trainer_service", "--root", str(root), "--port", "0",
+        [sys.executable, "-m", "training.hosting.service", "--root", str(root), "--port", "0",
          "--model-cache-dir", str(cache)],
         stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip

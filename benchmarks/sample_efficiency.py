@@ -8,7 +8,7 @@ In-sample: the current defaults were chosen on these very tasks and seeds (``bol
 well they fit these task-seeds, not how they do on a task or seed they were not chosen on.
 
 A script, not a timed test. Every configuration trains the bundled SmolLM2-135M-Instruct through the
-platform's own ``training.loop.run_training`` (in-memory hooks, no Django) for ``--steps`` steps of
+platform's own ``training.runs.loop.run_training`` (in-memory hooks, no Django) for ``--steps`` steps of
 ``--groups-per-step`` rows × ``--group-size`` completions, LoRA r8, and is evaluated greedily on the
 task's held-out rows after every step (the loop's own evaluation). TRL (run in the same script, same
 rows, same prompts, same reward, same LoRA) is evaluated the same way after steps 3, 6 and 12. The
@@ -58,8 +58,8 @@ from benchmarks.demo_learning import MemoryHooks
 from training.base_models import BUNDLED_MODEL
 from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import run_training
-from training.run_spec import RunSpec
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EVAL_AT = (3, 6, 12)
@@ -277,7 +277,7 @@ class StepHooks(MemoryHooks):
 
 
 def trl(settings: dict[str, Any], arguments: argparse.Namespace) -> dict[str, Any]:
-    """TRL's GRPOTrainer on the same rows in the same order (training.loop.rows_for_step), the same
+    """TRL's GRPOTrainer on the same rows in the same order (training.runs.loop.rows_for_step), the same
     prompts (system prompt + row), reward, LoRA and batch shape; held-out reward (our evaluation
     procedure, greedy) after steps 3, 6 and 12."""
     import trl as trl_package
@@ -289,10 +289,10 @@ def trl(settings: dict[str, Any], arguments: argparse.Namespace) -> dict[str, An
     from training.engines.base import SamplingParams
     from training.engines.transformers_engine import TransformersEngine
     from training.environments import EnvironmentSpec, build_messages
-    from training.evaluation import LocalPolicy, evaluate
-    from training.policy import peft_lora_config
     from training.rewards import Sample, build_grader, grade_many
-    from training.run_steps import rows_for_step
+    from training.runs.evaluation import LocalPolicy, evaluate
+    from training.runs.steps import rows_for_step
+    from training.session.policy import peft_lora_config
 
     config = TrainConfig.from_dict(base_config(arguments, settings))
     environment = EnvironmentSpec(system_prompt=settings["system_prompt"])

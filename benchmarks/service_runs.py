@@ -4,7 +4,7 @@ worker process, in one process, on the bundled model (or ``--tiny``).
     .venv/bin/python -m benchmarks.service_runs --steps 3 --threads 1
 
 Each side runs in a child process of its own, one after the other, as a worker would: ``service``
-starts a training.trainer_service (``--threads`` torch threads) and loads the tokenizer only;
+starts a training.hosting.service (``--threads`` torch threads) and loads the tokenizer only;
 ``worker`` holds the model itself. Prints the median seconds per step of steps 2.., the ratio
 service / worker, each worker process's peak memory (the service's own is not counted: it is the
 host's, shared by every session), and whether the two final checkpoints are equal tensor for tensor.
@@ -29,10 +29,10 @@ from benchmarks._model import add_model_arguments, prepared_model
 from benchmarks.resident_jobs import start_service
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import run_training
-from training.run_spec import RunSpec
-from training.run_steps import checkpoint_path
-from training.service_run import ServiceTarget
+from training.hosting.service_run import ServiceTarget
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec
+from training.runs.steps import checkpoint_path
 
 ROWS = [
     {"index": i, "data": {"prompt": f"Write one word that starts with the letter {c}."}}

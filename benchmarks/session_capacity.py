@@ -1,5 +1,5 @@
 """How many training sessions one host keeps resident on one copy of a base model
-(training.session_pool), on the bundled model (or ``--tiny``).
+(training.hosting.pool), on the bundled model (or ``--tiny``).
 
     .venv/bin/python -m benchmarks.session_capacity --sessions 16 --threads 1
 
@@ -22,8 +22,8 @@ from pathlib import Path
 from benchmarks._model import add_model_arguments, prepared_model
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
+from training.hosting.pool import SessionPool
 from training.session import Datum
-from training.session_pool import SessionPool
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -71,7 +71,7 @@ def write_checkpoint(source: str, cache_dir: Path, folder: Path) -> tuple[Any, A
     """A checkpoint as training writes it; returns the (model, tokenizer) loaded for it."""
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     model, tokenizer = load_base_model(source, cache_dir, device="cpu")
     trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec())

@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from training.base_models import load_base_model, load_tokenizer
     from training.config import LoraSpec, TrainConfig
+    from training.recipes.grpo_trainer import Trainer
     from training.session import Datum, TrainingSession
-    from training.trainer import Trainer
 
     with live_stack(cache, source, args.broker) as (url, env):
         base_name = _manage(env, "from projects.models import BaseModel; print(BaseModel.objects.get().name)")

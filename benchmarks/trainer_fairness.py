@@ -1,5 +1,5 @@
 """Another team's ``forward_backward`` latency while one team samples at its limits, on one trainer
-service (training.trainer_service) in this process, on the bundled model (or ``--tiny``).
+service (training.hosting.service) in this process, on the bundled model (or ``--tiny``).
 
     .venv/bin/python -m benchmarks.trainer_fairness --threads 2
 
@@ -28,8 +28,8 @@ from typing import Any
 from benchmarks._model import add_model_arguments, prepared_model
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
-from training.session_pool import SessionPool
-from training.trainer_service import ServiceConfig, TrainerService
+from training.hosting.pool import SessionPool
+from training.hosting.service import ServiceConfig, TrainerService
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ with one word per token id (no download either): the ids are drawn at random, an
 says anything about learning. Both sides get the same batch (``--prompts`` x ``--group``
 completions, prompts of ``--prompt-tokens``, completions of ``--min-completion`` to
 ``--max-completion`` tokens), the same LoRA (peft, r16 / alpha 32 on every attention and MLP
-projection, training.trainer.peft_lora_config) and one optimizer step per step, micro-batches of
+projection, training.recipes.grpo_trainer.peft_lora_config) and one optimizer step per step, micro-batches of
 ``--micro-sequences`` sequences' worth of tokens. TRL's rollouts are replaced by its own
 ``rollout_func`` hook returning the fixed batch, so its step time is scoring plus update, as
 artweb's is. Printed per side: seconds per step (median after one warm-up step), training tokens/s
@@ -152,9 +152,9 @@ def run_artweb(
     rollouts through the session's ``sample``."""
     from training.config import SINGLE_UPDATE_RECIPE, TrainConfig
     from training.engines.base import SamplingParams
+    from training.recipes.grpo_trainer import Trainer
+    from training.rollouts.trajectory import TrainGroup, TrainSample
     from training.session import TrainingSession
-    from training.trainer import Trainer
-    from training.trajectory import TrainGroup, TrainSample
 
     device = args.device
     model = build_model(shape, dtype, device)
@@ -277,7 +277,7 @@ def run_trl(
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from training.policy import peft_lora_config
+    from training.session.policy import peft_lora_config
 
     device = args.device
     by_prompt = {f"w{index + FIRST_WORD_ID}": (prompt, completions) for index, (prompt, completions) in

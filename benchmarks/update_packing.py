@@ -10,7 +10,7 @@ depend on them). Layouts:
 - padded, length-sorted: the same rows sorted by length (the fallback for flash-attention);
 - prefix KV: each group's prompt forward once (with grad), its KV cache repeated to the group,
   the completions right-padded behind it;
-- packed: ``training.packing`` (the trainer's layout): a prompt once and its completions after it
+- packed: ``training.session.packing`` (the trainer's layout): a prompt once and its completions after it
   in one row, a tree-shaped 4-D mask, no padding (one row per unit, and all units in one row).
 
 Prints s per forward+backward (median of the repeats, layouts interleaved), the positions each
@@ -30,9 +30,9 @@ import torch
 
 from training.base_models import BUNDLED_MODEL, load_base_model
 from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
-from training.packing import pack
-from training.trainer import Trainer
-from training.trajectory import TrainSample
+from training.recipes.grpo_trainer import Trainer
+from training.rollouts.trajectory import TrainSample
+from training.session.packing import pack
 
 
 def make_samples(groups: int, group_size: int, prompt_len: int, seed: int) -> list[TrainSample]:

@@ -17,7 +17,7 @@ from projects import catalog
 from projects.models import EnvironmentKind, EvaluationStatus
 
 # The per-step series the run page charts (key, caption), read from StepMetrics.metrics
-# (training/loop.py and training/trainer.py write these keys), except completion length, the mean
+# (training/runs/loop.py and training/recipes/grpo_trainer.py write these keys), except completion length, the mean
 # over the step's trajectories.
 CHART_SERIES = [
     ("loss", "Loss"),
@@ -64,7 +64,7 @@ def chart_series(kind: str) -> list[tuple[str, str]]:
 
 
 # The trainer writes these as 0 on a step without an update (every group had one reward, so
-# trainable_tokens is 0; training/trainer.py): there they were not measured and are not drawn.
+# trainable_tokens is 0; training/recipes/grpo_trainer.py): there they were not measured and are not drawn.
 UPDATE_METRICS = {"loss", "grad_norm", "entropy", "clip_fraction", "kl", "ratio_std"}
 
 CLIP_FRACTION_NOTE = (
@@ -353,7 +353,7 @@ def group_summary(
 ) -> GroupSummary | None:
     """A group's training-reward mean and std and each sample's advantage as the update used it
     (``signals``: selectors.trajectory_update_signals, the trainer's stored values or the same
-    computation, training.grpo.update_advantages); a zero-variance group gets zeros."""
+    computation, training.recipes.grpo.update_advantages); a zero-variance group gets zeros."""
     if not trajectories:
         return None
     rewards = [signals[t.pk].training_reward for t in trajectories]
@@ -406,7 +406,7 @@ def evaluation_sample_rows(samples: Sequence[Any]) -> list[SampleRow]:
     return rows
 
 
-# The numbers of one side of an evaluation (training.evaluation.aggregate): (label, key, decimals;
+# The numbers of one side of an evaluation (training.runs.evaluation.aggregate): (label, key, decimals;
 # None for a count).
 RESULT_ROWS = [
     ("Samples", "n", None),

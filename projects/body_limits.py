@@ -42,7 +42,7 @@ from projects.middleware import HEADER as REQUEST_ID_HEADER
 from projects.middleware import new_request_id
 from projects.models import ApiKey
 from projects.tinker.views import KEY_PREFIX as TINKER_KEY_PREFIX
-from training.openai_errors import error_object
+from training.wire.openai_errors import error_object
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

@@ -11,8 +11,8 @@ from training.rewards import GraderSetupError, GraderSpecError, build_grader
 
 
 def is_zero_variance(rewards: list[float]) -> bool:
-    """Whether a group's rewards give GRPO no signal (training.grpo's rule: the trainer's own)."""
-    from training.grpo import is_zero_variance as rule
+    """Whether a group's rewards give GRPO no signal (training.recipes.grpo's rule: the trainer's own)."""
+    from training.recipes.grpo import is_zero_variance as rule
 
     return rule(rewards)
 

@@ -19,7 +19,7 @@ from django.views.decorators.debug import sensitive_variables
 from projects import secrets
 from projects.errors import ValidationFailed
 from training.environments import StdioPolicy
-from training.slots import SlotPolicy
+from training.safety.slots import SlotPolicy
 
 MASK = secrets.MASK
 ENCRYPTED_HEADERS = "headers_encrypted"

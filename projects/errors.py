@@ -1,9 +1,9 @@
 """Domain errors raised by services; the API's error handler maps each to one HTTP status.
-A class's default ``code`` is its status's in the shared OpenAI error table (training.openai_errors)."""
+A class's default ``code`` is its status's in the shared OpenAI error table (training.wire.openai_errors)."""
 
 from __future__ import annotations
 
-from training.openai_errors import error_kind
+from training.wire.openai_errors import error_kind
 
 
 class DomainError(Exception):

@@ -10,7 +10,7 @@ from typing import Any
 
 # How a step is named ("Step 3/20", "Step 23 (3 of 3 in this run)"): the worker's phase events,
 # the step events and the run page share this one wording.
-from training.progress import step_label
+from training.runs.progress import step_label
 
 __all__ = ["NOT_A_NUMBER", "format_number", "step_label"]
 

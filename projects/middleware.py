@@ -2,7 +2,7 @@
 
 Every request gets an id (``req_<hex>``), returned as ``X-Request-Id`` and written in the log line
 of a failure. On the REST API and the gateway every error is OpenAI's error object (the one table,
-training.openai_errors), even one nothing else handled: a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``
+training.wire.openai_errors), even one nothing else handled: a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``
 is a 413, another refused request (too many fields, a bad Host) a 400, and any other exception a
 500 naming the request id (the traceback goes to the log, never to the client). Dashboard pages
 keep Django's HTML error pages.
@@ -34,8 +34,8 @@ from django.urls import Resolver404, get_resolver, resolve
 from django.views import defaults
 
 from artweb.logs import log_context
-from training import strict_json
-from training.openai_errors import error_object
+from training.rollouts import strict_json
+from training.wire.openai_errors import error_object
 
 logger = logging.getLogger("artweb.errors")
 

@@ -1,4 +1,4 @@
-"""The operator's outbound-URL policy (``training.outbound``) for every call the platform makes on a
+"""The operator's outbound-URL policy (``training.safety.outbound``) for every call the platform makes on a
 team's behalf: judge graders, remote references, scenario generation, MCP servers over HTTP.
 
 Every URL write stores the URL as it is called (an internationalised host name IDNA-encoded, so
@@ -13,7 +13,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from projects.errors import ValidationFailed
-from training.outbound import OutboundPolicy, OutboundRefused, ascii_url
+from training.safety.outbound import OutboundPolicy, OutboundRefused, ascii_url
 
 
 def outbound_policy() -> OutboundPolicy:
@@ -23,7 +23,7 @@ def outbound_policy() -> OutboundPolicy:
 
 
 def outbound_url_checked(url: str, *, field: str, max_length: int | None = None) -> str:
-    """``url`` as stored and called (``training.outbound.ascii_url``: an internationalised host
+    """``url`` as stored and called (``training.safety.outbound.ascii_url``: an internationalised host
     IDNA-encoded); ValidationFailed on ``field`` with the reason when it is no valid IDNA name, when
     the policy refuses it (a name that does not resolve now passes: it is checked again when it is
     called), or when the encoded form outgrows the column (``max_length``)."""

@@ -195,7 +195,7 @@ def _no_data_parallel_ranks_left():
     yield
     import sys
 
-    distributed = sys.modules.get("training.distributed")
+    distributed = sys.modules.get("training.hosting.ranks")
     if distributed is None:
         return
     for followers in list(distributed._active):
@@ -206,17 +206,17 @@ def _no_data_parallel_ranks_left():
 
 @contextlib.contextmanager
 def trainer_service(root: Path, cache: Path, token: str = "secret-token", port: int = 0, device: str = "cpu"):
-    """A trainer service process (training.trainer_service) rooted at ``root``; its client (with
+    """A trainer service process (training.hosting.service) rooted at ``root``; its client (with
     ``process``: the Popen, for tests that kill it). ``port`` 0: any free port."""
     import subprocess
     import sys
     import time
 
-    from training.trainer_client import TrainerServiceClient
+    from training.hosting.client import TrainerServiceClient
 
     env = {**os.environ, "TRAINER_SERVICE_TOKEN": token, "HF_HUB_OFFLINE": "1", "TORCH_THREADS": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "training.trainer_service", "--root", str(root), "--port", str(port),
+        [sys.executable, "-m", "training.hosting.service", "--root", str(root), "--port", str(port),
          "--model-cache-dir", str(cache), "--device", device],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from training.outbound import OutboundPolicy
+from training.safety.outbound import OutboundPolicy
 
 # The test servers listen on loopback, which the outbound policy refuses unless allow-listed; tests
 # that build endpoints themselves pass this policy (tests/conftest.py sets the same for projects/).

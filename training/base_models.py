@@ -179,7 +179,7 @@ def context_length(source: str, cache_dir: Path) -> int | None:
 @functools.lru_cache(maxsize=64)
 def hidden_size(source: str, cache_dir: Path) -> int | None:
     """The base model's hidden width, read without loading weights (``_config_number``); the
-    default learning rate follows it (training.schedules.default_learning_rate)."""
+    default learning rate follows it (training.recipes.schedules.default_learning_rate)."""
     return _config_number(source, cache_dir, WIDTH_KEYS, "llama.embedding_length")
 
 

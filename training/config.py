@@ -520,7 +520,7 @@ class TrainConfig(_Settings):
         """Raise ConfigError for options that only GRPO runs (rollouts and an update per step)
         have, set in a run of another objective (``sft``, ``dpo``), and for a GRPO run a sharded
         base without a sampler of its own (an SFT or DPO run with ``fsdp`` grades its held-out
-        answers with a copy of its own: training.supervised)."""
+        answers with a copy of its own: training.recipes.supervised)."""
         if objective == "grpo":
             if self.fsdp and not self.max_off_policy_steps:
                 raise ConfigError(
@@ -539,10 +539,10 @@ class TrainConfig(_Settings):
 
     def with_learning_rate(self, width: int | None, objective: str = "grpo") -> TrainConfig:
         """This config with its empty ``learning_rate`` filled in for a base model of hidden size
-        ``width`` (training.schedules.default_learning_rate); itself when the rate is set."""
+        ``width`` (training.recipes.schedules.default_learning_rate); itself when the rate is set."""
         if self.learning_rate is not None:
             return self
-        from training.schedules import default_learning_rate
+        from training.recipes.schedules import default_learning_rate
 
         return replace(self, learning_rate=default_learning_rate(width, objective))
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from training.trajectory import Trajectory
+    from training.rollouts.trajectory import Trajectory
 
 GPU = "gpu"
 CPU = "cpu"

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from training.checkpoint_files import ADAPTER_WEIGHTS
+from training.session.checkpoint_files import ADAPTER_WEIGHTS
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG)

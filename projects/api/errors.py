@@ -3,7 +3,7 @@
 ``{"error": {"message": ..., "type": ..., "param": <field or null>, "code": ..., "fields": {...}}}``
 — ``param`` names the (first) offending field, ``fields`` maps every bad field to its reasons.
 The ``type`` of each status comes from the table the gateway and inference server share
-(training.openai_errors).
+(training.wire.openai_errors).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from projects.errors import DomainError, ValidationFailed
-from training.openai_errors import error_object
-from training.slots import SlotsBusy
+from training.safety.slots import SlotsBusy
+from training.wire.openai_errors import error_object
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -63,7 +63,7 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         return error_response(exc.status_code, str(exc), code=exc.code, param=exc.field, fields=fields)
     if isinstance(exc, DomainError):
         return error_response(exc.status_code, exc.message, code=exc.code, param=exc.field)
-    if isinstance(exc, SlotsBusy):  # the host's sandbox caps (training.slots): come back shortly
+    if isinstance(exc, SlotsBusy):  # the host's sandbox caps (training.safety.slots): come back shortly
         return error_response(
             status.HTTP_429_TOO_MANY_REQUESTS,
             str(exc),

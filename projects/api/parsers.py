@@ -1,6 +1,6 @@
 """The API's body parsers (the settings' DEFAULT_PARSER_CLASSES).
 
-JSON reads through ``training.strict_json``: a body nested too deep, with NaN, an out-of-range
+JSON reads through ``training.rollouts.strict_json``: a body nested too deep, with NaN, an out-of-range
 number, a lone surrogate or a NUL is a 400 naming the position, instead of a crash or a row
 PostgreSQL refuses. JSON and form bodies are read into memory only up to
 ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (DRF reads the raw stream, past Django's own check of that limit):
@@ -17,7 +17,7 @@ from django.core.exceptions import RequestDataTooBig
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import FormParser, JSONParser, get_encoding  # type: ignore[attr-defined]
 
-from training import strict_json
+from training.rollouts import strict_json
 
 
 def read_limited(stream: Any) -> bytes:

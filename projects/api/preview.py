@@ -54,7 +54,7 @@ from projects.models import (
     TrainingJobEventType,
     TrainingJobStatus,
 )
-from training import strict_json
+from training.rollouts import strict_json
 
 
 class BodyTooLarge(APIException):
@@ -63,7 +63,7 @@ class BodyTooLarge(APIException):
 
 
 class PreviewJSONParser(BaseParser):
-    """JSON through training.strict_json, like the API's parser, with the preview paths' own
+    """JSON through training.rollouts.strict_json, like the API's parser, with the preview paths' own
     (larger) limit: trajectory groups with logprobs run to many megabytes."""
 
     media_type = "application/json"

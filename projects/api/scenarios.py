@@ -13,7 +13,7 @@ from projects.api.base import TeamViewSet
 from projects.api.views import _valid
 from projects.models import Environment, JudgeEndpoint, Project
 from projects.services import scenarios
-from training.scenarios import MAX_ROWS
+from training.rollouts.scenarios import MAX_ROWS
 
 
 class GenerateIn(s.InputSerializer):

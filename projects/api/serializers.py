@@ -38,7 +38,7 @@ from projects.models import (
 from projects.services.environments import SYSTEM_PROMPT_MAX_CHARS
 from projects.services.projects import DESCRIPTION_MAX_CHARS
 from training import names
-from training.strict_json import parse_int
+from training.rollouts.strict_json import parse_int
 
 # --- output ---------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@
 - ``upstream``: the servers' dialects behind one ``send`` / ``relay`` / ``answer`` interface: our
   inference server there, vLLM's in ``vllm`` (which also loads checkpoints' adapters into it).
 - ``http``: a small keep-alive HTTP/1.1 client over asyncio streams, to the servers.
-- ``errors``: ``GatewayError``, OpenAI's error object (types from training.openai_errors).
+- ``errors``: ``GatewayError``, OpenAI's error object (types from training.wire.openai_errors).
 - ``ratelimit``: requests per minute per API key.
 - ``services``: the writes (server registration and heartbeat, usage records).
 """

@@ -1,11 +1,11 @@
 """The gateway's error: OpenAI's error object (from the table the API and the inference server
-share, training.openai_errors), with ``Retry-After`` where the client should come back later."""
+share, training.wire.openai_errors), with ``Retry-After`` where the client should come back later."""
 
 from __future__ import annotations
 
 from django.http import JsonResponse
 
-from training.openai_errors import error_object
+from training.wire.openai_errors import error_object
 
 
 class GatewayError(Exception):

@@ -34,8 +34,8 @@ from projects.errors import NotFound
 from projects.models import ApiKey, BaseModel, Checkpoint, InferenceServer, Run, RunKind, Team
 from projects.selectors import scoped
 from projects.selectors.steps import team_checkpoint_names
+from training.rollouts.strict_json import parse_int, storable
 from training.serving.protocol import ChatRequest
-from training.strict_json import parse_int, storable
 
 # Matched with fullmatch: with match and "$", a model id ending in a newline would pass.
 CHECKPOINT_ID = re.compile(

@@ -3,7 +3,7 @@ asked of the inference server with ``return_token_ids`` (our server's and vLLM's
 every choice of the reply carries its sampled ``token_ids``, the ``prompt_token_ids`` the sampler
 was given and the checkpoint that sampled it (``artweb_model``). OpenAI's client keeps unknown
 fields on a ``Choice`` and ``model_dump`` writes them, so a trajectory built from the choices (OpenPipe
-ART's) brings them back to the training job (training.client_groups) untouched.
+ART's) brings them back to the training job (training.runs.art_groups) untouched.
 
 A client that asked for ``return_token_ids`` itself gets the top-level ``prompt_token_ids`` too;
 one that did not gets only the choices' fields. Streams are relayed as they are (a client that
@@ -18,7 +18,7 @@ import json
 from django.http import HttpResponse, JsonResponse
 
 from projects.gateway.routing import ParsedChat, Route
-from training.client_groups import annotate_completion
+from training.runs.art_groups import annotate_completion
 
 
 def ask_for_token_ids(chat: ParsedChat) -> ParsedChat:

@@ -48,7 +48,7 @@ from projects.gateway.sync_servers import serve
 from projects.gateway.upstream import InferenceServerUpstream, Upstream, Usage
 from projects.gateway.vllm import VLLMUpstream
 from projects.models import ApiKey, InferenceServer, Team
-from training import strict_json
+from training.rollouts import strict_json
 from training.serving.protocol import Limits, RequestError, parse_chat_request
 
 _background: set[asyncio.Task] = set()  # strong references until the usage writes finish
@@ -149,7 +149,9 @@ def _prepare_remembered(authorization: str | None, raw_body: bytes, team: Team |
 def _parse(raw_body: bytes) -> ParsedChat:
     """The one place the body is decoded and validated."""
     try:
-        body = strict_json.loads(raw_body)  # depth, numbers and strings checked (training.strict_json)
+        body = strict_json.loads(
+            raw_body
+        )  # depth, numbers and strings checked (training.rollouts.strict_json)
     except strict_json.JSONError as exc:
         raise GatewayError(400, f"The body is not valid JSON: {exc}", code="invalid_json") from None
     try:

@@ -38,9 +38,9 @@ from projects.gateway.routing import Route
 from projects.gateway.services import inference_server_adapter_forget, inference_server_adapter_use
 from projects.gateway.upstream import StreamFilter, Upstream, Usage
 from projects.models import Checkpoint, InferenceServer
-from training.openai_errors import error_message, error_object
 from training.serving.protocol import FETCH_PATH
 from training.serving.vllm import HttpCall, load_adapter_call, unload_adapter_call
+from training.wire.openai_errors import error_message, error_object
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ async def _post(server: InferenceServer, path: str, body: bytes) -> UpstreamResp
 
 
 def _error_message(body: bytes) -> str:
-    """The body's error message (training.openai_errors.error_message), else what it says."""
+    """The body's error message (training.wire.openai_errors.error_message), else what it says."""
     message = error_message(body)
     if message:
         return message

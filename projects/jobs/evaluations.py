@@ -16,9 +16,9 @@ from projects.jobs.claimed import Claimed, Job, readable
 from projects.models import BaseModel, Checkpoint, Evaluation
 from projects.outbound import outbound_policy
 from training.engines.base import SamplingParams
-from training.evaluation import REFERENCE, LocalPolicy, load_local_policy, with_reference
-from training.evaluation import evaluate as evaluate_policy
-from training.remote import ChatEndpoint, RemotePolicy
+from training.rollouts.remote import ChatEndpoint, RemotePolicy
+from training.runs.evaluation import REFERENCE, LocalPolicy, load_local_policy, with_reference
+from training.runs.evaluation import evaluate as evaluate_policy
 
 
 def _evaluate(claimed: Claimed[Evaluation]) -> str:

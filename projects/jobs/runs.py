@@ -1,5 +1,5 @@
 """A training run as claimed work: the run spec built from its rows, and the training loop's view
-of the database (``training.loop.RunHooks``) writing through services.
+of the database (``training.runs.loop.RunHooks``) writing through services.
 
 A resumed run (its worker died) is claimed again and continues from its last recorded checkpoint:
 the loop never records a step twice (``services.step_record`` is conditional on this worker
@@ -21,14 +21,14 @@ from projects.models import Checkpoint, Run, RunStatus, Split
 from projects.storage import StoredObject, checkpoint_local_dir, checkpoint_upload
 from training.config import LoraSpec, TrainConfig
 from training.cost import sampled_tokens
-from training.loop import run_training
 from training.rewards import RewardFailure
-from training.run_spec import RunSpec
-from training.trajectory import Trajectory
+from training.rollouts.trajectory import Trajectory
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec
 
 
 class DjangoRunHooks:
-    """The training loop's view of the database (training.loop.RunHooks)."""
+    """The training loop's view of the database (training.runs.loop.RunHooks)."""
 
     def __init__(self, run: Run, worker: str, heartbeat: Heartbeat) -> None:
         self.run, self.worker, self.heartbeat = run, worker, heartbeat
@@ -153,12 +153,12 @@ def build_run_spec(run: Run) -> RunSpec:
 
 def run_trainer_service(run: Run) -> Any:
     """Where ``run``'s session lives when the host has a trainer service (``TRAINER_SERVICE_URL``,
-    unless ``TRAINER_SERVICE_RUNS`` is off): a training.service_run.ServiceTarget held by this
+    unless ``TRAINER_SERVICE_RUNS`` is off): a training.hosting.service_run.ServiceTarget held by this
     worker process; None: it trains in this process."""
     if not (settings.TRAINER_SERVICE_URL and settings.TRAINER_SERVICE_RUNS):
         return None
-    from training.service_run import ServiceTarget
-    from training.trainer_client import TrainerServiceClient
+    from training.hosting.client import TrainerServiceClient
+    from training.hosting.service_run import ServiceTarget
 
     # A step's rollouts are one call: on a CPU host a large batch may take many minutes.
     client = TrainerServiceClient(

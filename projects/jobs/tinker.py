@@ -6,7 +6,7 @@ there is one (``done_seq + 1``), and releases it; a request arriving meanwhile s
 which either finds the model claimed (the running drain will reach it) or runs it. Sampling requests
 have no order and run at once.
 
-Each training client is one session of the host's keeper (training.resident: the trainer service
+Each training client is one session of the host's keeper (training.hosting.resident: the trainer service
 when ``TRAINER_SERVICE_URL`` is set, else this worker's own pool), with its adapter and AdamW state
 kept resident between requests. A session gone from its keeper (the process restarted) is rebuilt
 exactly from its last saved state and the requests since (projects.jobs.tinker_recovery, with an
@@ -34,10 +34,10 @@ from projects.models import Checkpoint, TinkerFuture, TinkerFutureStatus, Tinker
 from projects.storage import checkpoint_local_dir, checkpoint_upload
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
-from training.losses import LossInputError
-from training.resident import ServiceSessions
-from training.run_steps import checkpoint_path
-from training.tinker_wire import (
+from training.hosting.resident import ServiceSessions
+from training.runs.steps import checkpoint_path
+from training.session.losses import LossInputError
+from training.wire.tinker import (
     WireError,
     forward_backward_output,
     model_input_tokens,
@@ -89,7 +89,7 @@ def _session_id(model: TinkerModel) -> str:
 def _config(model: TinkerModel) -> tuple[TrainConfig, LoraSpec]:
     seed = model.run.config.get("lora_seed")
     config = TrainConfig(seed=int(seed)) if isinstance(seed, int) else TrainConfig()
-    # Data-parallel on that many devices (training.session_pool); a client created with it.
+    # Data-parallel on that many devices (training.hosting.pool); a client created with it.
     config = dataclasses.replace(config, devices=int(model.run.config.get("devices") or 1),
                                  fsdp=model.run.config.get("fsdp") is True)  # fmt: skip
     return config, LoraSpec.from_dict(model.model.lora)
@@ -100,7 +100,7 @@ def session_of(model: TinkerModel, *, state: Path | None = None, fresh: bool = F
     """The model's session, live for one request. ``fresh``: open it (from ``state``, or a new
     adapter), replacing any it had; otherwise it must be resident (else it is rebuilt, or ``SessionLost``)."""
     from projects.jobs.training_jobs import resident_sessions
-    from training.trainer_client import TrainerServiceError
+    from training.hosting.client import TrainerServiceError
 
     keeper = resident_sessions()
     session_id = _session_id(model)
@@ -406,7 +406,7 @@ def _sample(future: TinkerFuture) -> tuple[bytes, int]:
     scoring = prompt_scoring(prompt, last_n) if wanted else None
     scored = None
     if isinstance(keeper, ServiceSessions):
-        from training.trainer_client import TrainerServiceError
+        from training.hosting.client import TrainerServiceError
 
         try:
             session = keeper.client.claim(session_id, holder=keeper.holder)

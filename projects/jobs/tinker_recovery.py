@@ -26,7 +26,7 @@ from projects import services
 from projects.models import Checkpoint, TinkerFuture, TinkerFutureStatus, TinkerModel
 from projects.services.run_forks import OPTIMIZER_STATE  # dropped from checkpoints no resume needs
 from projects.storage import checkpoint_local_dir
-from training.tinker_wire import forward_backward_output, parse_forward_backward
+from training.wire.tinker import forward_backward_output, parse_forward_backward
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -1,5 +1,5 @@
 """A client's training job (``/v1/preview/training-jobs``) as claimed work: the step spec built from
-its rows, one call of training.client_step, the step recorded through services.
+its rows, one call of training.runs.art_step, the step recorded through services.
 
 A job whose worker dies is claimed again and redone from the model's latest recorded checkpoint:
 the step it was making was never recorded (``services.training_job_finish`` records it together
@@ -22,15 +22,15 @@ from projects.client_names import client_slug
 from projects.jobs.claimed import Claimed, Job, readable
 from projects.models import Checkpoint, TrainableModel, TrainingJob
 from projects.storage import checkpoint_local_dir, checkpoint_upload
-from training.art_config import ArtOptions
 from training.base_models import context_length as base_context_length
 from training.base_models import load_tokenizer
-from training.client_groups import GroupError, parse_groups
-from training.client_step import ClientStepSpec, ScoredTrajectory, off_policy_steps, train_client_step
 from training.config import ConfigError, LoraSpec, TrainConfig
-from training.policy import load_policy_model
-from training.resident import ResidentSessions, ServiceSessions, SessionKey
-from training.trainer_client import TrainerServiceClient
+from training.hosting.client import TrainerServiceClient
+from training.hosting.resident import ResidentSessions, ServiceSessions, SessionKey
+from training.recipes.art_config import ArtOptions
+from training.runs.art_groups import GroupError, parse_groups
+from training.runs.art_step import ClientStepSpec, ScoredTrajectory, off_policy_steps, train_client_step
+from training.session.policy import load_policy_model
 
 
 def accepts_model(model: TrainableModel) -> Callable[[str], bool]:
@@ -64,7 +64,7 @@ _service: ServiceSessions | None = None
 
 def resident_sessions() -> ResidentSessions | ServiceSessions:
     """Where jobs' sessions are kept: the host's trainer service when ``TRAINER_SERVICE_URL`` names
-    one, else this worker process (``RESIDENT_SESSIONS`` of them; training.resident)."""
+    one, else this worker process (``RESIDENT_SESSIONS`` of them; training.hosting.resident)."""
     global _resident, _service
     if settings.TRAINER_SERVICE_URL:
         if _service is None or _service.client.url != settings.TRAINER_SERVICE_URL.rstrip("/"):
@@ -126,7 +126,7 @@ def build_step_spec(job: TrainingJob, latest: Checkpoint | None) -> ClientStepSp
         base_model_source=model.base_model.source,
         model_cache_dir=settings.MODEL_CACHE_DIR,
         checkpoint_root=settings.CHECKPOINT_DIR / f"model-{model.pk}",
-        # Data-parallel on the model's devices (training.session_pool starts the ranks).
+        # Data-parallel on the model's devices (training.hosting.pool starts the ranks).
         config=dataclasses.replace(TrainConfig.from_dict(config), devices=model.devices, fsdp=model.fsdp),
         lora=LoraSpec.from_dict(model.lora),
         groups=parse_groups(job.groups, allow_without_logprobs=options.allow_training_without_logprobs),
@@ -142,7 +142,7 @@ def build_step_spec(job: TrainingJob, latest: Checkpoint | None) -> ClientStepSp
 
 def trajectory_records(scored: list[ScoredTrajectory], *, from_step: int) -> list[services.TrajectoryRecord]:
     """What the trajectory viewer shows of each: the main conversation, the reward, how its
-    tokens were found (``token_source``: see training.client_groups) with its advantage, and the
+    tokens were found (``token_source``: see training.runs.art_groups) with its advantage, and the
     checkpoint that sampled it with how far behind ``from_step`` (the one updated) that was."""
     counters: dict[int, int] = {}
     records = []

@@ -21,7 +21,7 @@ class RunKind(models.TextChoices):
     PLATFORM = "platform"  # artweb runs the agent: rollouts, rewards and updates in one job
     CLIENT = "client"  # the client runs its own agent; each step is a training job (OpenPipe ART)
     TINKER = "tinker"  # a Tinker API training client: each optim_step is a step (projects.tinker)
-    SFT = "sft"  # supervised fine-tuning on the task rows' assistant replies (training.supervised)
+    SFT = "sft"  # supervised fine-tuning on the task rows' assistant replies (training.recipes.supervised)
     DPO = "dpo"  # direct preference optimisation on the rows' chosen / rejected replies
 
 

@@ -49,12 +49,12 @@ def run_seconds_left(*, run: Run) -> float | None:
 
 def run_phase(*, run: Run) -> RunEvent | None:
     """The run's latest phase event (``data.phase``: loading, evaluating, rollouts, grading,
-    updating, saving; training.loop), or None before the worker has said anything."""
+    updating, saving; training.runs.loop), or None before the worker has said anything."""
     return RunEvent.objects.filter(run=run, data__has_key="phase").order_by("-id").first()
 
 
 def run_signal_warnings(*, run: Run) -> list[RunEvent]:
-    """The run's "no learning signal" warnings (``data.signal``; training.learning_signal), the
+    """The run's "no learning signal" warnings (``data.signal``; training.runs.learning_signal), the
     latest of each kind (signal and grader), oldest first: the run page shows them as banners. A
     resumed run's watcher starts afresh and says the same again; one banner each."""
     latest: dict[tuple[str, str], RunEvent] = {}

@@ -19,8 +19,8 @@ from projects.models import (
     Trajectory,
 )
 from projects.selectors._scoping import scoped
-from training.grpo import is_zero_variance, update_advantages
-from training.trajectory import overlong_penalty
+from training.recipes.grpo import is_zero_variance, update_advantages
+from training.rollouts.trajectory import overlong_penalty
 
 
 def run_step_metrics(*, run: Run) -> QuerySet[StepMetrics]:
@@ -29,7 +29,7 @@ def run_step_metrics(*, run: Run) -> QuerySet[StepMetrics]:
 
 def run_heldout_before(*, run: Run) -> dict[str, Any] | None:
     """An SFT or DPO run's held-out figures before its first step (``{"step", "heldout_loss", …}``):
-    the event ``training.supervised.run_supervised`` sends then, not a step's metrics."""
+    the event ``training.recipes.supervised.run_supervised`` sends then, not a step's metrics."""
     event = (
         RunEvent.objects.filter(run=run, data__has_key="heldout_loss", data__step=run.start_step)
         .order_by("id")
@@ -90,9 +90,9 @@ class UpdateSignal:
 
 def trajectory_update_signals(*, run: Run, trajectories: Iterable[Trajectory]) -> dict[int, UpdateSignal]:
     """By trajectory id, what the update made of each of ``trajectories`` (whole groups): the
-    values the trainer stored with the step (training.run_steps.record_update_signal; a client
-    job's ``advantage``, training.client_step), or for rows recorded before it stored them the
-    same computation again (training.grpo.update_advantages over the run's config; the longest
+    values the trainer stored with the step (training.runs.steps.record_update_signal; a client
+    job's ``advantage``, training.runs.art_step), or for rows recorded before it stored them the
+    same computation again (training.recipes.grpo.update_advantages over the run's config; the longest
     turn read as the completion's length, exact for single-turn runs)."""
     config = run.config or {}
     max_new_tokens = int(config.get("max_new_tokens") or 0)

@@ -14,8 +14,8 @@ from django.db.models import ProtectedError
 
 from projects.errors import Conflict, ValidationFailed
 from projects.models import Evaluation, Run, slug_validator
-from training import strict_json
 from training.config import ConfigError, TrainConfig
+from training.rollouts import strict_json
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ def check_slug(value: str, field: str) -> None:
 
 def check_storable(value: Any, *, field: str) -> None:
     """ValidationFailed naming the path under ``field`` unless ``value`` is JSON that PostgreSQL can
-    store and every reader can render again: training.strict_json's rules (no NaN or infinite
+    store and every reader can render again: training.rollouts.strict_json's rules (no NaN or infinite
     numbers, integers within 64 bits, no lone surrogates, no NUL, nesting at most 64 deep). For
     values that did not come through the strict parser (the dashboard, generated rows, code)."""
     try:
@@ -72,7 +72,7 @@ def check_text_length(value: Any, *, field: str, max_chars: int) -> None:
 
 def json_text_read(text: str | bytes, *, field: str = "") -> Any:
     """JSON a person typed (the dashboard's text areas) read by the API's strict reader
-    (training.strict_json); ValidationFailed "not valid JSON: … (line, column)" on ``field``."""
+    (training.rollouts.strict_json); ValidationFailed "not valid JSON: … (line, column)" on ``field``."""
     try:
         return strict_json.loads(text, allow_nul=False)
     except strict_json.JSONError as exc:

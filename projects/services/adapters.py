@@ -1,4 +1,4 @@
-"""A LoRA adapter trained elsewhere imported as a model's step 0 (training.adapter_import checks it).
+"""A LoRA adapter trained elsewhere imported as a model's step 0 (training.session.adapter_import checks it).
 
 The model must have no checkpoint yet (its step 0 would otherwise be a different adapter than the
 one its later steps trained from): a 409 otherwise. The folder is written complete (scratch copy
@@ -19,7 +19,13 @@ from django.db import transaction
 from projects.errors import Conflict, ValidationFailed
 from projects.models import Checkpoint, TrainableModel
 from projects.services.run_forks import model_checkpoint_root, write_fresh_resume_state
-from training.adapter_import import CONFIG_FILE, WEIGHTS_FILE, AdapterImportError, check_adapter, read_archive
+from training.session.adapter_import import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    AdapterImportError,
+    check_adapter,
+    read_archive,
+)
 
 
 def model_adapter_import(*, model: TrainableModel, archive: bytes) -> Checkpoint:
@@ -28,8 +34,8 @@ def model_adapter_import(*, model: TrainableModel, archive: bytes) -> Checkpoint
     from projects import storage
     from projects.services.steps import checkpoint_record
     from training.base_models import base_model_config
-    from training.checkpoint_files import CHECKPOINT_FORMAT_VERSION
-    from training.run_steps import checkpoint_path
+    from training.runs.steps import checkpoint_path
+    from training.session.checkpoint_files import CHECKPOINT_FORMAT_VERSION
 
     if Checkpoint.objects.filter(model=model).exists():
         raise Conflict(

@@ -26,7 +26,7 @@ from projects.services.checkpoints import model_files_remove_on_commit
 from projects.services.projects import trainable_model_create
 from projects.services.runs import ACTIVE_STATUSES, run_event_add
 from projects.services.steps import checkpoint_record
-from training.art_config import art_job_config
+from training.recipes.art_config import art_job_config
 
 UNFINISHED = (TrainingJobStatus.QUEUED, TrainingJobStatus.RUNNING)
 

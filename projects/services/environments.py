@@ -145,7 +145,7 @@ def environment_build(*, environment: Environment, interactive: bool = False) ->
     """The environment a run trains in, an evaluation drives and whose tools scenario generation
     shows, built from the registry with the stored MCP header values decrypted. Close it when done
     (an MCP session). `interactive`: for a web request, which waits only briefly for a sandbox slot
-    (training.slots.SlotsBusy, a 429) where a worker queues."""
+    (training.safety.slots.SlotsBusy, a 429) where a worker queues."""
     from training.environments import build_environment
 
     return build_environment(

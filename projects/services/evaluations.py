@@ -403,8 +403,8 @@ def evaluation_cancel(*, evaluation: Evaluation) -> Evaluation:
 
 def _against_baseline(run: Run, step: int, samples: list[Any]) -> dict[str, Any]:
     """The run's first evaluation (its untrained checkpoint) as the reference of a later one: did
-    training make it better? Same rows, win rate by reward (``training.evaluation.compare``)."""
-    from training.evaluation import EvalSample, compare
+    training make it better? Same rows, win rate by reward (``training.runs.evaluation.compare``)."""
+    from training.runs.evaluation import EvalSample, compare
 
     baseline = Evaluation.objects.filter(run=run, step__lt=step).order_by("step").first()
     if baseline is None:
@@ -435,7 +435,7 @@ def run_evaluation_record(*, run: Run, step: int, results: dict[str, Any], sampl
             return existing
         results = {**results, **_against_baseline(run, step, samples)}
         now = timezone.now()
-        # The results carry how long it ran (training.evaluation): it started that long ago.
+        # The results carry how long it ran (training.runs.evaluation): it started that long ago.
         started = now - timedelta(seconds=_seconds(results.get("seconds")))
         evaluation = Evaluation.objects.create(
             project=run.project,

@@ -47,8 +47,8 @@ from projects.services.projects import project_create, trainable_model_create
 from projects.services.rewards import grader_problems, reward_definition_create
 from projects.services.run_forks import checkpoint_fork
 from projects.services.runs import run_create
-from training import strict_json
 from training.config import TrainConfig
+from training.rollouts import strict_json
 
 DEFAULT_PROJECT = "fine-tuning"
 ENVIRONMENT = "fine-tuning-chat"  # one user turn, one reply: what OpenAI's fine-tuning trains

@@ -23,7 +23,7 @@ from training.config import TrainConfig
 
 
 def model_checkpoint_root(model: TrainableModel) -> Path:
-    """The folder of a model's checkpoints: one ``step-NNNNNN`` folder per step (training.loop)."""
+    """The folder of a model's checkpoints: one ``step-NNNNNN`` folder per step (training.runs.loop)."""
     return Path(settings.CHECKPOINT_DIR) / f"model-{model.pk}"
 
 
@@ -129,7 +129,7 @@ def checkpoint_fork(
         raise
 
 
-# What Trainer.save_checkpoint writes besides the adapter, for a resume (training.trainer); retention
+# What Trainer.save_checkpoint writes besides the adapter, for a resume (training.recipes.grpo_trainer); retention
 # drops them from checkpoints no resume needs (services.checkpoints.RESUME_STATE_FILES).
 OPTIMIZER_STATE, RNG_STATE = "optimizer.pt", "rng_state.pt"
 
@@ -172,7 +172,7 @@ def _copy_checkpoint(folder: Path, root: Path, *, source: Checkpoint, config: di
     scratch copy renamed into place), its ``state.json`` saying step 0 and where it came from. A
     source that kept only its adapter gets fresh optimizer and RNG state (``fresh_state`` in
     ``forked_from``): the fork then starts from its weights with new optimizer moments."""
-    from training.run_steps import checkpoint_path
+    from training.runs.steps import checkpoint_path
 
     target = checkpoint_path(root, 0)
     root.mkdir(parents=True, exist_ok=True)

@@ -137,7 +137,7 @@ def run_create(
     kind: str = RunKind.PLATFORM,
 ) -> Run:
     """Create a queued run and enqueue it after commit. ``kind``: platform (GRPO), sft or dpo
-    (every row of the task set must carry the targets: ``training.supervised.row_problem``).
+    (every row of the task set must carry the targets: ``training.recipes.supervised.row_problem``).
 
     ``start_from`` says where the run starts, fixed here (under the model's lock) and said in the
     run's first event: ``"latest"`` (the default) continues from the model's latest checkpoint, or
@@ -241,7 +241,7 @@ def run_config_check(
 
 def _check_rows(*, task_set: TaskSet, kind: str) -> None:
     """An SFT or DPO run's rows must carry its targets: a 400 naming the first that does not."""
-    from training.supervised import row_problem
+    from training.recipes.supervised import row_problem
 
     for index, data in TaskRow.objects.filter(task_set=task_set).values_list("index", "data").iterator():
         problem = row_problem(data, kind)

@@ -1,7 +1,7 @@
 """Scenario generation for a project: an LLM behind a team endpoint writes task rows for one of the
 project's environments; the valid rows become a new task set whose ``source`` holds the report.
 
-Bounded: at most ``training.scenarios.MAX_ROWS`` rows, a few requests and ``GENERATION_DEADLINE_S``
+Bounded: at most ``training.rollouts.scenarios.MAX_ROWS`` rows, a few requests and ``GENERATION_DEADLINE_S``
 seconds (each request also limited by the endpoint's own timeout). The API calls
 ``task_set_generate`` synchronously; the dashboard makes a ScenarioJob (``scenario_job_create``,
 its input checked at once) that a worker runs (``scenarios.generate`` → ``scenario_job_run``),
@@ -26,9 +26,9 @@ from projects.outbound import outbound_policy
 from projects.services._common import check_slug
 from projects.services.environments import environment_build
 from projects.services.task_sets import parse_rows, task_set_create
-from training.remote import ChatEndpoint
-from training.scenarios import MAX_ROWS, ScenarioReport, generate_rows
-from training.slots import SlotsBusy
+from training.rollouts.remote import ChatEndpoint
+from training.rollouts.scenarios import MAX_ROWS, ScenarioReport, generate_rows
+from training.safety.slots import SlotsBusy
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from projects.services._common import jsonb_safe
 from projects.services.checkpoints import retention_after_step
 from projects.services.runs import run_event_add
 from projects.storage import StoredObject
-from training.progress import step_label
+from training.runs.progress import step_label
 
 
 def checkpoint_record(

@@ -13,7 +13,7 @@ from django.db import transaction
 from projects.errors import ValidationFailed
 from projects.models import Project, TaskRow, TaskSet
 from projects.services._common import check_slug, check_text_length, create_unique, delete_unless_used
-from training import strict_json
+from training.rollouts import strict_json
 
 MAX_ERRORS_REPORTED = 20
 # A row's fields: the prompt (messages or prompt), the grader's item, and the targets SFT

@@ -38,7 +38,7 @@ from projects.services.runs import run_event_add
 from projects.services.steps import checkpoint_record
 from training.config import DEFAULT_TARGET_MODULES
 from training.cost import GPU, device_kind, device_usage
-from training.strict_json import parse_int
+from training.rollouts.strict_json import parse_int
 
 TINKER_PROJECT = "tinker"  # a session's project when create_session names none
 DRAIN_LEASE_S = 120  # a drainer that stopped touching its model for this long lost it
@@ -131,7 +131,7 @@ def devices_of(user_metadata: dict[str, Any] | None) -> int:
 
 
 def fsdp_of(user_metadata: dict[str, Any] | None, devices: int) -> bool:
-    """Whether a training client asks for its base sharded across its devices (training.distributed
+    """Whether a training client asks for its base sharded across its devices (training.hosting.ranks
     .shard_base): ``user_metadata={"devices": "2", "fsdp": "true"}``; False without it."""
     value = (user_metadata or {}).get("fsdp")
     if value is None:

@@ -48,13 +48,13 @@ from projects.services.runs import run_event_add
 from projects.services.steps import TrajectoryRecord, step_rows_write
 from projects.services.transitions import Machine, work_transition
 from projects.storage import StoredObject
-from training.art_config import art_job_config
-from training.client_groups import GroupError, parse_groups
 from training.config import ConfigError
+from training.recipes.art_config import art_job_config
+from training.runs.art_groups import GroupError, parse_groups
 
 logger = logging.getLogger(__name__)
 
-# A job's config: its TrainConfig's keys, and ART's options (training.art_config) under this one.
+# A job's config: its TrainConfig's keys, and ART's options (training.recipes.art_config) under this one.
 ART_OPTIONS = "art"
 
 TRAINING_JOB_TRANSITIONS: dict[str, set[str]] = {

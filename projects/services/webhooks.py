@@ -50,7 +50,7 @@ from projects.outbound import outbound_policy, outbound_url_checked
 from projects.secrets import decrypt, encrypt, url_credentials_refused
 from projects.services._common import check_slug, create_unique
 from training.names import unknown
-from training.outbound import OutboundRefused, upstream_reason
+from training.safety.outbound import OutboundRefused, upstream_reason
 
 SECRET_PREFIX = "whsec_"
 ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER = (

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.checkpoint_files import move_into_place
+from training.session.checkpoint_files import move_into_place
 
 # Keys are relative POSIX paths of plain segments: they become object names and cache folders.
 # Matched with fullmatch: with match and "$", a segment ending in a newline would pass.

@@ -25,7 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 from projects.errors import NotFound, ValidationFailed
 from projects.models import Checkpoint
 from projects.tinker.paths import checkpoint_for_path, name_expiry
-from training.openai_errors import error_object
+from training.wire.openai_errors import error_object
 
 EXPORT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 AGE_SUFFIX = ".age"

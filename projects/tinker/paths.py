@@ -11,7 +11,7 @@ from django.utils import timezone
 from projects.errors import NotFound, ValidationFailed
 from projects.models import Checkpoint, Team, TinkerModel
 from projects.selectors import scoped
-from training.strict_json import parse_int
+from training.rollouts.strict_json import parse_int
 
 SCHEME = "tinker://"
 

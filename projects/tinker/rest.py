@@ -29,7 +29,7 @@ from projects.tinker.views import (
     endpoint,
     no_access_tokens,
 )
-from training.strict_json import parse_int
+from training.rollouts.strict_json import parse_int
 
 # ---------------------------------------------------------------------- checkpoints
 _KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}

@@ -39,9 +39,9 @@ from projects.models import (
 )
 from projects.selectors import scoped
 from projects.tinker.paths import checkpoint_for_path
-from training import strict_json
-from training.openai_errors import error_object
-from training.tinker_wire import PROTOBUF, WireError
+from training.rollouts import strict_json
+from training.wire.openai_errors import error_object
+from training.wire.tinker import PROTOBUF, WireError
 
 KEY_PREFIX = "tml-"
 CLIENT_CONFIG = {
@@ -129,7 +129,7 @@ def _body(request: HttpRequest) -> bytes:
 
 
 def _json(request: HttpRequest) -> dict[str, Any]:
-    """The body through the one strict reader (training.strict_json): depth, NaN, 1e400, integers
+    """The body through the one strict reader (training.rollouts.strict_json): depth, NaN, 1e400, integers
     past 64 bits, lone surrogates and NUL are a 400 naming the position, never a 500 later."""
     try:
         value = strict_json.loads(_body(request) or b"{}", allow_nul=False)
@@ -330,9 +330,9 @@ def forward_backward(request: HttpRequest, access: TeamAccess) -> dict[str, Any]
 def _check_datum_tokens(base: BaseModel, blob: bytes) -> None:
     """Every datum's input and target ids in the base model's vocabulary, refused here (400 naming
     the datum and position) before the call is queued; the session checks again for every caller."""
-    from training.losses import LossInputError
     from training.session.contract import check_token_ids
-    from training.tinker_wire import parse_forward_backward
+    from training.session.losses import LossInputError
+    from training.wire.tinker import parse_forward_backward
 
     vocabulary = _vocabulary(base)
     if vocabulary is None:
@@ -473,7 +473,7 @@ def asample(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     for zero in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
         if body.get(zero):
             raise ValidationFailed("is not offered by artweb's sampler (0 only)", field=zero)
-    from training.tinker_wire import model_input_tokens
+    from training.wire.tinker import model_input_tokens
 
     prompt = model_input_tokens(body.get("prompt"), "prompt")
     last_n = body.get("prompt_logprobs_last_n")

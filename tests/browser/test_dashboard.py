@@ -21,7 +21,7 @@ from tests.openai_stub import openai_stub
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 # Four training rows and two explicit validation rows: the run evaluates its step-0 and final
-# checkpoints on those two (training/evaluation.py), a few greedy answers on the tiny model.
+# checkpoints on those two (training/runs/evaluation.py), a few greedy answers on the tiny model.
 GOOD_ROWS = (
     "\n".join(
         [json.dumps({"prompt": f"Say {w}", "item": {"answer": w}}) for w in "abcd"]
@@ -455,7 +455,7 @@ def _record_tool_run(project, tmp_path) -> Run:
     model never writes a tool call, so the model's turns are scripted; everything else is real: the
     environment runs the calculator, ``parse_tool_calls`` reads the calls, the grader grades."""
     from training.rewards import Sample, grade
-    from training.tools import parse_tool_calls
+    from training.rollouts.tools import parse_tool_calls
 
     environment = services.environment_create(
         project=project,

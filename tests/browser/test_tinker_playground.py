@@ -12,8 +12,8 @@ from tests.browser.conftest import chat_in_playground
 from tests.browser.test_dashboard import workspace  # noqa: F401  (the fixture)
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
-from training.run_steps import checkpoint_path
-from training.trainer import Trainer
+from training.recipes.grpo_trainer import Trainer
+from training.runs.steps import checkpoint_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

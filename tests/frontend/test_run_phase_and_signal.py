@@ -11,7 +11,7 @@ from django.test import Client
 from artweb.management.commands.demo import eta_text, event_line
 from projects import services
 from projects.models import Run, RunEvent, RunStatus
-from training.learning_signal import NO_SIGNAL
+from training.runs.learning_signal import NO_SIGNAL
 
 pytestmark = pytest.mark.django_db
 

@@ -81,7 +81,7 @@ def test_rows_recorded_without_their_advantage_get_the_trainers_with_the_length_
 
 def test_the_viewer_and_the_api_show_the_advantage_stored_with_the_step(cast, alpha_setup, key_client):
     run = make_run(alpha_setup, cast.alice, **DEMO_PENALTY)
-    # Values as a step stores them (training.run_steps.record_update_signal); 0.5 is no recomputation
+    # Values as a step stores them (training.runs.steps.record_update_signal); 0.5 is no recomputation
     # of these rewards, so only a read of the stored value shows it.
     stored = [(0.5, -0.0625, True), (-0.5, -0.125, True), (0.0, -0.0625, False)]
     for sample, ((reward, tokens), (advantage, penalty, trained)) in enumerate(

@@ -1,4 +1,4 @@
-"""ART's own packing code against training.packing.plan_sequences on random groups: the number of
+"""ART's own packing code against training.session.packing.plan_sequences on random groups: the number of
 packed sequences (ART: one optimizer step each) must be the same. Run with artweb's virtualenv;
 openpipe-art 0.5.23's package is read from ``.venv-art23`` (its pack module needs torch and numpy,
 which that virtualenv does not have). Prints ``<agreeing>/<cases> agree`` and each disagreement.
@@ -20,8 +20,8 @@ import art  # noqa: E402  (after the path above)
 from art.preprocessing.pack import packed_tensors_from_tokenized_results  # noqa: E402
 from art.preprocessing.tokenize import TokenizedResult  # noqa: E402
 
-from training.packing import plan_sequences  # noqa: E402
-from training.trajectory import TrainSample  # noqa: E402
+from training.rollouts.trajectory import TrainSample  # noqa: E402
+from training.session.packing import plan_sequences  # noqa: E402
 
 
 def case(rng: random.Random) -> tuple[list[TrainSample], list[TokenizedResult], list[int]]:

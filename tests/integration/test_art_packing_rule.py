@@ -1,6 +1,6 @@
 """artweb packs a client job's trajectories as ART does, so a train() call makes as many optimizer
 steps here as on ART's own packed backends: the counts of ART 0.5.23's code and of
-training.packing.plan_sequences agree on random groups (tests/integration/art_packing_check.py)."""
+training.session.packing.plan_sequences agree on random groups (tests/integration/art_packing_check.py)."""
 
 from __future__ import annotations
 

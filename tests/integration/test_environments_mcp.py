@@ -18,10 +18,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.openai_stub import LOOPBACK
-from training.agent import rollout_groups
 from training.engines.base import Choice, Engine, SamplingParams
 from training.environments import build_environment
 from training.environments.mcp import DEMO_MODULE, StdioPolicy
+from training.rollouts.agent import rollout_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLING = SamplingParams(max_new_tokens=64, seed=0)
@@ -220,8 +220,8 @@ def test_a_hanging_tool_is_cut_off_by_its_timeout_and_the_trajectory_records_it(
 def test_a_run_lists_the_servers_tools_at_start_and_closes_the_session_at_the_end(tmp_path):
     from training.base_models import build_tiny_model
     from training.config import LoraSpec, TrainConfig
-    from training.loop import run_training
-    from training.run_spec import RunSpec
+    from training.runs.loop import run_training
+    from training.runs.spec import RunSpec
 
     environment = build_environment("mcp", config=STDIO, max_turns=2)
     events: list[str] = []

@@ -369,7 +369,7 @@ def test_a_training_client_goes_on_unchanged_after_the_trainer_service_is_killed
 
 
 def _followers_of(pid: int) -> list[int]:
-    """Data-parallel follower processes (``python -m training.follower``) whose parent is ``pid``."""
+    """Data-parallel follower processes (``python -m training.hosting.follower``) whose parent is ``pid``."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -378,7 +378,7 @@ def _followers_of(pid: int) -> list[int]:
             stat, command = (entry / "stat").read_text(), (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"training.follower" in command:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"training.hosting.follower" in command:
             found.append(int(entry.name))
     return found
 

@@ -204,7 +204,7 @@ def test_an_overlapped_run_records_staleness_and_resumes_after_its_worker_is_kil
 
 
 def _follower_pids() -> list[int]:
-    """Live ``python -m training.follower`` processes on this machine (their command lines)."""
+    """Live ``python -m training.hosting.follower`` processes on this machine (their command lines)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -213,7 +213,7 @@ def _follower_pids() -> list[int]:
                 status = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
-            if b"training.follower" in command and status != "Z":
+            if b"training.hosting.follower" in command and status != "Z":
                 pids.append(int(entry.name))
     return pids
 

@@ -8,7 +8,7 @@ import re
 
 from artweb.demo import REWARD_SPEC, RUN_CONFIG, TASKS_PATH
 from training.rewards import grade_trajectories
-from training.trajectory import Trajectory
+from training.rollouts.trajectory import Trajectory
 
 
 def reply(text: str) -> Trajectory:

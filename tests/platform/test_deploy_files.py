@@ -424,7 +424,7 @@ def test_each_hosts_workers_train_on_that_hosts_trainer_service():
         trainer = services[url.group(1)]
         assert trainer.get("profiles") == worker.get("profiles"), (name, url.group(1))
         words = [interpolated(w) for w in _command(trainer)]
-        assert words[:3] == ["python", "-m", "training.trainer_service"]
+        assert words[:3] == ["python", "-m", "training.hosting.service"]
         assert (
             words[words.index("--port") + 1] == url.group(2) and words[words.index("--host") + 1] == "0.0.0.0"
         )
@@ -435,7 +435,7 @@ def test_each_hosts_workers_train_on_that_hosts_trainer_service():
         assert trainer["environment"]["TRAINER_SERVICE_TOKEN"] == token and token.startswith(
             "${TRAINER_SERVICE_TOKEN:?"
         )
-    from training.trainer_service import main  # noqa: F401  (the module the command runs)
+    from training.hosting.service import main  # noqa: F401  (the module the command runs)
 
 
 def _published(entry: object, given: dict[str, str] | None = None) -> tuple[str, str]:

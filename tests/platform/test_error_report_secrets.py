@@ -13,7 +13,7 @@ from django.views.debug import ExceptionReporter
 
 from artweb.error_reports import CredentialMaskingReporterFilter
 from projects.services import judges, webhooks
-from training.outbound import OutboundPolicy
+from training.safety.outbound import OutboundPolicy
 
 pytestmark = pytest.mark.django_db
 

@@ -118,7 +118,7 @@ def test_outbound_allow_comes_from_a_comma_separated_list_and_bad_entries_fail(t
 
 def test_up_allows_only_its_own_gateway_besides_the_operators_entries(monkeypatch):
     from artweb.management.commands.up import own_gateway_allowed
-    from training.outbound import OutboundPolicy, OutboundRefused
+    from training.safety.outbound import OutboundPolicy, OutboundRefused
 
     monkeypatch.delenv("OUTBOUND_ALLOW", raising=False)
     policy = OutboundPolicy(allow=tuple(own_gateway_allowed("127.0.0.1", 8000).split(",")))

@@ -1,7 +1,7 @@
 """No 500 from hostile input on the Tinker API, the gateway and OpenAI's files and fine-tuning routes
 (issue 51, must-have 7): each payload the security review sent, answered as a 4xx OpenAI error
 object, on PostgreSQL and on SQLite. Bodies go through the one strict JSON reader
-(training.strict_json); numbers written as text (steps in ``tinker://`` paths and model names,
+(training.rollouts.strict_json); numbers written as text (steps in ``tinker://`` paths and model names,
 query parameters, metadata) through its ``parse_int``; ids that no database can store (NUL, a lone
 surrogate) name nothing. The REST API's own cases are in tests/projects/api/test_hostile_input.py."""
 

@@ -1,4 +1,4 @@
-"""One table of OpenAI error types (training.openai_errors) for the REST API, the gateway and the
+"""One table of OpenAI error types (training.wire.openai_errors) for the REST API, the gateway and the
 inference server: every status any of them emits has its row, and all three build the same object."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from projects.api.errors import error_response
 from projects.errors import Conflict, DomainError, Forbidden, NotFound
 from projects.gateway.errors import GatewayError
 from projects.gateway.vllm import openai_error
-from training.openai_errors import ERROR_KINDS, OTHER_ERROR, error_kind, error_object
 from training.serving.protocol import RequestError
+from training.wire.openai_errors import ERROR_KINDS, OTHER_ERROR, error_kind, error_object
 
 ROOT = Path(__file__).resolve().parents[2]
 ERROR_BUILDERS = {"GatewayError", "RequestError", "error_response", "error_object"}

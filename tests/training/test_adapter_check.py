@@ -7,7 +7,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from training.adapter_check import (
+from training.base_models import build_tiny_model, load_base_model
+from training.config import LoraSpec, TrainConfig
+from training.engines.base import SamplingParams
+from training.engines.transformers_engine import TransformersEngine
+from training.environments import EnvironmentSpec
+from training.recipes.grpo_trainer import Trainer
+from training.rollouts.agent import rollout_groups
+from training.rollouts.trajectory import to_train_group
+from training.session.adapter_check import (
     AdapterMismatchError,
     adapter_fingerprint,
     check_sampler,
@@ -17,14 +25,6 @@ from training.adapter_check import (
     saved_adapter_fingerprint,
     verify_sampler,
 )
-from training.agent import rollout_groups
-from training.base_models import build_tiny_model, load_base_model
-from training.config import LoraSpec, TrainConfig
-from training.engines.base import SamplingParams
-from training.engines.transformers_engine import TransformersEngine
-from training.environments import EnvironmentSpec
-from training.trainer import Trainer
-from training.trajectory import to_train_group
 
 PROBES = [
     [{"role": "user", "content": "Hello! How are you today?"}],

@@ -15,15 +15,15 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from training.agent import ChatTemplateError, rollout_group, rollout_groups, template_supports_tools
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import Choice, Engine, SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec
-from training.tools import Tool
-from training.trainer import Trainer
-from training.trajectory import to_train_group
+from training.recipes.grpo_trainer import Trainer
+from training.rollouts.agent import ChatTemplateError, rollout_group, rollout_groups, template_supports_tools
+from training.rollouts.tools import Tool
+from training.rollouts.trajectory import to_train_group
 
 NUMBERS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
 ADD = Tool("add", "Add a and b.", NUMBERS, lambda a, b: a + b)

@@ -1,6 +1,6 @@
-"""ART's objective (training.art_loss) on hand-computed values: the job's token weights and shaped
+"""ART's objective (training.recipes.art_loss) on hand-computed values: the job's token weights and shaped
 advantages, then one sequence's loss for each setting ART's experimental_config can change, and
-ART's packing rule (training.packing.plan_sequences) on hand-counted sequences."""
+ART's packing rule (training.session.packing.plan_sequences) on hand-counted sequences."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from training.art_config import ArtOptions
-from training.art_loss import ArtLoss, art_policy_loss, art_shaped_advantages, art_token_weights
-from training.art_update import learning_rate_of
-from training.packing import plan_sequences
-from training.trajectory import TrainSample
+from training.recipes.art import learning_rate_of
+from training.recipes.art_config import ArtOptions
+from training.recipes.art_loss import ArtLoss, art_policy_loss, art_shaped_advantages, art_token_weights
+from training.rollouts.trajectory import TrainSample
+from training.session.packing import plan_sequences
 
 HALF, QUARTER = math.log(0.5), math.log(0.25)
 CISPO = ArtLoss()

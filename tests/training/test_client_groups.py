@@ -1,4 +1,4 @@
-"""Client trajectory groups (training.client_groups): the ids trained on are the ids sampled, in the
+"""Client trajectory groups (training.runs.art_groups): the ids trained on are the ids sampled, in the
 context they were sampled in, for single-turn, multi-turn and tool-call trajectories; ART's
 fallback from logprobs token strings; and every malformed upload is refused with its place.
 
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from training.client_groups import GroupError, annotate_completion, parse_groups
-from training.client_tokens import TrajectoryTokenizer
 from training.engines.base import Choice
+from training.runs.art_groups import GroupError, annotate_completion, parse_groups
+from training.runs.art_tokens import TrajectoryTokenizer
 from training.serving.prompts import render_prompt
 from training.serving.protocol import Limits, parse_chat_request
 from training.serving.responses import completion_body

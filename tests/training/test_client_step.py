@@ -1,5 +1,5 @@
-"""One client step (training.client_step): ART's experimental_config of 0.5.18 and 0.5.23 read into the
-job's settings (training.art_config) or refused by name, ART's advantages, and steps on the tiny model:
+"""One client step (training.runs.art_step): ART's experimental_config of 0.5.18 and 0.5.23 read into the
+job's settings (training.recipes.art_config) or refused by name, ART's advantages, and steps on the tiny model:
 checkpoint N+1 from N, one optimizer step per packed sequence, the KL reference, trajectories
 without logprobs skipped or (with ART's flag) trained."""
 
@@ -13,12 +13,12 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer
 
 from tests.training.test_client_groups import Sampler, group, trajectory
-from training.art_config import EXPERIMENTAL_KEYS, art_job_config
-from training.checkpoint_files import read_checkpoint_state
-from training.client_groups import parse_groups
-from training.client_step import ClientStepSpec, art_advantages, off_policy_steps, train_client_step
-from training.client_tokens import sampled_step
 from training.config import ConfigError, LoraSpec
+from training.recipes.art_config import EXPERIMENTAL_KEYS, art_job_config
+from training.runs.art_groups import parse_groups
+from training.runs.art_step import ClientStepSpec, art_advantages, off_policy_steps, train_client_step
+from training.runs.art_tokens import sampled_step
+from training.session.checkpoint_files import read_checkpoint_state
 
 # What openpipe-art 0.5.23's ServerlessBackend.train() sends with every argument at its default.
 ART_0523_DEFAULTS = {
@@ -224,7 +224,7 @@ def test_one_optimizer_step_per_packed_sequence_as_art_counts_them(tiny_model_di
 
 
 def _tokenized(tokenizer, item):
-    from training.client_tokens import TrajectoryTokenizer
+    from training.runs.art_tokens import TrajectoryTokenizer
 
     return TrajectoryTokenizer(tokenizer).tokenize(item).samples
 

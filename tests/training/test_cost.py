@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from training import cost
-from training.trajectory import Trajectory
+from training.rollouts.trajectory import Trajectory
 
 
 def test_cpu_worker_counts_one_device():

@@ -10,8 +10,8 @@ import pytest
 from tests.training.test_learning_signal import ROWS, Hooks
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import run_training
-from training.run_spec import RunSpec
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec
 
 
 class MeteredHooks(Hooks):
@@ -63,9 +63,9 @@ def test_a_client_step_counts_its_whole_wall_clock_as_device_seconds(tiny_model_
     from transformers import AutoTokenizer
 
     from tests.training.test_client_groups import Sampler, group, trajectory
-    from training.art_config import art_job_config
-    from training.client_groups import parse_groups
-    from training.client_step import ClientStepSpec, train_client_step
+    from training.recipes.art_config import art_job_config
+    from training.runs.art_groups import parse_groups
+    from training.runs.art_step import ClientStepSpec, train_client_step
 
     sampler = Sampler(AutoTokenizer.from_pretrained(str(tiny_model_dir)))
     prompt = [{"role": "user", "content": "Hi"}]

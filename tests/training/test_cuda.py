@@ -22,10 +22,10 @@ from tests.training.test_service_run import RECIPE
 from tests.training.test_supervised import WORDS, Hooks, supervised_spec
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import run_training
-from training.losses import LOSSES
-from training.run_spec import RunSpec
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec
 from training.session import Datum, TrainingSession
+from training.session.losses import LOSSES
 
 pytestmark = pytest.mark.gpu
 
@@ -120,7 +120,7 @@ def test_rollouts_on_an_inference_server_on_cuda(tiny_model_dir, tmp_path):
 def test_a_run_on_a_trainer_service_on_cuda(tiny_model_dir, tmp_path):
     """The platform's default under ``manage.py up``: the run's session lives in the host's trainer
     service (here on the GPU), with a KL term and two minibatches x two epochs."""
-    from training.service_run import ServiceTarget
+    from training.hosting.service_run import ServiceTarget
 
     with trainer_service(tmp_path, tiny_model_dir.parent, device="cuda") as service:
         run = run_spec(tmp_path / "run", tiny_model_dir, **RECIPE)
@@ -179,7 +179,7 @@ DATA = [
 def fp32_session(model_dir: Path, device: str) -> TrainingSession:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -217,7 +217,7 @@ def test_the_fp32_update_on_cuda_is_the_cpu_update(tiny_model_dir, loss):
 
 
 def _nccl_rank(rank: int, world_size: int, model_dir: str, out: str) -> None:
-    from training.distributed import DataParallelSession
+    from training.hosting.ranks import DataParallelSession
 
     parallel = DataParallelSession(fp32_session(Path(model_dir), "cuda"))
     losses = []
@@ -231,7 +231,7 @@ def _nccl_rank(rank: int, world_size: int, model_dir: str, out: str) -> None:
 def test_the_data_parallel_session_runs_over_nccl(tiny_model_dir, tmp_path):
     """One GPU here, so one NCCL rank (NCCL refuses two ranks on one device): the collectives, the
     broadcast of rank 0's adapter and the gradient reduction run over NCCL and change nothing."""
-    from training.distributed import backend_for, run_ranks
+    from training.hosting.ranks import backend_for, run_ranks
 
     assert backend_for("cuda") == "nccl"
     run_ranks(_nccl_rank, 1, str(tiny_model_dir), str(tmp_path), rendezvous=tmp_path / "rendezvous",

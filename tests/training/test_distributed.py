@@ -1,4 +1,4 @@
-"""Data-parallel sessions (training.distributed) on CPU: 2 processes joined with the gloo backend
+"""Data-parallel sessions (training.hosting.ranks) on CPU: 2 processes joined with the gloo backend
 train on the same batch as one process, and the updates agree within float32 summation noise."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from training.config import LoraSpec, TrainConfig
-from training.distributed import DataParallelSession, follower_pids, run_ranks, shares
+from training.hosting.ranks import DataParallelSession, follower_pids, run_ranks, shares
 from training.session import Datum, TrainingSession
 
 STEPS = 2
@@ -44,7 +44,7 @@ DATA = [
 
 
 def make_session(model_dir: str, seed: int) -> TrainingSession:
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -197,7 +197,7 @@ def test_a_run_with_two_devices_trains_as_a_run_with_one(tiny_model_dir, tmp_pat
 
     from tests.training.test_cost_loop import MeteredHooks
     from tests.training.test_recipes import run_spec
-    from training.loop import run_training
+    from training.runs.loop import run_training
 
     results = {}
     for devices in (1, 2):
@@ -254,7 +254,7 @@ def test_a_rank_killed_mid_run_is_restarted_and_the_run_loses_nothing(tiny_model
 
     from tests.training.test_cost_loop import MeteredHooks
     from tests.training.test_recipes import run_spec
-    from training.loop import run_training
+    from training.runs.loop import run_training
 
     KillingHooks = killing_follower_after_step_one(MeteredHooks)
     roots = {}
@@ -283,7 +283,7 @@ def test_sft_and_dpo_runs_with_two_devices_train_as_runs_with_one(tiny_model_dir
     from safetensors.torch import load_file
 
     from tests.training.test_supervised import WORDS, Hooks, supervised_spec
-    from training.loop import run_training
+    from training.runs.loop import run_training
 
     if objective == "sft":
         rows = [{"prompt": f"Say {w}", "completion": f"{w} {w}", "item": {"word": w}} for w in WORDS]
@@ -340,7 +340,7 @@ def test_an_sft_run_whose_rank_is_killed_redoes_the_update_and_loses_nothing(tin
     from safetensors.torch import load_file
 
     from tests.training.test_supervised import WORDS, Hooks, supervised_spec
-    from training.loop import run_training
+    from training.runs.loop import run_training
 
     KillingHooks = killing_follower_after_step_one(Hooks)
     rows = [{"prompt": f"Say {w}", "completion": f"{w} {w}", "item": {"word": w}} for w in WORDS]

@@ -10,7 +10,8 @@ import pytest
 
 from training.config import TrainConfig
 from training.environments import EnvironmentSpec
-from training.evaluation import (
+from training.rollouts.trajectory import Trajectory
+from training.runs.evaluation import (
     EvalSample,
     aggregate,
     compare,
@@ -20,7 +21,6 @@ from training.evaluation import (
     validation_rows,
     with_reference,
 )
-from training.trajectory import Trajectory
 
 
 def sample(row: int, index: int, reward: float, sub: dict, side: str = "subject", errors=None, **metrics):

@@ -7,9 +7,9 @@ import pytest
 
 from tests.openai_stub import LOOPBACK, openai_stub, tool_call
 from training.environments import EnvironmentSpec
-from training.evaluation import evaluate
-from training.remote import ChatEndpoint, RemotePolicy
-from training.tools import Tool
+from training.rollouts.remote import ChatEndpoint, RemotePolicy
+from training.rollouts.tools import Tool
+from training.runs.evaluation import evaluate
 
 EXACT = {
     "type": "string_check",

@@ -1,4 +1,4 @@
-"""A base sharded across data-parallel ranks (training.distributed.shard_base, FSDP2) on CPU: 2
+"""A base sharded across data-parallel ranks (training.hosting.ranks.shard_base, FSDP2) on CPU: 2
 gloo processes each hold half the base's weights, and train, forward and fail exactly as the
 unsharded ranks and one process do; a call whose shares need different numbers of forward passes,
 and one that fails on one rank only, leave no rank waiting in a gather."""
@@ -21,12 +21,12 @@ from tests.training.test_distributed import (
     train_art,
 )
 from training.config import ConfigError, LoraSpec, TrainConfig
-from training.distributed import DataParallelSession, local_parameter_bytes, run_ranks, shares
+from training.hosting.ranks import DataParallelSession, local_parameter_bytes, run_ranks, shares
 from training.session import BASE_MODEL, Datum, TrainingSession
 
 
 def make_session(model_dir: str, seed: int, **config) -> TrainingSession:
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -171,7 +171,7 @@ def test_a_base_to_be_sharded_stays_in_cpu_memory_and_only_its_adapter_goes_to_t
     """With ``fsdp`` no rank puts the whole base on its device (shard_base's fully_shard moves each
     rank's shard there); the adapter, which every rank holds whole, goes there at once. The
     ``meta`` device stands in for an accelerator, which this host lacks: where a tensor is shows."""
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -191,7 +191,7 @@ def test_a_base_to_be_sharded_stays_in_cpu_memory_and_only_its_adapter_goes_to_t
 def test_a_base_to_be_sharded_is_never_loaded_by_unsloth(tiny_model_dir, monkeypatch):
     """unsloth's loader puts the whole base on the GPU; a base to be sharded takes transformers'."""
     import training.unsloth_loader as unsloth_loader
-    from training.policy import load_policy_model
+    from training.session.policy import load_policy_model
 
     def whole_on_the_device(*args, **kwargs):
         raise AssertionError("unsloth's loader was used")
@@ -210,7 +210,10 @@ def test_fsdp_in_a_grpo_run_needs_a_sampler_of_its_own_and_sft_and_dpo_runs_take
         TrainConfig(fsdp=True, devices=2).check_objective("grpo")
     assert caught.value.field == "fsdp" and "max_off_policy_steps" in str(caught.value)
     TrainConfig(fsdp=True, devices=2, max_off_policy_steps=1).check_objective("grpo")
-    for objective in ("sft", "dpo"):  # their held-out grading has a sampler of its own (training.supervised)
+    for objective in (
+        "sft",
+        "dpo",
+    ):  # their held-out grading has a sampler of its own (training.recipes.supervised)
         TrainConfig(fsdp=True, devices=2).check_objective(objective)
 
 
@@ -222,7 +225,7 @@ def test_an_overlapped_run_with_a_sharded_base_trains_as_one_without(tiny_model_
 
     from tests.training.test_cost_loop import MeteredHooks
     from tests.training.test_recipes import run_spec
-    from training.loop import run_training
+    from training.runs.loop import run_training
 
     results = {}
     for fsdp in (False, True):
@@ -259,11 +262,11 @@ def test_a_rank_lost_before_or_during_the_probe_is_restarted_and_the_ranks_probe
     import signal
     from functools import partial
 
-    from training.adapter_check import next_token_logprobs, probe_policy, probe_saved
-    from training.distributed import Followers, FollowerSpec
     from training.engines.vllm_engine import render_prompt
-    from training.policy import load_policy_model
-    from training.trainer import Trainer
+    from training.hosting.ranks import Followers, FollowerSpec
+    from training.recipes.grpo_trainer import Trainer
+    from training.session.adapter_check import next_token_logprobs, probe_policy, probe_saved
+    from training.session.policy import load_policy_model
 
     config = TrainConfig(devices=2, fsdp=True, max_off_policy_steps=1, seed=3)
     lora = LoraSpec(rank=2, alpha=4)
@@ -336,8 +339,8 @@ def test_a_rank_of_a_sharded_base_killed_mid_run_is_restarted_and_the_run_loses_
     from tests.training.test_cost_loop import MeteredHooks
     from tests.training.test_distributed import killing_follower_after_step_one
     from tests.training.test_recipes import run_spec
-    from training.distributed import follower_pids
-    from training.loop import run_training
+    from training.hosting.ranks import follower_pids
+    from training.runs.loop import run_training
 
     KillingHooks = killing_follower_after_step_one(MeteredHooks)
     roots = {}
@@ -375,7 +378,7 @@ def test_a_tinker_session_with_a_sharded_base_trains_as_one_process_on_a_base_of
     from tests.training.test_session_ranks import (
         WEIGHT_TOLERANCE as POOL_WEIGHTS,
     )
-    from training.distributed import follower_pids
+    from training.hosting.ranks import follower_pids
 
     expected, expected_params = alone(tiny_model_dir)
     pool = pool_of(tiny_model_dir, tmp_path)
@@ -409,11 +412,11 @@ def test_an_art_job_with_a_sharded_base_trains_as_on_one_device(tiny_model_dir, 
 
     from tests.training.test_session_ranks import LORA, QuietHooks, art_groups, load
     from tests.training.test_session_ranks import WEIGHT_TOLERANCE as POOL_WEIGHTS
-    from training.art_config import art_job_config
-    from training.client_groups import parse_groups
-    from training.client_step import ClientStepSpec, train_client_step
-    from training.distributed import follower_pids
-    from training.resident import ResidentSessions, SessionKey
+    from training.hosting.ranks import follower_pids
+    from training.hosting.resident import ResidentSessions, SessionKey
+    from training.recipes.art_config import art_job_config
+    from training.runs.art_groups import parse_groups
+    from training.runs.art_step import ClientStepSpec, train_client_step
 
     source = str(tiny_model_dir)
     groups = art_groups(source)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from training.grpo import (
+from training.recipes.grpo import (
     compute_advantages,
     entropy_from_logits,
     group_advantages,
@@ -151,8 +151,8 @@ def test_the_three_normalisations():
 @pytest.mark.parametrize("normalization", ["token", "sequence", "constant"])
 def test_the_grpo_datums_weights_make_the_summed_loss_the_normalised_one(normalization):
     from training.config import TrainConfig
-    from training.minibatches import grpo_data
-    from training.trajectory import TrainSample
+    from training.recipes.minibatches import grpo_data
+    from training.rollouts.trajectory import TrainSample
 
     generator = torch.Generator().manual_seed(0)
     per_token = torch.rand(5, 4, generator=generator)

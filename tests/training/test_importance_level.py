@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from training.config import ConfigError, TrainConfig
-from training.grpo import policy_loss
+from training.recipes.grpo import policy_loss
 
 
 def test_sequence_ratio_is_the_geometric_mean_over_the_sequence():
@@ -67,8 +67,8 @@ def test_unknown_importance_level_is_a_config_error():
 
 def test_trainer_uses_the_configured_importance_level(monkeypatch):
     """The trainer passes importance_level through to the loss (checked by intercepting it: the
-    session's ``grpo`` loss, training.losses, computes the objective with token_objective)."""
-    import training.losses as losses_module
+    session's ``grpo`` loss, training.session.losses, computes the objective with token_objective)."""
+    import training.session.losses as losses_module
 
     seen = []
     original = losses_module.token_objective
@@ -83,8 +83,8 @@ def test_trainer_uses_the_configured_importance_level(monkeypatch):
 
     from training.base_models import build_tiny_model, load_base_model
     from training.config import LoraSpec
-    from training.trainer import Trainer
-    from training.trajectory import TrainGroup, TrainSample
+    from training.recipes.grpo_trainer import Trainer
+    from training.rollouts.trajectory import TrainGroup, TrainSample
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = build_tiny_model(Path(tmp) / "tiny")

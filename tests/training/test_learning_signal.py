@@ -10,9 +10,9 @@ from typing import Any
 
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.learning_signal import NO_SIGNAL, SignalWatch
-from training.loop import run_training
-from training.run_spec import RunSpec
+from training.runs.learning_signal import NO_SIGNAL, SignalWatch
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec
 
 ROWS = [{"index": i, "data": {"prompt": f"Say {w}", "item": {"answer": w}}} for i, w in enumerate("abcd")]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from training.rewards import RewardFailure, grade_trajectories
-from training.run_steps import rows_for_step
-from training.trajectory import Trajectory
+from training.rollouts.trajectory import Trajectory
+from training.runs.steps import rows_for_step
 
 
 def trajectory(text: str) -> Trajectory:

@@ -1,4 +1,4 @@
-"""The outbound-URL policy (training.outbound): every forbidden address form refused with its reason,
+"""The outbound-URL policy (training.safety.outbound): every forbidden address form refused with its reason,
 the operator's allow-list, connections pinned to the checked address (urllib and httpx, no
 DNS-rebinding window), and upstream error bodies summarised, never echoed."""
 
@@ -13,9 +13,9 @@ import pytest
 
 from tests.listener import FakeDNS, listening
 from training.environments import build_environment
-from training.outbound import PUBLIC_ONLY, OutboundPolicy, OutboundRefused, redact, upstream_reason
-from training.remote import ChatEndpoint, EndpointError
 from training.rewards import GradingError, JudgeClient
+from training.rollouts.remote import ChatEndpoint, EndpointError
+from training.safety.outbound import PUBLIC_ONLY, OutboundPolicy, OutboundRefused, redact, upstream_reason
 
 # Every form of an internal address a URL can take, and the reason the policy gives.
 FORBIDDEN = {

@@ -1,4 +1,4 @@
-"""Internationalised host names in the outbound-URL policy (training.outbound): ``ascii_url`` turns
+"""Internationalised host names in the outbound-URL policy (training.safety.outbound): ``ascii_url`` turns
 ``https://例え.テスト/v1`` into the IDNA 2008 name HTTP can carry, refuses names that are not valid
 IDNA, and the policy's opener applies it to any URL it is given, so a URL stored before the writes
 were normalised is called (or refused with a reason) instead of raising UnicodeEncodeError."""
@@ -12,8 +12,8 @@ import pytest
 from tests.listener import FakeDNS, listening
 from training.config import ConfigError
 from training.environments import validate_environment
-from training.outbound import PUBLIC_ONLY, OutboundPolicy, OutboundRefused, ascii_url
 from training.rewards import GradingError, JudgeClient
+from training.safety.outbound import PUBLIC_ONLY, OutboundPolicy, OutboundRefused, ascii_url
 
 IDN_URL = "https://例え.テスト/v1"
 PUNYCODE_HOST = "xn--r8jz45g.xn--zckzah"

@@ -1,4 +1,4 @@
-"""Rollouts that overlap training (issue 28, item 3: ``max_off_policy_steps``; training.overlap)."""
+"""Rollouts that overlap training (issue 28, item 3: ``max_off_policy_steps``; training.runs.overlap)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import training.run_steps as run_steps
+import training.runs.steps as run_steps
 from tests.training.test_cost_loop import MeteredHooks
 from tests.training.test_learning_signal import ROWS
-from training.checkpoint_files import ADAPTER_WEIGHTS
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import run_training
-from training.overlap import policy_step_for
-from training.run_spec import RunSpec
-from training.run_steps import checkpoint_path
-from training.trainer import Trainer
+from training.recipes.grpo_trainer import Trainer
+from training.runs.loop import run_training
+from training.runs.overlap import policy_step_for
+from training.runs.spec import RunSpec
+from training.runs.steps import checkpoint_path
+from training.session.checkpoint_files import ADAPTER_WEIGHTS
 
 # Matches some of what the tiny random model writes: groups carry a signal, so updates move weights.
 GRADER = {"type": "regex", "name": "vowel", "pattern": "[aeiou]"}

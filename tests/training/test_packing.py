@@ -1,18 +1,18 @@
-"""The packed update (training.packing): a group's prompt computed once, no padding, and the same
+"""The packed update (training.session.packing): a group's prompt computed once, no padding, and the same
 loss, gradients and logprobs as one left-padded row per completion."""
 
 import pytest
 import torch
 
-from training.agent import rollout_groups
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec
-from training.packing import pack, plan_rows, plan_units
-from training.trainer import Trainer
-from training.trajectory import TrainGroup, TrainSample, to_train_group
+from training.recipes.grpo_trainer import Trainer
+from training.rollouts.agent import rollout_groups
+from training.rollouts.trajectory import TrainGroup, TrainSample, to_train_group
+from training.session.packing import pack, plan_rows, plan_units
 
 
 def random_groups(seed: int = 0) -> list[TrainGroup]:

@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from tests.training.test_learning_signal import ROWS, Hooks
-from training import progress
-from training.agent import RolloutProgress, rollout_groups
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec, build_environment
-from training.loop import run_training
-from training.run_spec import RunSpec
+from training.rollouts.agent import RolloutProgress, rollout_groups
+from training.runs import progress
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec
 
 
 def test_rollouts_report_each_finished_row_and_then_the_groups_done(tiny_model):

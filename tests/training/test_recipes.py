@@ -14,14 +14,14 @@ from tests.training.test_learning_signal import ROWS
 from tests.training.test_trainer import adapter_state, sample_groups
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.grpo import is_zero_variance
-from training.grpo_update import passes
-from training.loop import run_training
-from training.minibatches import split_evenly
-from training.run_spec import RunSpec
-from training.schedules import default_learning_rate, learning_rate_at
-from training.trainer import Trainer
-from training.trajectory import Trajectory, longest_turn, overlong_penalty, to_train_group
+from training.recipes.grpo import is_zero_variance
+from training.recipes.grpo_trainer import Trainer
+from training.recipes.grpo_update import passes
+from training.recipes.minibatches import split_evenly
+from training.recipes.schedules import default_learning_rate, learning_rate_at
+from training.rollouts.trajectory import Trajectory, longest_turn, overlong_penalty, to_train_group
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec
 
 
 # ------------------------------------------------------------------ schedules

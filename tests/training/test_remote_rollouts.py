@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-import training.loop as loop
-import training.policy_sampler as policy_sampler
+import training.runs.loop as loop
+import training.runs.sampler as policy_sampler
 from tests.training.test_cost_loop import MeteredHooks
 from tests.training.test_overlap import spec
 from tests.training.vllm_double import VLLMDouble
 from training.engines.remote_engine import RemoteEngine, RemoteEngineError, RolloutServer
-from training.loop import run_training
+from training.runs.loop import run_training
 from training.serving.protocol import ADAPTER_HEADER, ADAPTER_KEY_HEADER, ADAPTER_SHA256_HEADER
 
 TOKEN = "t-rollouts"
@@ -223,7 +223,7 @@ def test_the_vllm_dialect_reloads_a_forgotten_adapter_and_says_what_it_cannot_do
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
     from training.engines.base import SamplingParams
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     host = tmp_path / "vllm-host"
     with vllm_host(tiny_model_dir, host) as (double, url, fetch_url, store):

@@ -1,4 +1,4 @@
-"""Sessions kept between client training jobs (training.resident): a job that starts from the kept
+"""Sessions kept between client training jobs (training.hosting.resident): a job that starts from the kept
 session trains exactly as one that loads the same checkpoint from disk, without the load; a stale
 or foreign session is never used."""
 
@@ -12,12 +12,12 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from tests.training.test_client_groups import Sampler, group, trajectory
-from training.art_config import art_job_config
 from training.base_models import load_base_model
-from training.client_groups import parse_groups
-from training.client_step import ClientStepSpec, train_client_step
 from training.config import LoraSpec
-from training.resident import ResidentSessions, SessionKey
+from training.hosting.resident import ResidentSessions, SessionKey
+from training.recipes.art_config import art_job_config
+from training.runs.art_groups import parse_groups
+from training.runs.art_step import ClientStepSpec, train_client_step
 
 
 def load(source: str):
@@ -99,8 +99,8 @@ def test_service_sessions_reload_a_stale_session_and_refuse_a_held_one(
     tiny_model_dir: Path, tmp_path: Path, live_service
 ):
     from training.base_models import context_length
-    from training.resident import ServiceSessions
-    from training.trainer_client import LeaseLost
+    from training.hosting.client import LeaseLost
+    from training.hosting.resident import ServiceSessions
 
     source = str(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(source)

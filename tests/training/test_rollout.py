@@ -2,11 +2,11 @@ import json
 
 import pytest
 
-from training.agent import rollout_group, rollout_groups
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec, build_messages
-from training.trajectory import Trajectory, to_train_group
+from training.rollouts.agent import rollout_group, rollout_groups
+from training.rollouts.trajectory import Trajectory, to_train_group
 
 
 class CountingEngine(TransformersEngine):

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from tests.openai_stub import LOOPBACK, openai_stub
-from training.remote import ChatEndpoint
-from training.scenarios import generate_rows, parse_candidates
+from training.rollouts.remote import ChatEndpoint
+from training.rollouts.scenarios import generate_rows, parse_candidates
 
 TOOLS = [
     {"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {"type": "object"}}}

@@ -1,4 +1,4 @@
-"""Platform runs on the host's trainer service (issue 25, item 3; training.service_run): the worker
+"""Platform runs on the host's trainer service (issue 25, item 3; training.hosting.service_run): the worker
 holds no model, the run's session lives in the service, and it trains the tensors a run in the
 worker trains; a service that restarts mid-run costs the steps since the last checkpoint, not the run."""
 
@@ -15,10 +15,10 @@ from safetensors.torch import load_file
 from tests.conftest import trainer_service
 from tests.training.test_cost_loop import MeteredHooks
 from tests.training.test_overlap import spec
-from training.checkpoint_files import ADAPTER_WEIGHTS
-from training.loop import run_training
-from training.run_steps import checkpoint_path
-from training.service_run import ServiceTarget, service_refusal
+from training.hosting.service_run import ServiceTarget, service_refusal
+from training.runs.loop import run_training
+from training.runs.steps import checkpoint_path
+from training.session.checkpoint_files import ADAPTER_WEIGHTS
 
 # A KL term (the base model's logprobs through ``forward``) and two minibatches (two optimizer
 # steps a step, in a seeded order on the second pass) take every path of the update.
@@ -124,7 +124,7 @@ def test_runs_the_service_does_not_take_train_in_the_worker_and_say_why(tiny_mod
 
 
 def test_a_service_that_does_not_answer_leaves_the_run_in_the_worker_with_a_warning(tiny_model_dir, tmp_path):
-    from training.trainer_client import TrainerServiceClient
+    from training.hosting.client import TrainerServiceClient
 
     run = spec(tiny_model_dir, tmp_path, steps=1)
     run.trainer_service = ServiceTarget(TrainerServiceClient(f"http://127.0.0.1:{free_port()}"), "w", "run-1")

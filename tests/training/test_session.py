@@ -1,4 +1,4 @@
-"""The training session core (training.session) and its named losses (training.losses): each loss
+"""The training session core (training.session) and its named losses (training.session.losses): each loss
 on hand-computed values; on the tiny model, forward's logprobs are the model's own, gradients of
 several forward_backward calls add up to one call's, cross-entropy steps learn a sequence, and a
 datum that does not fit is refused with its reason."""
@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from training.config import LoraSpec, TrainConfig
-from training.losses import LOSSES, LossInputError, LossInputs, loss_named
 from training.session import Datum, TrainingSession
+from training.session.losses import LOSSES, LossInputError, LossInputs, loss_named
 
 HALF, QUARTER = math.log(0.5), math.log(0.25)
 
@@ -74,7 +74,7 @@ def test_a_loss_says_what_it_needs_and_what_it_does_not_take():
 
 @pytest.fixture
 def session(tiny_model_dir):
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
@@ -203,7 +203,7 @@ def test_every_session_refuses_token_ids_outside_the_vocabulary_naming_datum_and
 def test_a_data_parallel_session_refuses_a_bad_token_id_before_any_rank_gets_the_call(session):
     """The mirrored (data-parallel) session checks the whole call on rank 0, so the message names the
     datum's index in the call (not in a rank's share) and no follower is sent a call to fail on."""
-    from training.distributed import MirroredSession
+    from training.hosting.ranks import MirroredSession
 
     class Followers:
         generation, sent = 0, []

@@ -1,4 +1,4 @@
-"""Many sessions on one base model (training.session_pool): two teams' sessions interleaving
+"""Many sessions on one base model (training.hosting.pool): two teams' sessions interleaving
 forward_backward / optim_step on one copy of the base get exactly the gradients and updates each
 gets on a base of its own; a session evicted under the memory budget and loaded back continues bit
 for bit; the base is loaded once."""
@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from training.config import LoraSpec, TrainConfig
+from training.hosting.pool import SessionPool, SessionPoolError
 from training.session import Datum, TrainingSession
-from training.session_pool import SessionPool, SessionPoolError
 
 ALPHA = (TrainConfig(seed=1, micro_batch_tokens=64), LoraSpec(rank=2, alpha=4, dropout=0.1))
 BETA = (
@@ -50,7 +50,7 @@ def step(session: TrainingSession, data: list[Datum]) -> tuple[list[torch.Tensor
 
 def alone(source: str, config: TrainConfig, lora: LoraSpec, batches, save_to=None) -> list:
     """The reference: one Trainer on its own freshly loaded base (its adapter saved to ``save_to``)."""
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     model, tokenizer = load(source)
     session = TrainingSession(Trainer(model, tokenizer, config, lora))
@@ -182,7 +182,7 @@ def test_a_pooled_sessions_weights_for_the_sampler_are_its_adapter_alone(tiny_mo
 
 def test_a_pooled_session_samples_exactly_as_it_would_alone(tiny_model_dir, tmp_path):
     from training.engines.base import SamplingParams
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     source, prompts = str(tiny_model_dir), [[5, 9, 14], [8, 2]]
     sampling = SamplingParams(max_new_tokens=6, temperature=1.0)  # seed None: the session's own RNG

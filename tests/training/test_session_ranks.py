@@ -15,10 +15,10 @@ import torch
 
 from tests.training.test_distributed import DATA
 from training.config import LoraSpec, TrainConfig
-from training.distributed import follower_pids, shares
-from training.losses import LossInputError
+from training.hosting.pool import SessionPool
+from training.hosting.ranks import follower_pids, shares
 from training.session import Datum, TrainingSession
-from training.session_pool import SessionPool
+from training.session.losses import LossInputError
 
 LORA = LoraSpec(rank=2, alpha=4)
 RATE = 1e-2
@@ -62,7 +62,7 @@ def calls(session, after_first=lambda: None) -> list[float]:
 
 
 def alone(tiny_model_dir) -> tuple[list[float], list[torch.Tensor]]:
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     model, tokenizer = load(str(tiny_model_dir))
     session = TrainingSession(Trainer(model, tokenizer, config(1), LORA))
@@ -193,7 +193,7 @@ def test_a_pool_trains_one_data_parallel_session_at_a_time(tiny_model_dir, tmp_p
 
 
 def art_groups(source: str) -> list:
-    """Two trajectory groups an ART client would send (training.client_groups' wire form)."""
+    """Two trajectory groups an ART client would send (training.runs.art_groups' wire form)."""
     from transformers import AutoTokenizer
 
     from tests.training.test_client_groups import Sampler, group, trajectory
@@ -225,10 +225,10 @@ def test_an_art_job_on_two_devices_trains_as_on_one_and_frees_a_kept_data_parall
 
     from safetensors.torch import load_file
 
-    from training.art_config import art_job_config
-    from training.client_groups import parse_groups
-    from training.client_step import ClientStepSpec, train_client_step
-    from training.resident import ResidentSessions, SessionKey
+    from training.hosting.resident import ResidentSessions, SessionKey
+    from training.recipes.art_config import art_job_config
+    from training.runs.art_groups import parse_groups
+    from training.runs.art_step import ClientStepSpec, train_client_step
 
     source = str(tiny_model_dir)
     groups = art_groups(source)

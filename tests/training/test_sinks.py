@@ -24,14 +24,14 @@ import torch
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import validate_environment
 from training.export import write_archive
-from training.outbound import OutboundPolicy
+from training.recipes.grpo_trainer import Trainer
 from training.rewards import validate_grader
 from training.rewards.base import Sample
 from training.rewards.errors import GraderSpecError, GradingError
 from training.rewards.templates import Template, TemplateSyntaxError
+from training.rollouts.tools import parse_tool_calls
+from training.safety.outbound import OutboundPolicy
 from training.serving.protocol import Limits, RequestError, parse_chat_request
-from training.tools import parse_tool_calls
-from training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -1,4 +1,4 @@
-"""Sandbox slots (training/slots.py): per team and per host, shared by processes, never leaked."""
+"""Sandbox slots (training/safety/slots.py): per team and per host, shared by processes, never leaked."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from training.rewards import SandboxConfig
 from training.rewards.sandbox import PythonSandbox
-from training.slots import SlotPolicy, SlotsBusy, sandbox_slot
+from training.safety.slots import SlotPolicy, SlotsBusy, sandbox_slot
 
 
 def test_a_team_gets_at_most_its_share_and_other_teams_still_start(tmp_path):
@@ -59,7 +59,7 @@ def test_a_full_host_answers_after_the_wait_not_before(tmp_path):
 def test_a_holder_that_dies_frees_its_slot(tmp_path):
     policy = SlotPolicy(directory=str(tmp_path), total=1, per_team=1)
     code = (
-        "import sys, time; from training.slots import SlotPolicy, sandbox_slot\n"
+        "import sys, time; from training.safety.slots import SlotPolicy, sandbox_slot\n"
         f"with sandbox_slot(SlotPolicy(directory={str(tmp_path)!r}, total=1, per_team=1), 'alpha'):\n"
         "    print('held', flush=True); time.sleep(60)\n"
     )

@@ -1,4 +1,4 @@
-"""training.strict_json: what it refuses (with the position), what it keeps, and that a deep
+"""training.rollouts.strict_json: what it refuses (with the position), what it keeps, and that a deep
 document is refused by a flat scan (no recursion) in about the time json takes to parse it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from training.strict_json import (
+from training.rollouts.strict_json import (
     INT_MAX,
     INT_MIN,
     JSONError,

@@ -1,4 +1,4 @@
-"""SFT and DPO runs (training.supervised): targets marked on the right tokens, DPO's gradient applied
+"""SFT and DPO runs (training.recipes.supervised): targets marked on the right tokens, DPO's gradient applied
 exactly through cross_entropy, and whole runs on the tiny model whose held-out figures improve."""
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ import torch
 from tests.training.test_cost_loop import MeteredHooks
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import run_training
-from training.run_spec import RunSpec
-from training.session import BASE_MODEL, TrainingSession
-from training.supervised import (
+from training.recipes.grpo_trainer import Trainer
+from training.recipes.supervised import (
     RowError,
     _with_weights,
     dpo_pair,
@@ -25,7 +23,9 @@ from training.supervised import (
     sequence_logprobs,
     sft_sample,
 )
-from training.trainer import Trainer
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec
+from training.session import BASE_MODEL, TrainingSession
 
 
 def test_row_problems_name_what_is_missing():

@@ -1,4 +1,4 @@
-"""training.tinker_wire against the tinker SDK's own codecs: what the SDK encodes parses into the
+"""training.wire.tinker against the tinker SDK's own codecs: what the SDK encodes parses into the
 session's datums, and what the server encodes the SDK decodes to the same numbers."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tinker.proto.response_conv import deserialize_forward_backward_output, dese
 
 from training.engines.base import Choice
 from training.session import ForwardBackwardResult
-from training.tinker_wire import (
+from training.wire.tinker import (
     WireError,
     forward_backward_output,
     model_input_tokens,

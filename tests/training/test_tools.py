@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from training.tools import (
+from training.rollouts.tools import (
     Tool,
     ToolCall,
     parse_tool_calls,

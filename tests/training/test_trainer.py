@@ -4,15 +4,15 @@ import time
 import pytest
 import torch
 
-from training.agent import rollout_groups
 from training.base_models import load_base_model
-from training.checkpoint_files import CheckpointError, read_checkpoint_state
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec
-from training.trainer import Trainer
-from training.trajectory import TrainGroup, TrainSample, to_train_group
+from training.recipes.grpo_trainer import Trainer
+from training.rollouts.agent import rollout_groups
+from training.rollouts.trajectory import TrainGroup, TrainSample, to_train_group
+from training.session.checkpoint_files import CheckpointError, read_checkpoint_state
 
 ROWS = [{"prompt": "Hello! How are you today?"}, {"prompt": "What is the answer?"}]
 

@@ -5,8 +5,8 @@ import torch
 
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
-from training.trainer import Trainer
-from training.trajectory import TrainGroup, TrainSample
+from training.recipes.grpo_trainer import Trainer
+from training.rollouts.trajectory import TrainGroup, TrainSample
 
 PROMPT = [5, 6, 7, 8]
 # A two-turn completion: sampled [20, 21, 22], environment [30, 31], sampled [23, 24], environment [32].

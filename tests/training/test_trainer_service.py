@@ -1,4 +1,4 @@
-"""The trainer service (training.trainer_service) and its client (training.trainer_client): leases
+"""The trainer service (training.hosting.service) and its client (training.hosting.client): leases
 refuse anyone but the holder until they lapse, a request names no file outside the service's folder,
 bad input is a 400 naming the field; and over HTTP against a real service process, two teams'
 sessions interleaving on one base train exactly as each does alone."""
@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from tests.training.test_session_pool import ALPHA, BETA, DATA, alone, load
-from training.session_pool import SessionPool
-from training.trainer_client import LeaseLost, TrainerServiceClient, TrainerServiceError
-from training.trainer_service import ServiceConfig, ServiceError, TrainerService
+from training.hosting.client import LeaseLost, TrainerServiceClient, TrainerServiceError
+from training.hosting.pool import SessionPool
+from training.hosting.service import ServiceConfig, ServiceError, TrainerService
 
 
 class Clock:
@@ -234,8 +234,8 @@ def test_a_forward_backward_submitted_during_a_long_sample_runs_before_the_sampl
     of an uninterrupted one. ``slice_steps`` 0 is the old behaviour (the lock held for the whole
     sample): there the forward_backward waits for the end, which is what the test tells apart."""
     from training.engines.base import SamplingParams
+    from training.recipes.grpo_trainer import Trainer
     from training.session import TrainingSession
-    from training.trainer import Trainer
 
     pool = RecordingPool(load, spill_dir=tmp_path / "spill")
     service = TrainerService(pool, ServiceConfig(root=tmp_path, sample_slice_steps=slice_steps))

@@ -9,7 +9,9 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("module", ["training.trajectory", "training.remote", "training.evaluation"])
+@pytest.mark.parametrize(
+    "module", ["training.rollouts.trajectory", "training.rollouts.remote", "training.runs.evaluation"]
+)
 def test_importing_trajectory_modules_loads_neither_torch_nor_peft(module: str) -> None:
     check = f"import {module}, sys; assert 'torch' not in sys.modules and 'peft' not in sys.modules"
     result = subprocess.run(

@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from training import grpo_update
 from training.config import TrainConfig
-from training.grpo import update_advantages
-from training.grpo_update import grpo_step
-from training.run_steps import DrawnStep, update_step
-from training.trajectory import Trajectory
+from training.recipes import grpo_update
+from training.recipes.grpo import update_advantages
+from training.recipes.grpo_update import grpo_step
+from training.rollouts.trajectory import Trajectory
+from training.runs.steps import DrawnStep, update_step
 
 
 def answer(reward: float, tokens: int, finish: str = "stop") -> Trajectory:

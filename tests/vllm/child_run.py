@@ -13,7 +13,7 @@ from typing import Any
 def run(spec_options: dict[str, Any], out: str) -> None:
     from tests.training.test_cost_loop import MeteredHooks
     from tests.vllm.test_vllm_runs import vllm_run_spec
-    from training.loop import run_training
+    from training.runs.loop import run_training
 
     spec = vllm_run_spec(**spec_options)
     hooks = MeteredHooks()

@@ -46,7 +46,7 @@ def checkpoints(serving: Serving, model_dir: Path, team, steps: list[int], proje
 
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     base_model = BaseModel.objects.get(name=VLLM_MODEL)
     model = services.trainable_model_create(
@@ -175,7 +175,7 @@ def test_a_runs_rollouts_sample_on_the_real_vllm_and_pass_the_sampler_check(
     from tests.training.test_cost_loop import MeteredHooks
     from tests.vllm.test_vllm_runs import vllm_run_spec
     from training.engines.remote_engine import RolloutServer
-    from training.loop import run_training
+    from training.runs.loop import run_training
 
     spec = dataclasses.replace(
         vllm_run_spec(tmp_path / "run", vllm_model_dir, steps=3, max_off_policy_steps=1,

@@ -19,7 +19,7 @@ from tests.training.test_learning_signal import ROWS
 from tests.vllm import child_run
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.run_spec import RunSpec
+from training.runs.spec import RunSpec
 
 
 def vllm_run_spec(

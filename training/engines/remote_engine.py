@@ -19,7 +19,7 @@ inference servers (``rollouts_on: inference_servers``). Two dialects, by the ser
 The worker keeps no copy of the model for sampling: each checkpoint the rollouts use is named to
 the server, by its store key and digest when it has been recorded (``RolloutServer.locate``; any
 host's server fetches it into its verified cache) or else by its folder, for a server on the same
-host. The trainer checks every checkpoint the server samples (training.adapter_check: the files
+host. The trainer checks every checkpoint the server samples (training.session.adapter_check: the files
 named are the ones saved, and the server's logprobs of the probe prompts are the trainer's).
 Prompts go as token ids and completions come back as token ids with their logprobs: nothing is
 re-tokenised, exactly as with an engine in the worker.
@@ -47,8 +47,8 @@ from training.engines.base import (
     report_finished_after,
 )
 from training.engines.token_wire import choices_of, sampling_body
-from training.openai_errors import error_message
 from training.serving.protocol import ADAPTER_HEADER, ADAPTER_KEY_HEADER, ADAPTER_SHA256_HEADER, FETCH_PATH
+from training.wire.openai_errors import error_message
 
 log = logging.getLogger(__name__)
 

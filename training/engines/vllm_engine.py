@@ -1,5 +1,5 @@
 """vLLM's side of sampling, shared by every place vLLM samples: the run's own vLLM server
-(training.loop.start_run_vllm over training.serving.vllm.LocalVLLM) and a shared one
+(training.runs.loop.start_run_vllm over training.serving.vllm.LocalVLLM) and a shared one
 (``rollouts_on: inference_servers``), both sampled through training.engines.remote_engine.
 
 vLLM always runs as a server process, never as vLLM's offline `LLM` inside the worker: that one

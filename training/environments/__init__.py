@@ -4,7 +4,7 @@ One module per kind (`chat`, `python_tools`, `tic_tac_toe`, `game_2048`, `mcp`),
 `base.Environment`, listed in `registry.ENVIRONMENT_KINDS`; `EnvironmentSpec` builds a tool
 environment in Python (tests, benchmarks, scripts). No Django here.
 
-The protocol (message level, so the token-exact agent loop in `training/agent.py` and a text-only
+The protocol (message level, so the token-exact agent loop in `training/rollouts/agent.py` and a text-only
 OpenAI-compatible client can both drive it):
 
     environment = build_environment(kind, config=..., tools=..., system_prompt=..., max_turns=...,
@@ -17,7 +17,7 @@ OpenAI-compatible client can both drive it):
     environment.outcome(state)                                    # {"result": "win", "reward": 1.0}
     environment.close()                                           # an MCP session; `with` works
 
-Tool calls are parsed from the model's text with `training.tools.parse_tool_calls` (Hermes
+Tool calls are parsed from the model's text with `training.rollouts.tools.parse_tool_calls` (Hermes
 `<tool_call>` format) when `environment.tools` is not empty, else passed as []. Every kind states
 its tools, its default max turns and how the final answer is read (`describe_kinds()`).
 """

@@ -11,7 +11,7 @@ needs to drive the same environment remotely):
 
 `respond_batch` answers many episodes' turns at once (the lockstep loop uses it; tool environments
 start every tool call of the turn together, so a turn waits for its slowest tool, not the sum).
-The environment never sees tokens: `training/agent.py` renders the reply messages into the ids
+The environment never sees tokens: `training/rollouts/agent.py` renders the reply messages into the ids
 between two model turns (mask 0) and keeps the model's sampled ids as they were.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from training.config import ConfigError
-from training.tools import Tool, ToolCall, ToolResult, run_tool_call_batches
+from training.rollouts.tools import Tool, ToolCall, ToolResult, run_tool_call_batches
 
 __all__ = ["ConfigError", "Environment", "EnvironmentSpec", "EpisodeState", "Reply", "build_messages"]
 
@@ -289,7 +289,7 @@ def check_common(*, max_turns: int, tool_timeout_s: float, tools: list[Tool]) ->
     if not tool_timeout_s > 0:
         raise ConfigError("tool_timeout_s", "must be greater than 0")
     if not all(isinstance(tool, Tool) for tool in tools):
-        raise TypeError("environment tools must be training.tools.Tool objects (with a function)")
+        raise TypeError("environment tools must be training.rollouts.tools.Tool objects (with a function)")
     if len({tool.name for tool in tools}) != len(tools):
         raise ConfigError("tools", "tool names must be unique")
 

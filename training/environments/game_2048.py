@@ -30,7 +30,7 @@ from training.environments.base import (
     number,
     show_board,
 )
-from training.tools import ToolCall
+from training.rollouts.tools import ToolCall
 
 DIRECTIONS = ("up", "down", "left", "right")
 MOVE = re.compile(r"<move>\s*(\w+)\s*</move>", re.IGNORECASE)

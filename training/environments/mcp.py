@@ -24,8 +24,8 @@ commands (`StdioPolicy.commands`); `config.env` may only set names the operator 
 working directory and the rest of its environment come from code. It runs in the python grader's OS
 boundary (`stdio_child.py`): fresh namespaces (no network unless the operator allows it for its
 own commands), a root made of read-only binds of the interpreter, its packages and `training/`
-only, uid nobody, resource limits; and it holds a sandbox slot (``training.slots``) for its life.
-A URL is reached through the `outbound` policy (``training.outbound``: public addresses only
+only, uid nobody, resource limits; and it holds a sandbox slot (``training.safety.slots``) for its life.
+A URL is reached through the `outbound` policy (``training.safety.outbound``: public addresses only
 unless the operator allow-lists the host; the connection goes to the checked address; redirects are
 not followed).
 """
@@ -59,9 +59,9 @@ from training.environments.base import (
     known_keys,
     number,
 )
-from training.outbound import PUBLIC_ONLY, OutboundPolicy, OutboundRefused, ascii_url
-from training.slots import SlotHolder, SlotPolicy
-from training.tools import Tool
+from training.rollouts.tools import Tool
+from training.safety.outbound import PUBLIC_ONLY, OutboundPolicy, OutboundRefused, ascii_url
+from training.safety.slots import SlotHolder, SlotPolicy
 
 DEMO_MODULE = "training.environments.mcp_demo.server"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -501,7 +501,7 @@ class _Session:
     def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> Any:
         if self.session is None:
             raise RuntimeError("the MCP session is closed")
-        # The tool runner (training.tools) reports the timeout at timeout_s; the session's own limits
+        # The tool runner (training.rollouts.tools) reports the timeout at timeout_s; the session's own limits
         # are a second past it, so they never race it (under load they used to answer first with
         # the library's "Timed out while waiting for response" instead of the tool timeout).
         future = asyncio.run_coroutine_threadsafe(

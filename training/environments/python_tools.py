@@ -33,7 +33,7 @@ from training.environments.base import (
     _turns,
     known_keys,
 )
-from training.tools import Tool
+from training.rollouts.tools import Tool
 
 DEFAULT_NOW = "2026-01-01T12:00:00+00:00"
 CONFIG_HELP = {

@@ -16,7 +16,7 @@ from training.environments.game_2048 import Game2048Environment
 from training.environments.mcp import MCPEnvironment, StdioPolicy
 from training.environments.python_tools import PythonToolsEnvironment
 from training.environments.tic_tac_toe import TicTacToeEnvironment
-from training.outbound import PUBLIC_ONLY, OutboundPolicy
+from training.safety.outbound import PUBLIC_ONLY, OutboundPolicy
 
 ENVIRONMENT_KINDS: dict[str, type[Environment]] = {
     ChatEnvironment.kind: ChatEnvironment,
@@ -69,7 +69,7 @@ def build_environment(
     outbound: OutboundPolicy = PUBLIC_ONLY,
 ) -> Environment:
     """A ready environment of `kind` (validated first). Close it when done (`with` works).
-    `outbound`: which hosts an MCP server URL may reach (``training.outbound``); `stdio`: how an
+    `outbound`: which hosts an MCP server URL may reach (``training.safety.outbound``); `stdio`: how an
     MCP stdio server is allowed and confined."""
     settings = validate_environment(
         kind,

@@ -11,7 +11,7 @@ sandbox=...)`), never read from settings.
 The names below load on first use (PEP 562), not when the package is imported: importing
 `training.rewards.sandbox` imports this package first, and the sandbox must load with the standard
 library alone (the unprivileged-sandbox test runs it as nobody under the system Python, without
-this project's packages; the judge's chain pulls in `idna` through `training.outbound`).
+this project's packages; the judge's chain pulls in `idna` through `training.safety.outbound`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from training.rewards.errors import GraderSpecError, GradingError
 from training.rewards.judge import JudgeClient
 from training.rewards.sandbox import SandboxConfig
 from training.rewards.templates import Template, TemplateSyntaxError
-from training.slots import SlotsBusy
+from training.safety.slots import SlotsBusy
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """A minimal client for OpenAI-compatible chat completions, used by the judge graders (`score_model`,
 `label_model`, `ruler`). The HTTP call (retries, size cap, refused redirects) is
-`training.openai_http.ChatCompletionsEndpoint`, shared with remote policies.
+`training.wire.openai_http.ChatCompletionsEndpoint`, shared with remote policies.
 
 The caller builds one from the team's judge settings (base URL, API key, optional model override)
 and hands it to `build_grader(..., judge=client)`; graders never read settings or secrets themselves.
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from training.openai_http import ChatCompletionError, ChatCompletionsEndpoint, first_choice
 from training.rewards.errors import GradingError
+from training.wire.openai_http import ChatCompletionError, ChatCompletionsEndpoint, first_choice
 
 SERVER_ERROR = "model_grader_server_error"
 
@@ -38,7 +38,7 @@ class JudgeReply:
 @dataclass(frozen=True)
 class JudgeClient(ChatCompletionsEndpoint):
     """The team's judge endpoint (base_url, api_key, timeout, retries, retry_backoff:
-    ``training.openai_http.ChatCompletionsEndpoint``), optionally pinned to one model."""
+    ``training.wire.openai_http.ChatCompletionsEndpoint``), optionally pinned to one model."""
 
     model: str | None = None  # when set, replaces every spec's `model` (an endpoint with one model)
     max_concurrency: int = 4  # judge calls in flight at once when grading a batch

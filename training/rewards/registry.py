@@ -29,7 +29,7 @@ from training.rewards.score_model import ScoreModelGrader
 from training.rewards.string_check import StringCheckGrader
 from training.rewards.text_similarity import TextSimilarityGrader
 from training.rewards.tool_call import ToolCallGrader
-from training.trajectory import Trajectory
+from training.rollouts.trajectory import Trajectory
 
 # The table composite graders (multi, ruler) build their parts from (training.rewards.base), filled here.
 GRADER_TYPES.update(

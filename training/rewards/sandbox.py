@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from training.rewards.errors import GradingError
-from training.slots import SlotHolder, SlotPolicy
+from training.safety.slots import SlotHolder, SlotPolicy
 
 # The stdlib a grader may import: preloaded before the chroot, so these (and what they import)
 # are all that `import` can find afterwards. Pure computation only: no os, io, socket, subprocess.
@@ -133,7 +133,7 @@ class SandboxConfig:
     unshare: str = "unshare"  # a name on PATH or an absolute path
     allow_unsandboxed: bool = False  # development only: see the module docstring
     extra_modules: tuple[str, ...] = field(default=())  # preloaded besides ALLOWED_MODULES
-    slots: SlotPolicy = field(default_factory=SlotPolicy)  # the host's sandbox caps (training.slots)
+    slots: SlotPolicy = field(default_factory=SlotPolicy)  # the host's sandbox caps (training.safety.slots)
     team: str = ""  # whose slot a child takes
     # Not the sandbox's: the regex grader's limit per match (the regex engine's own timeout, see
     # training/rewards/patterns.py), kept with the operator's other limits on an author's code.

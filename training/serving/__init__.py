@@ -3,7 +3,7 @@
 - `protocol`: the wire between gateway and server, and parsing and validating
   `/v1/chat/completions` bodies (no torch, no Django: the gateway validates with it too);
   `responses` renders sampled choices (content or tool calls) into completion bodies and
-  `chunks` into stream chunks. Error objects come from `training.openai_errors`.
+  `chunks` into stream chunks. Error objects come from `training.wire.openai_errors`.
 - `prompts`: render a request's messages (and tools) to prompt token ids with the chat template.
 - `adapters`: the least-recently-used set of LoRA adapters loaded into the engine.
 - `scheduler`: collects concurrent requests and runs one batched generation per compatible group,

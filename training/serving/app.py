@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from training import strict_json
-from training.agent import template_supports_tools
 from training.engines.base import Choice, Engine, OnToken, SamplingParams, TokenDelta
 from training.engines.decode import row_seed
 from training.engines.grammar import json_grammar
 from training.engines.token_wire import TokenRequestError, choice_body, parse_prompts, parse_sampling
-from training.openai_errors import error_object
+from training.rollouts import strict_json
+from training.rollouts.agent import template_supports_tools
 from training.serving import metrics
 from training.serving.adapters import AdapterCache, check_adapter_path
 from training.serving.asgi import disconnected as _disconnected
@@ -67,6 +66,7 @@ from training.serving.protocol import (
 )
 from training.serving.responses import completion_body, new_completion_id, usage_body
 from training.serving.scheduler import BatchScheduler
+from training.wire.openai_errors import error_object
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Plain ASGI helpers shared by the inference server (training.serving.app) and the trainer service
-(training.trainer_service): the request body with a size limit, JSON responses, stream events."""
+(training.hosting.service): the request body with a size limit, JSON responses, stream events."""
 
 from __future__ import annotations
 

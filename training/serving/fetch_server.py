@@ -26,11 +26,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from training.openai_errors import error_object
 from training.serving import metrics
 from training.serving.binding import InsecureBindError, is_loopback
 from training.serving.fetch_cache import FetchedCheckpoints
 from training.serving.protocol import FETCH_PATH
+from training.wire.openai_errors import error_object
 
 # Every (method, path) it answers (tests walk them: none answers without the token).
 ROUTES = (("POST", FETCH_PATH), ("GET", "/metrics"))

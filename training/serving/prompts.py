@@ -1,8 +1,8 @@
 """Render a chat request to prompt token ids with the model's chat template.
 
-Tools are shown the way the agent loop shows them (training.agent.ChatFormat), so a checkpoint is
+Tools are shown the way the agent loop shows them (training.rollouts.agent.ChatFormat), so a checkpoint is
 served with the prompts it was trained on: a template that takes `tools=` gets them natively;
-otherwise they are described in the system prompt (`training.tools.tools_system_prompt`) and an
+otherwise they are described in the system prompt (`training.rollouts.tools.tools_system_prompt`) and an
 earlier assistant turn's `tool_calls` are written back as the Hermes `<tool_call>` text the model
 produced. Tool result messages go to the template as `role: tool` messages.
 """
@@ -13,9 +13,9 @@ import json
 from typing import Any
 
 from training.engines.base import render_chat
+from training.rollouts.strict_json import loads_lenient
+from training.rollouts.tools import Tool, tools_system_prompt
 from training.serving.protocol import ChatRequest, RequestError
-from training.strict_json import loads_lenient
-from training.tools import Tool, tools_system_prompt
 
 
 def render_prompt(tokenizer: Any, request: ChatRequest, *, native_tools: bool) -> list[int]:

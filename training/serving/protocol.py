@@ -47,7 +47,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.openai_errors import error_object
+from training.wire.openai_errors import error_object
 
 # Wire extensions between the gateway and an inference server (never sent to end users).
 FETCH_PATH = "/v1/fetch_checkpoint"  # a vLLM host's checkpoint fetcher (training.serving.fetch_server)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from training.engines.base import Choice
+from training.rollouts.tools import parse_tool_calls
 from training.serving.protocol import ChatRequest
-from training.tools import parse_tool_calls
 
 
 @dataclass

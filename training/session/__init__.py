@@ -1,6 +1,6 @@
 """Training sessions: the contract (training.session.contract: the primitives, their types and
 input checks) and the session in this process (training.session.local). The trainer service's
-(training.trainer_client.RemoteSession) and data-parallel ranks' (training.distributed) sessions
+(training.hosting.client.RemoteSession) and data-parallel ranks' (training.hosting.ranks) sessions
 keep the same contract."""
 
 from typing import TYPE_CHECKING
@@ -32,8 +32,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # every implementation keeps the contract: mypy checks these against Session
-    from training.distributed import DataParallelSession, MirroredSession
-    from training.trainer_client import RemoteSession
+    from training.hosting.client import RemoteSession
+    from training.hosting.ranks import DataParallelSession, MirroredSession
 
     def _implementations(
         local: TrainingSession, remote: RemoteSession, ranks: DataParallelSession, mirrored: MirroredSession

@@ -14,7 +14,7 @@ A session holds a policy (a base model + LoRA adapter), its optimizer and RNG, a
     save_weights_for_sampler(path)                           the adapter alone, as a server loads it
 
 ``data`` is a list of ``Datum`` (Tinker's layout; see ``Datum``); ``loss_fn`` names a loss of
-training.losses. Every implementation takes and answers these same types, and checks its input
+training.session.losses. Every implementation takes and answers these same types, and checks its input
 here, once: ``Datum`` checks its own shape, ``check_token_ids`` / ``check_prompt_ids`` the ids
 against the model's vocabulary before any tensor is built.
 """
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from training.engines.base import Choice, SamplingParams
-from training.losses import LossInputError
-from training.trajectory import TrainSample
+from training.rollouts.trajectory import TrainSample
+from training.session.losses import LossInputError
 
 BASE_MODEL = "base"  # forward's reference: the base model itself (the adapter switched off)
 

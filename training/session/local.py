@@ -1,11 +1,11 @@
 """The session in this process: the primitives of training.session.contract over a policy
-(training.policy.Policy) held here, on one device or (through training.distributed) one rank.
+(training.session.policy.Policy) held here, on one device or (through training.hosting.ranks) one rank.
 
 ``data`` is a list of ``Datum``: Tinker's layout, one sequence each: ``model_input`` (N tokens) and
 ``loss_fn_inputs`` with ``target_tokens`` (N: position i predicts target i, so target i is input
 i + 1 for all but the last) and any per-token inputs a loss reads (``weights``, ``logprobs``,
 ``advantages``, ...). The session lays datums out the way the trainer's update does
-(training.packing: the tokens before a datum's first weighted target once per shared prefix, no
+(training.session.packing: the tokens before a datum's first weighted target once per shared prefix, no
 padding), so a datum only pays for the positions whose logprobs are needed: those from its first
 weighted target on (from the first position when it has no ``weights``). Logprobs of positions
 before that are not computed and read 0.0 in the outputs.
@@ -14,7 +14,7 @@ Losses are sums over tokens, so ``forward_backward`` works through the data one 
 time and the gradients of several calls add up; a loss that needs the whole call at once (ART's:
 its KL term averages over the sequence) gets every row in one call.
 
-On a base sharded across data-parallel ranks (``trainer.sharded``: training.distributed.shard_base,
+On a base sharded across data-parallel ranks (``trainer.sharded``: training.hosting.ranks.shard_base,
 FSDP2) every forward pass is a collective: each rank gathers a layer's weights from the others as it
 reaches it. A call then runs as many passes on every rank as the rank with the most (its own rows,
 then idle one-token passes with a zero loss), checks its input before the first pass (a token outside
@@ -42,11 +42,9 @@ import torch.distributed as dist
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
-from training.adapter_check import live_adapter_fingerprint
 from training.engines.base import Choice, SamplingParams
-from training.losses import LossInputError, LossInputs, loss_named
-from training.packing import ROW_TOKENS, pack
-from training.policy import Policy
+from training.rollouts.trajectory import TrainSample
+from training.session.adapter_check import live_adapter_fingerprint
 from training.session.contract import (
     BASE_MODEL,
     WHOLE_CALL_LOSSES,
@@ -55,7 +53,9 @@ from training.session.contract import (
     check_prompt_ids,
     check_token_ids,
 )
-from training.trajectory import TrainSample
+from training.session.losses import LossInputError, LossInputs, loss_named
+from training.session.packing import ROW_TOKENS, pack
+from training.session.policy import Policy
 
 
 @dataclass
@@ -85,7 +85,7 @@ class SampleInProgress:
     """A sample decoding on a session's engine, ``advance``d a bounded number of decode steps at a
     time. Between two ``advance`` calls the host may run other sessions' primitives on the same base
     (the KV cache is this object's); before each, the host makes this session live again (its
-    adapter active, its RNG states in the generators: training.session_pool), so the choices are
+    adapter active, its RNG states in the generators: training.hosting.pool), so the choices are
     those of one uninterrupted ``sample``."""
 
     def __init__(self, engine: Any, prompts: list[list[int]], sampling: Any) -> None:
@@ -116,7 +116,7 @@ class SampleInProgress:
 
 
 class TrainingSession:
-    """The primitives over one policy. Built on a ``training.policy.Policy`` (which owns the
+    """The primitives over one policy. Built on a ``training.session.policy.Policy`` (which owns the
     peft model, the optimizer and the checkpoint format); the session adds nothing to its state."""
 
     def __init__(self, trainer: Any, engine: Any = None) -> None:
@@ -286,7 +286,7 @@ class TrainingSession:
         return stop_token_ids_of(self.trainer.model, self.trainer.tokenizer)
 
     def live_fingerprint(self) -> str:
-        """The fingerprint of the live adapter (training.adapter_check): a saved state holds it."""
+        """The fingerprint of the live adapter (training.session.adapter_check): a saved state holds it."""
         return live_adapter_fingerprint(self.trainer.model, self.trainer.adapter_name)
 
     def save_state(self, path: Path, *, step: int, metrics: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from projects.models import Checkpoint
 from tests.conftest import error_of
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
-from training.trainer import Trainer
+from training.recipes.grpo_trainer import Trainer
 
 pytestmark = pytest.mark.django_db
 

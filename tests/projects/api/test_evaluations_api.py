@@ -9,7 +9,7 @@ from projects import services
 from projects.models import Evaluation, EvaluationSample, EvaluationStatus, Run
 from projects.services import judges
 from tests.conftest import error_of
-from training.evaluation import EvalSample
+from training.runs.evaluation import EvalSample
 
 pytestmark = pytest.mark.django_db
 

@@ -23,7 +23,7 @@ from tests.conftest import error_of
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.engines.transformers_engine import TransformersEngine
-from training.trainer import Trainer
+from training.recipes.grpo_trainer import Trainer
 
 # Committed rows: the job's heartbeat thread reads them on its own connection.
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -197,7 +197,7 @@ def test_a_run_without_a_learning_rate_gets_the_default_for_its_base_models_widt
     import json
     import shutil
 
-    from training.schedules import default_learning_rate
+    from training.recipes.schedules import default_learning_rate
 
     # The tiny model's files, its config.json saying a 2048-wide model (read, never loaded here).
     wide = tmp_path / "wide"

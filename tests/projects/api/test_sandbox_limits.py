@@ -1,6 +1,6 @@
 """The API side of issue 22's sandbox findings: an MCP stdio config cannot steer the child
 (400 naming the key), the reported attack through task-set generation runs nothing, and a flood
-of grader runs or tool listings meets the host's sandbox caps as a 429 (training/slots.py)."""
+of grader runs or tool listings meets the host's sandbox caps as a 429 (training/safety/slots.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from projects.services import judges
 from tests.conftest import error_of
 from tests.openai_stub import openai_stub
 from training.environments.mcp import DEMO_MODULE
-from training.slots import SlotPolicy, sandbox_slot
+from training.safety.slots import SlotPolicy, sandbox_slot
 
 pytestmark = pytest.mark.django_db
 

@@ -629,7 +629,7 @@ def test_a_samples_prompt_logprobs_are_checked_and_are_the_models_own(tinker, se
 
     from projects.jobs import tinker as tinker_jobs
 
-    settings.TRAINER_SERVICE_URL = ""  # the worker process's own sessions (training.resident)
+    settings.TRAINER_SERVICE_URL = ""  # the worker process's own sessions (training.hosting.resident)
     key = f"tml-{tinker['alpha']}"
     session = call("create_session", {"tags": []}, key=key)[1].json()["session_id"]
     sampler = call("create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0,

@@ -77,7 +77,7 @@ def test_a_teams_queue_is_bounded_with_a_429_and_retry_after_while_others_go_on(
 def test_a_token_id_outside_the_vocabulary_is_a_400_at_the_api_and_a_failed_future_in_the_worker(
     tinker, settings
 ):
-    settings.TRAINER_SERVICE_URL = ""  # the worker process's own sessions (training.resident)
+    settings.TRAINER_SERVICE_URL = ""  # the worker process's own sessions (training.hosting.resident)
     key = f"tml-{tinker['alpha']}"
     model_id = _model(tinker["alpha"])
     raw = forward_backward(model_id, 1, [5, 9, 1_000_000, 7])

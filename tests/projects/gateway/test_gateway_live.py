@@ -72,7 +72,7 @@ def save_checkpoint(serving, tiny_model_dir: Path, model, step: int):
     """What a run does at the end of a step: write the adapter files, then record the row."""
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     base, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
     trainer = Trainer(base, tokenizer, TrainConfig(), LoraSpec())
@@ -241,8 +241,8 @@ def tool_adapter(serving, tiny_model_dir) -> Path:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from training.agent import template_supports_tools
     from training.base_models import load_base_model
+    from training.rollouts.agent import template_supports_tools
     from training.serving.prompts import render_prompt
     from training.serving.protocol import Limits, parse_chat_request
 

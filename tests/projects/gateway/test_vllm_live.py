@@ -99,7 +99,7 @@ def checkpoints(serving: Serving, tiny_model_dir: Path, team, steps: list[int], 
     """A trainable model on the vLLM base model with real LoRA checkpoints at `steps`."""
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.trainer import Trainer
+    from training.recipes.grpo_trainer import Trainer
 
     base_model = BaseModel.objects.get(name=VLLM_MODEL)
     model = services.trainable_model_create(

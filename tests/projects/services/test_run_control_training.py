@@ -19,7 +19,7 @@ from projects.jobs import claimed
 from projects.jobs.runs import TRAINING, build_run_spec
 from projects.models import Checkpoint, Run, RunStatus, StepMetrics, Trajectory
 from tests import factories
-from training.run_steps import checkpoint_path
+from training.runs.steps import checkpoint_path
 
 # Committed rows: the run's heartbeat thread reads them on its own connection.
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -9,7 +9,7 @@ from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.packed import LinearPacks, _groups, packed_linears, packing_available
 from training.engines.transformers_engine import TransformersEngine
-from training.trainer import Trainer
+from training.recipes.grpo_trainer import Trainer
 
 PROMPT = [{"role": "user", "content": "Hello! How are you today?"}]
 

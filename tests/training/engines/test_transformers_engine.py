@@ -4,7 +4,7 @@ import torch
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
-from training.trainer import Trainer
+from training.recipes.grpo_trainer import Trainer
 
 REQUESTS = [
     [{"role": "user", "content": "Hello! How are you today?"}],

@@ -1,4 +1,4 @@
-"""A run's own vLLM server (training.serving.vllm.LocalVLLM, started by training.policy_sampler.start_run_vllm)
+"""A run's own vLLM server (training.serving.vllm.LocalVLLM, started by training.runs.sampler.start_run_vllm)
 and sleep mode when the trainer and the sampler share one GPU: the loop puts vLLM to sleep for
 every policy update and wakes it before the new checkpoint's adapter loads and the next rollouts.
 
@@ -26,8 +26,8 @@ from tests.training.vllm_double import VLLMDouble
 from training.config import LoraSpec, TrainConfig
 from training.engines.vllm_engine import sleep_mode_memory_utilization
 from training.environments import build_environment
-from training.loop import run_training
-from training.run_spec import RunSpec
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec
 from training.serving.vllm import LocalVLLM, VLLMServeOptions, VLLMStartError
 
 GIB = 1 << 30
@@ -69,8 +69,8 @@ def test_the_loop_sleeps_vllm_through_each_update_and_wakes_it_before_the_new_ad
     tiny_model_dir, tmp_path, monkeypatch
 ):
     import training.engines
-    import training.policy_sampler
-    import training.trainer
+    import training.recipes.grpo_trainer
+    import training.runs.sampler
     from training.base_models import load_base_model
     from training.engines.remote_engine import RemoteEngine, RolloutServer
     from training.engines.transformers_engine import TransformersEngine, stop_token_ids_of
@@ -87,15 +87,15 @@ def test_the_loop_sleeps_vllm_through_each_update_and_wakes_it_before_the_new_ad
             server, tokenizer, stop_token_ids=stop_token_ids_of(trainer.model, tokenizer)
         )
 
-    monkeypatch.setattr(training.policy_sampler, "start_run_vllm", start_run_vllm)
+    monkeypatch.setattr(training.runs.sampler, "start_run_vllm", start_run_vllm)
     monkeypatch.setattr(training.engines, "select_engine_kind", lambda *args, **kwargs: "vllm")
-    train_step = training.trainer.Trainer.train_step
+    train_step = training.recipes.grpo_trainer.Trainer.train_step
 
     def recorded_train_step(self, groups, **options):
         calls.append(("train_step", None))
         return train_step(self, groups, **options)
 
-    monkeypatch.setattr(training.trainer.Trainer, "train_step", recorded_train_step)
+    monkeypatch.setattr(training.recipes.grpo_trainer.Trainer, "train_step", recorded_train_step)
     spec = RunSpec(
         base_model_source=str(tiny_model_dir),
         model_cache_dir=tiny_model_dir.parent,

@@ -6,7 +6,6 @@ import re
 
 import pytest
 
-from training.agent import rollout_groups
 from training.base_models import load_base_model
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
@@ -14,6 +13,7 @@ from training.environments import build_environment
 from training.environments.game_2048 import parse_direction, slide
 from training.environments.tic_tac_toe import board_text, parse_move, winner
 from training.rewards import Sample, build_grader, grade, grade_trajectories
+from training.rollouts.agent import rollout_groups
 
 SAMPLING = SamplingParams(max_new_tokens=16, seed=3)
 

@@ -6,14 +6,14 @@ import re
 
 import pytest
 
-from training.agent import rollout_groups
 from training.base_models import load_base_model
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import build_environment
 from training.environments.python_tools import calculate, convert_units
 from training.rewards import grade_trajectories
-from training.trajectory import to_train_group
+from training.rollouts.agent import rollout_groups
+from training.rollouts.trajectory import to_train_group
 
 SAMPLING = SamplingParams(max_new_tokens=48, seed=0)
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.loop import run_training
-from training.run_spec import RunSpec
-from training.run_steps import checkpoint_path
+from training.runs.loop import run_training
+from training.runs.spec import RunSpec
+from training.runs.steps import checkpoint_path
 
 
 class Hooks:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from training.rewards import grade_trajectories
-from training.trajectory import Trajectory
+from training.rollouts.trajectory import Trajectory
 
 from .conftest import completion
 from .test_judges import SCORE

@@ -119,15 +119,15 @@ def test_a_fetcher_without_a_token_listens_on_loopback_only(tmp_path):
 
 # ----------------------------------------------------------------------------- trainer service
 def documented_trainer_routes() -> list[tuple[str, str]]:
-    import training.trainer_service as module
+    import training.hosting.service as module
 
     found = re.findall(r"^\s+(GET|POST|DELETE)\s+(/\S+)", module.__doc__ or "", flags=re.MULTILINE)
     return [(method, path.replace("{id}", "s-1")) for method, path in found]
 
 
 def test_every_trainer_service_route_but_health_needs_the_token(tmp_path):
-    from training.session_pool import SessionPool
-    from training.trainer_service import ServiceConfig, TrainerService
+    from training.hosting.pool import SessionPool
+    from training.hosting.service import ServiceConfig, TrainerService
 
     def never(source: str) -> Any:
         raise AssertionError("nothing is loaded without the token")

@@ -24,7 +24,7 @@ def environment(**extra: str) -> dict[str, str]:
 
 
 def trainer_argv(tmp_path: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "training.trainer_service", "--root", str(tmp_path), "--port", "0", *extra]
+    return [sys.executable, "-m", "training.hosting.service", "--root", str(tmp_path), "--port", "0", *extra]
 
 
 def standalone_argv(tiny_model_dir: Path, tmp_path: Path, *extra: str) -> list[str]:

@@ -1,0 +1,161 @@
+"""Sessions kept between a model's client training jobs: in the worker process (a SessionPool: many
+models' adapters on one copy of each base) or in the host's trainer service (training.hosting.service).
+
+An ART client trains its model one job at a time, each from the step the last one recorded. Loading
+the base model and the adapter, optimizer and RNG state from disk for every job cost 1.2 s of each
+call on the bundled model (far more on a large one). A session is kept under the checkpoint it
+saved (``SessionKey``: model, step, content digest), as its tag; the next job uses it only if it
+starts from exactly that checkpoint, else loads that checkpoint into it from the store. A job that
+fails, or whose step is not recorded, closes its session: what is kept always equals a recorded
+checkpoint, so resuming from it and from disk train the same.
+
+A job *attaches* its spec to a session (``spec.session`` and the tokenizer), trains, then
+*settles*: kept under the step it recorded, or closed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from training.hosting.pool import SessionPool
+from training.runs.art_step import ClientStepSpec, context_length
+
+
+@dataclass(frozen=True)
+class SessionKey:
+    model: str  # a name for the trained model, e.g. "model-12": the session's id
+    step: int  # the checkpoint the session holds
+    digest: str  # the checkpoint's content digest (or its path when it has none)
+    base_model_source: str
+    devices: int = 1  # a session opened data-parallel on more devices is another session
+    fsdp: bool = False  # so is one whose base is sharded across them
+
+    @property
+    def tag(self) -> str:
+        devices = f"|devices={self.devices}" if self.devices > 1 else ""
+        fsdp = "|fsdp" if self.fsdp else ""
+        return f"{self.base_model_source}|{self.step}|{self.digest}{devices}{fsdp}"
+
+
+class ResidentSessions:
+    """This process's kept sessions: ``capacity`` models' adapters on a SessionPool, the least
+    recently used closed first (0: none kept; every job loads its checkpoint)."""
+
+    def __init__(self, load_base: Callable[[str], tuple[Any, Any]], *, capacity: int, spill_dir: Any,
+                 **pool_options: Any) -> None:  # fmt: skip
+        self.capacity = capacity
+        self.pool = SessionPool(
+            load_base, spill_dir=spill_dir, **pool_options
+        )  # device, model_cache_dir, ...
+        self.hits = 0
+        self.misses = 0
+        self._using: dict[str, Any] = {}
+        self._kept: list[str] = []  # the models whose sessions jobs left here
+
+    def attach(self, spec: ClientStepSpec, key: SessionKey) -> None:
+        """Give ``spec`` the session of ``key.model`` at exactly ``key`` (loading it if needed)."""
+        started = time.monotonic()
+        pool, session_id = self.pool, key.model
+        if session_id in pool and pool.tag(session_id) == key.tag:
+            self.hits += 1
+        else:
+            self.misses += 1
+            pool.close(session_id)  # stale (another checkpoint or devices) or absent
+            if (
+                spec.config.devices > 1
+            ):  # a process trains one data-parallel session: free it from a kept job's
+                for other in pool.data_parallel_sessions():
+                    if other in self._kept and other not in self._using:
+                        pool.close(other)
+            pool.open(
+                session_id, key.base_model_source, spec.config, spec.lora, state=spec.resume_from, tag=None
+            )
+        pool.configure(session_id, spec.config)  # the job's own settings (learning rate, temperature, ...)
+        using = pool.use(session_id)
+        session = using.__enter__()
+        self._using[session_id] = using
+        trainer = session.trainer
+        if spec.resume_from is None:
+            trainer.step = spec.from_step
+        spec.session, spec.tokenizer = session, trainer.tokenizer
+        spec.model_max = context_length(trainer.model.get_base_model())
+        spec.load_seconds = time.monotonic() - started
+
+    def settle(self, model: str, kept: SessionKey | None) -> None:
+        """The job is over: keep its session under ``kept`` (the checkpoint it recorded), or close
+        it (None: failed, or not recorded)."""
+        using = self._using.pop(model, None)
+        if using is not None:
+            using.__exit__(None, None, None)
+        if kept is None or self.capacity <= 0:
+            self.pool.close(model)
+            return
+        self.pool.set_tag(model, kept.tag)
+        kept_models = {*self._kept, model}
+        self._kept = [m for m in self.pool.sessions() if m in kept_models]  # least recently used first
+        while len(self._kept) > self.capacity:  # only jobs' sessions: others (Tinker's) are not ours to close
+            self.pool.close(self._kept.pop(0))
+
+    def __len__(self) -> int:
+        return len(self.pool.sessions())
+
+
+class ServiceSessions:
+    """The host's trainer service keeps the sessions (training.hosting.service): the same
+    attach / settle as ``ResidentSessions``, over a claimed and heartbeated lease. The worker loads
+    only the tokenizer; checkpoints are written by the service, so they must lie under its folder
+    (the host's data folder)."""
+
+    def __init__(self, client: Any, *, holder: str, load_tokenizer: Callable[[str], tuple[Any, int | None]],
+                 lease_s: float = 60.0) -> None:  # fmt: skip
+        self.client = client  # a training.hosting.client.TrainerServiceClient
+        self.holder = holder  # this worker (a job's claim on a session is this worker's)
+        self.lease_s = lease_s
+        self._load_tokenizer = load_tokenizer  # base model source -> (tokenizer, context length)
+        self._tokenizers: dict[str, tuple[Any, int | None]] = {}
+        self._held: dict[str, tuple[Any, Any]] = {}  # model -> (RemoteSession, its keep_alive)
+        self.hits = 0
+        self.misses = 0
+
+    def attach(self, spec: ClientStepSpec, key: SessionKey) -> None:
+        from training.hosting.client import TrainerServiceError
+
+        started = time.monotonic()
+        try:
+            session = self.client.claim(key.model, holder=self.holder, tag=key.tag, config=spec.config,
+                                        lease_s=self.lease_s)  # fmt: skip
+            self.hits += 1
+        except TrainerServiceError as exc:
+            if exc.status not in (404, 412):
+                raise
+            self.misses += 1
+            if exc.status == 412:  # it holds another checkpoint than the job starts from: close it
+                self.client.claim(key.model, holder=self.holder, lease_s=self.lease_s).close()
+            session = self.client.open(
+                key.model, holder=self.holder, base_model=key.base_model_source, config=spec.config, lora=spec.lora,
+                state=str(spec.resume_from) if spec.resume_from is not None else None, lease_s=self.lease_s,
+                closable=True,  # kept under a recorded checkpoint: opened again from it when gone
+            )  # fmt: skip
+        alive = session.keep_alive()
+        alive.__enter__()
+        self._held[key.model] = (session, alive)
+        if key.base_model_source not in self._tokenizers:
+            self._tokenizers[key.base_model_source] = self._load_tokenizer(key.base_model_source)
+        spec.session = session
+        spec.tokenizer, spec.model_max = self._tokenizers[key.base_model_source]
+        spec.load_seconds = time.monotonic() - started
+
+    def settle(self, model: str, kept: SessionKey | None) -> None:
+        held = self._held.pop(model, None)
+        if held is None:
+            return
+        session, alive = held
+        alive.__exit__(None, None, None)
+        if kept is None:
+            session.close()
+        else:
+            session.set_tag(kept.tag)
+            session.release()

@@ -1,0 +1,52 @@
+"""The GRPO trainer: a policy (training.session.policy) with GRPO's update as one call per step.
+
+``Trainer.train_step(groups)`` and ``train_samples`` run the GRPO recipe (training.recipes.grpo_update) over
+the policy's session, on every data-parallel rank when the update is data-parallel
+(training.hosting.ranks). Everything else (the model, adapter, optimizer, RNG and checkpoint format)
+is the policy's.
+"""
+
+from __future__ import annotations
+
+import time
+
+from training.hosting.ranks import DataParallelSession, is_data_parallel
+from training.recipes.grpo_update import grpo_step, update_metrics, update_samples
+from training.rollouts.trajectory import TrainGroup, TrainSample
+from training.session.contract import Session
+from training.session.local import TrainingSession
+from training.session.policy import Policy
+
+
+class Trainer(Policy):
+    """A policy trained one GRPO step at a time."""
+
+    # ---------------------------------------------------------------- one update
+    def train_step(self, groups: list[TrainGroup], *, learning_rate: float | None = None) -> dict[str, float]:
+        """One GRPO step from sampled groups (``num_minibatches`` × ``ppo_epochs`` optimizer
+        steps at ``learning_rate``, the config's when None); returns the step's metrics
+        (training.recipes.grpo_update.grpo_step)."""
+        metrics = grpo_step(
+            self._session, groups, self.config, step=self.step + 1, learning_rate=learning_rate
+        )
+        self.step += 1
+        return metrics
+
+    def train_samples(self, samples: list[tuple[TrainSample, float]]) -> dict[str, float]:
+        """One update from samples whose advantages the caller computed (a client's trajectory
+        groups, training.runs.art_step); the same objective and metrics as ``train_step``, without
+        the reward and zero-variance metrics, which belong to the caller's groups."""
+        metrics = update_samples(self._session, samples, update_metrics(), self.config, step=self.step + 1,
+                                 start=time.perf_counter())  # fmt: skip
+        self.step += 1
+        return metrics
+
+    def _session(self, metrics: dict[str, float]) -> Session:
+        """The session the update runs over: this trainer's, over every rank when the update is
+        data-parallel (training.hosting.ranks)."""
+        local = TrainingSession(self)
+        if not is_data_parallel():
+            return local
+        ranks = DataParallelSession(local)  # every rank runs this update on the same samples
+        metrics["update_devices"] = float(ranks.world_size)
+        return ranks

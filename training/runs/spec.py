@@ -1,0 +1,83 @@
+"""What a run is given: ``RunSpec`` (base model, config, environment, grader, rows, where
+checkpoints go) and ``RunHooks`` (how the caller records results and says "stop"). No Django here:
+projects.jobs.runs fills both from the database."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from training.base_models import hidden_size
+from training.config import LoraSpec, TrainConfig
+from training.environments import Environment
+from training.rollouts.trajectory import Trajectory
+
+
+@dataclass
+class RunSpec:
+    base_model_source: str  # BUNDLED_MODEL or a local model directory
+    model_cache_dir: Path  # where converted base models are cached
+    checkpoint_root: Path  # one folder per step: <root>/step-000003
+    config: TrainConfig
+    lora: LoraSpec
+    environment: Environment  # from training.environments.build_environment; run_training closes it
+    grader_spec: dict[str, Any]
+    train_rows: list[dict[str, Any]]  # each {"index": int, "data": task row}
+    start_step: int  # model step this run started from
+    resume_step: int | None  # recorded checkpoint to resume from; None = fresh adapter (step 0)
+    stop: list[str] = field(default_factory=list)
+    max_grader_error_fraction: float = 0.5
+    device: str = "cpu"
+    engine: str = "auto"  # rollout engine: auto | vllm | transformers (training.engines.select_engine_kind)
+    unsloth: str = "auto"  # base model loader: auto | on | off (training.unsloth_loader.use_unsloth)
+    reward_name: str = ""  # how users know the reward definition, for error messages
+    judge: Any = None  # training.rewards.JudgeClient for LLM-judge graders (the team's endpoint)
+    sandbox: Any = None  # training.rewards.SandboxConfig: the operator's python-grader limits
+    validation_rows: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # evaluated (training.runs.evaluation)
+    objective: str = (
+        "grpo"  # grpo (rollouts and rewards) | sft | dpo (training.recipes.supervised: rows carry targets)
+    )
+    # The host's trainer service (training.hosting.service_run.ServiceTarget): the run's session lives
+    # there when it may (service_refusal); None: it trains in this process.
+    trainer_service: Any = None
+    # ``rollouts_on: inference_servers``: the inference server an overlapped run's rollouts are
+    # sampled on (training.engines.remote_engine.RolloutServer); None: a sampler in this process.
+    rollout_server: Any = None
+    # vLLM when this interpreter does not import it: the python of its own virtualenv (the CPU
+    # build's, or a GPU image's), and the CPU build's KV cache in GiB (training.serving.vllm).
+    vllm_python: str = ""
+    vllm_cpu_kv_cache_gib: float = 2.0
+
+    def __post_init__(self) -> None:
+        # An empty learning rate: the default for the base model's width and the run's objective
+        # (a run created through the API has it filled in already: projects.services.runs).
+        if self.config.learning_rate is None:
+            width = hidden_size(self.base_model_source, Path(self.model_cache_dir))
+            self.config = self.config.with_learning_rate(width, self.objective)
+
+
+# A finished step's trajectories as ``hooks.record_step`` gets them: (group_index, task_row_index, trajectory).
+StepTrajectories = list[tuple[int, int, Trajectory]]
+
+
+class RunHooks(Protocol):
+    def should_stop(self) -> str | None:
+        """A reason to stop before the next step ("cancelled", "lost") or None."""
+
+    def record_checkpoint(self, *, step: int, path: Path, metrics: dict[str, Any]) -> None: ...
+
+    def record_step(
+        self, *, step: int, metrics: dict[str, Any], trajectories: StepTrajectories, path: Path
+    ) -> bool:
+        """Persist a finished step (see StepTrajectories); False if this worker lost the run."""
+
+    def event(self, message: str, *, level: str = "info", data: dict[str, Any] | None = None) -> None: ...
+
+    def record_evaluation(self, *, step: int, results: dict[str, Any], samples: list[Any]) -> None:
+        """Persist the validation evaluation of checkpoint ``step`` (training.runs.evaluation.EvalSample list)."""
+
+    def is_evaluated(self, *, step: int) -> bool:
+        """Whether checkpoint ``step`` has its evaluation recorded (asked only when resuming)."""
