@@ -195,13 +195,13 @@ def _no_data_parallel_ranks_left():
     yield
     import sys
 
-    distributed = sys.modules.get("training.hosting.ranks")
-    if distributed is None:
+    followers = sys.modules.get("training.hosting.followers")
+    if followers is None:
         return
-    for followers in list(distributed._active):
-        followers.close()
-    if distributed.dist.is_initialized():
-        distributed.dist.destroy_process_group()
+    for running in list(followers._active):
+        running.close()
+    if followers.dist.is_initialized():
+        followers.dist.destroy_process_group()
 
 
 @contextlib.contextmanager

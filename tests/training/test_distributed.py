@@ -11,7 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from training.config import LoraSpec, TrainConfig
-from training.hosting.ranks import DataParallelSession, follower_pids, run_ranks, shares
+from training.hosting.followers import follower_pids
+from training.hosting.ranks import DataParallelSession, run_ranks, shares
 from training.session import Datum, TrainingSession
 
 STEPS = 2

@@ -263,7 +263,7 @@ def test_a_rank_lost_before_or_during_the_probe_is_restarted_and_the_ranks_probe
     from functools import partial
 
     from training.engines.vllm_engine import render_prompt
-    from training.hosting.ranks import Followers, FollowerSpec
+    from training.hosting.followers import Followers, FollowerSpec
     from training.recipes.grpo_trainer import Trainer
     from training.session.adapter_check import next_token_logprobs, probe_policy, probe_saved
     from training.session.policy import load_policy_model
@@ -339,7 +339,7 @@ def test_a_rank_of_a_sharded_base_killed_mid_run_is_restarted_and_the_run_loses_
     from tests.training.test_cost_loop import MeteredHooks
     from tests.training.test_distributed import killing_follower_after_step_one
     from tests.training.test_recipes import run_spec
-    from training.hosting.ranks import follower_pids
+    from training.hosting.followers import follower_pids
     from training.runs.loop import run_training
 
     KillingHooks = killing_follower_after_step_one(MeteredHooks)
@@ -378,7 +378,7 @@ def test_a_tinker_session_with_a_sharded_base_trains_as_one_process_on_a_base_of
     from tests.training.test_session_ranks import (
         WEIGHT_TOLERANCE as POOL_WEIGHTS,
     )
-    from training.hosting.ranks import follower_pids
+    from training.hosting.followers import follower_pids
 
     expected, expected_params = alone(tiny_model_dir)
     pool = pool_of(tiny_model_dir, tmp_path)
@@ -412,7 +412,7 @@ def test_an_art_job_with_a_sharded_base_trains_as_on_one_device(tiny_model_dir, 
 
     from tests.training.test_session_ranks import LORA, QuietHooks, art_groups, load
     from tests.training.test_session_ranks import WEIGHT_TOLERANCE as POOL_WEIGHTS
-    from training.hosting.ranks import follower_pids
+    from training.hosting.followers import follower_pids
     from training.hosting.resident import ResidentSessions, SessionKey
     from training.recipes.art_config import art_job_config
     from training.runs.art_groups import parse_groups

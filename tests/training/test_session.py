@@ -203,7 +203,7 @@ def test_every_session_refuses_token_ids_outside_the_vocabulary_naming_datum_and
 def test_a_data_parallel_session_refuses_a_bad_token_id_before_any_rank_gets_the_call(session):
     """The mirrored (data-parallel) session checks the whole call on rank 0, so the message names the
     datum's index in the call (not in a rank's share) and no follower is sent a call to fail on."""
-    from training.hosting.ranks import MirroredSession
+    from training.hosting.followers import MirroredSession
 
     class Followers:
         generation, sent = 0, []

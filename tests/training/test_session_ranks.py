@@ -15,8 +15,9 @@ import torch
 
 from tests.training.test_distributed import DATA
 from training.config import LoraSpec, TrainConfig
+from training.hosting.followers import follower_pids
 from training.hosting.pool import SessionPool
-from training.hosting.ranks import follower_pids, shares
+from training.hosting.ranks import shares
 from training.session import Datum, TrainingSession
 from training.session.losses import LossInputError
 

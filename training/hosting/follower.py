@@ -1,5 +1,5 @@
 """A data-parallel follower process: ``python -m training.hosting.follower <read fd> <write fd>`` (started by
-training.hosting.ranks.Followers; its orders come down the pipe, see there). A follower loads the base,
+training.hosting.followers.Followers; its orders come down the pipe, see there). A follower loads the base,
 resumes rank 0's checkpoint and then runs what rank 0 runs: a mirrored session's primitives, the
 GRPO update, a probe of a saved policy."""
 
@@ -17,15 +17,8 @@ import torch
 import torch.distributed as dist
 
 from training.engines.vllm_engine import render_prompt
-from training.hosting.ranks import (
-    COLLECTIVE_TIMEOUT_S,
-    DataParallelSession,
-    Duplex,
-    FollowerSpec,
-    log,
-    rank_device,
-    shard_base,
-)
+from training.hosting.followers import Duplex, FollowerSpec
+from training.hosting.ranks import COLLECTIVE_TIMEOUT_S, DataParallelSession, log, rank_device, shard_base
 from training.recipes.grpo_trainer import Trainer
 from training.session.adapter_check import next_token_logprobs, probe_saved
 from training.session.local import TrainingSession

@@ -68,7 +68,7 @@ class _Entry:
     tag: Any = None  # what the owner says the session holds (e.g. the checkpoint it equals)
     used_at: float = field(default_factory=time.monotonic)
     spilled: Path | None = None
-    ranks: Any = None  # a training.hosting.ranks.MirroredSession when the session has devices > 1
+    ranks: Any = None  # a training.hosting.followers.MirroredSession when the session has devices > 1
     holds: int = 0  # samples decoding on it a slice at a time (``hold``): never evicted meanwhile
 
     @property
@@ -233,7 +233,7 @@ class SessionPool:
             raise ValueError(f"session {session_id!r} has fsdp {str(entry.config.fsdp).lower()}; it cannot "
                              "change while the session is open")  # fmt: skip
         if entry.ranks is not None:
-            from training.hosting.ranks import RankLost
+            from training.hosting.followers import RankLost
 
             followers = entry.ranks.followers
             followers.spec = replace(followers.spec, config=config)  # what a restarted rank starts with
@@ -351,7 +351,7 @@ class SessionPool:
         """Followers for ranks 1..devices-1 of ``entry`` (live, just opened), started from its state."""
         import torch.distributed as dist
 
-        from training.hosting.ranks import Followers, FollowerSpec, MirroredSession
+        from training.hosting.followers import Followers, FollowerSpec, MirroredSession
 
         devices = entry.config.devices
         if self.model_cache_dir is None:

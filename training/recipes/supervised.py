@@ -263,9 +263,9 @@ def run_supervised(spec: Any, hooks: Any, trainer: Any, tokenizer: Any, dtype: A
     """Train ``spec`` (a ``training.runs.loop.RunSpec`` with objective sft or dpo) from ``current`` with
     ``trainer`` (``training.runs.loop.start_trainer``'s: in this process, or a session on the host's
     trainer service); the outcome as ``run_training``'s. With ``followers`` (``devices`` > 1,
-    training.hosting.ranks.Followers) every primitive runs over all ranks (``MirroredSession``) and
+    training.hosting.followers.Followers) every primitive runs over all ranks (``MirroredSession``) and
     an update a rank is lost in is redone from the checkpoint before it."""
-    from training.hosting.ranks import MirroredSession
+    from training.hosting.followers import MirroredSession
     from training.hosting.service_run import ServiceTrainer
     from training.runs.sampler import PolicySampler
     from training.runs.steps import checkpoint_path, rows_for_step

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from training.base_models import load_tokenizer
-from training.hosting.ranks import Followers, FollowerSpec
+from training.hosting.followers import Followers, FollowerSpec
 from training.hosting.service_run import (
     ServiceTrainer,
     SessionLost,
@@ -200,7 +200,7 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
 
 @contextlib.contextmanager
 def data_parallel_ranks(spec: RunSpec, current: int, hooks: RunHooks) -> Iterator[Any]:
-    """With ``devices`` > 1, the update's other ranks (training.hosting.ranks.Followers), started
+    """With ``devices`` > 1, the update's other ranks (training.hosting.followers.Followers), started
     on the checkpoint at ``current`` and stopped when the run ends however it ends; else None."""
     if spec.config.devices <= 1:
         yield None

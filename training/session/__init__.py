@@ -33,7 +33,8 @@ __all__ = [
 
 if TYPE_CHECKING:  # every implementation keeps the contract: mypy checks these against Session
     from training.hosting.client import RemoteSession
-    from training.hosting.ranks import DataParallelSession, MirroredSession
+    from training.hosting.followers import MirroredSession
+    from training.hosting.ranks import DataParallelSession
 
     def _implementations(
         local: TrainingSession, remote: RemoteSession, ranks: DataParallelSession, mirrored: MirroredSession

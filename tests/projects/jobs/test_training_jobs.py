@@ -188,7 +188,7 @@ def test_a_models_devices_train_its_jobs_data_parallel_and_a_change_opens_a_new_
     world, settings, monkeypatch
 ):
     from projects.jobs import training_jobs
-    from training.hosting.ranks import follower_pids
+    from training.hosting.followers import follower_pids
 
     monkeypatch.setattr(training_jobs, "_resident", None)
     settings.TRAINER_SERVICE_URL = ""
