@@ -1,59 +1,37 @@
 """Log lines that say which request, run, evaluation or training job they belong to.
 
-``log_context(run_id=3)`` binds fields for the code inside it (a contextvar: per thread and per
-asyncio task, so concurrent requests never see each other's ids); a filter on the console handler
-copies them onto every record. ``LOG_FORMAT=json`` writes one JSON object per line (``ts``,
-``level``, ``logger``, ``message``, the bound ids, ``exc_info`` when there is a traceback) for a
-log pipeline; the default text format appends the ids as ``key=value``. The web process binds
+The ids are bound where the work is (``log_context(run_id=3)``, projects.logs: a contextvar, per
+thread and per asyncio task, so concurrent requests never see each other's ids); a filter on the
+console handler copies them onto every record. ``LOG_FORMAT=json`` writes one JSON object per line
+(``ts``, ``level``, ``logger``, ``message``, the bound ids, ``exc_info`` when there is a traceback)
+for a log pipeline; the default text format appends the ids as ``key=value``. The web process binds
 ``request_id`` (projects.middleware), the worker binds ``run_id`` / ``evaluation_id`` /
 ``training_job_id`` while it works on one (projects.jobs.claimed).
 """
 
 from __future__ import annotations
 
-import contextvars
 import json
 import logging
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from datetime import UTC, datetime
-from types import MappingProxyType
 from typing import Any
 
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
-_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
-    "artweb_log_context", default=_EMPTY
-)
+from projects.logs import current_context, log_context
 
-
-@contextmanager
-def log_context(**fields: Any) -> Iterator[None]:
-    """Bind ``fields`` (added to what is bound already) to every log line written inside."""
-    token = _context.set({**_context.get(), **{k: v for k, v in fields.items() if v is not None}})
-    try:
-        yield
-    finally:
-        _context.reset(token)
-
-
-def bind(**fields: Any) -> contextvars.Token[Mapping[str, Any]]:
-    """``log_context`` for code that cannot use a ``with`` block; undo with ``unbind(token)``."""
-    return _context.set({**_context.get(), **{k: v for k, v in fields.items() if v is not None}})
-
-
-def unbind(token: contextvars.Token[Mapping[str, Any]]) -> None:
-    _context.reset(token)
-
-
-def current_context() -> dict[str, Any]:
-    return dict(_context.get())
+__all__ = [
+    "ContextFilter",
+    "JsonFormatter",
+    "TextFormatter",
+    "log_context",  # where the ids are bound: projects.logs
+    "logging_config",
+]
 
 
 class ContextFilter(logging.Filter):
     """Copies the bound fields onto the record (``record.context``); never drops a record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.context = {**_context.get(), **getattr(record, "context", {})}
+        record.context = {**current_context(), **getattr(record, "context", {})}
         return True
 
 

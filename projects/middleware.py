@@ -33,7 +33,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import Resolver404, get_resolver, resolve
 from django.views import defaults
 
-from artweb.logs import log_context
+from projects.logs import log_context
 from training.rollouts import strict_json
 from training.wire.openai_errors import error_object
 

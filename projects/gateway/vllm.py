@@ -3,9 +3,10 @@ checkpoint's LoRA adapter into vLLM on first use and speaks vLLM's dialect of th
 (``VLLMUpstream``, one of the two upstreams of projects.gateway.upstream).
 
 - Names: a checkpoint's adapter is ``model-<trainable model id>-step-<step>-<secret suffix>`` on
-  every server, the suffix an HMAC of the checkpoint under INFERENCE_ADAPTER_NAME_KEY (``secret_suffix``):
-  whoever reaches a server cannot name another team's adapter from its id and step. The request's
-  ``model`` is rewritten to it; the response's ``model`` back to the public id.
+  every server, the suffix an HMAC of the checkpoint under INFERENCE_ADAPTER_NAME_KEY
+  (projects.serving_names): whoever reaches a server cannot name another team's adapter from its id
+  and step. The request's ``model`` is rewritten to it; the response's ``model`` back to the public
+  id.
 - Where vLLM loads an adapter from: the folder the server's checkpoint fetcher (``fetch_url``,
   training.serving.fetch_server) answers after fetching it by store key into its host's cache, so a
   vLLM host needs no shared volume; the writer's folder only for a server without a fetcher.
@@ -23,7 +24,6 @@ checkpoint's LoRA adapter into vLLM on first use and speaks vLLM's dialect of th
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from typing import Any
@@ -38,17 +38,12 @@ from projects.gateway.routing import Route
 from projects.gateway.services import inference_server_adapter_forget, inference_server_adapter_use
 from projects.gateway.upstream import StreamFilter, Upstream, Usage
 from projects.models import Checkpoint, InferenceServer
+from projects.serving_names import secret_suffix
 from training.serving.protocol import FETCH_PATH
 from training.serving.vllm import HttpCall, load_adapter_call, unload_adapter_call
 from training.wire.openai_errors import error_message, error_object
 
 log = logging.getLogger(__name__)
-
-
-def secret_suffix(identity: str) -> str:
-    """16 hex characters no one without the installation's SECRET_KEY can compute for ``identity``."""
-    key = settings.INFERENCE_ADAPTER_NAME_KEY.encode()
-    return hmac.new(key, identity.encode(), "sha256").hexdigest()[:16]
 
 
 def adapter_name(checkpoint: Checkpoint) -> str:

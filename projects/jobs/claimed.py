@@ -22,8 +22,8 @@ from typing import Generic, TypeVar
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from artweb.logs import log_context
 from projects import metrics
+from projects.logs import log_context
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Heartbeat(threading.Thread):
         self.beat, self.interval = beat, interval
         self.stopped = threading.Event()
         self.lost = False
-        self._log_context = contextvars.copy_context()  # its log lines name the row too (artweb.logs)
+        self._log_context = contextvars.copy_context()  # its log lines name the row too (projects.logs)
 
     @classmethod
     def every_quarter_timeout(cls, beat: Callable[[], bool], *, name: str) -> Heartbeat:

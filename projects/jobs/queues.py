@@ -71,10 +71,12 @@ def evaluation_queue(evaluation_id: int) -> str:
 def listening_queues(*, timeout_s: float) -> set[str] | None:
     """The queues some live worker consumes from (a broadcast ``active_queues`` control command),
     or None when the broker gave no answer we can trust (an error, not an empty reply)."""
-    from artweb.celery import app
+    # The project's Celery app: current in the thread that imported its package (artweb/__init__.py,
+    # with the settings), and in every thread of a worker (Celery makes it the default there).
+    from celery import current_app
 
     try:
-        replies = app.control.inspect(timeout=timeout_s).active_queues()
+        replies = current_app.control.inspect(timeout=timeout_s).active_queues()
     except Exception:  # noqa: BLE001 - the broker's failure modes vary by transport
         logger.warning("could not ask the workers which queues they consume", exc_info=True)
         return None

@@ -18,6 +18,8 @@ from django.conf import settings
 from projects import selectors, services
 from projects.jobs.claimed import Claimed, Heartbeat, Job, readable
 from projects.models import Checkpoint, Run, RunStatus, Split
+from projects.selectors.serving import live_servers
+from projects.serving_names import secret_suffix
 from projects.storage import StoredObject, checkpoint_local_dir, checkpoint_upload
 from training.config import LoraSpec, TrainConfig
 from training.cost import sampled_tokens
@@ -174,8 +176,6 @@ def run_rollout_server(run: Run, config: TrainConfig) -> Any:
     once recorded. None otherwise. No live server: the run cannot start, and says what to do."""
     if config.rollouts_on != "inference_servers":
         return None
-    from projects.gateway.routing import live_servers
-    from projects.gateway.vllm import secret_suffix
     from training.engines.remote_engine import RolloutServer
 
     base = run.model.base_model
@@ -200,7 +200,7 @@ def run_rollout_server(run: Run, config: TrainConfig) -> Any:
     return RolloutServer(
         url=server.url, token=settings.INFERENCE_SERVER_TOKEN, locate=locate,
         # A vLLM server: its dialect, its host's checkpoint fetcher, and adapter names of this run's own
-        # that no one else can guess (projects.gateway.vllm).
+        # that no one else can guess (projects.serving_names).
         engine="vllm" if server.engine == "vllm" else "transformers", fetch_url=server.fetch_url,
         served_model=base.name, adapter_prefix=f"run-{run.pk}-{secret_suffix(f'run-{run.pk}')}-",
     )  # fmt: skip

@@ -31,6 +31,10 @@ from django.conf import settings
 from projects import services
 from projects.errors import DomainError
 from projects.models import Checkpoint, TinkerFuture, TinkerFutureStatus, TinkerModel, TinkerSampler
+from projects.selectors.serving import live_servers
+from projects.selectors.tinker_paths import checkpoint_for_path
+from projects.services.tinker import export_record
+from projects.serving_names import secret_suffix
 from projects.storage import checkpoint_local_dir, checkpoint_upload
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
@@ -292,8 +296,6 @@ def _save(model: TinkerModel, future: TinkerFuture) -> dict[str, Any]:
     export = None
     # projects.tinker.exports: an export's adapter files go by signed URLs; any name may have a TTL.
     if kind == "save_weights_external" or payload.get("ttl_seconds"):
-        from projects.tinker.exports import export_record
-
         export = export_record(recipients=payload.get("age_encryption_recipients"),
                                ttl_seconds=payload.get("ttl_seconds"))  # fmt: skip
     checkpoint = services.tinker_checkpoint_record(
@@ -313,8 +315,6 @@ def _save(model: TinkerModel, future: TinkerFuture) -> dict[str, Any]:
 
 
 def _load(model: TinkerModel, payload: dict[str, Any]) -> dict[str, Any]:
-    from projects.tinker.paths import checkpoint_for_path
-
     try:
         checkpoint = checkpoint_for_path(
             model.session.team, payload.get("path") or "", param="path", public=True
@@ -365,8 +365,6 @@ def _sample(future: TinkerFuture) -> tuple[bytes, int]:
         pk=payload["sampler"]
     )
     if sampler.checkpoint is not None and sampler.checkpoint.model.project.team_id != future.team_id:
-        from projects.tinker.paths import checkpoint_for_path
-
         try:  # another team's published checkpoint: still published?
             checkpoint_for_path(future.team, sampler.model_path, param="model_path", public=True)
         except DomainError as exc:
@@ -443,8 +441,6 @@ def vllm_sampler(sampler: TinkerSampler, sampling: SamplingParams) -> Any:
         check_logprob_convention(sampling)
     except ValueError:
         return None
-    from projects.gateway.routing import live_servers
-
     affinity = f"tinker-{sampler.checkpoint_id or sampler.base_model.name}"
     return next(
         (s for s in live_servers(base_model=sampler.base_model, affinity=affinity) if s.engine == "vllm"),
@@ -458,7 +454,6 @@ def sample_on_vllm(server: Any, sampler: TinkerSampler, folder: Path | None, pro
     checkpoint loaded as an adapter of a name no one else can guess for the call and unloaded
     after it: the gateway keeps its own adapters' count on that server. vLLM stops at the model's
     eos itself; the client's stop tokens are added."""
-    from projects.gateway.vllm import secret_suffix
     from training.engines.remote_engine import RemoteEngine, RolloutServer
 
     checkpoint = sampler.checkpoint

@@ -24,6 +24,7 @@ from tinker.proto import tinker_public_pb2 as pb
 
 from projects import services
 from projects.models import Checkpoint, TinkerFuture, TinkerFutureStatus, TinkerModel
+from projects.selectors.tinker_paths import checkpoint_for_path
 from projects.services.run_forks import OPTIMIZER_STATE  # dropped from checkpoints no resume needs
 from projects.storage import checkpoint_local_dir
 from training.wire.tinker import forward_backward_output, parse_forward_backward
@@ -101,8 +102,6 @@ def _origin(model: TinkerModel, done: list[TinkerFuture]) -> Origin | str:
     """The newest state on record: a load, or a save whose checkpoint holds the optimizer state."""
     for future in reversed(done):
         if future.kind == "load_weights":
-            from projects.tinker.paths import checkpoint_for_path
-
             checkpoint = checkpoint_for_path(
                 model.session.team, future.payload.get("path") or "", param="path"
             )

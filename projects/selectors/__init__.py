@@ -69,6 +69,10 @@ from projects.selectors.runs import (
     run_stop_reason,
     runs_search,
 )
+from projects.selectors.serving import (
+    live_servers,
+    resolve_model,
+)
 from projects.selectors.steps import (
     checkpoint_at,
     checkpoint_exists,
@@ -95,6 +99,11 @@ from projects.selectors.teams import (
     memberships_of,
     pending_invitations,
     team_members,
+)
+from projects.selectors.tinker_paths import (
+    checkpoint_for_path,
+    is_public,
+    name_expiry,
 )
 from projects.selectors.training_jobs import (
     client_run,
@@ -177,4 +186,9 @@ __all__ = [
     "cost_rows",
     "rows_total",
     "run_cost",
+    "resolve_model",
+    "live_servers",
+    "checkpoint_for_path",
+    "name_expiry",
+    "is_public",
 ]

@@ -26,6 +26,7 @@ from projects.models import (
     Team,
 )
 from projects.selectors._scoping import scoped, scoped_reference
+from projects.selectors.serving import resolve_model
 from projects.selectors.task_sets import task_set_rows
 
 
@@ -131,8 +132,6 @@ def evaluation_recent_events(*, evaluation: Evaluation, limit: int = 50) -> list
 def model_id_resolve(*, team: Team, model_id: Any, field: str) -> tuple[Checkpoint | None, BaseModel | None]:
     """A model id as the gateway reads it (``project/model:step``, ``:latest``, a base model name)
     → (checkpoint, None) or (None, base model); unknown or another team's → 400 on ``field``."""
-    from projects.gateway.routing import resolve_model
-
     if not isinstance(model_id, str) or not model_id.strip():
         raise ValidationFailed(
             "must be a model id such as project/model:step or a base model name", field=field

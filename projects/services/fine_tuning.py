@@ -27,7 +27,7 @@ from typing import Any
 from django.db import transaction
 from django.utils.text import slugify
 
-from artweb.demo import RUN_CONFIG
+from projects.defaults import RUN_CONFIG
 from projects.errors import NotFound, ValidationFailed
 from projects.models import (
     BaseModel,
@@ -74,7 +74,7 @@ HYPERPARAMETERS = {
 DEFAULTS = TrainConfig()
 # What a job trains with where OpenAI's hyperparameters say nothing, per method; the learning
 # rate is the one ``learning_rate_multiplier`` multiplies. Reinforcement: the levers the demo
-# measured best on the bundled model (artweb.demo.RUN_CONFIG, README "The demo": cosine from a
+# measured best on the bundled model (projects.defaults.RUN_CONFIG, README "The demo": cosine from a
 # 1e-3 peak, warm-up 1, two passes per batch, dynamic sampling, 8 completions per prompt).
 # Supervised: AdamW 5e-4, the rate of the bundled model's SFT curve (benchmarks/README.md,
 # tinker_curves.py). DPO: 2e-4, the DPO runs' default peak (benchmarks/dpo_rates.py).

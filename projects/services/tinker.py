@@ -32,6 +32,7 @@ from projects.models import (
     TinkerSampler,
     TinkerSession,
 )
+from projects.selectors.tinker_paths import SCHEME, name_expiry
 from projects.services._common import check_devices, check_fsdp
 from projects.services.projects import trainable_model_create
 from projects.services.runs import run_event_add
@@ -414,6 +415,12 @@ def _tokens_since(model: TinkerModel) -> dict[str, float]:
     return {key: value for key, value in counts.items() if value}
 
 
+def export_record(*, recipients: list[str] | None, ttl_seconds: int | None) -> dict[str, Any]:
+    """What a checkpoint keeps about one export (``metrics["tinker_exports"][label]``)."""
+    expires = timezone.now() + timedelta(seconds=ttl_seconds) if ttl_seconds else None
+    return {"recipients": list(recipients or []), "expires_at": expires.isoformat() if expires else None}
+
+
 def tinker_checkpoint_record(
     *, model: TinkerModel, step: int, path: str, stored: Any, name: str, export: dict[str, Any] | None = None
 ) -> Checkpoint:
@@ -453,8 +460,6 @@ def tinker_checkpoint_record(
 def tinker_export_ttl(*, checkpoint: Checkpoint, name: str, ttl_seconds: int | None) -> None:
     """Set (from now) or remove the expiry of the name ``name`` of ``checkpoint`` (an export's, or
     any other saved name's: kept alike under ``tinker_exports``)."""
-    from projects.tinker.exports import export_record
-
     with transaction.atomic():
         checkpoint = Checkpoint.objects.select_for_update().get(pk=checkpoint.pk)
         exports = dict(checkpoint.metrics.get("tinker_exports", {}))
@@ -514,8 +519,6 @@ def tinker_weights_copy(
     trained on (its client's training requests are refused); load it into a training client. The
     same ``idempotency_key`` (the SDK's ``X-Idempotency-Key``) gets the first copy's path again."""
     from projects.services.run_forks import checkpoint_fork
-    from projects.tinker.exports import export_record
-    from projects.tinker.paths import SCHEME
 
     if idempotency_key:
         earlier = (
@@ -563,8 +566,6 @@ def tinker_weights_copy(
 def tinker_names_expire() -> int:
     """The sweep (a beat task): drop every Tinker checkpoint name whose TTL has passed, deleting a
     checkpoint left without one unless something uses it. How many names were dropped."""
-    from projects.tinker.paths import name_expiry
-
     now, dropped = timezone.now(), 0
     for checkpoint in Checkpoint.objects.filter(metrics__has_key="tinker_exports").order_by("pk"):
         for label in sorted(checkpoint.metrics.get("tinker_exports", {})):

@@ -24,6 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from projects.errors import NotFound, ValidationFailed
 from projects.models import Checkpoint
+from projects.services.tinker import export_record
 from projects.tinker.paths import checkpoint_for_path, name_expiry
 from training.wire.openai_errors import error_object
 
@@ -33,6 +34,20 @@ URL_SECONDS = 3600
 MAX_RECIPIENTS = 10
 TTL_RANGE = (3600, 10 * 365 * 24 * 3600)  # the SDK's: 1 hour to 10 years
 _SALT = "artweb.tinker.external-weights"
+
+__all__ = [
+    "AGE_SUFFIX",
+    "EXPORT_FILES",
+    "MAX_RECIPIENTS",
+    "TTL_RANGE",
+    "URL_SECONDS",
+    "check_ttl",
+    "checked_export",
+    "download",
+    "export_record",  # the record's shape is the domain's (projects.services.tinker)
+    "live_export",
+    "signed_urls",
+]
 
 
 def checked_export(body: dict[str, Any]) -> dict[str, Any]:
@@ -68,12 +83,6 @@ def _recipient(value: Any, field: str) -> Any:
     raise ValidationFailed(
         "is not an age X25519 recipient (age1…); SSH keys are not accepted here", field=field
     )
-
-
-def export_record(*, recipients: list[str] | None, ttl_seconds: int | None) -> dict[str, Any]:
-    """What a checkpoint keeps about one export (``metrics["tinker_exports"][label]``)."""
-    expires = timezone.now() + datetime.timedelta(seconds=ttl_seconds) if ttl_seconds else None
-    return {"recipients": list(recipients or []), "expires_at": expires.isoformat() if expires else None}
 
 
 def live_export(team: Any, model_id: str, checkpoint_id: str) -> tuple[Checkpoint, dict[str, Any]]:
