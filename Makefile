@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make up    — the platform on embedded defaults (SQLite, filesystem broker, bundled CPU model) + a demo run
 #   make test  — lint, type check and the whole test suite (needs PostgreSQL and Redis on 127.0.0.1),
-#                then the database-facing suites again on SQLite (TEST_SQLITE_PATHS)
+#                then the database-facing suites again on SQLite (TEST_SQLITE_PATHS); two shards at once
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -119,7 +119,12 @@ $(VLLM_STAMP): $(VLLM_LOCK)
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	rm -f $(VLLM_VENV)/.installed-* && touch $@
 
-install: $(STAMP) $(VENDOR_STAMP) $(ART_STAMP) $(ART23_STAMP) $(COOKBOOK_STAMP) $(VLLM_STAMP)
+# The virtualenvs and the front-end packages are independent: built three at a time (pip spends much
+# of its time unpacking and compiling on one core).
+INSTALL_PARTS := $(STAMP) $(VENDOR_STAMP) $(ART_STAMP) $(ART23_STAMP) $(COOKBOOK_STAMP) $(VLLM_STAMP)
+
+install:
+	@$(MAKE) --no-print-directory -j3 $(INSTALL_PARTS)
 
 # The Python environment alone (no npm, no ART client): what a GPU host needs for `make test-gpu`.
 install-python: $(STAMP)
@@ -169,7 +174,17 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy artweb projects training
 
+# The suite runs as two shards at once (tests/shards.sh says why and how they are kept apart):
+# shard A the tests that start the most processes, shard B the rest and then the SQLite pass.
+# PYTEST_ARGS (a subset, -k, -x, ...) runs one pytest as given instead, then the SQLite pass.
+TEST_SHARD_A ?= tests/integration tests/vllm tests/browser tests/platform tests/training/test_demo_learning.py
+
 test: install lint typecheck
+ifeq ($(strip $(PYTEST_ARGS)),)
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} \
+	CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
+	bash tests/shards.sh $(PY) "$(TEST_SHARD_A)" "$(TEST_SQLITE_PATHS)"
+else
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} \
 	CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
 	DEBUG=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
@@ -180,6 +195,7 @@ test: install lint typecheck
 	CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
 	DEBUG=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
 	$(PY) -m pytest $(PYTEST_ARGS) $(TEST_SQLITE_PATHS)
+endif
 
 # On a GPU host with a registry: the tests that need CUDA (without one: benchmarks/gpu_check.sh).
 test-gpu: install-python
