@@ -33,8 +33,13 @@ def one_side(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     from training.base_models import BUNDLED_MODEL, build_tiny_model, load_base_model
     from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
-    from training.recipes.grpo_trainer import Trainer
-    from training.rollouts.trajectory import TrainGroup, TrainSample
+
+    try:
+        from training.recipes.grpo_trainer import Trainer
+        from training.rollouts.trajectory import TrainGroup, TrainSample
+    except ImportError:  # a reference from before training/ was laid out by role (2026-12-06)
+        from training.trainer import Trainer  # type: ignore[no-redef]
+        from training.trajectory import TrainGroup, TrainSample  # type: ignore[no-redef]
 
     cache = Path(args.cache)
     source = str(build_tiny_model(cache / "tiny")) if args.tiny else BUNDLED_MODEL
