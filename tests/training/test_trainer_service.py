@@ -42,6 +42,28 @@ def refused(service, method, path, body) -> ServiceError:
     return caught.value
 
 
+def test_a_lapsed_lease_nobody_claimed_since_is_still_its_holders(service, tiny_model_dir):
+    """A holder's call that arrives after its lease lapsed (queued behind other work on a busy
+    service) runs and renews the lease while no other holder has claimed the session since; once
+    another has, it is refused."""
+    config, lora = ALPHA
+    opened = {"session_id": "team-a", "holder": "job-1", "base_model": str(tiny_model_dir),
+              "config": config.to_dict(), "lora": lora.to_dict(), "lease_s": 30}  # fmt: skip
+    assert service.handle("POST", "/sessions", opened)[0] == 200
+    forward = {"data": [datum_json(DATA["alpha"][0][0])]}
+    service.clock.now += 31  # lapsed: nobody else asked for it
+    assert service.stats()["held"] == {}
+    status, body = service.handle("POST", "/sessions/team-a/forward_backward",
+                                  {"holder": "job-1", "loss_fn": "cross_entropy", **forward})  # fmt: skip
+    assert status == 200 and body["loss"] > 0
+    assert service.stats()["held"] == {"team-a": "job-1"}  # renewed by that call
+    assert refused(service, "POST", "/sessions/team-a/claim", {"holder": "job-2"}).status == 409
+    service.clock.now += 61  # lapsed again, and this time another holder claims it first
+    assert service.handle("POST", "/sessions/team-a/claim", {"holder": "job-2"})[0] == 200
+    lost = refused(service, "POST", "/sessions/team-a/optim_step", {"holder": "job-1", "learning_rate": 1e-3})
+    assert lost.status == 409 and lost.code == "lease_lost"
+
+
 def test_a_lease_keeps_everyone_else_out_until_it_lapses(service, tiny_model_dir):
     config, lora = ALPHA
     opened = {"session_id": "team-a", "holder": "job-1", "base_model": str(tiny_model_dir),

@@ -267,14 +267,28 @@ class TrainerService:
             raise ServiceError(400, str(exc), param=f"config.{exc.field}") from exc
 
     def _claimed(self, session_id: str, body: dict[str, Any]) -> None:
+        """The caller holds the session. A lease that lapsed is still its holder's while nobody else
+        has claimed the session since (a claim by another holder, a release or a close replaces
+        it): the holder's next call renews it. A request can reach this check long after its
+        holder's last call, queued behind other teams' work on a busy service (a Tinker client's
+        ``forward_backward`` after its sampler answered), and its session is then exactly as the
+        holder left it."""
         holder = _text(body, "holder")
         with self._leases_lock:
             lease = self.leases.get(session_id)
             if lease is None or session_id not in self.pool:
                 raise ServiceError(404, f"no session {session_id!r} on this trainer", code="not_found")
-            if lease.holder != holder or lease.expires_at <= self.clock():
+            if lease.holder != holder:
                 raise ServiceError(409, f"session {session_id!r} is not claimed by {holder!r} (lease lost or "
                                    "never held): claim it again", code="lease_lost")  # fmt: skip
+            now = self.clock()
+            if lease.expires_at <= now:
+                log.info(
+                    "session %s: %s's lease had lapsed and nobody claimed it since; renewed",
+                    session_id,
+                    holder,
+                )
+                lease.expires_at = now + self.config.default_lease_s
 
     def _lease(self, session_id: str, body: dict[str, Any]) -> dict[str, Any]:
         lease_s = self._lease_s(body)
