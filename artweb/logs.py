@@ -16,13 +16,12 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from projects.logs import current_context, log_context
+from projects.logs import current_context
 
 __all__ = [
     "ContextFilter",
     "JsonFormatter",
     "TextFormatter",
-    "log_context",  # where the ids are bound: projects.logs
     "logging_config",
 ]
 

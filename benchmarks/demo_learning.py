@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from artweb.demo import REWARD_SPEC, RUN_CONFIG, SYSTEM_PROMPT, TASKS_PATH
+from artweb.demo import REWARD_SPEC, SYSTEM_PROMPT, TASKS_PATH
+from projects.defaults import RUN_CONFIG
 from training.base_models import BUNDLED_MODEL
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment

@@ -34,7 +34,6 @@ from frontend.presentation import (
 from projects import selectors, services
 from projects.errors import DomainError, ValidationFailed
 from projects.formatting import step_label
-from projects.gateway import routing
 from projects.models import (
     CLIENT_KINDS,
     Checkpoint,
@@ -47,6 +46,7 @@ from projects.models import (
     TaskSet,
     TrainableModel,
 )
+from projects.selectors.serving import live_servers
 
 # --- runs ------------------------------------------------------------------------------------
 
@@ -425,7 +425,7 @@ def checkpoint(request: TeamHttpRequest, checkpoint_id: int) -> HttpResponse:
     model = checkpoint.model
     model_id = f"{model.project.name}/{model.name}:{checkpoint.step}"
     base = model.base_model
-    servers = routing.live_servers(base_model=base, affinity=checkpoint.path)
+    servers = live_servers(base_model=base, affinity=checkpoint.path)
     gateway_url = request.build_absolute_uri("/v1")
     return render(
         request,

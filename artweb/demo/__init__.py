@@ -14,10 +14,7 @@ of France is Paris."), which is what the 20 demo steps teach it out of. Measured
 
 from pathlib import Path
 
-# The run configuration: measured on the bundled model, so the fine-tuning API trains with it too.
-from projects.defaults import RUN_CONFIG
-
-__all__ = ["REWARD_SPEC", "RUN_CONFIG", "SYSTEM_PROMPT", "TASKS_PATH"]
+__all__ = ["REWARD_SPEC", "SYSTEM_PROMPT", "TASKS_PATH"]
 
 TASKS_PATH = Path(__file__).with_name("format_tasks.jsonl")
 

@@ -9,8 +9,9 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from artweb.demo import REWARD_SPEC, RUN_CONFIG, SYSTEM_PROMPT, TASKS_PATH
+from artweb.demo import REWARD_SPEC, SYSTEM_PROMPT, TASKS_PATH
 from projects import services
+from projects.defaults import RUN_CONFIG
 from projects.models import Environment, Project, RewardDefinition, Run, TaskSet, Team, TrainableModel
 from training.base_models import BUNDLED_MODEL
 

@@ -4,7 +4,7 @@ others are tried when it cannot be reached.
 Order: a server that refused a connection in the last GATEWAY_SERVER_DOWN_S seconds last; then the
 fewest requests in flight, counting GATEWAY_ADAPTER_LOAD_COST more for a server that does not hold
 the checkpoint's adapter (a load costs about that many queued requests); ties broken by the
-rendezvous order routing.live_servers gives, so a checkpoint's first load lands on the same server
+rendezvous order live_servers gives, so a checkpoint's first load lands on the same server
 from every gateway process.
 
 Invariant: counts are this process's own (each gateway process balances its share, as one nginx
@@ -23,8 +23,8 @@ from django.conf import settings
 from django.http import StreamingHttpResponse
 
 from projects import metrics
-from projects.gateway.routing import Target
 from projects.models import InferenceServer
+from projects.selectors.serving import Target
 
 _lock = threading.Lock()  # the gateway may run async views in several threads (WSGI)
 _outstanding: dict[str, int] = {}

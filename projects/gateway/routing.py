@@ -2,8 +2,7 @@
 OpenPipe ART's names for a team's checkpoints, and the models a team may call.
 
 Which checkpoint a model id names and which live servers serve it, best first, are domain reads
-(projects.selectors.serving: ``resolve_model``, ``live_servers``), re-exported here as the
-gateway's own names.
+(projects.selectors.serving: ``resolve_model``, ``live_servers``).
 
 A request's ``Route`` carries everything resolved before forwarding, the body decoded and
 validated once (``ParsedChat``) included, so no later step decodes it again.
@@ -16,20 +15,16 @@ from typing import Any
 
 from projects.models import ApiKey, BaseModel, InferenceServer, Run, RunKind, Team
 from projects.selectors import scoped
-from projects.selectors.serving import ART_ALIAS, ModelNotFound, Target, live_servers, resolve_model
+from projects.selectors.serving import ART_ALIAS, Target
 from projects.selectors.steps import team_checkpoint_names
 from training.serving.protocol import ChatRequest
 
 __all__ = [
-    "ModelNotFound",
     "ParsedChat",
     "Route",
-    "Target",
     "art_alias",
     "available_models",
-    "live_servers",
     "names_latest",
-    "resolve_model",
 ]
 
 

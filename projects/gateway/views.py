@@ -48,6 +48,7 @@ from projects.gateway.sync_servers import serve
 from projects.gateway.upstream import InferenceServerUpstream, Upstream, Usage
 from projects.gateway.vllm import VLLMUpstream
 from projects.models import ApiKey, InferenceServer, Team
+from projects.selectors.serving import Target, live_servers, resolve_model
 from training.rollouts import strict_json
 from training.serving.protocol import Limits, RequestError, parse_chat_request
 
@@ -161,19 +162,17 @@ def _parse(raw_body: bytes) -> ParsedChat:
     return token_ids.ask_for_token_ids(ParsedChat(raw_body, body, request))
 
 
-def _route(team: Team, model_id: str) -> tuple[routing.Target, list[InferenceServer]]:
+def _route(team: Team, model_id: str) -> tuple[Target, list[InferenceServer]]:
     """The checkpoint ``model_id`` names for ``team`` and its live servers, best first;
     remembered briefly (see lookups for what that delays)."""
     remembered = lookups.routes.get((team.pk, model_id))
     if remembered is not None:
         return remembered
     try:
-        target = routing.resolve_model(team=team, model_id=model_id)
+        target = resolve_model(team=team, model_id=model_id)
     except DomainError as exc:
         raise GatewayError(exc.status_code, exc.message, code=exc.code, param=exc.field) from exc
-    servers = routing.live_servers(
-        base_model=target.base_model, affinity=target.adapter_path or target.model_id
-    )
+    servers = live_servers(base_model=target.base_model, affinity=target.adapter_path or target.model_id)
     if not servers:
         raise _no_server(target.base_model.name)
     if not routing.names_latest(model_id):  # ART's latest alias: the step just trained, at once
@@ -296,7 +295,7 @@ def _list_models(authorization: str | None) -> dict:
 def _get_model(authorization: str | None, model_id: str) -> dict:
     access = _authenticate(authorization)
     try:
-        target = routing.resolve_model(team=access.team, model_id=model_id)
+        target = resolve_model(team=access.team, model_id=model_id)
     except DomainError as exc:
         raise GatewayError(exc.status_code, exc.message, code=exc.code, param=exc.field) from exc
     checkpoint = target.checkpoint

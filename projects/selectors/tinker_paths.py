@@ -2,7 +2,7 @@
 through the Tinker API, and any platform checkpoint as ``tinker://{project}/{model}/step/{N}``. A name
 its team published is readable by every team of this artweb; nothing else crosses teams.
 
-A read of the domain: the Tinker API (projects.tinker.paths re-exports it), its jobs (loading,
+A read of the domain: the Tinker API, its jobs (loading,
 sampling, recovery) and its services (copies, the TTL sweep) resolve a path by it alike."""
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from projects.errors import NotFound, ValidationFailed
 from projects.models import Checkpoint
-from projects.services.tinker import export_record
-from projects.tinker.paths import checkpoint_for_path, name_expiry
+from projects.selectors.tinker_paths import checkpoint_for_path, name_expiry
 from training.wire.openai_errors import error_object
 
 EXPORT_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -44,7 +43,6 @@ __all__ = [
     "check_ttl",
     "checked_export",
     "download",
-    "export_record",  # the record's shape is the domain's (projects.services.tinker)
     "live_export",
     "signed_urls",
 ]

@@ -15,9 +15,9 @@ from projects.access import TeamAccess
 from projects.errors import Conflict, NotFound, ValidationFailed
 from projects.models import Checkpoint, Project, TinkerModel
 from projects.selectors import scoped
+from projects.selectors.tinker_paths import SCHEME, checkpoint_for_path, is_public, name_expiry
 from projects.services.tinker import TINKER_PROJECT
 from projects.tinker import exports
-from projects.tinker.paths import SCHEME, checkpoint_for_path, is_public, name_expiry
 from projects.tinker.views import (
     _checked_name,
     _error,

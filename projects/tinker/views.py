@@ -38,7 +38,7 @@ from projects.models import (
     TinkerSession,
 )
 from projects.selectors import scoped
-from projects.tinker.paths import checkpoint_for_path
+from projects.selectors.tinker_paths import checkpoint_for_path
 from training.rollouts import strict_json
 from training.wire.openai_errors import error_object
 from training.wire.tinker import PROTOBUF, WireError

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import re
 
-from artweb.demo import REWARD_SPEC, RUN_CONFIG, TASKS_PATH
+from artweb.demo import REWARD_SPEC, TASKS_PATH
+from projects.defaults import RUN_CONFIG
 from training.rewards import grade_trajectories
 from training.rollouts.trajectory import Trajectory
 

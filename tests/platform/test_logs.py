@@ -11,7 +11,8 @@ from unittest import mock
 
 import pytest
 
-from artweb.logs import ContextFilter, JsonFormatter, TextFormatter, log_context, logging_config
+from artweb.logs import ContextFilter, JsonFormatter, TextFormatter, logging_config
+from projects.logs import log_context
 
 
 def _capture(formatter: logging.Formatter) -> tuple[logging.Logger, io.StringIO]:

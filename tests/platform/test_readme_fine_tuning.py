@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from artweb.demo import RUN_CONFIG
+from projects.defaults import RUN_CONFIG
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -31,7 +31,8 @@ from projects.models import (
     TinkerSession,
 )
 from projects.selectors import scoped
-from projects.tinker import exports, rest
+from projects.services.tinker import export_record
+from projects.tinker import rest
 from tests.projects.api.test_tinker_api import BASE, call
 from tests.projects.api.test_tinker_api import tinker as tinker  # noqa: F401 (the fixture)
 from tests.projects.jobs.test_tinker_recovery import forward_backward
@@ -82,7 +83,7 @@ def _world(key: str, tmp_path) -> World:
         for other in ("optimizer.pt", "rng_state.pt"):
             (folder / other).write_bytes(b"state")
         stored = checkpoint_upload(model_id=model.model_id, step=step, folder=folder)
-        record = exports.export_record(recipients=None, ttl_seconds=None) if step == 3 else None
+        record = export_record(recipients=None, ttl_seconds=None) if step == 3 else None
         services.tinker_checkpoint_record(model=model, step=step, path=str(folder), stored=stored, name=name,
                                           export=record)  # fmt: skip
     sampler = call("create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0,

@@ -12,7 +12,7 @@ from django.test import Client
 from projects import services
 from projects.jobs.tasks import expire_tinker_names
 from projects.models import Checkpoint, Run, RunKind, TinkerFuture, TinkerModel
-from projects.tinker import exports
+from projects.services.tinker import export_record
 
 pytestmark = pytest.mark.django_db
 
@@ -246,7 +246,7 @@ def _exported(tinker, tmp_path, *, recipients=None):
     (folder / "adapter_model.safetensors").write_bytes(bytes(range(256)) * 40)
     (folder / "optimizer.pt").write_bytes(b"not exported")
     stored = checkpoint_upload(model_id=model.model_id, step=1, folder=folder)
-    record = exports.export_record(recipients=recipients, ttl_seconds=None)
+    record = export_record(recipients=recipients, ttl_seconds=None)
     services.tinker_checkpoint_record(model=model, step=1, path=str(folder), stored=stored,
                                       name="external_weights/final", export=record)  # fmt: skip
     return model_id, folder
@@ -496,7 +496,7 @@ def test_a_published_name_crosses_teams_only_for_reading(tinker, tmp_path, cast)
     # checkpoint_for_path's one cross-team rule: another team's published name resolves where the
     # caller reads (public=True) and is a 404 wherever it would be written or trained (public=False).
     from projects.errors import NotFound
-    from projects.tinker.paths import checkpoint_for_path
+    from projects.selectors.tinker_paths import checkpoint_for_path
 
     model_id, _ = _saved(tinker, tmp_path)
     path = f"tinker://{model_id}/weights/w"

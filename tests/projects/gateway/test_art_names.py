@@ -11,8 +11,9 @@ from django.http import HttpResponse
 
 from projects import services
 from projects.gateway import lookups, routing, token_ids
-from projects.gateway.routing import ParsedChat, Route, Target
+from projects.gateway.routing import ParsedChat, Route
 from projects.gateway.services import inference_server_heartbeat
+from projects.selectors.serving import ModelNotFound, Target, resolve_model
 from training.serving.protocol import Limits, parse_chat_request
 
 pytestmark = pytest.mark.django_db
@@ -29,9 +30,9 @@ def client_model(cast, settings, tmp_path):
 
 
 def test_arts_names_are_aliases_of_the_teams_checkpoints(client_model, cast):
-    latest = routing.resolve_model(team=cast.alpha, model_id="wandb-artifact:///alpha/games/agent")
+    latest = resolve_model(team=cast.alpha, model_id="wandb-artifact:///alpha/games/agent")
     assert (latest.model_id, latest.checkpoint.step) == ("games/agent:1", 1)
-    first = routing.resolve_model(team=cast.alpha, model_id="wandb-artifact:///alpha/games/agent:step0")
+    first = resolve_model(team=cast.alpha, model_id="wandb-artifact:///alpha/games/agent:step0")
     # Step 0 has no files: the untrained adapter is the base model, served as such.
     assert (first.model_id, first.checkpoint.step, first.adapter_path) == ("games/agent:0", 0, None)
     assert latest.adapter_path.endswith("step-000001")
@@ -42,14 +43,12 @@ def test_a_name_that_is_no_slug_resolves_and_is_echoed_as_the_client_sent_it(cli
         team=cast.alpha, entity=None, project="My Games", name="Run #2 (α)", base_model="tiny"
     )
     services.checkpoint_record(model=model, run=run, step=1, path=str(tmp_path / "odd-1"))
-    target = routing.resolve_model(
-        team=cast.alpha, model_id="wandb-artifact:///alpha/My Games/Run #2 (α):step1"
-    )
+    target = resolve_model(team=cast.alpha, model_id="wandb-artifact:///alpha/My Games/Run #2 (α):step1")
     assert (target.model_id, target.checkpoint.model_id) == ("My Games/Run #2 (α):1", model.pk)
-    latest = routing.resolve_model(team=cast.alpha, model_id="wandb-artifact:///alpha/My Games/Run #2 (α)")
+    latest = resolve_model(team=cast.alpha, model_id="wandb-artifact:///alpha/My Games/Run #2 (α)")
     assert latest.model_id == "My Games/Run #2 (α):1"
-    with pytest.raises(routing.ModelNotFound):
-        routing.resolve_model(team=cast.beta, model_id="wandb-artifact:///beta/My Games/Run #2 (α)")
+    with pytest.raises(ModelNotFound):
+        resolve_model(team=cast.beta, model_id="wandb-artifact:///beta/My Games/Run #2 (α)")
 
 
 @pytest.mark.parametrize(
@@ -62,14 +61,14 @@ def test_a_name_that_is_no_slug_resolves_and_is_echoed_as_the_client_sent_it(cli
     ],
 )
 def test_other_teams_and_missing_steps_are_not_found(client_model, cast, name):
-    with pytest.raises(routing.ModelNotFound) as missing:
-        routing.resolve_model(team=cast.alpha, model_id=name)
+    with pytest.raises(ModelNotFound) as missing:
+        resolve_model(team=cast.alpha, model_id=name)
     assert name in missing.value.message
 
 
 def test_another_team_cannot_reach_the_checkpoint_under_its_own_name(client_model, cast):
-    with pytest.raises(routing.ModelNotFound):
-        routing.resolve_model(team=cast.beta, model_id="wandb-artifact:///beta/games/agent")
+    with pytest.raises(ModelNotFound):
+        resolve_model(team=cast.beta, model_id="wandb-artifact:///beta/games/agent")
 
 
 def test_v1_models_lists_arts_names_for_client_models(client_model, cast):

@@ -9,8 +9,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from projects import services
-from projects.gateway import balance, routing
+from projects.gateway import balance
 from projects.gateway.services import inference_server_heartbeat
+from projects.selectors.serving import resolve_model
 
 
 @pytest.fixture(autouse=True)
@@ -32,8 +33,8 @@ def setup(alpha_setup, settings):
     servers = [
         inference_server_heartbeat(url=f"http://host{i}:8100", base_model_name="tiny") for i in range(3)
     ]
-    target = routing.resolve_model(team=alpha_setup.project.team, model_id="math/agent:1")
-    base = routing.resolve_model(team=alpha_setup.project.team, model_id="tiny")
+    target = resolve_model(team=alpha_setup.project.team, model_id="math/agent:1")
+    base = resolve_model(team=alpha_setup.project.team, model_id="tiny")
     return type("Setup", (), {"servers": servers, "target": target, "base": base, "checkpoint": checkpoint})
 
 

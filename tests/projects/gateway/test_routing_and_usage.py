@@ -13,6 +13,7 @@ from projects.gateway import routing
 from projects.gateway.ratelimit import rate_limit_hit
 from projects.gateway.services import inference_server_deregister, inference_server_heartbeat, usage_record
 from projects.models import Checkpoint, InferenceServer, UsageRecord
+from projects.selectors.serving import ModelNotFound, live_servers, resolve_model
 
 
 @pytest.fixture
@@ -26,24 +27,24 @@ def checkpoints(alpha_setup):
 
 
 def test_model_ids_resolve_to_the_teams_checkpoints(checkpoints, cast):
-    latest = routing.resolve_model(team=cast.alpha, model_id="math/agent:latest")
+    latest = resolve_model(team=cast.alpha, model_id="math/agent:latest")
     assert (latest.model_id, latest.checkpoint.step) == ("math/agent:2", 2)
     assert latest.adapter_path.endswith("step-2")
-    assert routing.resolve_model(team=cast.alpha, model_id="math/agent").model_id == "math/agent:2"
-    assert routing.resolve_model(team=cast.alpha, model_id="math/agent:1").checkpoint.step == 1
-    base = routing.resolve_model(team=cast.alpha, model_id="tiny")
+    assert resolve_model(team=cast.alpha, model_id="math/agent").model_id == "math/agent:2"
+    assert resolve_model(team=cast.alpha, model_id="math/agent:1").checkpoint.step == 1
+    base = resolve_model(team=cast.alpha, model_id="tiny")
     assert (base.model_id, base.checkpoint, base.adapter_path) == ("tiny", None, None)
 
 
 @pytest.mark.parametrize("model_id", ["math/agent:9", "math/other:latest", "nope", "math/agent:x"])
 def test_unknown_models_are_not_found(checkpoints, cast, model_id):
-    with pytest.raises(routing.ModelNotFound):
-        routing.resolve_model(team=cast.alpha, model_id=model_id)
+    with pytest.raises(ModelNotFound):
+        resolve_model(team=cast.alpha, model_id=model_id)
 
 
 def test_another_teams_checkpoint_reads_as_not_found(checkpoints, cast):
-    with pytest.raises(routing.ModelNotFound) as error:
-        routing.resolve_model(team=cast.beta, model_id="math/agent:latest")
+    with pytest.raises(ModelNotFound) as error:
+        resolve_model(team=cast.beta, model_id="math/agent:latest")
     assert error.value.status_code == 404
     assert "does not exist or you do not have access" in error.value.message
     ids = [model["id"] for model in routing.available_models(team=cast.beta)]
@@ -75,23 +76,22 @@ def test_only_servers_with_a_fresh_heartbeat_are_routed_to(checkpoints, settings
         heartbeat_at=timezone.now() - timedelta(seconds=30)
     )
     base = checkpoints.base
-    assert [s.url for s in routing.live_servers(base_model=base, affinity="x")] == ["http://a:1"]
+    assert [s.url for s in live_servers(base_model=base, affinity="x")] == ["http://a:1"]
     inference_server_heartbeat(url="http://b:1", base_model_name="tiny")  # it came back
-    assert len(routing.live_servers(base_model=base, affinity="x")) == 2
+    assert len(live_servers(base_model=base, affinity="x")) == 2
     inference_server_deregister(url="http://a:1")
-    assert [s.url for s in routing.live_servers(base_model=base, affinity="x")] == ["http://b:1"]
+    assert [s.url for s in live_servers(base_model=base, affinity="x")] == ["http://b:1"]
 
 
 def test_a_checkpoint_sticks_to_one_server_among_many(checkpoints):
     for index in range(4):
         inference_server_heartbeat(url=f"http://host{index}:8100", base_model_name="tiny")
     picks = {
-        affinity: routing.live_servers(base_model=checkpoints.base, affinity=affinity)[0].url
+        affinity: live_servers(base_model=checkpoints.base, affinity=affinity)[0].url
         for affinity in (f"/ckpt/{i}" for i in range(40))
     }
     assert picks == {
-        affinity: routing.live_servers(base_model=checkpoints.base, affinity=affinity)[0].url
-        for affinity in picks
+        affinity: live_servers(base_model=checkpoints.base, affinity=affinity)[0].url for affinity in picks
     }
     assert len(set(picks.values())) > 1  # and different checkpoints spread over the servers
 
@@ -105,7 +105,7 @@ def test_a_heartbeat_for_an_unknown_base_model_is_refused(db):
 
 def test_usage_accumulates_per_key_model_and_day(checkpoints, cast):
     key = services.api_key_create(team=cast.alpha, name="app").api_key
-    checkpoint = routing.resolve_model(team=cast.alpha, model_id="math/agent:2").checkpoint
+    checkpoint = resolve_model(team=cast.alpha, model_id="math/agent:2").checkpoint
     usage_record(
         api_key=key, model="math/agent:2", checkpoint=checkpoint, prompt_tokens=10, completion_tokens=3
     )

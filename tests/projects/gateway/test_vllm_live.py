@@ -129,7 +129,7 @@ def post_status(url: str, body: dict) -> int:
 
 def adapter(model, step: int) -> str:
     """The name the gateway gives a checkpoint's adapter on vLLM: not guessable without SECRET_KEY."""
-    from projects.gateway.vllm import secret_suffix
+    from projects.serving_names import secret_suffix
 
     identity = f"model-{model.pk}-step-{step}"
     return f"{identity}-{secret_suffix(identity)}"
