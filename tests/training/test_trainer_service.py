@@ -5,6 +5,8 @@ sessions interleaving on one base train exactly as each does alone."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 import time
 
@@ -62,6 +64,46 @@ def test_a_lapsed_lease_nobody_claimed_since_is_still_its_holders(service, tiny_
     assert service.handle("POST", "/sessions/team-a/claim", {"holder": "job-2"})[0] == 200
     lost = refused(service, "POST", "/sessions/team-a/optim_step", {"holder": "job-1", "learning_rate": 1e-3})
     assert lost.status == 409 and lost.code == "lease_lost"
+
+
+def test_stats_and_heartbeats_answer_while_many_requests_wait_for_the_lock(service, tiny_model_dir):
+    """Requests waiting for the service's lock (primitives behind another team's long sample) each
+    hold a thread; more of them than asyncio's default pool has threads (os.cpu_count() + 4, at
+    most 32) must not hold up /stats, a heartbeat or a claim, or leases lapse on a busy service."""
+    config, lora = ALPHA
+    opened = {"session_id": "team-a", "holder": "job-1", "base_model": str(tiny_model_dir),
+              "config": config.to_dict(), "lora": lora.to_dict(), "lease_s": 600}  # fmt: skip
+    assert service.handle("POST", "/sessions", opened)[0] == 200
+    forward = json.dumps({"holder": "job-1", "data": [datum_json(DATA["alpha"][0][0])]}).encode()
+
+    async def call(method: str, path: str, payload: bytes) -> int:
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": payload, "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await service({"type": "http", "method": method, "path": path, "headers": []}, receive, send)
+        return sent[0]["status"]
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        waiting = [asyncio.create_task(call("POST", "/sessions/team-a/forward", forward)) for _ in range(40)]
+        await asyncio.sleep(0.5)  # each in a thread by now, waiting for the lock
+        try:
+            answered = [
+                await asyncio.wait_for(call("GET", "/stats", b""), timeout=5),
+                await asyncio.wait_for(call("POST", "/sessions/team-a/heartbeat", b'{"holder": "job-1"}'), 5),
+            ]
+        finally:
+            service._lock.__exit__(None, None, None)  # the long sample ends
+        return answered, list(await asyncio.gather(*waiting))
+
+    service._lock.__enter__()  # another team's sample holds the lock
+    answered, forwards = asyncio.run(scenario())
+    assert answered == [200, 200]
+    assert forwards == [200] * 40
 
 
 def test_a_lease_keeps_everyone_else_out_until_it_lapses(service, tiny_model_dir):

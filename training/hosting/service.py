@@ -10,7 +10,9 @@ runs one primitive at a time per process (one lock: the sessions share a model),
 decodes ``sample_slice_steps`` tokens per hold of the lock: the lock is fair (first come, first
 served), so another team's forward_backward waits for one slice, not for the whole sample. A
 session's own primitives still run one after another (a lock per session). Heartbeats, claims and
-/stats answer at once. A sample's ``max_new_tokens`` is capped (``max_new_tokens``) and each prompt
+/stats answer at once: requests run on ``request_threads`` threads, enough that those waiting for
+the lock never leave none free. A lease that lapsed while its holder's next call waited is still the
+holder's if nobody claimed the session since (``_claimed``). A sample's ``max_new_tokens`` is capped (``max_new_tokens``) and each prompt
 plus it must fit the model's context; token ids outside the vocabulary are a 400 (training.session).
 
 Routes (JSON; every route but /health needs the service token as a bearer token):
@@ -48,6 +50,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +110,11 @@ class ServiceConfig:
     # Decode steps a sample runs per hold of the lock (others' primitives go in between); 0: the whole
     # sample in one hold (the behaviour before issue 51, kept for benchmarks/trainer_fairness.py).
     sample_slice_steps: int = 8
+    # Threads that run requests. A request waiting for the lock (a primitive behind another team's
+    # sample) holds one the whole time; asyncio's default pool has os.cpu_count() + 4 (6 on a 2-core
+    # host), so a few waiting samples used to queue every heartbeat and claim behind them until
+    # leases lapsed. Waiting threads cost no CPU.
+    request_threads: int = 64
 
 
 class FairLock:
@@ -150,6 +158,7 @@ class TrainerService:
     _session_locks: dict[str, threading.Lock] = field(default_factory=dict)  # a session's calls in order
     _leases_lock: threading.Lock = field(default_factory=threading.Lock)
     primitives_run: int = 0
+    _requests: ThreadPoolExecutor | None = None  # request_threads threads, started on first use
 
     # ------------------------------------------------------------------ requests (plain, testable)
     def handle(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -411,7 +420,13 @@ class TrainerService:
                     raise ServiceError(400, f"the body is not JSON: {exc}") from exc
                 if not isinstance(request, dict):
                     raise ServiceError(400, "the body must be a JSON object")
-                status, body = await asyncio.to_thread(self.handle, scope["method"], scope["path"], request)
+                if self._requests is None:
+                    self._requests = ThreadPoolExecutor(
+                        self.config.request_threads, thread_name_prefix="request"
+                    )
+                status, body = await asyncio.get_running_loop().run_in_executor(
+                    self._requests, self.handle, scope["method"], scope["path"], request
+                )
         except ServiceError as exc:
             status, body = exc.status, exc.body()
         except RequestError as exc:  # the body: too large, or the client left
