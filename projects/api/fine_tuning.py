@@ -3,8 +3,9 @@ cancel, pause, resume, events, checkpoints) and ``fine_tuning/alpha/graders/{run
 the ``openai`` client's fine-tuning calls train on artweb unchanged (projects.services.fine_tuning
 says how the objects map). DRF views on the tenancy base, like ``/v1/preview/``: team API keys, the
 caller's team only (another team's file, job or checkpoint is a 404), a read-only key cannot
-create, OpenAI's error objects. Ids are OpenAI's shape (``file-12``, ``ftjob-7``, ``ftevent-40``,
-``ftckpt-3``); lists are newest first with ``after`` (the last id seen) and ``limit``.
+create, OpenAI's error objects. Rows are read through projects.selectors and written through
+projects.services, never queried here. Ids are OpenAI's shape (``file-12``, ``ftjob-7``,
+``ftevent-40``, ``ftckpt-3``); lists are newest first with ``after`` (the last id seen) and ``limit``.
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from projects import services
+from projects import selectors, services
 from projects.api.base import TeamViewSet
 from projects.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, int_query_param, list_body, rows_after
 from projects.api.serializers import InputSerializer
 from projects.api.views import upload_text
 from projects.errors import Conflict, NotFound, ValidationFailed
-from projects.models import Checkpoint, Run, RunEvent, RunStatus, StepMetrics, TaskRow, TaskSet
-from projects.selectors import run_seconds_left, scoped
+from projects.models import Checkpoint, Run, RunEvent, RunStatus, StepMetrics, TaskSet
 from projects.services import fine_tuning
 from projects.services.fine_tuning import parse_id
 
@@ -88,7 +88,7 @@ RESULT_COLUMNS = (
 def results_csv(run: Run) -> str:
     """A finished job's result file, as OpenAI's: one CSV line of metrics per step."""
     lines = [",".join(RESULT_COLUMNS)]
-    for step in StepMetrics.objects.filter(run=run).order_by("step"):
+    for step in selectors.run_step_metrics(run=run):
         values = (step.step, step.loss, step.reward_mean, step.reward_std,
                   step.metrics.get("learning_rate"), step.metrics.get("trainable_tokens"))  # fmt: skip
         lines.append(",".join("" if value is None else f"{value:g}" for value in values))
@@ -157,14 +157,14 @@ class FilesView(TeamViewSet):
         number = parse_id("file-" + file_id.removeprefix("file-r"), "file")
         run = None
         if number is not None:
-            run = scoped(Run, self.team).filter(pk=number, fine_tuning__has_key="method").first()
+            run = selectors.fine_tuning_job_run(team=self.team, number=number)
         if run is None or run.status != RunStatus.SUCCEEDED:
             raise NotFound(f"No such File object: {file_id}", field="file_id")
         return run
 
     def _task_set(self, file_id: str) -> TaskSet:
         number = parse_id(file_id, "file")
-        found = None if number is None else self.get_queryset().filter(pk=number).first()
+        found = None if number is None else selectors.fine_tuning_file(team=self.team, number=number)
         if found is None:
             raise NotFound(f"No such File object: {file_id}", field="file_id")
         return found
@@ -196,7 +196,7 @@ class FilesView(TeamViewSet):
         order = request.query_params.get("order", "desc")
         if order not in ("asc", "desc"):
             raise ValidationFailed("must be asc or desc", field="order")
-        queryset = self.get_queryset().filter(project=project).order_by("id" if order == "asc" else "-id")
+        queryset = selectors.fine_tuning_files(team=self.team, project=project, ascending=order == "asc")
         return _page(request, queryset, "file", file_body)
 
     @extend_schema(operation_id="files_retrieve", responses={200: dict})
@@ -218,8 +218,8 @@ class FilesView(TeamViewSet):
     def content(self, request: Request, file_id: str) -> HttpResponse:
         if (run := self._results_of(file_id)) is not None:
             return HttpResponse(results_csv(run), content_type="text/csv; charset=utf-8")
-        rows = TaskRow.objects.filter(task_set=self._task_set(file_id)).order_by("index")
-        lines = [json.dumps(fine_tuning.openai_line(row.data), ensure_ascii=False) for row in rows]
+        rows = selectors.task_set_rows(task_set=self._task_set(file_id), split="all")
+        lines = [json.dumps(fine_tuning.openai_line(row["data"]), ensure_ascii=False) for row in rows]
         return HttpResponse("\n".join(lines) + "\n", content_type="application/jsonl; charset=utf-8")
 
 
@@ -243,20 +243,12 @@ def checkpoint_name(checkpoint: Checkpoint) -> str:
 
 def job_body(run: Run) -> dict[str, Any]:
     asked = run.fine_tuning
-    latest = (
-        Checkpoint.objects.filter(run=run, step__gt=run.start_step)
-        .select_related("model__project")
-        .order_by("-step")
-        .first()
-    )
+    latest = selectors.job_latest_checkpoint(run=run)
     tokens = None  # OpenAI fills it once the job has succeeded
     if run.status == RunStatus.SUCCEEDED:
-        tokens = int(sum(
-            float(metrics.get("trainable_tokens", 0.0))
-            for metrics in StepMetrics.objects.filter(run=run).values_list("metrics", flat=True)
-        ))  # fmt: skip
+        tokens = selectors.job_trained_tokens(run=run)
     estimated = None
-    left = run_seconds_left(run=run)  # the recorded steps' own durations, not the time before them
+    left = selectors.run_seconds_left(run=run)  # the recorded steps' own durations, not the time before them
     if left is not None:
         estimated = _stamp((run.heartbeat_at or timezone.now()) + timedelta(seconds=left))
     method = asked["method"]
@@ -346,9 +338,7 @@ class JobsView(TeamViewSet):
 
     @extend_schema(operation_id="fine_tuning_jobs_list", responses={200: dict})
     def list(self, request: Request) -> Response:
-        queryset = self.get_queryset().filter(fine_tuning__has_key="method")
-        if _header_project(request):
-            queryset = queryset.filter(project__name=_header_project(request))
+        metadata: dict[str, Any] = {}
         for key, value in request.query_params.items():
             if key.startswith("metadata[") and key.endswith("]"):
                 name = key[len("metadata[") : -1]
@@ -356,8 +346,11 @@ class JobsView(TeamViewSet):
                     raise ValidationFailed(
                         "a metadata key is letters, digits, - and _ (64 at most)", field=key
                     )
-                queryset = queryset.filter(**{f"fine_tuning__metadata__{name}": value})
-        return _page(request, queryset.select_related("project").order_by("-id"), "ftjob", job_body)
+                metadata[name] = value
+        queryset = selectors.fine_tuning_jobs(
+            team=self.team, project_name=_header_project(request), metadata=metadata
+        )
+        return _page(request, queryset, "ftjob", job_body)
 
     @extend_schema(operation_id="fine_tuning_jobs_retrieve", responses={200: dict})
     def retrieve(self, request: Request, job_id: str) -> Response:
@@ -366,7 +359,7 @@ class JobsView(TeamViewSet):
     def _control(self, job_id: str, action: Callable[..., Run]) -> Response:
         run = self._job(job_id)
         action(run=run)
-        return Response(job_body(Run.objects.get(pk=run.pk)))
+        return Response(job_body(selectors.run_get(team=self.team, run_id=run.pk)))
 
     @extend_schema(operation_id="fine_tuning_jobs_cancel", request=None, responses={200: dict})
     def cancel(self, request: Request, job_id: str) -> Response:
@@ -383,24 +376,16 @@ class JobsView(TeamViewSet):
     @extend_schema(operation_id="fine_tuning_jobs_events", responses={200: dict})
     def events(self, request: Request, job_id: str) -> Response:
         run = self._job(job_id)
-        queryset = RunEvent.objects.filter(run=run).order_by("-id")
+        queryset = selectors.job_events(run=run)
         return _page(request, queryset, "ftevent", lambda event: event_body(event, run))
 
     @extend_schema(operation_id="fine_tuning_jobs_checkpoints", responses={200: dict})
     def checkpoints(self, request: Request, job_id: str) -> Response:
         run = self._job(job_id)
-        # The steps the job trained (its start, the untrained adapter, is not a result of it).
-        queryset = (
-            Checkpoint.objects.filter(run=run, step__gt=run.start_step)
-            .select_related("model__project")
-            .order_by("-step")
-        )
-        steps = {
-            row.step: row for row in StepMetrics.objects.filter(run=run).only("step", "loss", "reward_mean")
-        }
+        steps = selectors.job_step_losses(run=run)
         return _page(
             request,
-            queryset,
+            selectors.job_checkpoints(run=run),
             "ftckpt",
             lambda checkpoint: checkpoint_body(checkpoint, run, steps.get(checkpoint.step)),
         )

@@ -47,6 +47,17 @@ from projects.selectors.evaluations import (
     run_evaluations,
     run_step_evaluated,
 )
+from projects.selectors.fine_tuning import (
+    fine_tuning_file,
+    fine_tuning_files,
+    fine_tuning_job_run,
+    fine_tuning_jobs,
+    job_checkpoints,
+    job_events,
+    job_latest_checkpoint,
+    job_step_losses,
+    job_trained_tokens,
+)
 from projects.selectors.judges import (
     judge_endpoints,
 )
@@ -99,6 +110,22 @@ from projects.selectors.teams import (
     memberships_of,
     pending_invitations,
     team_members,
+)
+from projects.selectors.tinker import (
+    base_model_named,
+    base_models_by_name,
+    team_of_signed_url,
+    team_project_exists,
+    tinker_client_checkpoints,
+    tinker_future_get,
+    tinker_future_refresh,
+    tinker_model_get,
+    tinker_models_recent,
+    tinker_sampler_get,
+    tinker_session_get,
+    tinker_session_latest,
+    tinker_session_sampler_ids,
+    tinker_session_training_run_ids,
 )
 from projects.selectors.tinker_paths import (
     checkpoint_for_path,
@@ -191,4 +218,27 @@ __all__ = [
     "checkpoint_for_path",
     "name_expiry",
     "is_public",
+    "tinker_session_get",
+    "tinker_session_latest",
+    "tinker_session_training_run_ids",
+    "tinker_session_sampler_ids",
+    "tinker_model_get",
+    "tinker_models_recent",
+    "tinker_client_checkpoints",
+    "tinker_sampler_get",
+    "tinker_future_get",
+    "tinker_future_refresh",
+    "team_project_exists",
+    "base_models_by_name",
+    "base_model_named",
+    "team_of_signed_url",
+    "fine_tuning_file",
+    "fine_tuning_files",
+    "fine_tuning_jobs",
+    "fine_tuning_job_run",
+    "job_checkpoints",
+    "job_latest_checkpoint",
+    "job_trained_tokens",
+    "job_step_losses",
+    "job_events",
 ]

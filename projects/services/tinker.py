@@ -182,6 +182,13 @@ def tinker_model_create(
         return TinkerModel.objects.create(id=model_id, session=session, model=model, run=run)
 
 
+def tinker_future_done(*, team: Team, kind: str, result: dict[str, Any]) -> TinkerFuture:
+    """A future answered at once (``create_model``: the model exists when the reply leaves)."""
+    return TinkerFuture.objects.create(
+        id=tinker_request_id(), team=team, kind=kind, status=TinkerFutureStatus.DONE, result=result
+    )
+
+
 def tinker_future_submit(
     *, team: Team, kind: str, model: TinkerModel | None = None, seq_id: int | None = None,
     payload: dict[str, Any] | None = None, body: bytes | None = None,

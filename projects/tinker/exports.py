@@ -22,6 +22,7 @@ from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from projects import selectors
 from projects.errors import NotFound, ValidationFailed
 from projects.models import Checkpoint
 from projects.selectors.tinker_paths import checkpoint_for_path, name_expiry
@@ -116,7 +117,6 @@ def _refuse(status: int, message: str) -> JsonResponse:
 @csrf_exempt
 def download(request: HttpRequest, token: str) -> HttpResponse | FileResponse:
     """One file of an export, by a signed URL (no key: the signature is the permission)."""
-    from projects.models import Team
     from projects.storage import checkpoint_local_dir
 
     if request.method != "GET":
@@ -129,7 +129,7 @@ def download(request: HttpRequest, token: str) -> HttpResponse | FileResponse:
         return _refuse(403, "this download URL has expired: ask for new ones (get_external_weights_urls)")
     except signing.BadSignature:
         return _refuse(403, "not a valid download URL")
-    team = Team.objects.filter(pk=team_pk).first()
+    team = selectors.team_of_signed_url(team_pk)
     try:
         checkpoint, record = live_export(team, model_id, checkpoint_id)
     except (NotFound, ValidationFailed) as exc:

@@ -10,11 +10,10 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from projects import services
+from projects import selectors, services
 from projects.access import TeamAccess
 from projects.errors import Conflict, NotFound, ValidationFailed
-from projects.models import Checkpoint, Project, TinkerModel
-from projects.selectors import scoped
+from projects.models import Checkpoint, TinkerModel
 from projects.selectors.tinker_paths import SCHEME, checkpoint_for_path, is_public, name_expiry
 from projects.services.tinker import TINKER_PROJECT
 from projects.tinker import exports
@@ -36,7 +35,7 @@ _KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights
 
 
 def _checkpoint_rows(model: TinkerModel) -> list[dict[str, Any]]:
-    return [row for checkpoint in Checkpoint.objects.filter(model=model.model).order_by("step")
+    return [row for checkpoint in selectors.model_checkpoints(model=model.model)
             for row in _rows_of(model.pk, checkpoint)]  # fmt: skip
 
 
@@ -127,10 +126,8 @@ def user_checkpoints(request: HttpRequest, access: TeamAccess) -> dict[str, Any]
     """``RestClient.list_user_checkpoints``: every checkpoint name of the team's training clients,
     newest first, ``limit`` / ``offset`` paged."""
     limit, offset = _int_param(request, "limit", 100, 1, 1000), _int_param(request, "offset", 0, 0, 10**9)
-    # Two queries whatever the number of training clients: their ids by model, then the checkpoints.
-    clients = dict(scoped(TinkerModel, access.team).values_list("model_id", "id"))
-    checkpoints = Checkpoint.objects.filter(model_id__in=clients)
-    rows = sorted((row for checkpoint in checkpoints for row in _rows_of(clients[checkpoint.model_id], checkpoint)),
+    checkpoints = selectors.tinker_client_checkpoints(team=access.team)
+    rows = sorted((row for client, checkpoint in checkpoints for row in _rows_of(client, checkpoint)),
                   key=lambda r: r["time"], reverse=True)  # fmt: skip
     return {"checkpoints": rows[offset : offset + limit],
             "cursor": {"offset": offset, "limit": limit, "total_count": len(rows)}}  # fmt: skip
@@ -191,7 +188,7 @@ def copy_weights(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     elif not isinstance(project, str) or not project:
         raise ValidationFailed("name the project of your team that gets the copy (or a session_id and "
                                "model_seq_id)", field="destination_project_id")  # fmt: skip
-    elif project != TINKER_PROJECT and not scoped(Project, access.team).filter(name=project).exists():
+    elif project != TINKER_PROJECT and not selectors.team_project_exists(team=access.team, name=project):
         raise NotFound(f"no project named {project!r} in your team", field="destination_project_id")
     path = services.tinker_weights_copy(
         team=access.team, source=source, source_path=source_path, session=session, model_seq_id=seq,
@@ -224,8 +221,7 @@ def not_offered(request: HttpRequest, what: str, **_: Any) -> HttpResponse:
 
 @endpoint("GET")
 def training_runs(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
-    models = scoped(TinkerModel, access.team).select_related("model__base_model")
     return {
-        "training_runs": [_run_row(access, m) for m in models.order_by("-created_at")[:100]],
+        "training_runs": [_run_row(access, m) for m in selectors.tinker_models_recent(team=access.team)],
         "cursor": None,
     }

@@ -4,8 +4,9 @@ Keys: ``X-API-Key: tml-<team API key>`` (the SDK refuses keys without the ``tml-
 strips it). A read-only key reads (clients, checkpoints, futures, weights info); whatever changes
 state needs a read-write key: sessions, heartbeats and finishing them, sampling (it creates rows and
 queues work on the shared trainer), cancelling, training, saves and telemetry. The key resolves
-through projects.access like the REST API's, and every row is read through ``scoped`` (the model's
-``TEAM_PATH``): everything a team did not create is a 404, whatever exists. Errors are 4xx with
+through projects.access like the REST API's, and every row is read through projects.selectors
+(``scoped``: the model's ``TEAM_PATH``) and written through projects.services, never queried here:
+everything a team did not create is a 404, whatever exists. Errors are 4xx with
 OpenAI's error object (the SDK shows its message); a request that fails while it runs is a failed
 future (``{"error", "category"}``), which the SDK raises as ``RequestFailedError``.
 
@@ -25,7 +26,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from projects import services
+from projects import selectors, services
 from projects.access import Permission, TeamAccess, resolve_team_and_role
 from projects.content_encoding import ZSTD, decoded_body
 from projects.errors import DomainError, NotFound, RateLimited, ValidationFailed
@@ -37,7 +38,6 @@ from projects.models import (
     TinkerSampler,
     TinkerSession,
 )
-from projects.selectors import scoped
 from projects.selectors.tinker_paths import checkpoint_for_path
 from training.rollouts import strict_json
 from training.wire.openai_errors import error_object
@@ -148,19 +148,14 @@ def _text(body: dict[str, Any], name: str) -> str:
 
 
 def _session(access: TeamAccess, session_id: Any) -> TinkerSession:
-    session = scoped(TinkerSession, access.team).filter(pk=str(session_id)).select_related("project").first()
+    session = selectors.tinker_session_get(team=access.team, session_id=session_id)
     if session is None:
         raise NotFound(f"no session {session_id!r}", field="session_id")
     return session
 
 
 def _model(access: TeamAccess, model_id: Any) -> TinkerModel:
-    model = (
-        scoped(TinkerModel, access.team)
-        .filter(pk=str(model_id))
-        .select_related("model__base_model", "session", "run")
-        .first()
-    )
+    model = selectors.tinker_model_get(team=access.team, model_id=model_id)
     if model is None:
         raise NotFound(f"no training client {model_id!r}", field="model_id")
     return model
@@ -199,7 +194,7 @@ def server_capabilities(request: HttpRequest, access: TeamAccess) -> dict[str, A
     from training.base_models import context_length
 
     models = []
-    for base in BaseModel.objects.order_by("name"):
+    for base in selectors.base_models_by_name():
         try:
             length = context_length(base.source, settings.MODEL_CACHE_DIR)
         except Exception:  # noqa: BLE001 (a catalogue entry this host cannot read: say nothing of it)
@@ -236,8 +231,8 @@ def session_heartbeat(request: HttpRequest, access: TeamAccess) -> dict[str, Any
 def session_detail(request: HttpRequest, access: TeamAccess, session_id: str) -> dict[str, Any]:
     session = _session(access, session_id)
     return {
-        "training_run_ids": list(session.models.order_by("created_at").values_list("id", flat=True)),
-        "sampler_ids": list(session.samplers.order_by("created_at").values_list("id", flat=True)),
+        "training_run_ids": selectors.tinker_session_training_run_ids(session=session),
+        "sampler_ids": selectors.tinker_session_sampler_ids(session=session),
         "user_metadata": session.user_metadata or None,
     }
 
@@ -255,13 +250,6 @@ def session_finish(request: HttpRequest, access: TeamAccess, session_id: str) ->
 
 
 # ---------------------------------------------------------------------- training clients
-def _done(access: TeamAccess, kind: str, result: dict[str, Any]) -> TinkerFuture:
-    """A future answered at once (create_model: the model exists when the reply leaves)."""
-    return TinkerFuture.objects.create(
-        id=services.tinker_request_id(), team=access.team, kind=kind, status=TinkerFutureStatus.DONE, result=result,
-    )  # fmt: skip
-
-
 @endpoint("POST", write=True)
 def create_model(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     body = _json(request)
@@ -277,7 +265,9 @@ def create_model(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
         session=session, model_seq_id=seq, base_model=_text(body, "base_model"), lora_config=body.get("lora_config"),
         user_metadata=body.get("user_metadata"),
     )  # fmt: skip
-    future = _done(access, "create_model", {"type": "create_model", "model_id": model.pk})
+    future = services.tinker_future_done(
+        team=access.team, kind="create_model", result={"type": "create_model", "model_id": model.pk}
+    )
     return _future_reply(future, model)
 
 
@@ -427,7 +417,7 @@ def _sampler_for(
                                               base_model=checkpoint.model.base_model, checkpoint=checkpoint,
                                               model_path=path)  # fmt: skip
     name = body.get("base_model")
-    base = BaseModel.objects.filter(name=name).first() if isinstance(name, str) else None
+    base = selectors.base_model_named(name) if isinstance(name, str) else None
     if base is None:
         raise ValidationFailed(
             f"name a base model artweb offers or a model_path (got {name!r})", field="base_model"
@@ -439,7 +429,7 @@ def _sampler_for(
 
 @endpoint("GET")
 def sampler_detail(request: HttpRequest, access: TeamAccess, sampler_id: str) -> dict[str, Any]:
-    sampler = scoped(TinkerSampler, access.team).filter(pk=sampler_id).select_related("base_model").first()
+    sampler = selectors.tinker_sampler_get(team=access.team, sampler_id=sampler_id)
     if sampler is None:
         raise NotFound(f"no sampler {sampler_id!r}")
     return {
@@ -454,11 +444,11 @@ def asample(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     body = _json(request)
     sampler_id = body.get("sampling_session_id")
     if sampler_id:
-        sampler = scoped(TinkerSampler, access.team).filter(pk=str(sampler_id)).first()
+        sampler = selectors.tinker_sampler_get(team=access.team, sampler_id=sampler_id)
         if sampler is None:
             raise NotFound(f"no sampling session {sampler_id!r}", field="sampling_session_id")
     else:
-        session = scoped(TinkerSession, access.team).order_by("-created_at").first()
+        session = selectors.tinker_session_latest(team=access.team)
         if session is None:
             raise ValidationFailed("create a session first", field="sampling_session_id")
         sampler = _sampler_for(access, session, body, sampler_id=None)
@@ -548,7 +538,7 @@ def cancel_future(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
     """The SDK abandoned a sample (a timeout, a cancelled task): queued, it never runs; running, its
     result is dropped. A finished one stays as it was. Only the team's read-write keys cancel."""
     request_id = _json(request).get("request_id")
-    future = scoped(TinkerFuture, access.team).filter(pk=str(request_id)).first()
+    future = selectors.tinker_future_get(team=access.team, request_id=request_id)
     if future is None:
         raise NotFound(f"no request {request_id!r}", field="request_id")
     services.tinker_future_cancel(future=future)
@@ -558,7 +548,7 @@ def cancel_future(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
 @endpoint("POST")
 def retrieve_future(request: HttpRequest, access: TeamAccess) -> HttpResponse:
     request_id = _json(request).get("request_id")
-    future = scoped(TinkerFuture, access.team).filter(pk=str(request_id)).first()
+    future = selectors.tinker_future_get(team=access.team, request_id=request_id)
     if future is None:
         raise NotFound(f"no request {request_id!r}", field="request_id")
     deadline = time.monotonic() + settings.TINKER_POLL_S
@@ -566,7 +556,7 @@ def retrieve_future(request: HttpRequest, access: TeamAccess) -> HttpResponse:
     while future.status == TinkerFutureStatus.PENDING and time.monotonic() < deadline:
         time.sleep(pause)
         pause = min(pause * 1.5, 0.25)
-        future.refresh_from_db(fields=["status", "result", "blob", "error", "category"])
+        selectors.tinker_future_refresh(future=future)
     if future.status == TinkerFutureStatus.PENDING:
         return JsonResponse({"type": "try_again", "request_id": future.pk, "queue_state": "active"})
     if future.status in (TinkerFutureStatus.FAILED, TinkerFutureStatus.CANCELLED):
