@@ -17,6 +17,7 @@ service.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -38,8 +39,9 @@ from projects.serving_names import secret_suffix
 from projects.storage import checkpoint_local_dir, checkpoint_upload
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
-from training.hosting.resident import ServiceSessions
+from training.hosting.resident import SessionGone
 from training.runs.steps import checkpoint_path
+from training.session.contract import Session
 from training.session.losses import LossInputError
 from training.wire.tinker import (
     WireError,
@@ -100,51 +102,24 @@ def _config(model: TinkerModel) -> tuple[TrainConfig, LoraSpec]:
 
 
 @contextmanager
-def session_of(model: TinkerModel, *, state: Path | None = None, fresh: bool = False) -> Iterator[Any]:
-    """The model's session, live for one request. ``fresh``: open it (from ``state``, or a new
-    adapter), replacing any it had; otherwise it must be resident (else it is rebuilt, or ``SessionLost``)."""
+def session_of(model: TinkerModel, *, state: Path | None = None, fresh: bool = False) -> Iterator[Session]:
+    """The model's session, live for one request, on whichever host keeps this worker's sessions
+    (training.hosting.resident). ``fresh``: open it (from ``state``, or a new adapter), replacing
+    any it had; otherwise it must be resident (else it is rebuilt, or ``SessionLost``)."""
     from projects.jobs.training_jobs import resident_sessions
-    from training.hosting.client import TrainerServiceError
 
-    keeper = resident_sessions()
+    host = resident_sessions()
     session_id = _session_id(model)
-    source = model.model.base_model.source
-    config, lora = _config(model)
-    if not model.opened:  # the client's first request opens its session: a fresh adapter
-        fresh = True
-    if isinstance(keeper, ServiceSessions):
-        client, me = keeper.client, keeper.holder
-        if fresh:
-            try:
-                client.claim(session_id, holder=me).close()
-            except TrainerServiceError as exc:
-                if exc.status != 404:
-                    raise
-            session = client.open(session_id, holder=me, base_model=source, config=config, lora=lora,
-                                  state=str(state) if state else None)  # fmt: skip
-            services.tinker_model_opened(model=model)
-        else:
-            try:
-                session = client.claim(session_id, holder=me)
-            except TrainerServiceError as exc:
-                if exc.status != 404:
-                    raise
-                _rebuild(model)
-                session = client.claim(session_id, holder=me)
+    if fresh or not model.opened:  # the client's first request opens its session: a fresh adapter
+        config, lora = _config(model)
+        host.open(session_id, model.model.base_model.source, config, lora, state=state)
+        services.tinker_model_opened(model=model)
+    with contextlib.ExitStack() as stack:
         try:
-            yield session
-        finally:
-            session.release()
-        return
-    pool = keeper.pool
-    if fresh:
-        pool.close(session_id)
-        pool.open(session_id, source, config, lora, state=state)
-    elif session_id not in pool:
-        _rebuild(model)
-    with pool.use(session_id) as session:
-        if fresh:
-            services.tinker_model_opened(model=model)
+            session = stack.enter_context(host.use(session_id))
+        except SessionGone:
+            _rebuild(model)
+            session = stack.enter_context(host.use(session_id))
         yield session
 
 
@@ -403,28 +378,14 @@ def _sample(future: TinkerFuture) -> tuple[bytes, int]:
         return sample_response(choices), sum(len(choice.token_ids) for choice in choices)
     scoring = prompt_scoring(prompt, last_n) if wanted else None
     scored = None
-    if isinstance(keeper, ServiceSessions):
-        from training.hosting.client import TrainerServiceError
-
+    with contextlib.ExitStack() as stack:
         try:
-            session = keeper.client.claim(session_id, holder=keeper.holder)
-        except TrainerServiceError as exc:
-            if exc.status != 404:
-                raise
-            session = keeper.client.open(session_id, holder=keeper.holder, base_model=source, config=TrainConfig(),
-                                         lora=lora, state=str(folder) if folder else None)  # fmt: skip
-        try:
-            choices = session.sample(prompts, sampling)
-            scored = session.forward([scoring])[0] if scoring is not None else None
-        finally:
-            session.release()
-    else:
-        pool = keeper.pool
-        if session_id not in pool:
-            pool.open(session_id, source, TrainConfig(), lora, state=folder)
-        with pool.use(session_id) as session:
-            choices = session.sample(prompts, sampling)
-            scored = session.forward([scoring])[0] if scoring is not None else None
+            session = stack.enter_context(keeper.use(session_id))
+        except SessionGone:  # a sampler's session is opened on its first request
+            keeper.open(session_id, source, TrainConfig(), lora, state=folder)
+            session = stack.enter_context(keeper.use(session_id))
+        choices = session.sample(prompts, sampling)
+        scored = session.forward([scoring])[0] if scoring is not None else None
     sampled = sum(len(choice.token_ids) for choice in choices)
     return sample_response(choices, prompt_logprobs(prompt, scored, last_n) if wanted else None), sampled
 

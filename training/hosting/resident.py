@@ -11,17 +11,47 @@ checkpoint, so resuming from it and from disk train the same.
 
 A job *attaches* its spec to a session (``spec.session`` and the tokenizer), trains, then
 *settles*: kept under the step it recorded, or closed.
+
+Both keepers are also a ``SessionHost`` for work that names its session itself (a Tinker client's
+training session, a sampler's): ``open`` (replacing any session of that id) and ``use`` (the session,
+claimed for the block; ``SessionGone`` when the host no longer has it). The caller never asks which
+keeper it has.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
+from training.config import LoraSpec, TrainConfig
+from training.hosting.client import TrainerServiceError
 from training.hosting.pool import SessionPool
 from training.runs.art_step import ClientStepSpec, context_length
+from training.session.contract import Session
+
+
+class SessionGone(LookupError):
+    """The host no longer holds the session (its process restarted, or it was closed)."""
+
+
+class SessionHost(Protocol):
+    def open(
+        self,
+        session_id: str,
+        base_model: str,
+        config: TrainConfig,
+        lora: LoraSpec,
+        *,
+        state: Path | None = None,
+    ) -> None:
+        """A new session under ``session_id`` (from ``state``, else a fresh adapter), replacing any."""
+
+    def use(self, session_id: str) -> AbstractContextManager[Session]:
+        """The session for the block, claimed by this process; SessionGone if the host has none."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +132,26 @@ class ResidentSessions:
     def __len__(self) -> int:
         return len(self.pool.sessions())
 
+    # ------------------------------------------------------------------ SessionHost
+    def open(
+        self,
+        session_id: str,
+        base_model: str,
+        config: TrainConfig,
+        lora: LoraSpec,
+        *,
+        state: Path | None = None,
+    ) -> None:
+        self.pool.close(session_id)
+        self.pool.open(session_id, base_model, config, lora, state=state)
+
+    @contextmanager
+    def use(self, session_id: str) -> Iterator[Session]:
+        if session_id not in self.pool:
+            raise SessionGone(session_id)
+        with self.pool.use(session_id) as session:
+            yield session
+
 
 class ServiceSessions:
     """The host's trainer service keeps the sessions (training.hosting.service): the same
@@ -121,8 +171,6 @@ class ServiceSessions:
         self.misses = 0
 
     def attach(self, spec: ClientStepSpec, key: SessionKey) -> None:
-        from training.hosting.client import TrainerServiceError
-
         started = time.monotonic()
         try:
             session = self.client.claim(key.model, holder=self.holder, tag=key.tag, config=spec.config,
@@ -159,3 +207,40 @@ class ServiceSessions:
         else:
             session.set_tag(kept.tag)
             session.release()
+
+    # ------------------------------------------------------------------ SessionHost
+    def open(
+        self,
+        session_id: str,
+        base_model: str,
+        config: TrainConfig,
+        lora: LoraSpec,
+        *,
+        state: Path | None = None,
+    ) -> None:
+        try:
+            self.client.claim(session_id, holder=self.holder).close()
+        except TrainerServiceError as exc:
+            if exc.status != 404:
+                raise
+        self.client.open(session_id, holder=self.holder, base_model=base_model, config=config, lora=lora,
+                         state=str(state) if state else None).release()  # fmt: skip
+
+    @contextmanager
+    def use(self, session_id: str) -> Iterator[Session]:
+        try:
+            session = self.client.claim(session_id, holder=self.holder)
+        except TrainerServiceError as exc:
+            if exc.status == 404:
+                raise SessionGone(session_id) from None
+            raise
+        try:
+            yield session
+        finally:
+            session.release()
+
+
+if TYPE_CHECKING:  # both keepers are a SessionHost: mypy checks these against the protocol
+
+    def _hosts(resident: ResidentSessions, service: ServiceSessions) -> list[SessionHost]:
+        return [resident, service]
