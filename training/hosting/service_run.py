@@ -39,7 +39,7 @@ from training.hosting.client import LeaseLost, RemoteSession, TrainerServiceErro
 from training.recipes.grpo_update import grpo_step
 from training.rollouts.trajectory import TrainGroup
 from training.session.adapter_check import AdapterMismatchError, SamplerCheck, saved_adapter_fingerprint
-from training.session.contract import Datum
+from training.session.contract import Datum, Session
 
 
 class SessionLost(RuntimeError):
@@ -144,6 +144,26 @@ class ServiceTrainer:
                 f"{str(answer.get('fingerprint'))[:12]} vs {saved[:12]}"
             )
         self.fingerprint = saved
+
+    def run_session(self, followers: Any = None) -> Session:
+        """The session a run's recipe calls: the service's (a run on the service has no followers:
+        service_refusal keeps data-parallel runs in the worker)."""
+        if followers is not None:
+            raise ValueError("a run on the trainer service has no data-parallel followers")
+        return self.session
+
+    def session_engine(self, tokenizer: Any) -> Engine | None:
+        """Rollouts are sampled by the session's live policy on the service."""
+        return SessionEngine(self.session, tokenizer)
+
+    def check_sampler(
+        self, engine: Engine, tokenizer: Any, path: Path, probes: list[list[dict]], *, adapter: str | None,
+        tolerance: float,
+    ) -> SamplerCheck:  # fmt: skip
+        """The service's sampler check (``check_session_sampler``): the saved adapter is the live one."""
+        if not isinstance(engine, SessionEngine):
+            raise TypeError("a run on the trainer service samples through its SessionEngine")
+        return check_session_sampler(engine, self, probes, tolerance=tolerance)
 
     def close(self) -> None:
         """End the heartbeats and free the session on the service (gone already: nothing to do)."""

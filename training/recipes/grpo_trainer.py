@@ -9,10 +9,15 @@ is the policy's.
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
+from training.engines.base import Engine
+from training.hosting.followers import Followers, MirroredSession
 from training.hosting.ranks import DataParallelSession, is_data_parallel
 from training.recipes.grpo_update import grpo_step, update_metrics, update_samples
 from training.rollouts.trajectory import TrainGroup, TrainSample
+from training.session.adapter_check import SamplerCheck, verify_sampler
 from training.session.contract import Session
 from training.session.local import TrainingSession
 from training.session.policy import Policy
@@ -50,3 +55,25 @@ class Trainer(Policy):
         ranks = DataParallelSession(local)  # every rank runs this update on the same samples
         metrics["update_devices"] = float(ranks.world_size)
         return ranks
+
+    # ---------------------------------------------------------------- what a run asks of its trainer
+    # (the same four calls as training.hosting.service_run.ServiceTrainer's: the run never asks which)
+    def run_session(self, followers: Followers | None = None) -> Session:
+        """The session a run's recipe calls: this process's, mirrored to the data-parallel
+        followers when there are any."""
+        local = TrainingSession(self)
+        return local if followers is None else MirroredSession(local, followers)
+
+    def session_engine(self, tokenizer: Any) -> Engine | None:
+        """None: rollouts sample this process's policy (training.runs.sampler builds the engine)."""
+        return None
+
+    def check_sampler(
+        self, engine: Engine, tokenizer: Any, path: Path, probes: list[list[dict]], *, adapter: str | None,
+        tolerance: float,
+    ) -> SamplerCheck:  # fmt: skip
+        """The checkpoint at ``path`` is what ``engine`` samples (training.session.adapter_check)."""
+        return verify_sampler(engine, self, tokenizer, path, probes, adapter=adapter, tolerance=tolerance)
+
+    def close(self) -> None:
+        """Nothing to give back: the policy lives in this process."""

@@ -38,7 +38,6 @@ from training.rollouts.trajectory import TrainSample
 from training.runs.evaluation import evaluate_during_run, is_evaluation_step
 from training.runs.progress import phase, step_label
 from training.session.contract import Session, datum_of
-from training.session.local import TrainingSession
 
 OBJECTIVES = ("sft", "dpo")
 
@@ -265,19 +264,11 @@ def run_supervised(spec: Any, hooks: Any, trainer: Any, tokenizer: Any, dtype: A
     trainer service); the outcome as ``run_training``'s. With ``followers`` (``devices`` > 1,
     training.hosting.followers.Followers) every primitive runs over all ranks (``MirroredSession``) and
     an update a rank is lost in is redone from the checkpoint before it."""
-    from training.hosting.followers import MirroredSession
-    from training.hosting.service_run import ServiceTrainer
     from training.runs.sampler import PolicySampler
     from training.runs.steps import checkpoint_path, rows_for_step
 
     config = spec.config
-    session: Session
-    if isinstance(trainer, ServiceTrainer):
-        session = trainer.session
-    elif followers is not None:
-        session = MirroredSession(TrainingSession(trainer), followers)
-    else:
-        session = TrainingSession(trainer)
+    session: Session = trainer.run_session(followers)
     objective = _Objective(spec, session, tokenizer, checkpoint_path(spec.checkpoint_root, spec.start_step))
     # A sharded base (fsdp) cannot sample on rank 0 alone: the held-out answers are then sampled by
     # a copy of the base of its own, which loads each saved checkpoint (as an overlapped GRPO run's).

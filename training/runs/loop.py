@@ -26,7 +26,6 @@ from training.hosting.followers import Followers, FollowerSpec
 from training.hosting.service_run import (
     ServiceTrainer,
     SessionLost,
-    check_session_sampler,
     open_session,
     service_refusal,
 )
@@ -39,7 +38,6 @@ from training.runs.progress import phase, step_label
 from training.runs.sampler import PolicySampler, evaluate_start
 from training.runs.spec import RunHooks, RunSpec, StepTrajectories
 from training.runs.steps import checkpoint_path, draw_step, record_step, update_step
-from training.session.adapter_check import verify_sampler
 from training.session.policy import load_policy_model
 
 logger = logging.getLogger(__name__)
@@ -193,8 +191,7 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
             )
             spec = dataclasses.replace(spec, resume_step=resume)
         finally:
-            if isinstance(trainer, ServiceTrainer):
-                trainer.close()
+            trainer.close()
     raise AssertionError("unreachable")
 
 
@@ -265,18 +262,8 @@ def _train(spec: RunSpec, hooks: RunHooks, trainer: Any, tokenizer: Any, dtype: 
             loading = time.monotonic()  # sync: wake the sampler, load and check the adapter
             sampler.use_checkpoint(step, path)
             # Fail loudly if training did not reach the sampler (peers shipped exactly that bug).
-            if isinstance(trainer, ServiceTrainer):
-                check = check_session_sampler(sampler.engine, trainer, probes, tolerance=tolerance)
-            else:
-                check = verify_sampler(
-                    sampler.engine,
-                    trainer,
-                    tokenizer,
-                    path,
-                    probes,
-                    adapter=sampler.adapter,
-                    tolerance=tolerance,
-                )
+            check = trainer.check_sampler(sampler.engine, tokenizer, path, probes, adapter=sampler.adapter,
+                                          tolerance=tolerance)  # fmt: skip
             metrics["sync_seconds"] += time.monotonic() - loading
             step_seconds = time.monotonic() - step_started
             if not record_step(spec, hooks, watch, drawn, metrics, path, step_seconds=step_seconds,

@@ -8,7 +8,6 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from training.hosting.service_run import ServiceTrainer, SessionEngine
 from training.runs.evaluation import evaluate_during_run, is_evaluation_step
 from training.runs.spec import RunHooks, RunSpec
 from training.runs.steps import checkpoint_path
@@ -98,8 +97,9 @@ class PolicySampler:
         else:
             from training.engines.transformers_engine import TransformersEngine
 
-            if isinstance(trainer, ServiceTrainer):  # the session in the service samples itself
-                self.engine = SessionEngine(trainer.session, tokenizer)
+            live = trainer.session_engine(tokenizer)  # a session elsewhere samples itself
+            if live is not None:
+                self.engine = live
             elif detached:
                 base, _, _ = load_policy_model(
                     spec.base_model_source, spec.model_cache_dir, device=spec.device, unsloth="off"
