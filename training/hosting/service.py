@@ -12,8 +12,9 @@ served), so another team's forward_backward waits for one slice, not for the who
 session's own primitives still run one after another (a lock per session). Heartbeats, claims and
 /stats answer at once: requests run on ``request_threads`` threads, enough that those waiting for
 the lock never leave none free. A lease that lapsed while its holder's next call waited is still the
-holder's if nobody claimed the session since (``_claimed``). A sample's ``max_new_tokens`` is capped (``max_new_tokens``) and each prompt
-plus it must fit the model's context; token ids outside the vocabulary are a 400 (training.session).
+holder's if nobody claimed the session since (``_claimed``). A sample's ``max_new_tokens`` is
+capped (``max_new_tokens``) and each prompt plus it must fit the model's context; token ids outside
+the vocabulary are a 400 (training.session).
 
 Routes (JSON; every route but /health needs the service token as a bearer token):
     POST   /sessions                       open: {session_id, base_model, config, lora, state?, tag?, holder, lease_s,
@@ -158,7 +159,10 @@ class TrainerService:
     _session_locks: dict[str, threading.Lock] = field(default_factory=dict)  # a session's calls in order
     _leases_lock: threading.Lock = field(default_factory=threading.Lock)
     primitives_run: int = 0
-    _requests: ThreadPoolExecutor | None = None  # request_threads threads, started on first use
+    _requests: ThreadPoolExecutor = field(init=False)  # runs requests; its threads start as needed
+
+    def __post_init__(self) -> None:
+        self._requests = ThreadPoolExecutor(self.config.request_threads, thread_name_prefix="request")
 
     # ------------------------------------------------------------------ requests (plain, testable)
     def handle(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -420,10 +424,6 @@ class TrainerService:
                     raise ServiceError(400, f"the body is not JSON: {exc}") from exc
                 if not isinstance(request, dict):
                     raise ServiceError(400, "the body must be a JSON object")
-                if self._requests is None:
-                    self._requests = ThreadPoolExecutor(
-                        self.config.request_threads, thread_name_prefix="request"
-                    )
                 status, body = await asyncio.get_running_loop().run_in_executor(
                     self._requests, self.handle, scope["method"], scope["path"], request
                 )
