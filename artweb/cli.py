@@ -15,6 +15,9 @@ before the command finished (``| head``), as for a Unix tool stopped by SIGPIPE;
 
 Plain standard library HTTP (urllib) and tqdm: nothing here sets up Django or imports torch, so
 the command starts in a fraction of a second.
+
+Why one module of this length: the whole command line (parsing, one function per subcommand, the
+progress bar) in one file a pipeline author can read end to end; it only calls the REST API.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Embedded default: SQLite + a filesystem Celery broker inside ARTWEB_DATA_DIR, so one command runs
 the whole platform with no external service. Production: set DATABASE_URL (PostgreSQL) and
 CELERY_BROKER_URL (Redis), DEBUG=0, SECRET_KEY (or SECRET_KEY_FILE) and ALLOWED_HOSTS.
+
+Why one module of this length: every setting with the environment variable it reads and a line on
+what it does, in the one file Django reads.
 """
 
 from __future__ import annotations

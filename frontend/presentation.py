@@ -1,5 +1,9 @@
 """Presentation helpers for templates: transcripts for the trajectory viewer, chart series,
-and which environment kinds this installation can run. No domain rules live here."""
+and which environment kinds this installation can run. No domain rules live here.
+
+Why one module of this length: the dashboard's view models (transcripts, chart series, group
+summaries) are pure functions over what the selectors return, each short and tested alone.
+"""
 
 from __future__ import annotations
 

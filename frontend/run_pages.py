@@ -1,6 +1,9 @@
 """Run pages: the list, a new run, a run's live page (cancel, pause, resume, fork), metrics and
 trajectory viewer, and a checkpoint's page with its playground. Reads through projects.selectors,
 writes through services.
+
+Why one module of this length: the run page and its live fragments (progress, charts, trajectories,
+events) and its forms, which share the run's access checks and context.
 """
 
 from __future__ import annotations

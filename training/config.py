@@ -3,6 +3,10 @@
 Both are plain dataclasses. Every field carries a one-line help in its metadata; the REST API and
 the dashboard show it through `field_help()`. An instance is validated in `__post_init__`, so a
 config that exists is a valid one, whether it came from `from_dict` (user JSON) or from code.
+
+Why one module of this length: ~60 run settings, each with its bounds and the line of help the API
+and the dashboard show, and the rules between them (``__post_init__``, ``check_objective``,
+``resolved``); split, a rule would live apart from the fields it relates.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
 from training import names as names_help
+from training.recipes.schedules import default_learning_rate
 
 LOSS_TYPES = ("ppo", "cispo")
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -537,22 +542,25 @@ class TrainConfig(_Settings):
         if problems:
             raise ConfigError.of(problems)
 
-    def with_learning_rate(self, width: int | None, objective: str = "grpo") -> TrainConfig:
-        """This config with its empty ``learning_rate`` filled in for a base model of hidden size
-        ``width`` (training.recipes.schedules.default_learning_rate); itself when the rate is set."""
+    def resolved(self, *, objective: str, width: int | None) -> TrainConfig:
+        """This config as work of ``objective`` (grpo | sft | dpo) trains with it on a base model of
+        hidden size ``width`` (``training.base_models.hidden_size``; None: unknown): checked against
+        the objective (``check_objective``) and an empty ``learning_rate`` filled in
+        (training.recipes.schedules.default_learning_rate). The one place a config is resolved:
+        the platform calls it when the work is created and stores the result
+        (projects.services.runs.run_config_resolve); the worker, the trainer service and the
+        session read that, and derive nothing (RunSpec refuses an unresolved config)."""
+        self.check_objective(objective)
         if self.learning_rate is not None:
             return self
-        from training.recipes.schedules import default_learning_rate
-
         return replace(self, learning_rate=default_learning_rate(width, objective))
 
     @property
     def peak_learning_rate(self) -> float:
-        """``learning_rate``, which is set by now: ``with_learning_rate`` fills an empty one in
-        wherever the base model is known (the run's creation, RunSpec, Trainer)."""
+        """``learning_rate``, set in a resolved config (``resolved``, when the work was created)."""
         if self.learning_rate is None:
             raise RuntimeError(
-                "learning_rate is empty: TrainConfig.with_learning_rate fills it in for the base model"
+                "learning_rate is empty: TrainConfig.resolved fills it in for the base model and objective"
             )
         return self.learning_rate
 

@@ -1,5 +1,9 @@
 """Input serializers validate shapes; output serializers render rows. Business rules live in
-projects.services (which raise ValidationFailed naming the field)."""
+projects.services (which raise ValidationFailed naming the field).
+
+Why one module of this length: one short serializer per resource (about fifty), from which the
+OpenAPI schema is generated; they share the field helpers at the top.
+"""
 
 from __future__ import annotations
 

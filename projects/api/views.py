@@ -2,6 +2,9 @@
 
 Tenancy is enforced once, in ``projects.api.base``: every view here derives from ``TeamViewSet``
 (or ``CatalogueViewSet`` for the shared base-model catalogue) and provides ``base_queryset()``.
+
+Why one module of this length: one thin viewset per REST resource, each an input serializer, a
+service call and an output serializer.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ Concurrency invariants, as for runs:
 - results and samples are written in one transaction by ``evaluation_finish``, and only while the
   evaluation is still running on this worker: a cancelled evaluation never gets results;
 - a run's evaluation at a step is recorded at most once (the (run, step) unique constraint).
+
+Why one module of this length: an evaluation's whole life cycle (the invariants below) and a run's
+validation records, which share the transition table and its locks.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ Rows: a file is JSONL in any of OpenAI's three formats and is stored as task row
 A supervised or preference row's target is also its ``item.reference``, so a job's default grader
 (text similarity to the reference) scores held-out answers. Which method a file can train is
 checked when a job names it, as OpenAI does.
+
+Why one module of this length: OpenAI's fine-tuning objects mapped onto artweb's, as one table read
+top to bottom (three row formats, three methods' hyperparameters, the job's states and events);
+every write is a call to the run, task-set and reward services.
 """
 
 from __future__ import annotations

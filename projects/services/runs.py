@@ -11,6 +11,10 @@ Concurrency invariants:
   ``should_stop`` exactly as a cancellation is); the worker then moves the run to ``paused`` and
   gives up its claim. Resume queues it again, and the next claim continues from the last recorded
   checkpoint by the same path as a crash-resume.
+
+Why one module of this length: a run's life (creation and its checks, the claim, the heartbeat,
+failure and orphan recovery) under the state machine and invariants below, which each part relies
+on.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from projects.models import (
 from projects.services import webhooks
 from projects.services._common import config_invalid, error_text, worker_lost_reason
 from projects.services.transitions import Machine, work_transition
+from training.base_models import hidden_size, resolve_config
 from training.config import ConfigError, TrainConfig
 
 ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PAUSED)
@@ -156,15 +161,14 @@ def run_create(
         raise ValidationFailed(f"must be one of {', '.join(WORKER_KINDS)}", field="kind")
     if kind != RunKind.PLATFORM:
         _check_rows(task_set=task_set, kind=kind)
-    train_config = run_config_check(config=config or {}, kind=kind, sampling=environment.sampling)
-    objective = "grpo" if kind == RunKind.PLATFORM else str(kind)
+    train_config = run_config_check(
+        config=config or {}, kind=kind, sampling=environment.sampling, model=model
+    )
     _check_context(model=model, task_set=task_set, environment=environment, config=train_config)
     rate_note = ""
-    if train_config.learning_rate is None:  # the default for the base model's width, stored explicit
-        from training.base_models import hidden_size
-
+    if (config or {}).get("learning_rate") is None:  # the default for the base model's width, stored explicit
         width = hidden_size(model.base_model.source, settings.MODEL_CACHE_DIR)
-        train_config = train_config.with_learning_rate(width, objective)
+        objective = "grpo" if kind == RunKind.PLATFORM else str(kind)
         rate_note = f"; learning rate {train_config.learning_rate:g}, the {objective} default for " + (
             f"a base model of width {width}" if width else "a base model whose width this host cannot read"
         )
@@ -223,20 +227,31 @@ def run_create(
 
 
 def run_config_check(
-    *, config: dict[str, Any], kind: str = RunKind.PLATFORM, sampling: dict[str, Any] | None = None
+    *,
+    config: dict[str, Any],
+    kind: str = RunKind.PLATFORM,
+    sampling: dict[str, Any] | None = None,
+    model: TrainableModel | None = None,
 ) -> TrainConfig:
-    """The TrainConfig a run of ``kind`` trains with: the environment's ``sampling`` settings, then
-    ``config`` over them. A 400 lists every bad field (``config.<name>``); the dashboard's run form
-    calls it next to the upload's row check, so one submit shows every problem."""
+    """The TrainConfig a run of ``kind`` on ``model`` trains with, resolved once
+    (TrainConfig.resolved: checked against the run's objective, an empty learning rate filled in
+    for the base model's width): the environment's ``sampling`` settings, then ``config`` over
+    them. run_create stores it so; the worker reads it as stored (projects.jobs.runs). A 400 lists
+    every bad field (``config.<name>``). Without ``model`` (the dashboard's run form, which calls
+    it next to the upload's row check so that one submit shows every problem) it is checked only:
+    its learning rate stays as given."""
     merged = {k: v for k, v in (sampling or {}).items() if k != "stop"}
     merged.update(config)
     objective = "grpo" if kind == RunKind.PLATFORM else str(kind)
     try:
         train_config = TrainConfig.from_dict(merged)
-        train_config.check_objective(objective)
+        if model is None:
+            train_config.check_objective(objective)
+            return train_config
+        return resolve_config(train_config, source=model.base_model.source,
+                              cache_dir=settings.MODEL_CACHE_DIR, objective=objective)  # fmt: skip
     except ConfigError as exc:
         raise config_invalid(exc, "config.") from exc
-    return train_config
 
 
 def _check_rows(*, task_set: TaskSet, kind: str) -> None:

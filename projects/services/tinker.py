@@ -4,6 +4,10 @@ A training client is a TrainableModel with a run of kind ``tinker`` (the dashboa
 run); each ``optim_step`` is a step of that run; each saved checkpoint is a Checkpoint of the model,
 served by the gateway at once. Concurrency: a model's requests are executed by one worker at a time
 (``tinker_drain_claim`` under the TinkerModel row's lock), in ``seq_id`` order.
+
+Why one module of this length: every write of the Tinker front (sessions, training clients, futures,
+samplers, saves) takes the same row locks and follows one order of requests per model; split by
+object, each part would import the others' locking rules.
 """
 
 from __future__ import annotations

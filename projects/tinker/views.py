@@ -13,6 +13,9 @@ future (``{"error", "category"}``), which the SDK raises as ``RequestFailedError
 Training requests (``forward_backward``, ``optim_step``, saves, loads) become futures a worker runs
 in ``seq_id`` order (projects.jobs.tinker); ``retrieve_future`` holds the poll until the result is
 there or ``TINKER_POLL_S`` passes (then ``try_again``: the SDK asks again at once).
+
+Why one module of this length: one thin handler per route the SDK calls (about thirty), in the SDK's
+order; they hold no logic (reads in projects.selectors, writes in projects.services).
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ only, uid nobody, resource limits; and it holds a sandbox slot (``training.safet
 A URL is reached through the `outbound` policy (``training.safety.outbound``: public addresses only
 unless the operator allow-lists the host; the connection goes to the checked address; redirects are
 not followed).
+
+Why one module of this length: the concurrency invariant below spans the whole client (one event-
+loop thread owning the transports, the stdio sandbox, HTTP through the outbound policy, shutdown);
+split, no part could be read without the others.
 """
 
 from __future__ import annotations

@@ -39,6 +39,10 @@ Routes (JSON; every route but /health needs the service token as a bearer token)
 
 Paths (``state``, ``path``) must lie under the service's ``root``: a request never names a file the
 service would read or write elsewhere.
+
+Why one module of this length: the routes, the leases and the fair lock share one state (which
+session is claimed by whom, which request holds the model); split, the lease rules would be read
+apart from the routes they guard.
 """
 
 from __future__ import annotations

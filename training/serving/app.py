@@ -13,6 +13,10 @@ Trust: every route but GET /health (`ROUTES`) needs `Authorization: Bearer <serv
 before routing (the gateway holds it; a server without one listens on loopback only); the gateway
 names the checkpoint in ADAPTER_HEADER, and only checkpoint directories under `adapter_root` are
 ever loaded.
+
+Why one module of this length: the server's routes, their validation and the streaming answers,
+without a framework on the hot path; the schedulers, rendering and protocol are modules of their
+own.
 """
 
 from __future__ import annotations

@@ -38,6 +38,9 @@ Differences from OpenAI, on purpose:
 The protocol is three modules: this one (the wire between gateway and server, request validation),
 `responses` (a sampled choice rendered as content or tool calls, whole completion bodies) and
 `chunks` (stream chunks and server-sent events). Nothing in them imports torch or Django.
+
+Why one module of this length: every field of OpenAI's chat request and response with its check and
+its error, in the one place the inference server and the gateway share.
 """
 
 from __future__ import annotations
