@@ -103,7 +103,7 @@ def demo_run(*, steps: int, seed: int, cache_dir: Path, model: str = BUNDLED_MOD
     ``rollout_server``: the inference server an overlapped run's rollouts go to (``rollouts_on``)."""
     train, validation = demo_rows()
     config = TrainConfig.from_dict({**RUN_CONFIG, **(overrides or {}), "steps": steps, "seed": seed})
-    spec = RunSpec(
+    spec = RunSpec.resolving(
         base_model_source=model,
         model_cache_dir=cache_dir,
         checkpoint_root=Path(tempfile.mkdtemp(prefix=f"demo-learning-{seed}-")),

@@ -69,7 +69,7 @@ def dpo_run(rate: float, arguments: argparse.Namespace, settings: dict[str, Any]
         "seed": arguments.seed, "eval_interval": 3, "eval_max_rows": len(settings["validation"]),
         "eval_temperature": 0.0, "max_new_tokens": settings["max_new_tokens"], "dpo_beta": arguments.beta,
     })  # fmt: skip
-    spec = RunSpec(
+    spec = RunSpec.resolving(
         base_model_source=arguments.model,
         model_cache_dir=arguments.cache_dir,
         checkpoint_root=Path(tempfile.mkdtemp(prefix="dpo-rates-")),

@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     root = Path(tempfile.mkdtemp(prefix=f"env-proof-{arguments.task}-"))
     print(json.dumps({"checkpoint_root": str(root)}), flush=True)
-    spec = RunSpec(
+    spec = RunSpec.resolving(
         base_model_source=arguments.model,
         model_cache_dir=arguments.cache_dir,
         checkpoint_root=root,

@@ -232,7 +232,7 @@ def ours(
     name: str, overrides: dict[str, Any], settings: dict[str, Any], arguments: argparse.Namespace
 ) -> dict:
     config = TrainConfig.from_dict({**base_config(arguments, settings), **overrides})
-    spec = RunSpec(
+    spec = RunSpec.resolving(
         base_model_source=arguments.model,
         model_cache_dir=arguments.cache_dir,
         checkpoint_root=Path(tempfile.mkdtemp(prefix=f"sample-efficiency-{name}-")),

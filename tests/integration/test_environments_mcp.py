@@ -244,7 +244,7 @@ def test_a_run_lists_the_servers_tools_at_start_and_closes_the_session_at_the_en
         def record_evaluation(self, **kwargs):
             pass
 
-    spec = RunSpec(
+    spec = RunSpec.resolving(
         base_model_source=str(build_tiny_model(tmp_path / "tiny", seed=0)),
         model_cache_dir=tmp_path / "cache",
         checkpoint_root=tmp_path / "checkpoints",

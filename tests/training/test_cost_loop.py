@@ -29,7 +29,7 @@ class MeteredHooks(Hooks):
 
 
 def test_step_metrics_carry_device_seconds_and_token_counts(tiny_model_dir, tmp_path):
-    spec = RunSpec(
+    spec = RunSpec.resolving(
         base_model_source=str(tiny_model_dir),
         model_cache_dir=tiny_model_dir.parent,
         checkpoint_root=tmp_path,

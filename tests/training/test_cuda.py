@@ -41,7 +41,7 @@ def cuda_device():
 
 
 def run_spec(root: Path, model_dir: Path, **config) -> RunSpec:
-    return RunSpec(
+    return RunSpec.resolving(
         base_model_source=str(model_dir),
         model_cache_dir=model_dir.parent,
         checkpoint_root=root,

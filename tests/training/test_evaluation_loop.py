@@ -47,7 +47,7 @@ class Hooks:
 
 
 def spec(tiny_model_dir: Path, root: Path, *, steps: int, resume_step: int | None, **config: Any) -> RunSpec:
-    return RunSpec(
+    return RunSpec.resolving(
         base_model_source=str(tiny_model_dir),
         model_cache_dir=tiny_model_dir.parent,
         checkpoint_root=root,

@@ -89,7 +89,9 @@ def test_trainer_uses_the_configured_importance_level(monkeypatch):
     with tempfile.TemporaryDirectory() as tmp:
         directory = build_tiny_model(Path(tmp) / "tiny")
         model, tokenizer = load_base_model(str(directory), Path(tmp))
-        trainer = Trainer(model, tokenizer, TrainConfig(importance_level="sequence"), LoraSpec())
+        trainer = Trainer(
+            model, tokenizer, TrainConfig(importance_level="sequence", learning_rate=1e-3), LoraSpec()
+        )
         group = TrainGroup(
             samples=[
                 TrainSample(

@@ -43,7 +43,7 @@ class Hooks:
 
 
 def test_constant_reward_emits_the_no_signal_warning_within_patience_steps(tiny_model_dir, tmp_path):
-    spec = RunSpec(
+    spec = RunSpec.resolving(
         base_model_source=str(tiny_model_dir),
         model_cache_dir=tiny_model_dir.parent,
         checkpoint_root=tmp_path,

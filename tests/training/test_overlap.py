@@ -27,7 +27,7 @@ GRADER = {"type": "regex", "name": "vowel", "pattern": "[aeiou]"}
 
 
 def spec(tiny_model_dir, root, *, steps: int = 4, resume_step: int | None = None, **config: Any) -> RunSpec:
-    return RunSpec(
+    return RunSpec.resolving(
         base_model_source=str(tiny_model_dir),
         model_cache_dir=tiny_model_dir.parent,
         checkpoint_root=root,

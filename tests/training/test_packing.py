@@ -40,7 +40,9 @@ def one_update(tiny_model_dir, tmp_path, groups, *, packed: bool, **config):
     """One step's metrics and the gradients it applied (the optimizer step is skipped), from a
     LoRA whose B is random, so that A gets gradients too."""
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    trainer = Trainer(model, tokenizer, TrainConfig(group_size=5, **config), LoraSpec(rank=4, alpha=8))
+    trainer = Trainer(
+        model, tokenizer, TrainConfig(group_size=5, learning_rate=1e-3, **config), LoraSpec(rank=4, alpha=8)
+    )
     assert trainer.packed  # the tiny model runs sdpa attention
     trainer.packed = packed
     torch.manual_seed(1)
@@ -83,7 +85,7 @@ def test_a_groups_prompt_is_fed_once_and_nothing_is_padding(tiny_model_dir, tmp_
     groups = random_groups()
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
     # One update (the defaults make two passes on a run's first step): one forward to measure.
-    config = TrainConfig(group_size=5, num_minibatches=1, early_ppo_epochs_steps=0)
+    config = TrainConfig(group_size=5, learning_rate=1e-3, num_minibatches=1, early_ppo_epochs_steps=0)
     trainer = Trainer(model, tokenizer, config, LoraSpec())
     widths = []
     handle = trainer.policy.get_base_model().model.embed_tokens.register_forward_hook(
@@ -105,7 +107,9 @@ def test_a_groups_prompt_is_fed_once_and_nothing_is_padding(tiny_model_dir, tmp_
 
 def test_the_padded_fallback_reports_its_padding(tiny_model_dir, tmp_path):
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    config = TrainConfig(group_size=2, num_minibatches=1, early_ppo_epochs_steps=0)  # one update
+    config = TrainConfig(
+        group_size=2, learning_rate=1e-3, num_minibatches=1, early_ppo_epochs_steps=0
+    )  # one update
     trainer = Trainer(model, tokenizer, config, LoraSpec())
     trainer.packed = False
     prompt = [5, 6, 7]
@@ -121,7 +125,7 @@ def test_the_padded_fallback_reports_its_padding(tiny_model_dir, tmp_path):
 def test_a_sibling_completion_is_invisible(tiny_model_dir, tmp_path):
     """The tree mask: a completion's logprobs do not depend on the other completions in its row."""
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    trainer = Trainer(model, tokenizer, TrainConfig(group_size=2), LoraSpec())
+    trainer = Trainer(model, tokenizer, TrainConfig(group_size=2, learning_rate=1e-3), LoraSpec())
     prompt, mine = [5, 6, 7, 8], [20, 21, 22, 23]
 
     def my_logprobs(sibling: list[int]) -> torch.Tensor:
@@ -145,7 +149,7 @@ def test_a_sibling_completion_is_invisible(tiny_model_dir, tmp_path):
 
 def test_teacher_forced_packed_logprobs_equal_the_sampled_ones(tiny_model_dir, tmp_path):
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    config = TrainConfig(group_size=6, temperature=0.8, max_new_tokens=12)
+    config = TrainConfig(group_size=6, learning_rate=1e-3, temperature=0.8, max_new_tokens=12)
     trainer = Trainer(model, tokenizer, config, LoraSpec())
     engine = TransformersEngine(trainer.policy, tokenizer)
     sampling = SamplingParams(temperature=0.8, top_p=1.0, max_new_tokens=12)

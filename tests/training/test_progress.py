@@ -85,7 +85,7 @@ def test_multi_turn_progress_names_the_turn():
 
 def test_the_loop_reports_rollout_and_evaluation_progress(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(progress, "PROGRESS_INTERVAL_S", 0.0)  # every report that is not the end
-    spec = RunSpec(
+    spec = RunSpec.resolving(
         base_model_source=str(tiny_model_dir),
         model_cache_dir=tiny_model_dir.parent,
         checkpoint_root=tmp_path,
@@ -119,7 +119,7 @@ def test_a_step_is_named_by_the_models_step_and_its_place_in_a_continuing_run():
 
 
 def test_a_run_that_continues_a_model_names_every_phase_by_the_models_step(tiny_model_dir, tmp_path):
-    spec = RunSpec(
+    spec = RunSpec.resolving(
         base_model_source=str(tiny_model_dir),
         model_cache_dir=tiny_model_dir.parent,
         checkpoint_root=tmp_path,
@@ -147,7 +147,7 @@ def test_a_continuation_says_it_loads_the_models_checkpoint_and_a_restart_that_i
     tiny_model_dir, tmp_path
 ):
     def spec(start_step: int, resume_step: int | None, steps: int = 1) -> RunSpec:
-        return RunSpec(
+        return RunSpec.resolving(
             base_model_source=str(tiny_model_dir), model_cache_dir=tiny_model_dir.parent, checkpoint_root=tmp_path,
             config=TrainConfig(steps=steps, group_size=2, groups_per_step=1, max_new_tokens=2),
             lora=LoraSpec(rank=2, alpha=4), environment=build_environment("chat"),

@@ -77,29 +77,43 @@ def test_the_default_learning_rate_falls_with_the_base_models_width():
         default_learning_rate(576, "ppo")
 
 
-def test_the_defaults_are_the_measured_recipe_and_an_empty_rate_is_filled_in(tiny_model_dir, tmp_path):
-    from training.base_models import BUNDLED_MODEL, hidden_size, load_base_model
+def test_the_defaults_are_the_measured_recipe_and_an_empty_rate_is_filled_in_once(tiny_model_dir, tmp_path):
+    from training.base_models import BUNDLED_MODEL, hidden_size, load_base_model, resolve_config
+    from training.config import ConfigError
 
     config = TrainConfig()
     assert (config.learning_rate, config.lr_schedule, config.warmup_steps, config.min_lr_ratio,
             config.num_minibatches) == (None, "cosine", 1, 0.1, 2)  # fmt: skip
-    assert config.with_learning_rate(2048).learning_rate == default_learning_rate(2048)
-    assert TrainConfig(learning_rate=3e-4).with_learning_rate(2048).learning_rate == 3e-4  # a set rate stays
+    assert config.resolved(objective="grpo", width=2048).learning_rate == default_learning_rate(2048)
+    assert config.resolved(objective="dpo", width=2048).learning_rate == default_learning_rate(2048, "dpo")
+    set_rate = TrainConfig(learning_rate=3e-4)
+    assert set_rate.resolved(objective="grpo", width=2048) is set_rate  # a set rate stays
+    # Resolving checks the objective too: GRPO-only options in an SFT run are refused there.
+    with pytest.raises(ConfigError, match="max_off_policy_steps"):
+        TrainConfig(max_off_policy_steps=1).resolved(objective="sft", width=64)
     # The width, read without loading weights: config.json, or the bundled GGUF's metadata.
     assert hidden_size(str(tiny_model_dir), tiny_model_dir.parent) == 64
     assert hidden_size(str(tmp_path / "missing"), tmp_path) is None
     assert hidden_size(BUNDLED_MODEL, tmp_path / "empty-cache") == 576
-    # A trainer given an empty rate steps with the default for its model's width.
+    resolved = resolve_config(
+        config, source=str(tiny_model_dir), cache_dir=tiny_model_dir.parent, objective="sft"
+    )
+    assert resolved.learning_rate == default_learning_rate(64, "sft")
+    # Nothing downstream re-derives it: a trainer given an empty rate keeps it empty and its GRPO
+    # update refuses to run; a run's spec refuses an unresolved config, and RunSpec.resolving
+    # (a run built by hand) resolves it through the same function.
     model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
     trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec(rank=2, alpha=4))
-    assert trainer.config.learning_rate == default_learning_rate(64)
-    assert {group["lr"] for group in trainer.optimizer.param_groups} == {default_learning_rate(64)}
-    # A run's spec fills it in for its objective.
-    spec = RunSpec(base_model_source=str(tiny_model_dir), model_cache_dir=tiny_model_dir.parent,
-                   checkpoint_root=tmp_path / "run", config=TrainConfig(), lora=LoraSpec(),
-                   environment=None, grader_spec={}, train_rows=[], start_step=0, resume_step=None,
-                   objective="sft")  # fmt: skip
-    assert spec.config.learning_rate == default_learning_rate(64, "sft")
+    assert trainer.config.learning_rate is None
+    with pytest.raises(RuntimeError, match="TrainConfig.resolved"):
+        trainer.train_step([])
+    fields = dict(base_model_source=str(tiny_model_dir), model_cache_dir=tiny_model_dir.parent,
+                  checkpoint_root=tmp_path / "run", config=TrainConfig(), lora=LoraSpec(),
+                  environment=None, grader_spec={}, train_rows=[], start_step=0, resume_step=None,
+                  objective="sft")  # fmt: skip
+    with pytest.raises(ValueError, match="resolved config"):
+        RunSpec(**fields)
+    assert RunSpec.resolving(**fields).config == resolved
 
 
 def test_split_evenly_keeps_order_and_balances():
@@ -222,7 +236,7 @@ def test_the_trainer_leaves_filtered_samples_out_of_the_update(tiny_model):
 
 # ------------------------------------------------------------------ dynamic sampling, in a run
 def run_spec(tmp_path, grader: dict, **config) -> RunSpec:
-    return RunSpec(
+    return RunSpec.resolving(
         base_model_source=str(config.pop("model")),
         model_cache_dir=config.pop("cache"),
         checkpoint_root=tmp_path,

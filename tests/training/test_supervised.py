@@ -170,7 +170,7 @@ def run(
 def supervised_spec(
     tmp_path, tiny_model_dir, objective: str, rows: list[dict], validation: list[dict], **config
 ) -> RunSpec:
-    return RunSpec(
+    return RunSpec.resolving(
         base_model_source=str(tiny_model_dir),
         model_cache_dir=tiny_model_dir.parent,
         checkpoint_root=tmp_path,

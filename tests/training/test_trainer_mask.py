@@ -106,7 +106,7 @@ def test_a_full_mask_trains_as_no_mask(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("mask", [[1, 0], [1, 0, 2]])
 def test_a_mask_must_fit_the_completion(tiny_model, mask):
     model, tokenizer = tiny_model
-    trainer = Trainer(model, tokenizer, TrainConfig(group_size=2), LoraSpec())
+    trainer = Trainer(model, tokenizer, TrainConfig(group_size=2, learning_rate=1e-3), LoraSpec())
     bad = TrainSample(PROMPT, [20, 21, 22], [-1.0] * 3, reward=1.0, completion_mask=mask)
     with pytest.raises(ValueError, match="completion_mask"):
         trainer.train_step([TrainGroup([bad, TrainSample(PROMPT, [25], [-1.0], reward=0.0)])])

@@ -25,7 +25,7 @@ from training.runs.spec import RunSpec
 def vllm_run_spec(
     root: Path, model_dir: Path, *, engine: str = "vllm", vllm_python: str = "", **config: Any
 ) -> RunSpec:
-    return RunSpec(
+    return RunSpec.resolving(
         base_model_source=str(model_dir),
         model_cache_dir=Path(model_dir).parent,
         checkpoint_root=Path(root),

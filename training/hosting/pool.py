@@ -40,6 +40,7 @@ import torch
 
 from training.config import LoraSpec, TrainConfig
 from training.session.local import TrainingSession
+from training.session.policy import initial_rate
 
 
 class SessionPoolError(KeyError):
@@ -240,13 +241,10 @@ class SessionPool:
             with contextlib.suppress(RankLost):  # a lost rank: the next primitive restarts it
                 followers.send(("configure", config))
         entry.config = config
-        if entry.trainer is not None:
-            from training.session.policy import model_width
-
-            config = config.with_learning_rate(model_width(entry.trainer.model.get_base_model()))
+        if entry.trainer is not None:  # the config as the job stored it, resolved at its creation
             entry.trainer.config = config
             for group in entry.trainer.optimizer.param_groups:
-                group["lr"] = config.peak_learning_rate
+                group["lr"] = initial_rate(config)
                 group["weight_decay"] = config.weight_decay
 
     # ------------------------------------------------------------------ reading

@@ -170,7 +170,6 @@ SESSION_REBUILDS = 3  # times one attempt of a run continues after the trainer s
 
 
 def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
-    spec.config.check_objective(spec.objective)
     recorded: Any = _Recorded(hooks)
     for rebuild in range(SESSION_REBUILDS + 1):
         trainer, tokenizer, dtype, current = start_trainer(spec, recorded)

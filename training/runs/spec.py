@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from training.base_models import hidden_size
+from training.base_models import resolve_config
 from training.config import LoraSpec, TrainConfig
 from training.environments import Environment
 from training.rollouts.trajectory import Trajectory
@@ -51,12 +51,26 @@ class RunSpec:
     vllm_python: str = ""
     vllm_cpu_kv_cache_gib: float = 2.0
 
+    @classmethod
+    def resolving(cls, **fields: Any) -> RunSpec:
+        """A RunSpec whose ``config`` is resolved here (training.base_models.resolve_config: the
+        base model's width read on this host): for a run built by hand (a benchmark, a test). The
+        platform resolves when it creates the run, and its worker builds ``RunSpec(...)`` from the
+        stored config."""
+        fields["config"] = resolve_config(fields["config"], source=fields["base_model_source"],
+                                          cache_dir=fields["model_cache_dir"],
+                                          objective=fields.get("objective", "grpo"))  # fmt: skip
+        return cls(**fields)
+
     def __post_init__(self) -> None:
-        # An empty learning rate: the default for the base model's width and the run's objective
-        # (a run created through the API has it filled in already: projects.services.runs).
+        # The config comes resolved (TrainConfig.resolved: checked against the objective, the
+        # learning rate filled in), as the platform stored it when the run was created; nothing
+        # here re-derives it.
         if self.config.learning_rate is None:
-            width = hidden_size(self.base_model_source, Path(self.model_cache_dir))
-            self.config = self.config.with_learning_rate(width, self.objective)
+            raise ValueError(
+                "RunSpec takes a resolved config: TrainConfig.resolved(objective=..., width=...) "
+                "fills in the learning rate for the base model (training.base_models.hidden_size)"
+            )
 
 
 # A finished step's trajectories as ``hooks.record_step`` gets them: (group_index, task_row_index, trajectory).

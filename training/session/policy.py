@@ -27,7 +27,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 
-from training.base_models import WIDTH_KEYS, base_model_dir, load_base_model, resolve_dtype
+from training.base_models import base_model_dir, load_base_model, resolve_dtype
 from training.config import LoraSpec, TrainConfig
 from training.recipes.grpo import entropy_from_logits
 from training.rollouts.trajectory import TrainSample
@@ -71,8 +71,9 @@ class Policy:
         *,
         adapter_name: str = "default",
     ) -> None:
-        # An empty learning rate: the default for this base model's width (TrainConfig.with_learning_rate).
-        config = config.with_learning_rate(model_width(base_model))
+        # The config as it came (resolved where the work was created: TrainConfig.resolved); an
+        # empty learning rate stays empty, for work whose every optim_step names its rate (a
+        # Tinker client's), and GRPO's update refuses it (TrainConfig.peak_learning_rate).
         self.config = config
         self.adapter_name = adapter_name
         self.lora = lora
@@ -115,7 +116,7 @@ class Policy:
         # The live adapter's parameters only (peft leaves the other adapters on a shared base frozen).
         self.trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            self.trainable_parameters, lr=config.peak_learning_rate, weight_decay=config.weight_decay
+            self.trainable_parameters, lr=initial_rate(config), weight_decay=config.weight_decay
         )
 
     @property
@@ -292,7 +293,7 @@ class Policy:
         trainer.optimizer.load_state_dict(optimizer_state)
         # load_state_dict also restores the saved hyperparameters; the new config wins.
         for group in trainer.optimizer.param_groups:
-            group["lr"] = trainer.config.peak_learning_rate
+            group["lr"] = initial_rate(trainer.config)
             group["weight_decay"] = trainer.config.weight_decay
         rng = torch.load(checkpoint_path / "rng_state.pt", weights_only=True)
         torch.set_rng_state(rng["torch"])
@@ -303,14 +304,11 @@ class Policy:
         return trainer
 
 
-def model_width(model: Any) -> int | None:
-    """A loaded model's hidden size (its config's ``hidden_size``, ``n_embd`` or ``d_model``), or None."""
-    config = getattr(model, "config", None)
-    for key in WIDTH_KEYS:
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+def initial_rate(config: TrainConfig) -> float:
+    """The optimizer's rate until the first ``optim_step`` names one (every optim_step sets it):
+    the config's peak, or 0.0 in a config without one (a Tinker client's, which names its rate
+    at every step)."""
+    return config.learning_rate if config.learning_rate is not None else 0.0
 
 
 def load_policy_model(

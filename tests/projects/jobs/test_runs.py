@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+from django.conf import settings
 from django.test import override_settings
 
 from projects import services
@@ -107,3 +108,29 @@ def test_rollouts_on_the_inference_servers_go_to_a_live_server_of_the_base_model
     )
     assert server.locate(Path("/ckpt/m/step-000001")) == ("models/7/step-000001.tar", "ab" * 32)
     assert server.locate(Path("/ckpt/m/step-000002")) is None
+
+
+def test_the_worker_reads_the_config_as_creation_resolved_it(alpha_setup, monkeypatch):
+    """One resolution (issue 53, must-have 3): run_create stores the learning rate it filled in and
+    the worker's spec takes the stored config as it is, re-deriving nothing; a row stored before
+    creation resolved it (no rate) is resolved by the same function when its worker starts."""
+    from training import base_models
+    from training.config import TrainConfig
+    from training.recipes.schedules import default_learning_rate
+
+    run = _run(alpha_setup)
+    width = base_models.hidden_size(alpha_setup.model.base_model.source, settings.MODEL_CACHE_DIR)
+    assert run.config["learning_rate"] == default_learning_rate(width)
+    # Were the worker to derive the rate again it would see this width (and would check the
+    # objective again: the creation's check is the only one).
+    monkeypatch.setattr(base_models, "hidden_size", lambda *_: 8192)
+    checks = []
+    monkeypatch.setattr(TrainConfig, "check_objective", lambda self, objective: checks.append(objective))
+    run.config = {**run.config, "learning_rate": 7e-4}  # not any default: read as stored
+    run.save(update_fields=["config"])
+    assert build_run_spec(run).config == TrainConfig.from_dict(run.config)
+    assert checks == []
+    monkeypatch.undo()
+    run.config = {k: v for k, v in run.config.items() if k != "learning_rate"}  # a legacy row
+    run.save(update_fields=["config"])
+    assert build_run_spec(run).config.learning_rate == default_learning_rate(width)

@@ -210,6 +210,27 @@ def test_a_models_devices_train_its_jobs_data_parallel_and_a_change_opens_a_new_
             sessions.pool.close(model)
 
 
+def test_a_job_trains_on_the_devices_stored_when_it_was_queued(world, settings, monkeypatch):
+    """A job's config is resolved when it is queued (the model's devices then) and the worker reads
+    it as stored (issue 53, must-have 3): a change of the model's devices reaches the jobs queued
+    after it, not one already waiting."""
+    from projects.jobs import training_jobs
+
+    monkeypatch.setattr(training_jobs, "_resident", None)
+    settings.TRAINER_SERVICE_URL = ""
+    job = submit(world, 1.0, 0.0)
+    assert (job.config["devices"], job.config["fsdp"]) == (1, False)
+    services.trainable_model_update(model=world.model, devices=2)
+    sessions = training_jobs.resident_sessions()
+    try:
+        assert claimed.work_on(TRAINING_JOB, job.pk) == "succeeded"
+        assert StepMetrics.objects.get(run=world.run, step=1).metrics["update_devices"] == 1
+        assert sessions.pool.stats()["data_parallel"] == {}
+    finally:
+        for model in sessions.pool.sessions():
+            sessions.pool.close(model)
+
+
 def test_a_choice_may_come_from_any_step_of_the_model_or_its_base():
     model = type("M", (), {"project": type("P", (), {"name": "math"}), "name": "agent",
                            "base_model": type("B", (), {"name": "tiny"})})  # fmt: skip

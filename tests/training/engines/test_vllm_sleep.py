@@ -96,7 +96,7 @@ def test_the_loop_sleeps_vllm_through_each_update_and_wakes_it_before_the_new_ad
         return train_step(self, groups, **options)
 
     monkeypatch.setattr(training.recipes.grpo_trainer.Trainer, "train_step", recorded_train_step)
-    spec = RunSpec(
+    spec = RunSpec.resolving(
         base_model_source=str(tiny_model_dir),
         model_cache_dir=tiny_model_dir.parent,
         checkpoint_root=tmp_path,

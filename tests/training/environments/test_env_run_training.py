@@ -48,7 +48,7 @@ def test_run_training_drives_a_python_tools_environment(tiny_model_dir: Path, tm
         }
         for i in range(3)
     ]
-    spec = RunSpec(
+    spec = RunSpec.resolving(
         base_model_source=str(tiny_model_dir),
         model_cache_dir=tmp_path / "cache",
         checkpoint_root=tmp_path / "checkpoints",
