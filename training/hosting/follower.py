@@ -19,10 +19,9 @@ import torch.distributed as dist
 from training.engines.vllm_engine import render_prompt
 from training.hosting.followers import Duplex, FollowerSpec
 from training.hosting.ranks import COLLECTIVE_TIMEOUT_S, DataParallelSession, log, rank_device, shard_base
-from training.recipes.grpo_trainer import Trainer
 from training.session.adapter_check import next_token_logprobs, probe_saved
 from training.session.local import TrainingSession
-from training.session.policy import load_policy_model
+from training.session.policy import Policy, load_policy_model
 
 
 def follower_main(read_fd: int, write_fd: int) -> None:
@@ -48,9 +47,7 @@ def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: Fol
                                 timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))  # fmt: skip
         base_model, tokenizer, _ = load_policy_model(spec.base_model_source, spec.model_cache_dir, device=device,
                                                      unsloth=spec.unsloth, fsdp=spec.config.fsdp)  # fmt: skip
-        trainer = Trainer.resume(
-            base_model, tokenizer, spec.checkpoint, spec.config, spec.lora, device=device
-        )
+        trainer = Policy.resume(base_model, tokenizer, spec.checkpoint, spec.config, spec.lora, device=device)
         mirrored: DataParallelSession | None = None
         pipe.send(("ready",))
         while True:
@@ -84,8 +81,7 @@ def _follow(rank: int, world_size: int, rendezvous: str, backend: str, spec: Fol
             if message[0] == "configure":  # the session's settings from now on (SessionPool.configure)
                 trainer.config = message[1]
                 continue
-            _, groups, learning_rate = message
-            trainer.train_step(groups, learning_rate=learning_rate)
+            raise RuntimeError(f"data-parallel rank {rank} got an unknown order: {message[0]!r}")
     except (EOFError, BrokenPipeError):
         return
     except Exception as exc:  # told to rank 0 when it waits for "ready"; logged either way

@@ -6,11 +6,10 @@ replays the calls since the last optim_step, since a client's gradients accumula
 
 A run with ``devices: N`` (training.runs.loop.data_parallel_ranks): rank 0 is the worker's own process,
 which rolls out, grades, checkpoints and records; ``Followers`` are ranks 1..N-1, spawned on the
-same host, resumed from rank 0's checkpoint, and updated with it. A GRPO run sends each step's
-groups (Trainer._update makes its session data-parallel whenever a process group of several is
-up); an SFT or DPO run's session is a ``MirroredSession``: every primitive rank 0 calls is sent to
-the followers first, and each calls it on its own rank, so any objective written over the session
-primitives runs data-parallel without the followers knowing it.
+same host, resumed from rank 0's checkpoint, and updated with it. Every recipe's session (GRPO's,
+SFT's, DPO's) is a ``MirroredSession``: every primitive rank 0 calls is sent to the followers
+first, and each calls it on its own rank, so any objective written over the session primitives
+runs data-parallel without the followers knowing it (they hold a policy, no recipe).
 """
 
 from __future__ import annotations
@@ -131,10 +130,6 @@ class Followers:
             except (BrokenPipeError, OSError) as exc:
                 raise RankLost(f"data-parallel rank {rank} cannot be reached: {exc}") from exc
 
-    def train_step(self, groups: list[Any], *, learning_rate: float) -> None:
-        """Send the update to every follower (rank 0 runs it next, with them)."""
-        self.send(("train", groups, learning_rate))
-
     def probe(self, trainer: Any, probe_messages: list[list[dict[str, Any]]], *, checkpoint: Path,
               take: Callable[[], T], saved: Path | None = None,
               on_restart: Callable[[str], None] | None = None) -> T:  # fmt: skip
@@ -164,16 +159,6 @@ class Followers:
         self.send(message)  # the new followers shard their base first
         shard_base(trainer)
         return take()
-
-    def update(self, trainer: Any, groups: list[Any], *, learning_rate: float, checkpoint: Path,
-               on_restart: Callable[[str], None] | None = None) -> dict[str, float]:  # fmt: skip
-        """``trainer.train_step(groups)`` on every rank (see ``run``)."""
-
-        def step() -> dict[str, float]:
-            self.train_step(groups, learning_rate=learning_rate)
-            return dict(trainer.train_step(groups, learning_rate=learning_rate))
-
-        return self.run(trainer, step, checkpoint=checkpoint, on_restart=on_restart)
 
     def run(self, trainer: Any, update: Callable[[], dict[str, float]], *, checkpoint: Path,
             on_restart: Callable[[str], None] | None = None) -> dict[str, float]:  # fmt: skip

@@ -2,13 +2,15 @@
 
 ``Trainer.train_step(groups)`` and ``train_samples`` run the GRPO recipe (training.recipes.grpo_update) over
 the policy's session, on every data-parallel rank when the update is data-parallel
-(training.hosting.ranks). Everything else (the model, adapter, optimizer, RNG and checkpoint format)
+(training.hosting.ranks): a run's followers mirror each primitive of it (``run_session``), the path
+every recipe takes. Everything else (the model, adapter, optimizer, RNG and checkpoint format)
 is the policy's.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +29,17 @@ class Trainer(Policy):
     """A policy trained one GRPO step at a time."""
 
     # ---------------------------------------------------------------- one update
-    def train_step(self, groups: list[TrainGroup], *, learning_rate: float | None = None) -> dict[str, float]:
+    def train_step(
+        self, groups: list[TrainGroup], *, learning_rate: float | None = None, session: Session | None = None
+    ) -> dict[str, float]:
         """One GRPO step from sampled groups (``num_minibatches`` × ``ppo_epochs`` optimizer
         steps at ``learning_rate``, the config's when None); returns the step's metrics
-        (training.recipes.grpo_update.grpo_step)."""
-        metrics = grpo_step(
-            self._session, groups, self.config, step=self.step + 1, learning_rate=learning_rate
-        )
+        (training.recipes.grpo_update.grpo_step). ``session``: the session the update's primitives
+        go through, e.g. a run's mirrored to its data-parallel followers (``run_session``), whose
+        ranks then take every primitive with this one, as SFT's and DPO's do; this trainer's own
+        when None."""
+        session_for = self._session if session is None else _devices_of(session)
+        metrics = grpo_step(session_for, groups, self.config, step=self.step + 1, learning_rate=learning_rate)
         self.step += 1
         return metrics
 
@@ -62,7 +68,15 @@ class Trainer(Policy):
         """The session a run's recipe calls: this process's, mirrored to the data-parallel
         followers when there are any."""
         local = TrainingSession(self)
-        return local if followers is None else MirroredSession(local, followers)
+        if followers is None:
+            return local
+        # One per followers: its ranks hold one DataParallelSession each, which rank 0's
+        # (MirroredSession builds it once per process group) must meet; a new one every step would
+        # wait on a collective the followers never start.
+        mirrored = getattr(self, "_mirrored", None)
+        if mirrored is None or mirrored.followers is not followers:
+            mirrored = self._mirrored = MirroredSession(local, followers)
+        return mirrored
 
     def session_engine(self, tokenizer: Any) -> Engine | None:
         """None: rollouts sample this process's policy (training.runs.sampler builds the engine)."""
@@ -77,3 +91,13 @@ class Trainer(Policy):
 
     def close(self) -> None:
         """Nothing to give back: the policy lives in this process."""
+
+
+def _devices_of(session: Session) -> Callable[[dict[str, float]], Session]:
+    """The update's session is ``session``; its metrics say over how many devices it ran."""
+
+    def session_for(metrics: dict[str, float]) -> Session:
+        metrics["update_devices"] = float(getattr(session, "world_size", 1))
+        return session
+
+    return session_for

@@ -204,9 +204,10 @@ def update_step(
     rate = learning_rate_at(config, drawn.step - spec.start_step, config.steps)
     if followers is None:
         metrics = trainer.train_step(train_groups, learning_rate=rate)
-    else:  # the other ranks take the same update with this one; a lost rank is restarted
-        metrics = followers.update(
-            trainer, train_groups, learning_rate=rate,
+    else:  # the other ranks mirror every primitive of the update; a lost rank is restarted, the update redone
+        session = trainer.run_session(followers)
+        metrics = followers.run(
+            trainer, lambda: trainer.train_step(train_groups, learning_rate=rate, session=session),
             checkpoint=checkpoint_path(spec.checkpoint_root, drawn.step - 1), on_restart=on_restart,
         )  # fmt: skip
     if config.dynamic_sampling:
