@@ -1,6 +1,6 @@
 """The GRPO trainer: a policy (training.session.policy) with GRPO's update as one call per step.
 
-``Trainer.train_step(groups)`` and ``train_samples`` run the GRPO recipe (training.recipes.grpo_update) over
+``Trainer.train_step(groups)`` runs the GRPO recipe (training.recipes.grpo_update.grpo_step) over
 the policy's session, on every data-parallel rank when the update is data-parallel
 (training.hosting.ranks): a run's followers mirror each primitive of it (``run_session``), the path
 every recipe takes. Everything else (the model, adapter, optimizer, RNG and checkpoint format)
@@ -9,7 +9,6 @@ is the policy's.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,8 @@ from typing import Any
 from training.engines.base import Engine
 from training.hosting.followers import Followers, MirroredSession
 from training.hosting.ranks import DataParallelSession, is_data_parallel
-from training.recipes.grpo_update import grpo_step, update_metrics, update_samples
-from training.rollouts.trajectory import TrainGroup, TrainSample
+from training.recipes.grpo_update import grpo_step
+from training.rollouts.trajectory import TrainGroup
 from training.session.adapter_check import SamplerCheck, verify_sampler
 from training.session.contract import Session
 from training.session.local import TrainingSession
@@ -40,15 +39,6 @@ class Trainer(Policy):
         when None."""
         session_for = self._session if session is None else _devices_of(session)
         metrics = grpo_step(session_for, groups, self.config, step=self.step + 1, learning_rate=learning_rate)
-        self.step += 1
-        return metrics
-
-    def train_samples(self, samples: list[tuple[TrainSample, float]]) -> dict[str, float]:
-        """One update from samples whose advantages the caller computed (a client's trajectory
-        groups, training.runs.art_step); the same objective and metrics as ``train_step``, without
-        the reward and zero-variance metrics, which belong to the caller's groups."""
-        metrics = update_samples(self._session, samples, update_metrics(), self.config, step=self.step + 1,
-                                 start=time.perf_counter())  # fmt: skip
         self.step += 1
         return metrics
 
