@@ -8,17 +8,25 @@ the answers that count, e.g. ``8|eight``). The reward is a ``multi`` grader,
 - ``exact``: the whole reply is that answer, give or take punctuation and an article ("Paris.").
 A wrong or gibberish reply earns 0 however short it is, so brevity cannot be hacked; a right answer
 in a sentence earns 0.5 and the bare answer 1.0. The base model answers in sentences ("The capital
-of France is Paris."), which is what the 20 demo steps teach it out of. Measured figures: README
+of France is Paris."), which is what the demo's ``STEPS`` teach it out of. Measured figures: README
 ("The demo") and benchmarks/demo_learning.py.
 """
 
 from pathlib import Path
 
-__all__ = ["REWARD_SPEC", "SYSTEM_PROMPT", "TASKS_PATH"]
+__all__ = ["REWARD_SPEC", "STEPS", "SYSTEM_PROMPT", "TASKS_PATH"]
 
 TASKS_PATH = Path(__file__).with_name("format_tasks.jsonl")
 
 SYSTEM_PROMPT = "Answer with one word only."
+
+# The demo run's steps (`make up`). The base model seldom starts a reply with the answer (under 1%
+# of its first-token probability on these questions); the length penalty shortens its sentences
+# step by step until bare answers appear; some runs ended 20 or 30 steps still in sentences. With
+# the demo's recipe (projects.defaults.RUN_CONFIG), 40 steps gained +0.250 to +0.500 held-out over
+# seeds 0-4 at 1 and 2 torch threads, their training reward reaching 0.5 by step 7 to 13 (README
+# "The demo").
+STEPS = 40
 
 REWARD_SPEC = {
     "type": "multi",

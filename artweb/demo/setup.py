@@ -65,7 +65,7 @@ def demo_start(
             number += 1
         model = services.trainable_model_create(project=project, name=f"agent-{number}", base_model=base)
         merged = {**RUN_CONFIG, **(config or {}), "steps": steps}
-        if "length_penalty_buffer" not in (config or {}):  # over the whole reply budget, whatever it is
+        if "length_penalty_buffer" not in (config or {}):  # at most the reply budget, if that is smaller
             merged["length_penalty_buffer"] = min(merged["length_penalty_buffer"], merged["max_new_tokens"])
         run = services.run_create(
             model=model, task_set=task_set, environment=environment, reward=reward, config=merged

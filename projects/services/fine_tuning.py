@@ -79,7 +79,9 @@ DEFAULTS = TrainConfig()
 # What a job trains with where OpenAI's hyperparameters say nothing, per method; the learning
 # rate is the one ``learning_rate_multiplier`` multiplies. Reinforcement: the levers the demo
 # measured best on the bundled model (projects.defaults.RUN_CONFIG, README "The demo": cosine from a
-# 1e-3 peak, warm-up 1, two passes per batch, dynamic sampling, 8 completions per prompt).
+# 1e-3 peak, warm-up 1, two passes per batch, 8 completions per prompt) and dynamic sampling, which
+# the demo turns off only because its length penalty (which jobs do not have) gives the groups it
+# would drop a signal (RUN_CONFIG's comment).
 # Supervised: AdamW 5e-4, the rate of the bundled model's SFT curve (benchmarks/README.md,
 # tinker_curves.py). DPO: 2e-4, the DPO runs' default peak (benchmarks/dpo_rates.py).
 RECIPES: dict[str, dict[str, Any]] = {
@@ -92,12 +94,12 @@ RECIPES: dict[str, dict[str, Any]] = {
             "min_lr_ratio",
             "ppo_epochs",
             "num_minibatches",
-            "dynamic_sampling",
             "max_resample_factor",
             "temperature",
             "group_size",
         )
-    },  # fmt: skip
+    }
+    | {"dynamic_sampling": True},  # fmt: skip
     "supervised": {"learning_rate": 5e-4},
     "dpo": {"learning_rate": 2e-4},
 }

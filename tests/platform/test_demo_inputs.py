@@ -45,9 +45,9 @@ def test_reward_wants_the_whole_word_and_pays_brevity_only_with_it():
 
 
 def test_demo_evaluations_pass_a_correct_answer_and_fail_a_wrong_one():
-    # The base model answers in sentences ("The capital is Paris.", 0.5) and 20 steps do not
-    # teach it the bare answer (README "The demo"): at the default threshold 1.0 both of the
-    # demo's evaluations read pass rate 0 whatever the model learned.
+    # The base model answers in sentences ("The capital is Paris.", 0.5): at the default threshold
+    # 1.0 the step-0 evaluation would read pass rate 0 however many it answers right, and the pass
+    # rate would count only the one-word answers the run taught, not the right ones.
     rows = [{"index": 0, "data": {"item": {"answer": "Paris", "accept": "Paris"}}}]
     groups = [[reply("Paris"), reply("The capital is Paris."), reply("Lyon.")]]
     grade_trajectories(REWARD_SPEC, groups, rows, max_error_fraction=0.0)

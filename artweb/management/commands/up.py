@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from artweb.demo import STEPS as DEMO_STEPS
 from artweb.demo.setup import DEMO_TEAM, demo_start
 from artweb.management.commands.demo import print_credentials, watch_run
 from artweb.stack import Stack, inference_command, listen, trainer_command, web_command, worker_command
@@ -120,7 +121,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--demo-steps", type=int, default=20, help="the demo run's steps; 0 skips it")
+        parser.add_argument(
+            "--demo-steps", type=int, default=DEMO_STEPS, help="the demo run's steps; 0 skips it"
+        )
         parser.add_argument(
             "--demo", action="store_true",
             help="start a demo run even though an earlier start ran one (`make up DEMO=1`)",

@@ -149,6 +149,7 @@ def test_a_reinforcement_job_is_a_platform_run_with_the_grader_and_hyperparamete
     # The measured recipe (fine_tuning.RECIPES: the demo's), scaled by the multipliers.
     assert run.config["learning_rate"] == pytest.approx(2 * 1e-3) and run.config["group_size"] == 16  # 8 × 2
     assert run.config["lr_schedule"] == "cosine" and run.config["ppo_epochs"] == 2
+    assert run.config["dynamic_sampling"] is True  # the demo's is off, for its length penalty only
     assert run.config["seed"] == 7 and run.config["eval_interval"] == 1
     assert run.config["eval_samples_per_row"] == 2
     assert run.reward.spec["type"] == "multi"
