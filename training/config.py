@@ -548,7 +548,7 @@ class TrainConfig(_Settings):
         the objective (``check_objective``) and an empty ``learning_rate`` filled in
         (training.recipes.schedules.default_learning_rate). The one place a config is resolved:
         the platform calls it when the work is created and stores the result
-        (projects.services.runs.run_config_resolve); the worker, the trainer service and the
+        (projects.services.runs.run_config_check); the worker, the trainer service and the
         session read that, and derive nothing (RunSpec refuses an unresolved config)."""
         self.check_objective(objective)
         if self.learning_rate is not None:
