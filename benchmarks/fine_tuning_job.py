@@ -2,8 +2,9 @@
 same task trained as a platform run through the REST API (issue 29's figures).
 
 ``manage.py up`` on a scratch SQLite data folder (as ``tinker_overhead.py``), then:
-1. upload the arithmetic task of ``sample_efficiency.py`` (48 training rows, 16 held out; each row's
-   system message says "Answer with the number only.") as two files, OpenAI's reinforcement format;
+1. upload the README's example files, ``examples/fine_tuning/{train,valid}.jsonl``: the arithmetic
+   task of ``sample_efficiency.py`` (48 training rows, 16 held out; each row's system message says
+   "Answer with the number only.") in OpenAI's reinforcement format;
 2. ``client.fine_tuning.jobs.create(method="reinforcement", grader=<its multi grader>)`` with
    ``n_epochs``/``batch_size``; follow ``list_events`` to success. Reported: held-out reward before
    and after (the run's greedy evaluation of all 16 rows at step 0 and at the end), seconds from
@@ -23,21 +24,23 @@ import io
 import json
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from benchmarks._model import add_model_arguments, prepared_model
-from benchmarks.sample_efficiency import ARITHMETIC_PROMPT, ARITHMETIC_REWARD, arithmetic_rows
+from benchmarks.sample_efficiency import ARITHMETIC_REWARD
 from benchmarks.tinker_overhead import _manage, live_stack
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "fine_tuning"
 
 
 def openai_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(training, validation) lines: the task's rows in OpenAI's reinforcement format."""
-    train, validation = [], []
-    for row in arithmetic_rows():
-        line = {"messages": [{"role": "system", "content": ARITHMETIC_PROMPT},
-                             {"role": "user", "content": row["prompt"]}], **row["item"]}  # fmt: skip
-        (validation if row["split"] == "validation" else train).append(line)
-    return train, validation
+    """(training, validation) lines: the README's example files, the arithmetic task's rows in
+    OpenAI's reinforcement format (tests/platform/test_fine_tuning_example.py keeps them so)."""
+    return tuple(  # type: ignore[return-value]
+        [json.loads(line) for line in (EXAMPLE / name).read_text().splitlines() if line.strip()]
+        for name in ("train.jsonl", "valid.jsonl")
+    )
 
 
 def api(url: str, key: str, method: str, path: str, body: Any = None) -> Any:
