@@ -50,6 +50,11 @@ $(VENDOR_STAMP): frontend/package.json frontend/package-lock.json frontend/scrip
 	cd frontend && npm ci --no-audit --no-fund --loglevel=error && node scripts/copy_vendor.mjs
 	rm -f frontend/static/vendor/.installed-* && touch $@
 
+# The test-only virtualenvs (the ART clients', the cookbook's) install without compiling every file
+# to bytecode, pip's default: ~2.5 ms a file on this machine, 43,000 files, of which the tests import
+# a small part; Python compiles a module the first time something imports it and keeps the .pyc.
+NO_COMPILE := --no-compile
+
 # OpenPipe ART's own client, which tests/integration/test_art_client.py drives artweb with: in a
 # virtualenv of its own (its pins are not the project's; it needs no torch). openai<3: ART 0.5.18's
 # openai_client() hands openai an httpx.Timeout, which openai 3's httpx2-based client rejects.
@@ -58,7 +63,7 @@ ART_STAMP := $(ART_VENV)/.installed-openpipe-art-0.5.18-mcp-1.30
 
 $(ART_STAMP):
 	test -x $(ART_VENV)/bin/python || $(PYTHON) -m venv $(ART_VENV)
-	$(ART_VENV)/bin/pip install -q openpipe-art==0.5.18 wandb 'openai<3' mcp==1.30.0  # mcp: examples/mcp_tools
+	$(ART_VENV)/bin/pip install -q $(NO_COMPILE) openpipe-art==0.5.18 wandb 'openai<3' mcp==1.30.0  # mcp: examples/mcp_tools
 	rm -f $(ART_VENV)/.installed-* && touch $@
 
 # The newest ART client, 0.5.23, which the integration tests drive artweb with too: test-only. It needs
@@ -78,12 +83,12 @@ $(ART23_STAMP): tests/integration/art_wheel_py311.py
 	$(PYTHON) tests/integration/art_wheel_py311.py -o $(ART23_VENV)/wheels/py311 \
 		$(ART23_VENV)/wheels/pypi/openpipe_art-$(ART23_VERSION)-py3-none-any.whl >/dev/null
 	# Its dependencies, then the converted wheel itself again: a converter change replaces it.
-	$(ART23_VENV)/bin/pip install -q $(ART23_VENV)/wheels/py311/openpipe_art-$(ART23_VERSION)-py3-none-any.whl
-	$(ART23_VENV)/bin/pip install -q --force-reinstall --no-deps \
+	$(ART23_VENV)/bin/pip install -q $(NO_COMPILE) $(ART23_VENV)/wheels/py311/openpipe_art-$(ART23_VERSION)-py3-none-any.whl
+	$(ART23_VENV)/bin/pip install -q $(NO_COMPILE) --force-reinstall --no-deps \
 		$(ART23_VENV)/wheels/py311/openpipe_art-$(ART23_VERSION)-py3-none-any.whl
 	# ART's PipelineTrainer imports its LocalBackend (torch, transformers) and logs with pyarrow even
 	# over ServerlessBackend: ART's "backend" extra pins a CUDA torch; here the lock's CPU builds.
-	$(ART23_VENV)/bin/pip install -q -c $(LOCK) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+	$(ART23_VENV)/bin/pip install -q $(NO_COMPILE) -c $(LOCK) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
 		torch transformers pyarrow
 	$(ART23_VENV)/bin/python -c "import art; from art.serverless.backend import ServerlessBackend; \
 		from art.pipeline_trainer.trainer import PipelineTrainer"
@@ -96,9 +101,9 @@ COOKBOOK_STAMP := $(COOKBOOK_VENV)/.installed-tinker-cookbook-0.6.1-$(shell cat 
 
 $(COOKBOOK_STAMP): requirements/cookbook.txt
 	test -x $(COOKBOOK_VENV)/bin/python || $(PYTHON) -m venv $(COOKBOOK_VENV)
-	$(COOKBOOK_VENV)/bin/pip install -q -c $(LOCK) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch
-	$(COOKBOOK_VENV)/bin/pip install -q -r requirements/cookbook.txt
-	$(COOKBOOK_VENV)/bin/pip install -q --no-deps tinker-cookbook==0.6.1
+	$(COOKBOOK_VENV)/bin/pip install -q $(NO_COMPILE) -c $(LOCK) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch
+	$(COOKBOOK_VENV)/bin/pip install -q $(NO_COMPILE) -r requirements/cookbook.txt
+	$(COOKBOOK_VENV)/bin/pip install -q $(NO_COMPILE) --no-deps tinker-cookbook==0.6.1
 	$(COOKBOOK_VENV)/bin/python -c "import tinker_cookbook.supervised.train, tinker_cookbook.rl.train"
 	rm -f $(COOKBOOK_VENV)/.installed-* && touch $@
 

@@ -12,7 +12,8 @@
 #     tests/shards.sh PYTHON "SHARD_A_PATHS" "SQLITE_PATHS"
 # Shard A runs SHARD_A_PATHS; shard B runs the rest of tests/ and then the SQLite pass over
 # SQLITE_PATHS (the tests there that reach the database). DATABASE_URL and CELERY_BROKER_URL are
-# shard A's; shard B's database name gets "_b" and its Redis database is the one below A's.
+# shard A's; shard B's database name gets "_b" and its Redis database is the one below A's. Each pytest
+# prints its slowest tests (--durations): where the suite's wall time goes, in every CI log.
 set -uo pipefail
 
 python=$1
@@ -36,16 +37,16 @@ ignore=()
 for path in "${shard_a[@]}"; do ignore+=(--ignore="$path"); done
 
 started=$SECONDS
-"$python" -m pytest "${shard_a[@]}" >"$work/shard-a.log" 2>&1 &
+"$python" -m pytest --durations=25 "${shard_a[@]}" >"$work/shard-a.log" 2>&1 &
 pid_a=$!
 
 (
     export DATABASE_URL=$database_b CELERY_BROKER_URL=$broker_b ARTWEB_DATA_DIR=$work/data-b
-    "$python" -m pytest tests "${ignore[@]}" || exit 1
+    "$python" -m pytest --durations=25 tests "${ignore[@]}" || exit 1
     echo "== the SQLite pass: ${sqlite_paths[*]}, the tests that reach the database"
     # A database file of its own (tests/conftest.py puts the test database beside it).
     DATABASE_URL=sqlite:///$work/sqlite/artweb.sqlite3 ARTWEB_TESTS_ORM_ONLY=1 \
-        "$python" -m pytest "${sqlite_paths[@]}"
+        "$python" -m pytest --durations=15 "${sqlite_paths[@]}"
 ) &
 pid_b=$!
 
