@@ -79,6 +79,7 @@ from projects.selectors.runs import (
     run_signal_warnings,
     run_stop_reason,
     runs_search,
+    seconds_left,
 )
 from projects.selectors.serving import (
     live_servers,
@@ -160,6 +161,7 @@ __all__ = [
     "run_recent_events",
     "run_reward_range",
     "run_seconds_left",
+    "seconds_left",
     "run_seconds_paused",
     "run_signal_warnings",
     "runs_search",

@@ -99,3 +99,18 @@ def test_the_terminal_shows_the_current_phase_with_a_running_clock(run_at_step_1
     drawn = capsys.readouterr().err
     for shown in ("1:43", "1:53", "2:03"):  # redrawn while no step and no event came
         assert f"Opening the run's session on the trainer service (x) {shown}" in drawn
+
+
+def test_the_eta_follows_the_latest_steps_when_steps_get_shorter(run_at_step_1):
+    """The demo's steps shorten as its replies do (18 s to 5 s here): at step 11 of 40 the mean of
+    every step said 4:48 with 2 minutes left. The latest RECENT_STEPS steps say what the next cost,
+    on the run page (selectors.run_seconds_left) and the terminal (demo.eta_text) alike."""
+    durations = [60.0, 60.0, 60.0, 5.0, 5.0, 5.0, 5.0, 5.0]
+    StepMetrics.objects.filter(run=run_at_step_1).delete()
+    for step, seconds in enumerate(durations, start=1):
+        StepMetrics.objects.create(run=run_at_step_1, step=step, metrics={"step_seconds": seconds})
+    Run.objects.filter(pk=run_at_step_1.pk).update(current_step=len(durations))
+    run_at_step_1.refresh_from_db()
+    assert selectors.run_seconds_left(run=run_at_step_1) == pytest.approx(12 * 5.0)  # the mean said 12 x 26.9
+    assert demo_command.eta_text(durations, 12) == "eta 1:00"
+    assert demo_command.eta_text(durations[:2], 12) == "eta 12:00"  # fewer steps than the window: all of them

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from artweb.demo.setup import demo_start
 from artweb.stack import Stack, worker_command
+from projects import selectors
 from projects.formatting import format_number
 from projects.models import Run, RunEvent, RunStatus, StepMetrics
 from training.base_models import BUNDLED_MODEL
@@ -29,11 +30,13 @@ def event_line(event: RunEvent) -> str:
 
 
 def eta_text(step_seconds: list[float], remaining: int) -> str:
-    """Time left from the steps done so far; nothing before the first step (model load and the
-    step-0 evaluation say nothing about a step's length, so an ETA from them would mislead)."""
-    if not step_seconds:
+    """Time left from the steps done so far (``selectors.seconds_left``, the run page's rule);
+    nothing before the first step (model load and the step-0 evaluation say nothing about a step's
+    length, so an ETA from them would mislead)."""
+    seconds = selectors.seconds_left(step_seconds, remaining)
+    if seconds is None:
         return "eta after the first step"
-    left = round(sum(step_seconds) / len(step_seconds) * remaining)
+    left = round(seconds)
     return f"eta {left // 60}:{left % 60:02d}"
 
 
