@@ -114,3 +114,21 @@ def test_the_eta_follows_the_latest_steps_when_steps_get_shorter(run_at_step_1):
     assert selectors.run_seconds_left(run=run_at_step_1) == pytest.approx(12 * 5.0)  # the mean said 12 x 26.9
     assert demo_command.eta_text(durations, 12) == "eta 1:00"
     assert demo_command.eta_text(durations[:2], 12) == "eta 12:00"  # fewer steps than the window: all of them
+
+
+def test_a_phase_cut_to_fit_the_bar_says_it_was_cut(run_at_step_1):
+    """The newcomer rerun's bar read "Opening the run's session on the trainer service (bundled:s
+    0:34": the phase was cut at 59 characters and the "…" saying so stripped with the phase's own."""
+    from projects.models import RunEvent
+
+    Run.objects.filter(pk=run_at_step_1.pk).update(status=RunStatus.RUNNING)
+    run_at_step_1.refresh_from_db()
+    long = RunEvent(
+        message="Opening the run's session on the trainer service (bundled:smollm2-135m-instruct)"
+    )
+    long.created_at = timezone.now()
+    shown = demo_command.now_text(run_at_step_1, long, long.created_at + dt.timedelta(seconds=34))
+    assert shown == "Opening the run's session on the trainer service (bundled:s… 0:34"
+    short = RunEvent(message="Loading the model…")
+    short.created_at = long.created_at
+    assert demo_command.now_text(run_at_step_1, short, short.created_at) == "Loading the model 0:00"

@@ -56,8 +56,12 @@ def now_text(run: Run, phase: RunEvent | None, now: datetime) -> str:
         return f"queued, waiting for a worker {clock((now - run.created_at).total_seconds())}"
     if run.status != RunStatus.RUNNING or phase is None:
         return ""
-    message = phase.message if len(phase.message) <= 60 else phase.message[:59] + "…"
-    return f"{message.rstrip('…. ')} {clock((now - phase.created_at).total_seconds())}"
+    # A phase's own "…" goes (the clock follows it); a message cut to fit the bar keeps the "…"
+    # that says so ("Opening the run's session on the trainer service (bundled:s 0:34" did not).
+    message = phase.message.rstrip("…. ")
+    if len(message) > 60:
+        message = message[:59].rstrip() + "…"
+    return f"{message} {clock((now - phase.created_at).total_seconds())}"
 
 
 def watch_run(run: Run, *, stack: Stack | None, stdout, timeout_s: float) -> Run:
