@@ -509,5 +509,10 @@ def test_a_stream_whose_client_leaves_is_cancelled_at_once(live, inference_serve
     wait_for(idle, timeout=20, what="the server to be idle")
     after = server_stats(inference_server)
     assert long_status == [200]
-    # Dropped before it was admitted, or its rows cancelled mid-decode: never sampled to the end.
-    assert after["requests"] - before["requests"] == 1
+    # Dropped before it was admitted, or admitted and its rows cancelled mid-decode: never sampled
+    # to the end. Which of the two depends on whether a decode step ended (admitting it) before
+    # its client left; on a loaded machine it often does: the test once asserted the first case
+    # only and failed under load (issue 53: `requests` 38 -> 40 is admitted, not finished).
+    admitted = after["requests"] - before["requests"] - 1  # the long batch is the other one
+    cancelled = after["cancelled"] - before["cancelled"]
+    assert (admitted, cancelled) in {(0, 0), (1, 1)}, (admitted, cancelled)
