@@ -52,14 +52,13 @@ def run_seconds_left(*, run: Run) -> float | None:
     left = run.total_steps - run.steps_done
     if left <= 0:
         return None
+    latest = StepMetrics.objects.filter(run=run, step__gt=run.start_step).order_by("-step")
     durations = [
         float(metrics["step_seconds"])
-        for metrics in StepMetrics.objects.filter(run=run, step__gt=run.start_step)
-        .order_by("step")
-        .values_list("metrics", flat=True)
+        for metrics in latest.values_list("metrics", flat=True)[:RECENT_STEPS]
         if isinstance(metrics, dict) and isinstance(metrics.get("step_seconds"), int | float)
-    ]
-    return seconds_left(durations, left)
+    ]  # the rule reads the latest steps only: the live run page polls this
+    return seconds_left(durations[::-1], left)
 
 
 def run_phase(*, run: Run) -> RunEvent | None:
