@@ -69,12 +69,13 @@ def test_the_cookbooks_sl_and_rl_loops_train_on_artweb_unchanged(
     assert result["sl"]["reached_final_checkpoint"] and result["rl"]["reached_final_checkpoint"]
     # What needs prompt logprobs (a sampler's compute_logprobs) ran: the SL loop's held-out NLL, and
     # RL's KL penalty against the base model (0 before the first update: the policy is the base;
-    # after it, a sampled estimate of either sign, seen +0.014 and -0.008, but no longer 0) and its
-    # KL between the policies before and after each update.
+    # after it, a sampled estimate of either sign, seen +0.014, -0.008 and -7.2e-05, but no longer 0:
+    # before the update it is float noise, seen 2.2e-08) and its KL between the policies before and
+    # after each update.
     held_out = [row["test/nll"] for row in result["sl"]["steps"] if "test/nll" in row]
     assert len(held_out) == 2 and all(v > 0 for v in held_out), result["sl"]["steps"]
     first, second = result["rl"]["steps"]
-    assert abs(first["kl_policy_base"]) < 1e-4 and abs(second["kl_policy_base"]) > 1e-4, result["rl"]["steps"]
+    assert abs(first["kl_policy_base"]) < 1e-6 < abs(second["kl_policy_base"]), result["rl"]["steps"]
     assert all(step["kl_pre_post_v2"] > 0 for step in (first, second))
 
     # Each loop's training client is a run of kind tinker, closed by the loop's end as succeeded;
