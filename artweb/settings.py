@@ -352,6 +352,7 @@ CELERY_BEAT_SCHEDULE = {
     "warn-unserved-queues": {"task": "training.warn_unserved_queues", "schedule": RUN_REAPER_INTERVAL_S},
     "expire-tinker-names": {"task": "training.expire_tinker_names", "schedule": RUN_REAPER_INTERVAL_S},
     "close-idle-client-runs": {"task": "training.close_idle_client_runs", "schedule": RUN_REAPER_INTERVAL_S},
+    "expire-stored-completions": {"task": "training.expire_stored_completions", "schedule": 3600.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
@@ -402,6 +403,9 @@ GATEWAY_SERVER_DOWN_S = env_float("GATEWAY_SERVER_DOWN_S", 10.0)
 # Seconds a web process remembers an authenticated API key and a model route (0 = off): a revoked
 # key keeps working, and a new checkpoint becomes :latest, up to this long later.
 GATEWAY_LOOKUP_CACHE_S = env_float("GATEWAY_LOOKUP_CACHE_S", 1.0)
+# Stored completions (projects.gateway.capture): the most a row holds (request, reply, ids and
+# logprobs, as compact JSON); over it the logprobs go, and a row still over it is not stored.
+STORED_COMPLETION_MAX_BYTES = env_int("STORED_COMPLETION_MAX_BYTES", 1_048_576, minimum=1024)
 if GATEWAY_LOOKUP_CACHE_S < 0:
     raise ImproperlyConfigured("GATEWAY_LOOKUP_CACHE_S must be 0 or more")
 # serve_inference: transformers (CPU/GPU, batched), vllm, or auto (vllm on a CUDA host with vLLM);

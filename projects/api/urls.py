@@ -4,7 +4,16 @@ from django.urls import URLPattern, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from projects.api import checkpoints, evaluations, graders, invitations, scenarios, schema, views, webhooks  # noqa: F401  (schema registers the auth extension)
+from projects.api import (
+    checkpoints,
+    completions,
+    evaluations,
+    graders,
+    invitations,
+    scenarios,
+    views,
+    webhooks,
+)  # noqa: F401  (schema registers the auth extension)
 from projects.api.costs import CostViewSet
 from projects.api.usage import UsageViewSet
 
@@ -65,6 +74,7 @@ urlpatterns = [
     *both_ways("environment-kinds", views.EnvironmentKindsView, {"get": "list"}, "environment-kinds"),
     *both_ways("graders/validate", graders.GraderValidateView, {"post": "create"}, "graders-validate"),
     *both_ways("graders/run", graders.GraderRunView, {"post": "create"}, "graders-run"),
+    *both_ways("team", completions.TeamSettingsView, {"get": "list", "patch": "partial_update"}, "team"),
     *both_ways("usage", UsageViewSet, {"get": "list"}, "usage"),
     *both_ways("costs", CostViewSet, {"get": "list"}, "costs"),
     *both_ways(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from projects.gateway.capture import Capture, StoreFields
 from projects.models import ApiKey, BaseModel, InferenceServer, Run, RunKind, Team
 from projects.selectors import scoped
 from projects.selectors.serving import ART_ALIAS, Target
@@ -53,6 +54,7 @@ class ParsedChat:
     # get their ids (projects.gateway.token_ids); the top-level ids stay if the client asked.
     annotate: bool = False
     keep_prompt_token_ids: bool = False
+    store: StoreFields = StoreFields(None, {})  # ``store`` and ``metadata``, checked (capture)
 
 
 @dataclass
@@ -63,6 +65,7 @@ class Route:
     target: Target
     servers: list[InferenceServer]  # live, best first
     chat: ParsedChat
+    capture: Capture | None = None  # stored (projects.gateway.capture): set by with_capture
 
     @property
     def stream(self) -> bool:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from projects.api import fine_tuning, graders, preview
+from projects.api import completions, fine_tuning, graders, preview
 from projects.gateway import views
 
 # Client-driven training, OpenPipe ART's ServerlessBackend protocol (projects.api.preview).
@@ -72,6 +72,19 @@ urlpatterns = [
     *preview_urlpatterns,
     *fine_tuning_urlpatterns,
     path("chat/completions", views.chat_completions, name="gateway-chat-completions"),
+    # Stored completions (projects.api.completions); the list is GET on the path above.
+    path(
+        "chat/completions/<str:completion_id>",
+        completions.StoredCompletionsView.as_view(
+            {"get": "retrieve", "post": "update_metadata", "delete": "destroy"}
+        ),
+        name="stored-completion",
+    ),
+    path(
+        "chat/completions/<str:completion_id>/messages",
+        completions.StoredCompletionsView.as_view({"get": "messages"}),
+        name="stored-completion-messages",
+    ),
     path("models", views.models, name="gateway-models"),
     path("models/<path:model_id>", views.model_detail, name="gateway-model"),
 ]

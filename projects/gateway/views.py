@@ -24,10 +24,12 @@ model 404, over the rate limit 429 and no live server 503, both with ``Retry-Aft
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
@@ -36,8 +38,9 @@ from django.views.decorators.csrf import csrf_exempt
 from projects import metrics
 from projects import services as project_services
 from projects.access import TeamAccess, resolve_team_and_role
+from projects.api import completions
 from projects.errors import DomainError
-from projects.gateway import balance, lookups, routing, token_ids
+from projects.gateway import balance, capture, lookups, routing, token_ids
 from projects.gateway.db import in_db_thread
 from projects.gateway.errors import GatewayError
 from projects.gateway.http import UpstreamBroken, UpstreamUnavailable
@@ -112,7 +115,8 @@ def _prepare_chat(
     if chat is None:
         chat = _parse(raw_body)
     target, servers = _route(team, chat.request.model)
-    return Route(access.api_key if access else None, target, servers, chat)
+    route = Route(access.api_key if access else None, target, servers, chat)
+    return capture.with_capture(route, capture.capture_for(team, chat.store, chat.decoded))
 
 
 class _NotRemembered(Exception):
@@ -144,7 +148,8 @@ def _prepare_remembered(authorization: str | None, raw_body: bytes, team: Team |
     if api_key is not None:
         _count_request(api_key)
     target, servers = remembered
-    return Route(api_key, target, servers, chat)
+    route = Route(api_key, target, servers, chat)
+    return capture.with_capture(route, capture.capture_for(team, chat.store, chat.decoded))
 
 
 def _parse(raw_body: bytes) -> ParsedChat:
@@ -159,7 +164,8 @@ def _parse(raw_body: bytes) -> ParsedChat:
         request = parse_chat_request(body, Limits.shape_only())
     except RequestError as exc:
         raise GatewayError(exc.status, exc.message, code=exc.code, param=exc.param) from exc
-    return token_ids.ask_for_token_ids(ParsedChat(raw_body, body, request))
+    store = capture.store_fields(body)
+    return token_ids.ask_for_token_ids(ParsedChat(raw_body, body, request, store=store))
 
 
 def _route(team: Team, model_id: str) -> tuple[Target, list[InferenceServer]]:
@@ -203,10 +209,20 @@ def _record_usage(route: Route, usage: Usage | None) -> None:
     )
 
 
+_stored_list = completions.StoredCompletionsView.as_view({"get": "list"})
+
+
+def _store(record: capture.Record) -> None:
+    project_services.stored_completion_create(**dataclasses.asdict(record))
+
+
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponseBase:
+    if request.method == "GET":  # the stored completions' list (projects.api.completions)
+        return await sync_to_async(_stored_list)(request)
     if request.method != "POST":
-        return GatewayError(405, "Use POST.", code="method_not_allowed").response()
+        return GatewayError(405, "Use POST (a completion) or GET (stored completions).",
+                            code="method_not_allowed").response()  # fmt: skip
     return await serve(request, _complete(request.body, request.headers.get("Authorization"), None))
 
 
@@ -242,6 +258,9 @@ async def _routed_completion(
     def on_usage(usage: Usage) -> None:
         _after_response(_record_usage, route, usage)
 
+    def keep(record: capture.Record) -> None:
+        _after_response(_store, record)
+
     # Least outstanding first, adapter holders preferred (balance); a dead one is skipped.
     for server in balance.order(route.servers, route.target):
         upstream = _upstream(server)
@@ -265,6 +284,8 @@ async def _routed_completion(
         if route.stream and reply.status == 200:
             content_type = upstream.stream_content_type(reply)
             chunks = balance.released_at_end(upstream.relay(reply, route, on_usage), release)
+            if route.capture is not None:
+                chunks = capture.stored_stream(chunks, route, route.capture, keep)
             response = balance.CountedStream(chunks, release=release, status=200, content_type=content_type)
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"  # tell a proxy in front not to buffer either
@@ -275,6 +296,10 @@ async def _routed_completion(
             return exc.response()
         finally:
             release()
+        if route.capture is not None and answer.status_code == 200:
+            answer, full = capture.stored_reply(answer, route, route.capture, keep)
+            if full is not None:  # the client asked for logprobs: annotated as without storage
+                answer = JsonResponse(full)
         answer = token_ids.annotated(answer, route)
         if usage is not None:
             on_usage(usage)

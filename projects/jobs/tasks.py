@@ -69,6 +69,12 @@ def expire_tinker_names() -> int:
     return services.tinker_names_expire()
 
 
+@shared_task(name="training.expire_stored_completions", time_limit=600)
+def expire_stored_completions() -> int:
+    """Stored completions past their team's retention are deleted (hourly)."""
+    return services.stored_completions_expire()
+
+
 @shared_task(name="training.requeue_orphaned_runs", time_limit=60)
 def requeue_orphaned_runs() -> list[int]:
     """Running runs whose worker stopped heartbeating go back on the queue; they resume."""

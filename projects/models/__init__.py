@@ -22,6 +22,7 @@ from projects.models.catalogue import (
     TaskSet,
     TrainableModel,
 )
+from projects.models.completions import StoredCompletion
 from projects.models.evaluations import Evaluation, EvaluationEvent, EvaluationSample, EvaluationStatus
 from projects.models.exports import Export, ExportFormat, ExportStatus
 from projects.models.gateway import InferenceServer, UsageRecord
@@ -38,7 +39,7 @@ from projects.models.runs import (
     Trajectory,
 )
 from projects.models.scenarios import ScenarioJob, ScenarioJobStatus
-from projects.models.teams import ApiKey, Invitation, JudgeEndpoint, Membership, Role, Team
+from projects.models.teams import ApiKey, CompletionStorage, Invitation, JudgeEndpoint, Membership, Role, Team
 from projects.models.tinker import TinkerFuture, TinkerFutureStatus, TinkerModel, TinkerSampler, TinkerSession
 from projects.models.training_jobs import (
     ClientLog,
@@ -50,6 +51,8 @@ from projects.models.training_jobs import (
 from projects.models.webhooks import WEBHOOK_EVENT_TYPES, DeliveryStatus, WebhookDelivery, WebhookEndpoint
 
 __all__ = [
+    "CompletionStorage",
+    "StoredCompletion",
     "CLIENT_KINDS",
     "TinkerFuture",
     "TinkerFutureStatus",

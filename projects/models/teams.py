@@ -9,9 +9,28 @@ from projects.models.base import slug_name
 from projects.secrets import url_public
 
 
+class CompletionStorage(models.TextChoices):
+    """Which of the team's gateway completions are stored (projects.models.completions)."""
+
+    OFF = "off"  # none: a request with ``store: true`` is a 400 naming ``store``
+    REQUESTED = "requested"  # those sent with ``store: true``
+    ALL = "all"  # every one not sent with ``store: false``
+
+
 class Team(models.Model):
     name = slug_name(unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Stored completions (OpenAI's ``store``): off until an owner turns them on.
+    completion_storage = models.CharField(
+        max_length=16, choices=CompletionStorage.choices, default=CompletionStorage.OFF
+    )
+    completion_retention_days = models.PositiveIntegerField(
+        null=True, blank=True, help_text="stored completions older than this are deleted; empty: kept"
+    )
+    conversation_key = models.CharField(
+        max_length=64, default="conversation_id",
+        help_text="the metadata key whose value joins stored completions into one conversation",
+    )  # fmt: skip
 
     def __str__(self) -> str:
         return self.name

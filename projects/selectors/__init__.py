@@ -20,6 +20,10 @@ from projects.selectors.checkpoints import (
     model_storage_bytes,
     project_storage_bytes,
 )
+from projects.selectors.completions import (
+    stored_completion_get,
+    stored_completions,
+)
 from projects.selectors.costs import (
     Prices,
     cost_rows,
@@ -140,6 +144,8 @@ from projects.selectors.training_jobs import (
 )
 
 __all__ = [
+    "stored_completion_get",
+    "stored_completions",
     "checkpoint_key",
     "checkpoint_metric_names",
     "checkpoint_metric_values",

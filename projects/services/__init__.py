@@ -12,6 +12,7 @@ module per subject; this package re-exports them all, so callers write ``service
   the end of client runs (stopped, or idle for ``CLIENT_RUN_IDLE_S``)
 - ``run_forks``: a fork: a new model whose step 0 copies a run's checkpoint, and its run (and
   ``checkpoint_fork``, which a fine-tuning job continuing a checkpoint shares)
+- ``completions``: stored completions (the gateway's captures), the team's storage settings, retention
 - ``fine_tuning``: OpenAI's fine-tuning API on these objects (a file is a task set, a job a run)
 - ``adapters``: a LoRA adapter trained elsewhere imported as a model's step 0
 - ``transitions``: the one state-machine transition under runs, evaluations and training jobs
@@ -51,6 +52,13 @@ from projects.services.client_models import (
     client_model_register,
     platform_run_active,
     training_job_active,
+)
+from projects.services.completions import (
+    completion_storage_set,
+    stored_completion_create,
+    stored_completion_delete,
+    stored_completion_update,
+    stored_completions_expire,
 )
 from projects.services.environments import (
     environment_build,
@@ -207,6 +215,11 @@ from projects.services.training_jobs import (
 )
 
 __all__ = [
+    "completion_storage_set",
+    "stored_completion_create",
+    "stored_completion_delete",
+    "stored_completion_update",
+    "stored_completions_expire",
     "lora_of",
     "tinker_checkpoint_forget",
     "tinker_checkpoint_publish",

@@ -346,7 +346,8 @@ def _path_of(world: Any, regex: str, entry: URLPattern) -> str:
     def value(match: re.Match) -> str:
         key = match.group(1)
         if model is not None and key in {"pk", getattr(view_class, "lookup_url_kwarg", None)}:
-            return str(world.by_model[model.__name__].pk)
+            row = world.by_model[model.__name__]
+            return str(getattr(row, getattr(view_class, "lookup_field", "pk")))
         if key in KWARGS:
             return str(world.objects[KWARGS[key]].pk)
         assert key in OTHER_KWARGS, f"{regex}: the walk does not know the URL keyword {key!r}; add it"
@@ -373,6 +374,23 @@ def test_options_never_fails_on_any_route_for_any_caller(
         **{world.objects[name]._meta.object_name: world.objects[name] for name in PK_OF_MODEL.values()},
         "TrainingJob": job,
         "ScenarioJob": world.scenario_job,
+        "StoredCompletion": services.stored_completion_create(
+            team_id=cast.alpha.pk,
+            completion_id="chatcmpl-options",
+            api_key_id=None,
+            model="m",
+            served_by="m",
+            checkpoint_id=None,
+            stream=False,
+            metadata={},
+            conversation_id="",
+            request={"messages": []},
+            response={"choices": []},
+            prompt_token_ids=None,
+            token_ids=None,
+            logprobs=None,
+            latency_ms=1,
+        ),
     }
     callers = {"owner session": alice_client, "viewer session": bob_client, "read-write key": key_client,
                "read-only key": read_only_client, "anonymous": anonymous_client}  # fmt: skip

@@ -76,8 +76,17 @@ def _world(cast, alpha_setup, owner) -> dict[str, str]:
     reply = owner.post("/v1/fine_tuning/jobs", {"model": alpha_setup.base.name, "training_file": files[1]},
                        format="json")  # fmt: skip
     assert reply.status_code == 200, reply.content
+    completion = services.stored_completion_create(
+        team_id=cast.alpha.pk, completion_id=f"chatcmpl-walk{Run.objects.count()}", api_key_id=None,
+        model="math/agent:0", served_by="math/agent:0", checkpoint_id=None, stream=False, metadata={},
+        conversation_id="", request={"messages": [{"role": "user", "content": "hi"}]},
+        response={"choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
+                               "finish_reason": "stop", "logprobs": None}]},
+        prompt_token_ids=[1, 2], token_ids=[[3]], logprobs=[[-0.5]], latency_ms=5,
+    )  # fmt: skip
+    assert completion is not None
     return {"model_id": str(models[0][0].pk), "training_job": str(job.pk), "file_id": files[0],
-            "ftjob": reply.json()["id"]}  # fmt: skip
+            "ftjob": reply.json()["id"], "completion_id": completion.completion_id}  # fmt: skip
 
 
 def _kwargs(name: str, entry: URLPattern, world: dict[str, str]) -> dict[str, str]:
@@ -99,6 +108,8 @@ OWNER_WRITES: dict[tuple[str, str], tuple[Any, int]] = {
     ("openai-job-cancel", "post"): (None, 200),
     ("openai-job-pause", "post"): (None, 200),
     ("openai-job-resume", "post"): (None, 200),
+    ("stored-completion", "post"): ({"metadata": {"reviewed": "yes"}}, 200),
+    ("stored-completion", "delete"): (None, 200),
 }
 
 
@@ -173,9 +184,9 @@ def test_models_and_chat_completions_find_no_other_teams_checkpoint(cast, alpha_
     chat = json.dumps({"model": "math/agent:0", "messages": [{"role": "user", "content": "hi"}]}).encode()
     try:
         for path in ("/v1/models", "/v1/models/math/agent:0", "/v1/chat/completions"):
-            for method in ("GET", "POST", "PUT", "DELETE", "PATCH"):
-                if (method == "POST") != (path == "/v1/chat/completions"):
-                    assert _asgi(method, path, keys["owner"], chat)[0] == 405, (method, path)
+            allowed = {"GET", "POST"} if path == "/v1/chat/completions" else {"GET"}
+            for method in {"GET", "POST", "PUT", "DELETE", "PATCH"} - allowed:
+                assert _asgi(method, path, keys["owner"], chat)[0] == 405, (method, path)
         assert _asgi("GET", "/v1/models/math/agent:0", None)[0] == 401
         assert _asgi("POST", "/v1/chat/completions", None, chat)[0] == 401
         for who in ("owner", "reader"):
@@ -192,5 +203,20 @@ def test_models_and_chat_completions_find_no_other_teams_checkpoint(cast, alpha_
         assert status == 200 and not any(model["id"].startswith("math/") for model in body["data"]), body
         status, body = _asgi("POST", "/v1/chat/completions", keys["outsider"], chat)
         assert status == 404 and body["error"]["code"] == "model_not_found", body
+        # GET lists the caller's stored completions (projects.api.completions): alpha's only to alpha.
+        _world_completion = services.stored_completion_create(
+            team_id=cast.alpha.pk, completion_id="chatcmpl-alpha", api_key_id=None, model="m", served_by="m",
+            checkpoint_id=None, stream=False, metadata={}, conversation_id="", request={"messages": []},
+            response={"choices": []}, prompt_token_ids=None, token_ids=None, logprobs=None, latency_ms=1,
+        )  # fmt: skip
+        assert _world_completion is not None
+        for who, expected in (
+            ("owner", ["chatcmpl-alpha"]),
+            ("reader", ["chatcmpl-alpha"]),
+            ("outsider", []),
+        ):
+            status, body = _asgi("GET", "/v1/chat/completions", keys[who])
+            assert status == 200 and [row["id"] for row in body["data"]] == expected, (who, body)
+        assert _asgi("GET", "/v1/chat/completions", None)[0] == 401
     finally:
         close_db_thread_connections()

@@ -516,3 +516,95 @@ def test_a_stream_whose_client_leaves_is_cancelled_at_once(live, inference_serve
     admitted = after["requests"] - before["requests"] - 1  # the long batch is the other one
     cancelled = after["cancelled"] - before["cancelled"]
     assert (admitted, cancelled) in {(0, 0), (1, 1)}, (admitted, cancelled)
+
+
+# ---------------------------------------------------------------- stored completions (store: true)
+
+
+def stored(api: OpenAI, **filters) -> list:
+    """Every stored completion the filters match, through the client's own paging."""
+    return list(api.chat.completions.list(**filters))
+
+
+def test_stored_completions_through_the_openai_client(live, alpha_key, cast):
+    api = client(live, alpha_key)
+    with pytest.raises(openai.BadRequestError) as refused:  # storage is off until an owner turns it on
+        api.chat.completions.create(model=BASE_MODEL, messages=HELLO, max_tokens=4, store=True)
+    assert refused.value.body["param"] == "store" and refused.value.body["code"] == "store_not_enabled"
+    with pytest.raises(openai.BadRequestError) as bad:
+        api.chat.completions.create(model=BASE_MODEL, messages=HELLO, max_tokens=4, metadata={"k": "v" * 513})
+    assert bad.value.body["param"] == "metadata"
+    services.completion_storage_set(team=cast.alpha, storage="requested")
+
+    def create(**kwargs):  # the gateway remembers the key's team for GATEWAY_LOOKUP_CACHE_S
+        def attempt():
+            try:
+                return api.chat.completions.create(model=BASE_MODEL, messages=HELLO, max_tokens=6, **kwargs)
+            except openai.BadRequestError as exc:
+                assert exc.body["code"] == "store_not_enabled", exc.body
+                return None
+
+        return wait_for(attempt, timeout=15, what="the team's storage setting")
+
+    conversation = {"conversation_id": "c-1", "topic": "greeting"}
+    whole = create(temperature=0, store=True, metadata=conversation)
+    # The client is answered as it asked: no logprobs or ids, though the server was asked for both.
+    assert whole.choices[0].logprobs is None and "token_ids" not in (whole.choices[0].model_extra or {})
+    assert "prompt_token_ids" not in (whole.model_extra or {})
+    stream = api.chat.completions.create(
+        model=BASE_MODEL, messages=HELLO, max_tokens=6, seed=3, stream=True, store=True,
+        stream_options={"include_usage": True}, metadata={"conversation_id": "c-1"},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert all(c.choices[0].logprobs is None for c in chunks if c.choices)
+    assert not any("token_ids" in (c.choices[0].model_extra or {}) for c in chunks if c.choices)
+    streamed_text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = next(c.usage for c in chunks if c.usage)
+    create(store=False)  # not stored (requested: only store=True is)
+    create()
+
+    rows = wait_for(lambda: len(stored(api)) == 2 and stored(api), timeout=15, what="two stored completions")
+    first, second = rows  # oldest first
+    assert first.id == whole.id and second.id == chunks[0].id
+    assert first.choices[0].message.content == whole.choices[0].message.content
+    assert first.metadata == conversation and first.model_extra["served_by"] == BASE_MODEL
+    # What training reads: the exact prompt and sampled ids and the sampler's logprobs.
+    assert len(first.model_extra["prompt_token_ids"]) == whole.usage.prompt_tokens
+    ids, logprobs = (
+        first.choices[0].model_extra["token_ids"],
+        first.choices[0].model_extra["sampled_logprobs"],
+    )
+    assert len(ids) == len(logprobs) == whole.usage.completion_tokens and all(lp <= 0 for lp in logprobs)
+    assert second.choices[0].message.content == streamed_text
+    assert len(second.choices[0].model_extra["token_ids"]) == usage.completion_tokens
+    assert len(second.model_extra["prompt_token_ids"]) == usage.prompt_tokens
+
+    # The client's list filters and pages (limit 1: one page per completion), retrieve, messages.
+    assert [r.id for r in stored(api, limit=1)] == [first.id, second.id]
+    assert [r.id for r in stored(api, order="desc")] == [second.id, first.id]
+    assert [r.id for r in stored(api, metadata={"topic": "greeting"})] == [first.id]
+    assert [r.id for r in stored(api, model="nope")] == []
+    assert api.chat.completions.retrieve(second.id).metadata == {"conversation_id": "c-1"}
+    messages = list(api.chat.completions.messages.list(first.id))
+    assert [(m.id, m.role, m.content) for m in messages] == [(f"{first.id}-0", "user", HELLO[0]["content"])]
+
+    updated = api.chat.completions.update(second.id, metadata={"conversation_id": "c-2"})
+    assert updated.metadata == {"conversation_id": "c-2"}
+    assert [r.id for r in stored(api, metadata={"conversation_id": "c-1"})] == [first.id]
+
+    # Another team's key sees none of it; a read-only key reads but cannot delete.
+    beta = client(live, services.api_key_create(team=cast.beta, name="b").plaintext)
+    assert stored(beta) == []
+    with pytest.raises(openai.NotFoundError):
+        beta.chat.completions.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        beta.chat.completions.delete(first.id)
+    read_only = client(live, services.api_key_create(team=cast.alpha, name="ro", read_only=True).plaintext)
+    assert read_only.chat.completions.retrieve(first.id).id == first.id
+    with pytest.raises(openai.PermissionDeniedError):
+        read_only.chat.completions.delete(first.id)
+    deleted = api.chat.completions.delete(first.id)
+    assert deleted.deleted and deleted.id == first.id
+    with pytest.raises(openai.NotFoundError):
+        api.chat.completions.retrieve(first.id)
+    assert [r.id for r in stored(api)] == [second.id]

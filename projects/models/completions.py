@@ -1,0 +1,52 @@
+"""Stored completions: what the gateway served, kept for review and training (OpenAI's
+``store: true``; projects.gateway.capture writes them, projects.api.completions serves them).
+
+A row is one chat completion as the client saw it, with what training needs beside it: the exact
+prompt and sampled token ids and the sampler's logprobs (asked of the inference server whether or
+not the client asked for them), the checkpoint that served it, the key, the latency. Completions
+whose metadata share a value under the team's ``conversation_key`` form one conversation.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from projects.models.runs import Checkpoint
+from projects.models.teams import ApiKey, Team
+
+
+class StoredCompletion(models.Model):
+    TEAM_PATH = "team"
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="stored_completions")
+    completion_id = models.CharField(max_length=100, unique=True, help_text="the reply's id (chatcmpl-…)")
+    api_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="stored_completions"
+    )
+    model = models.CharField(max_length=300, help_text="the model id the request named")
+    served_by = models.CharField(
+        max_length=300, help_text="the resolved checkpoint (project/model:step) or base"
+    )
+    checkpoint = models.ForeignKey(
+        Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="stored_completions"
+    )
+    stream = models.BooleanField(default=False)
+    metadata = models.JSONField(default=dict, blank=True)
+    conversation_id = models.CharField(max_length=512, blank=True, default="")
+    request = models.JSONField(help_text="the request body less model, metadata and store")
+    response = models.JSONField(help_text="the completion as the client saw it, whole (a stream joined)")
+    prompt_token_ids = models.JSONField(null=True, blank=True)
+    token_ids = models.JSONField(null=True, blank=True, help_text="per choice: the sampled ids")
+    logprobs = models.JSONField(null=True, blank=True, help_text="per choice: each sampled token's logprob")
+    bounded = models.BooleanField(default=False, help_text="logprobs dropped to keep the row under the bound")
+    latency_ms = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["team", "model"]),
+            models.Index(fields=["team", "conversation_id"]),
+        ]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.completion_id

@@ -1,0 +1,44 @@
+"""Reads of stored completions (projects.models.completions), scoped to the caller's team."""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.functions import Cast
+from django.db.models.fields.json import KeyTextTransform
+
+from projects.errors import NotFound, ValidationFailed
+from projects.models import StoredCompletion, Team
+from projects.selectors._scoping import scoped
+
+
+def stored_completions(
+    *,
+    team: Team,
+    model: str | None = None,
+    metadata: dict[str, str] | None = None,
+    descending: bool = False,
+    after: str | None = None,
+) -> QuerySet:
+    """The team's stored completions, oldest first (``descending``: newest first); ``model``
+    matches the id the request named or the checkpoint it resolved to; ``metadata`` every pair;
+    ``after``: those past that completion in this order (a 400 on ``after`` if it is not listed)."""
+    rows = scoped(StoredCompletion, team)
+    if model:
+        rows = rows.filter(Q(model=model) | Q(served_by=model))
+    for number, (key, value) in enumerate((metadata or {}).items()):
+        name = f"_meta{number}"  # the key is data, never part of a lookup path
+        text = Cast(KeyTextTransform(key, "metadata"), output_field=TextField())  # compared as text
+        rows = rows.annotate(**{name: text}).filter(**{name: value})
+    if after:
+        anchor = rows.filter(completion_id=after).values_list("pk", flat=True).first()
+        if anchor is None:
+            raise ValidationFailed(f"no chat completion with id {after[:100]!r} in this list", field="after")
+        rows = rows.filter(pk__lt=anchor) if descending else rows.filter(pk__gt=anchor)
+    return rows.order_by("-id" if descending else "id")
+
+
+def stored_completion_get(*, team: Team, completion_id: str) -> StoredCompletion:
+    row = scoped(StoredCompletion, team).filter(completion_id=completion_id).first()
+    if row is None:
+        raise NotFound(f"No chat completion found with id '{completion_id[:100]}'.")
+    return row
