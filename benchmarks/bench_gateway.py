@@ -10,6 +10,9 @@ app under uvicorn, with a team, an API key and the base model registered, then m
 2. batching: 16 concurrent clients against the same requests sent one at a time (through the
    gateway); completion tokens per second of each and their ratio, with the server's own batch
    statistics. Goal: >= 3x on the bundled model.
+3. with ``--capture-requests N``: stored completions' cost, 16 concurrent clients each sending N
+   8-token requests through the gateway, alternately ``store: true`` and ``store: false``; median
+   and p95 latency of each kind and their ratio, and the rows written.
 
     python -m benchmarks.bench_gateway                       # bundled SmolLM2-135M (CPU, fp32)
     python -m benchmarks.bench_gateway --tiny --json /tmp/gateway-bench.json
@@ -64,6 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests-per-client", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=32, help="completion length in the batching part")
     parser.add_argument("--batch-window-ms", type=float, default=10.0)
+    parser.add_argument("--capture-requests", type=int, default=0,
+                        help="part 3: this many requests per client at --clients concurrency, alternately "
+                             "stored and not (store: true/false), for the latency stored completions add")  # fmt: skip
     parser.add_argument("--json", default="", help="also write the report here")
     parser.add_argument("--gateway-app", default="artweb.asgi:application",
                         help="the ASGI app uvicorn serves as the gateway (to compare variants)")  # fmt: skip
@@ -241,6 +247,48 @@ def measure_batching(url: str, key: str, server: Client, args: argparse.Namespac
     }
 
 
+def measure_capture(url: str, key: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``--clients`` concurrent clients, each alternating a stored and an unstored request (the
+    team stores those sent with ``store: true``), so both kinds see the same load."""
+    from projects.models import StoredCompletion
+
+    before = StoredCompletion.objects.count()
+    body = {"model": BASE_MODEL_NAME, "messages": MESSAGES, "max_tokens": 8, "temperature": 1.0}
+    latencies: dict[bool, list[float]] = {True: [], False: []}
+    lock = threading.Lock()
+    barrier = threading.Barrier(args.clients)
+
+    def work(index: int) -> None:
+        client = Client(url, key)
+        client.complete({**body, "store": False})  # warm the connection
+        barrier.wait()
+        for number in range(args.capture_requests):
+            stored = (number + index) % 2 == 0
+            started = time.perf_counter()
+            client.complete({**body, "store": stored, "metadata": {"client": str(index)}})
+            with lock:
+                latencies[stored].append(time.perf_counter() - started)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(args.clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    expected = len(latencies[True])
+    deadline = time.monotonic() + 30
+    while StoredCompletion.objects.count() - before < expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    report = {"clients": args.clients, "requests": expected + len(latencies[False]),
+              "rows_stored": StoredCompletion.objects.count() - before, "rows_expected": expected}  # fmt: skip
+    for stored, values in latencies.items():
+        report["stored" if stored else "unstored"] = {
+            "median_ms": ms(statistics.median(values)), "p95_ms": ms(percentile(values, 0.95)),
+        }  # fmt: skip
+    report["median_ratio"] = round(report["stored"]["median_ms"] / report["unstored"]["median_ms"], 3)
+    report["p95_ratio"] = round(report["stored"]["p95_ms"] / report["unstored"]["p95_ms"], 3)
+    return report
+
+
 def bench_environment(data_dir: Path, database_url: str, **extra: str) -> dict[str, str]:
     """The environment of a benchmark's processes (scratch data dir, SQLite unless
     ``database_url``, no broker), applied to this process too, with Django set up in it."""
@@ -339,6 +387,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         if not args.echo_upstream:
             report["batching"] = measure_batching(gateway_url, key, direct, args)
+        if args.capture_requests:
+            services.completion_storage_set(team=team, storage="requested")
+            time.sleep(2)  # the gateway remembers the key's team for GATEWAY_LOOKUP_CACHE_S
+            report["capture"] = measure_capture(gateway_url, key, args)
         report["machine"]["load_avg_after"] = os.getloadavg()
     finally:
         processes.stop()
@@ -358,6 +410,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"one at a time {batching['one_at_a_time']['tokens_per_s']} tok/s, "
               f"concurrent {batching['concurrent']['tokens_per_s']} tok/s: ratio {batching['throughput_ratio']}x")  # fmt: skip
         print(f"server batches (requests each): {batching['server_requests_per_batch']}")
+    capture = report.get("capture")
+    if capture:
+        print(f"== stored completions ({capture['clients']} clients, {capture['requests']} requests, "
+              f"{capture['rows_stored']}/{capture['rows_expected']} rows stored)")  # fmt: skip
+        for kind in ("unstored", "stored"):
+            print(f"{kind:9} median {capture[kind]['median_ms']} ms  p95 {capture[kind]['p95_ms']} ms")
+        print(f"stored/unstored: median {capture['median_ratio']}x  p95 {capture['p95_ratio']}x")
     print(
         f"load average before/after: {report['machine']['load_avg']} / {report['machine']['load_avg_after']}"
     )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from django.db.models import Q, QuerySet, TextField
-from django.db.models.functions import Cast
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 
 from projects.errors import NotFound, ValidationFailed
 from projects.models import StoredCompletion, Team
