@@ -86,7 +86,7 @@ class Tally:
 
 
 @pytest.fixture
-def world(alpha_setup, cast) -> dict[str, int]:
+def world(alpha_setup, cast) -> dict[str, Any]:
     """Rows of every kind in team alpha, by the path prefix whose ``{id}`` names them."""
     judge = JudgeEndpoint.objects.create(team=cast.alpha, name="judge", base_url="http://127.0.0.1:9/v1")
     run = services.run_create(
@@ -142,10 +142,29 @@ def world(alpha_setup, cast) -> dict[str, int]:
         ).pk,
         "/v1/preview/models/": client_model.pk,
         "/v1/preview/training-jobs/": job.pk,
+        "/v1/chat/completions/": services.stored_completion_create(
+            team_id=cast.alpha.pk,
+            completion_id="chatcmpl-fuzz",
+            api_key_id=key.api_key.pk,
+            model="math/agent:0",
+            served_by="math/agent:0",
+            checkpoint_id=checkpoint.pk,
+            stream=False,
+            metadata={"k": "v"},
+            conversation_id="",
+            request={"messages": messages},
+            response={
+                "choices": [{"index": 0, "message": messages[1], "finish_reason": "stop", "logprobs": None}]
+            },
+            prompt_token_ids=[1],
+            token_ids=[[2]],
+            logprobs=[[-0.5]],
+            latency_ms=3,
+        ).completion_id,  # type: ignore[union-attr]
     }
 
 
-def _existing_ids(path: str, world: dict[str, int]) -> dict[str, Any] | None:
+def _existing_ids(path: str, world: dict[str, Any]) -> dict[str, Any] | None:
     for prefix, pk in world.items():
         if path.startswith(prefix) and "{" in path:
             name = path[len(prefix) :].split("}")[0].lstrip("{")
@@ -153,7 +172,7 @@ def _existing_ids(path: str, world: dict[str, int]) -> dict[str, Any] | None:
     return None
 
 
-def _coverage_cases(operation: Any, world: dict[str, int]) -> Iterator[Any]:
+def _coverage_cases(operation: Any, world: dict[str, Any]) -> Iterator[Any]:
     """Schemathesis' coverage phase (boundary values, wrong types, missing and extra fields, in
     valid and invalid variants), and again on an existing row for the detail endpoints."""
     generation = SCHEMA.config.generation_for(operation=operation, phase="coverage")
@@ -172,7 +191,7 @@ def _coverage_cases(operation: Any, world: dict[str, int]) -> Iterator[Any]:
                 yield case
 
 
-def _fuzz_strategy(operation: Any, world: dict[str, int]) -> st.SearchStrategy:
+def _fuzz_strategy(operation: Any, world: dict[str, Any]) -> st.SearchStrategy:
     modes = list(schemathesis.GenerationMode)
     strategies = [operation.as_strategy(generation_mode=mode) for mode in modes]
     existing = _existing_ids(operation.path, world)
