@@ -117,7 +117,7 @@ def main() -> None:
         report["postgresql"] = measure(args.database_url, args.rows)
     for name, result in report.items():
         print(f"{name:10} 1 thread {result['threads_1']['rows_per_s']} rows/s, "
-              f"4 threads {result['threads_4']['rows_per_s']} rows/s ({result['stored']} rows kept)")  # fmt: skip
+              f"4 threads {result['threads_4']['rows_per_s']} rows/s ({result['stored']} rows written)")  # fmt: skip
     if "postgresql" in report:
         ratio = report["postgresql"]["threads_4"]["rows_per_s"] / report["sqlite"]["threads_4"]["rows_per_s"]
         print(f"PostgreSQL/SQLite at 4 threads: {ratio:.2f}x")
