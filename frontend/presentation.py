@@ -317,6 +317,11 @@ def _messages(raw_messages: list[dict[str, Any]], split: tuple[int | None, int] 
     return messages
 
 
+def message_views(raw_messages: list[dict[str, Any]]) -> list[Message]:
+    """Messages for the transcript template, without a divergence to mark."""
+    return _messages(raw_messages, None)
+
+
 def transcript_columns(trajectories: Sequence[Any], summary: GroupSummary | None = None) -> list[Column]:
     """Columns best first; in the best and the worst, the text from their first difference on is
     marked ``diverged`` (the first differing message gets ``first_divergence``). With ``summary``

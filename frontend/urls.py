@@ -4,6 +4,7 @@ from django.urls import path
 from frontend import (
     checkpoint_pages,
     compare_pages,
+    completion_pages,
     evaluation_pages,
     judge_pages,
     playground,
@@ -87,4 +88,7 @@ urlpatterns = [
         "checkpoints/<int:checkpoint_id>/delete", checkpoint_pages.checkpoint_delete, name="checkpoint-delete"
     ),
     path("playground/chat", playground.playground_chat, name="playground-chat"),
+    path("completions/", completion_pages.completions, name="completions"),
+    path("completions/task-set", completion_pages.completions_to_task_set, name="completions-task-set"),
+    path("completions/<str:completion_id>/", completion_pages.completion, name="completion"),
 ]

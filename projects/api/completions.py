@@ -18,20 +18,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers
+from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from projects import selectors, services
 from projects.access import Permission
 from projects.api.base import TeamViewSet
-from projects.api.pagination import int_query_param, list_body
+from projects.api.pagination import int_query_param, list_body, page_of
 from projects.api.serializers import InputSerializer
-from projects.errors import ValidationFailed
+from projects.errors import NotFound, ValidationFailed
 from projects.gateway.capture import checked_metadata
 from projects.gateway.errors import GatewayError
-from projects.models import StoredCompletion
+from projects.models import CompletionFeedback, StoredCompletion
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100
 
@@ -189,3 +191,74 @@ class TeamSettingsView(TeamViewSet):
             conversation_key=data.get("conversation_key"),
         )
         return Response(team_body(team))
+
+
+class FeedbackIn(InputSerializer):
+    completion_id = serializers.CharField(
+        required=False, max_length=100, help_text="a stored completion's id"
+    )
+    conversation_id = serializers.CharField(required=False, max_length=512,
+                                            help_text="every stored completion of this conversation")  # fmt: skip
+    value = serializers.FloatField(help_text="the reward: a thumbs up is 1, down 0; any finite number")
+    label = serializers.CharField(required=False, allow_blank=True, max_length=64)  # type: ignore[assignment]
+    comment = serializers.CharField(required=False, allow_blank=True, max_length=4000)
+
+
+def feedback_body(row: CompletionFeedback) -> dict[str, Any]:
+    return {
+        "id": row.pk,
+        "object": "completion.feedback",
+        "completion_id": row.completion.completion_id if row.completion is not None else None,
+        "conversation_id": row.conversation_id or None,
+        "value": row.value,
+        "label": row.label,
+        "comment": row.comment,
+        "source": row.source,
+        "created_at": int(row.created_at.timestamp()),
+    }
+
+
+class FeedbackView(TeamViewSet):
+    """``/api/v1/feedback``: rewards attached to stored completions or conversations after the fact
+    (projects.services.completions.feedback_add); ``?completion_id=`` or ``?conversation_id=``."""
+
+    model = CompletionFeedback
+    serializer_class = FeedbackIn
+
+    def base_queryset(self) -> QuerySet:
+        return CompletionFeedback.objects.select_related("completion")
+
+    @extend_schema(responses={200: dict})
+    def list(self, request: Request) -> Response:
+        rows = self.get_queryset()
+        if completion_id := request.query_params.get("completion_id"):
+            rows = rows.filter(completion__completion_id=completion_id)
+        if conversation_id := request.query_params.get("conversation_id"):
+            rows = rows.filter(conversation_id=conversation_id)
+        page, has_more = page_of(rows, request)
+        return Response(list_body([feedback_body(row) for row in page], has_more=has_more))
+
+    @extend_schema(responses={200: dict})
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(feedback_body(self.get_object()))
+
+    @extend_schema(request=FeedbackIn, responses={201: dict})
+    def create(self, request: Request) -> Response:
+        serializer = FeedbackIn(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        completion = None
+        if data.get("completion_id"):
+            try:
+                completion = selectors.stored_completion_get(
+                    team=self.team, completion_id=data["completion_id"]
+                )
+            except NotFound as exc:
+                raise ValidationFailed(exc.message, field="completion_id") from exc
+        row = services.feedback_add(
+            team=self.team, value=data["value"], completion=completion,
+            conversation_id=data.get("conversation_id", ""), label=data.get("label", ""),
+            comment=data.get("comment", ""), source="api", api_key=self.access.api_key,
+            created_by=request.user if isinstance(request.user, User) else None,  # a key is no one
+        )  # fmt: skip
+        return Response(feedback_body(row), status=status.HTTP_201_CREATED)

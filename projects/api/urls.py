@@ -34,6 +34,7 @@ router.register("evaluations", evaluations.EvaluationViewSet, basename="evaluati
 router.register("checkpoints", checkpoints.CheckpointViewSet, basename="checkpoint")
 router.register("exports", checkpoints.ExportViewSet, basename="export")
 router.register("webhooks", webhooks.WebhookViewSet, basename="webhook")
+router.register("feedback", completions.FeedbackView, basename="feedback")
 
 
 def without_slash(patterns: list[Any]) -> list[URLPattern]:

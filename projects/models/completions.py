@@ -9,6 +9,7 @@ whose metadata share a value under the team's ``conversation_key`` form one conv
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 from projects.models.runs import Checkpoint
@@ -38,6 +39,9 @@ class StoredCompletion(models.Model):
     token_ids = models.JSONField(null=True, blank=True, help_text="per choice: the sampled ids")
     logprobs = models.JSONField(null=True, blank=True, help_text="per choice: each sampled token's logprob")
     bounded = models.BooleanField(default=False, help_text="logprobs dropped to keep the row under the bound")
+    # The latest feedback's value (CompletionFeedback), on the row so lists filter and sort by it.
+    reward = models.FloatField(null=True, blank=True)
+    feedback_count = models.PositiveIntegerField(default=0)
     latency_ms = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(db_index=True)
 
@@ -45,8 +49,39 @@ class StoredCompletion(models.Model):
         indexes = [
             models.Index(fields=["team", "model"]),
             models.Index(fields=["team", "conversation_id"]),
+            models.Index(fields=["team", "reward"]),
         ]
         ordering = ["id"]
 
     def __str__(self) -> str:
         return self.completion_id
+
+
+class CompletionFeedback(models.Model):
+    """A reward attached to a stored completion, or to a whole conversation, after the fact: a
+    user's thumbs, a downstream outcome, a member's review, a grader run over stored completions.
+    The newest one is the completion's ``reward`` (a review overrides what came before); every
+    one is kept."""
+
+    TEAM_PATH = "team"
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="completion_feedback")
+    completion = models.ForeignKey(
+        StoredCompletion, null=True, blank=True, on_delete=models.CASCADE, related_name="feedback"
+    )
+    conversation_id = models.CharField(max_length=512, blank=True, default="")
+    value = models.FloatField()
+    label = models.CharField(max_length=64, blank=True, default="")
+    comment = models.TextField(blank=True, default="")
+    source = models.CharField(max_length=100, default="api", help_text="api, dashboard, or grader:<reward>")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["team", "conversation_id"])]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.value} on {self.completion_id or self.conversation_id}"

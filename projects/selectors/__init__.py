@@ -21,6 +21,8 @@ from projects.selectors.checkpoints import (
     project_storage_bytes,
 )
 from projects.selectors.completions import (
+    completion_feedback,
+    conversation_completion_ids,
     stored_completion_get,
     stored_completions,
 )
@@ -144,6 +146,8 @@ from projects.selectors.training_jobs import (
 )
 
 __all__ = [
+    "completion_feedback",
+    "conversation_completion_ids",
     "stored_completion_get",
     "stored_completions",
     "checkpoint_key",

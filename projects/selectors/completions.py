@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import Q, QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from projects.errors import NotFound, ValidationFailed
-from projects.models import StoredCompletion, Team
+from projects.models import CompletionFeedback, StoredCompletion, Team
 from projects.selectors._scoping import scoped
 
 
@@ -18,13 +20,33 @@ def stored_completions(
     metadata: dict[str, str] | None = None,
     descending: bool = False,
     after: str | None = None,
+    checkpoint: str | None = None,
+    reward_min: float | None = None,
+    reward_max: float | None = None,
+    rated: bool | None = None,
+    since: Any = None,
+    until: Any = None,
 ) -> QuerySet:
     """The team's stored completions, oldest first (``descending``: newest first); ``model``
     matches the id the request named or the checkpoint it resolved to; ``metadata`` every pair;
-    ``after``: those past that completion in this order (a 400 on ``after`` if it is not listed)."""
+    ``after``: those past that completion in this order (a 400 on ``after`` if it is not listed);
+    ``checkpoint`` the one that served it, ``reward_min``/``reward_max`` its reward (bounds
+    included), ``rated`` whether it has any, ``since``/``until`` its time (datetimes)."""
     rows = scoped(StoredCompletion, team)
     if model:
         rows = rows.filter(Q(model=model) | Q(served_by=model))
+    if checkpoint:
+        rows = rows.filter(served_by=checkpoint)
+    if reward_min is not None:
+        rows = rows.filter(reward__gte=reward_min)
+    if reward_max is not None:
+        rows = rows.filter(reward__lte=reward_max)
+    if rated is not None:
+        rows = rows.filter(reward__isnull=not rated)
+    if since is not None:
+        rows = rows.filter(created_at__gte=since)
+    if until is not None:
+        rows = rows.filter(created_at__lt=until)
     for number, (key, value) in enumerate((metadata or {}).items()):
         name = f"_meta{number}"  # the key is data, never part of a lookup path
         text = Cast(KeyTextTransform(key, "metadata"), output_field=TextField())  # compared as text
@@ -42,3 +64,18 @@ def stored_completion_get(*, team: Team, completion_id: str) -> StoredCompletion
     if row is None:
         raise NotFound(f"No chat completion found with id '{completion_id[:100]}'.")
     return row
+
+
+def completion_feedback(*, team: Team, completion: StoredCompletion) -> QuerySet:
+    """The feedback on ``completion`` and on its conversation, newest first."""
+    rows = scoped(CompletionFeedback, team).select_related("created_by")
+    mine = Q(completion=completion)
+    if completion.conversation_id:
+        mine |= Q(completion__isnull=True, conversation_id=completion.conversation_id)
+    return rows.filter(mine).order_by("-id")
+
+
+def conversation_completion_ids(*, team: Team, conversation_id: str, limit: int = 50) -> list[str]:
+    """The ids of a conversation's stored completions, oldest first."""
+    rows = scoped(StoredCompletion, team).filter(conversation_id=conversation_id).order_by("id")
+    return list(rows.values_list("completion_id", flat=True)[:limit])

@@ -55,10 +55,12 @@ from projects.services.client_models import (
 )
 from projects.services.completions import (
     completion_storage_set,
+    feedback_add,
     stored_completion_create,
     stored_completion_delete,
     stored_completion_update,
     stored_completions_expire,
+    task_set_from_completions,
 )
 from projects.services.environments import (
     environment_build,
@@ -215,6 +217,8 @@ from projects.services.training_jobs import (
 )
 
 __all__ = [
+    "task_set_from_completions",
+    "feedback_add",
     "completion_storage_set",
     "stored_completion_create",
     "stored_completion_delete",

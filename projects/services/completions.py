@@ -9,15 +9,26 @@ reused one) is dropped with a warning rather than overwriting another completion
 from __future__ import annotations
 
 import logging
+import math
 from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from projects.errors import ValidationFailed
-from projects.models import CompletionStorage, StoredCompletion, Team
+from projects.errors import NotFound, ValidationFailed
+from projects.models import (
+    ApiKey,
+    CompletionFeedback,
+    CompletionStorage,
+    Project,
+    StoredCompletion,
+    TaskSet,
+    Team,
+)
 from projects.services._common import jsonb_safe
+from projects.services.task_sets import task_set_create
 
 log = logging.getLogger(__name__)
 
@@ -116,3 +127,81 @@ def stored_completions_expire(*, now: Any = None) -> int:
         count, _ = StoredCompletion.objects.filter(team_id=team_id, created_at__lt=cutoff).delete()
         deleted += count
     return deleted
+
+
+MAX_LABEL, MAX_COMMENT = 64, 4000
+
+
+def feedback_add(
+    *,
+    team: Team,
+    value: Any,
+    completion: StoredCompletion | None = None,
+    conversation_id: str = "",
+    label: str = "",
+    comment: str = "",
+    source: str = "api",
+    api_key: ApiKey | None = None,
+    created_by: Any = None,
+) -> CompletionFeedback:
+    """A reward on one stored completion or on every completion of a conversation (exactly one
+    of the two); it becomes their ``reward`` (the newest feedback wins)."""
+    if (completion is None) == (not conversation_id):
+        raise ValidationFailed("give exactly one of completion_id or conversation_id", field="completion_id")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValidationFailed("must be a finite number (a thumbs up is 1, down 0)", field="value")
+    if not isinstance(label, str) or len(label) > MAX_LABEL:
+        raise ValidationFailed(f"must be a string of at most {MAX_LABEL} characters", field="label")
+    if not isinstance(comment, str) or len(comment) > MAX_COMMENT:
+        raise ValidationFailed(f"must be a string of at most {MAX_COMMENT} characters", field="comment")
+    rows = StoredCompletion.objects.filter(team=team)
+    if completion is not None:
+        if completion.team_id != team.pk:
+            raise NotFound("No chat completion found with that id.")
+        rows = rows.filter(pk=completion.pk)
+    else:
+        rows = rows.filter(conversation_id=conversation_id)
+        if not rows.exists():
+            raise ValidationFailed(f"no stored completion has conversation id {conversation_id[:100]!r}",
+                                   field="conversation_id")  # fmt: skip
+    with transaction.atomic():
+        feedback = CompletionFeedback.objects.create(
+            team=team, completion=completion, conversation_id=conversation_id if completion is None else "",
+            value=float(value), label=jsonb_safe(label), comment=jsonb_safe(comment), source=source[:100],
+            api_key=api_key, created_by=created_by,
+        )  # fmt: skip
+        rows.update(reward=float(value), feedback_count=F("feedback_count") + 1)
+    return feedback
+
+
+def task_set_from_completions(
+    *, project: Project, name: str, completions: list[StoredCompletion], validation_fraction: float = 0.0
+) -> TaskSet:
+    """A task set of the project from stored completions (the team's, checked): per completion
+    one row, its prompt as ``messages``, its metadata (with ``completion_id``, ``served_by`` and
+    ``reward``) as the grader's ``item``, and the reply as ``completion`` (what an SFT run trains
+    on). The task set's source names the completions, so a run on it leads back to the traffic."""
+    if not completions:
+        raise ValidationFailed("select at least one stored completion", field="completions")
+    if any(row.team_id != project.team_id for row in completions):
+        raise NotFound("No chat completion found with that id.")
+    rows = []
+    for row in completions:
+        messages = [m for m in row.request.get("messages") or [] if isinstance(m, dict)]
+        choices = row.response.get("choices") or [{}]
+        reply = (choices[0].get("message") or {}).get("content") if isinstance(choices[0], dict) else None
+        item = {
+            **row.metadata,
+            "completion_id": row.completion_id,
+            "served_by": row.served_by,
+            "reward": row.reward,
+        }
+        data: dict[str, Any] = {"messages": messages, "item": item}
+        if isinstance(reply, str) and reply:
+            data["completion"] = reply
+        rows.append(data)
+    task_set = task_set_create(project=project, name=name, rows=rows, validation_fraction=validation_fraction)
+    task_set.source = {**(task_set.source or {}), "type": "stored_completions",
+                       "completion_ids": [row.completion_id for row in completions]}  # fmt: skip
+    task_set.save(update_fields=["source"])
+    return task_set

@@ -230,3 +230,46 @@ def test_retention_deletes_only_what_is_older_than_the_teams_days(cast):
         "chatcmpl-new", "chatcmpl-beta-old",
     }  # fmt: skip
     assert new.pk
+
+
+# ---------------------------------------------------------------- feedback
+
+
+def test_feedback_by_completion_or_conversation_becomes_the_reward(cast, key_client, alpha_key):
+    one = store(cast.alpha, "chatcmpl-f1", metadata={"conversation_id": "conv"})
+    two = store(cast.alpha, "chatcmpl-f2", metadata={"conversation_id": "conv"})
+    StoredCompletion.objects.filter(pk__in=[one.pk, two.pk]).update(conversation_id="conv")
+    other = store(cast.beta, "chatcmpl-beta")
+
+    reply = key_client.post("/api/v1/feedback", {"completion_id": "chatcmpl-f1", "value": 0.0, "label": "wrong",
+                                                 "comment": "answered Lyon"}, format="json")  # fmt: skip
+    assert reply.status_code == 201, reply.content
+    body = reply.json()
+    assert body["completion_id"] == "chatcmpl-f1" and body["value"] == 0.0 and body["source"] == "api"
+    reply = key_client.post("/api/v1/feedback", {"conversation_id": "conv", "value": 1}, format="json")
+    assert reply.status_code == 201 and reply.json()["conversation_id"] == "conv"
+    one.refresh_from_db(), two.refresh_from_db(), other.refresh_from_db()
+    assert (one.reward, one.feedback_count, two.reward, two.feedback_count) == (1.0, 2, 1.0, 1)
+    assert other.reward is None  # another team's completion is never touched
+
+    for bad, field in [
+        ({"value": 1}, "completion_id"),
+        ({"completion_id": "chatcmpl-f1", "conversation_id": "conv", "value": 1}, "completion_id"),
+        ({"completion_id": "chatcmpl-beta", "value": 1}, "completion_id"),  # beta's: not found here
+        ({"conversation_id": "nobody", "value": 1}, "conversation_id"),
+        ({"completion_id": "chatcmpl-f1", "value": "NaN"}, "value"),
+        ({"completion_id": "chatcmpl-f1", "value": 1, "label": "x" * 65}, "label"),
+        ({"completion_id": "chatcmpl-f1", "value": 1, "stars": 5}, "stars"),
+    ]:
+        reply = key_client.post("/api/v1/feedback", bad, format="json")
+        assert reply.status_code == 400 and error_of(reply)["param"] == field, (bad, reply.content)
+
+    listed = key_client.get("/api/v1/feedback?completion_id=chatcmpl-f1").json()
+    assert [row["label"] for row in listed["data"]] == ["wrong"] and listed["object"] == "list"
+    assert len(key_client.get("/api/v1/feedback").json()["data"]) == 2
+    from projects import selectors
+
+    assert [r.completion_id for r in selectors.stored_completions(team=cast.alpha, reward_min=0.5)] == [
+        "chatcmpl-f1", "chatcmpl-f2",
+    ]  # fmt: skip
+    assert [r.completion_id for r in selectors.stored_completions(team=cast.alpha, rated=False)] == []

@@ -119,6 +119,14 @@ def world(cast, alpha_setup, alice_client, settings, tmp_path):
         project=alpha_setup.project, environment=alpha_setup.environment, endpoint=judge,
         name="generated", instruction="x", model="m", rows_total=1,
     )  # fmt: skip
+    completion = services.stored_completion_create(
+        team_id=cast.alpha.pk, completion_id="chatcmpl-walk", api_key_id=None, model="math/agent:0",
+        served_by="math/agent:0", checkpoint_id=checkpoint.pk, stream=False, metadata={"conversation_id": "c"},
+        conversation_id="c", request={"messages": [{"role": "user", "content": "hi"}]},
+        response={"choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
+                               "finish_reason": "stop", "logprobs": None}]},
+        prompt_token_ids=[1], token_ids=[[2]], logprobs=[[-0.5]], latency_ms=3,
+    )  # fmt: skip
     objects = {
         "project": alpha_setup.project,
         "model": alpha_setup.model,
@@ -137,12 +145,15 @@ def world(cast, alpha_setup, alice_client, settings, tmp_path):
         "membership": Membership.objects.get(team=cast.alpha, user=cast.bob),
         "base_model": alpha_setup.base,
         "scenario_job": scenario_job,
+        "stored_completion": completion,
+        "feedback": services.feedback_add(team=cast.alpha, value=1.0, completion=completion),
     }
     return type("World", (), {**objects, "objects": objects, "setup": alpha_setup})
 
 
 # URL keyword → the world's object that fills it.
 KWARGS = {
+    "completion_id": "stored_completion",  # a stored completion's own id (chatcmpl-…), not its pk
     "run_id": "run",
     "checkpoint_id": "checkpoint",
     "project_id": "project",
@@ -175,6 +186,8 @@ PK_OF_MODEL = {
     "Invitation": "invitation",
     "Membership": "membership",
     "BaseModel": "base_model",
+    "StoredCompletion": "stored_completion",
+    "CompletionFeedback": "feedback",
 }
 
 
@@ -186,7 +199,8 @@ def _url(world: Any, entry: URLPattern, name: str, view_class: type | None) -> s
             kwargs[key] = world.objects[PK_OF_MODEL[view_class.model.__name__]].pk
         else:
             assert key in KWARGS, f"{name}: the walk does not know the URL keyword {key!r}; add it"
-            kwargs[key] = world.objects[KWARGS[key]].pk
+            row = world.objects[KWARGS[key]]
+            kwargs[key] = row.completion_id if key == "completion_id" else row.pk
     return reverse(name, kwargs=kwargs)
 
 
@@ -349,7 +363,8 @@ def _path_of(world: Any, regex: str, entry: URLPattern) -> str:
             row = world.by_model[model.__name__]
             return str(getattr(row, getattr(view_class, "lookup_field", "pk")))
         if key in KWARGS:
-            return str(world.objects[KWARGS[key]].pk)
+            row = world.objects[KWARGS[key]]
+            return str(row.completion_id if key == "completion_id" else row.pk)
         assert key in OTHER_KWARGS, f"{regex}: the walk does not know the URL keyword {key!r}; add it"
         return OTHER_KWARGS[key]
 
@@ -374,23 +389,6 @@ def test_options_never_fails_on_any_route_for_any_caller(
         **{world.objects[name]._meta.object_name: world.objects[name] for name in PK_OF_MODEL.values()},
         "TrainingJob": job,
         "ScenarioJob": world.scenario_job,
-        "StoredCompletion": services.stored_completion_create(
-            team_id=cast.alpha.pk,
-            completion_id="chatcmpl-options",
-            api_key_id=None,
-            model="m",
-            served_by="m",
-            checkpoint_id=None,
-            stream=False,
-            metadata={},
-            conversation_id="",
-            request={"messages": []},
-            response={"choices": []},
-            prompt_token_ids=None,
-            token_ids=None,
-            logprobs=None,
-            latency_ms=1,
-        ),
     }
     callers = {"owner session": alice_client, "viewer session": bob_client, "read-write key": key_client,
                "read-only key": read_only_client, "anonymous": anonymous_client}  # fmt: skip

@@ -1,0 +1,100 @@
+"""The stored completions' review pages: the list and its filters, one completion as a transcript
+with its feedback, thumbs and a score from the page, a selection made into a task set; viewers
+read but cannot rate; another team's completion is a 404."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from projects import services
+from projects.models import CompletionFeedback, StoredCompletion, TaskRow, TaskSet
+from tests.factories import ProjectFactory
+from tests.frontend.test_views import client_for
+from tests.projects.test_stored_completions import store
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_list_filters_by_model_metadata_reward_and_date(cast):
+    lyon = store(
+        cast.alpha, "chatcmpl-lyon", metadata={"channel": "app"}, model="math/agent:1", content="Lyon"
+    )
+    paris = store(cast.alpha, "chatcmpl-paris", metadata={"channel": "web"}, content="Paris")
+    store(cast.beta, "chatcmpl-beta", content="Berlin")
+    services.feedback_add(team=cast.alpha, value=1.0, completion=paris)
+    StoredCompletion.objects.filter(pk=lyon.pk).update(created_at=timezone.now() - timedelta(days=3))
+    client = client_for(cast.bob)  # a viewer reads
+
+    def shown(query: str = "") -> list[str]:
+        page = client.get(f"/completions/{query}")
+        assert page.status_code == 200
+        return [row.completion_id for row, _prompt, _reply in page.context["rows"]]
+
+    assert shown() == ["chatcmpl-paris", "chatcmpl-lyon"]  # newest first, alpha's only
+    assert shown("?meta=channel%3Dapp") == ["chatcmpl-lyon"]
+    assert shown("?model=math/agent:1") == ["chatcmpl-lyon"]
+    assert shown("?reward_min=0.5") == ["chatcmpl-paris"] and shown("?rated=no") == ["chatcmpl-lyon"]
+    today = timezone.localdate().isoformat()
+    assert shown(f"?since={today}") == ["chatcmpl-paris"] and shown(f"?until={today}") == shown()
+    assert shown("?reward_min=abc") == shown()  # a value that does not parse filters nothing
+    html = client.get("/completions/").content.decode()
+    assert (
+        "Paris" in html and "Berlin" not in html and 'name="completion"' not in html
+    )  # viewers: no selection
+
+
+def test_a_member_rates_from_the_page_and_a_viewer_cannot(cast):
+    row = store(cast.alpha, "chatcmpl-rate", metadata={"conversation_id": "c"}, content="Paris")
+    alice, bob, charlie = (client_for(user) for user in (cast.alice, cast.bob, cast.charlie))
+    page = alice.get("/completions/chatcmpl-rate/")
+    html = page.content.decode()
+    assert page.status_code == 200 and "Paris" in html and "Be brief." in html and "Thumbs up" in html
+    assert alice.post("/completions/chatcmpl-rate/", {"value": "1"}).status_code == 302
+    assert alice.post("/completions/chatcmpl-rate/", {"value": "0.25", "label": "partial",
+                                                      "comment": "right city, long"}).status_code == 302  # fmt: skip
+    assert alice.post("/completions/chatcmpl-rate/", {"value": "lots"}).status_code == 302  # refused, said
+    assert [(f.value, f.label, f.source, f.created_by) for f in CompletionFeedback.objects.order_by("id")] == [
+        (1.0, "", "dashboard", cast.alice), (0.25, "partial", "dashboard", cast.alice),
+    ]  # fmt: skip
+    row.refresh_from_db()
+    assert row.reward == 0.25
+    html = alice.get("/completions/chatcmpl-rate/").content.decode()
+    assert "right city, long" in html and "alice" in html
+    assert bob.post("/completions/chatcmpl-rate/", {"value": "1"}).status_code == 403
+    assert "Thumbs up" not in bob.get("/completions/chatcmpl-rate/").content.decode()
+    assert charlie.get("/completions/chatcmpl-rate/").status_code == 404
+    assert charlie.post("/completions/chatcmpl-rate/", {"value": "1"}).status_code == 404
+    assert CompletionFeedback.objects.count() == 2
+
+
+def test_a_selection_becomes_a_task_set_with_prompts_items_and_replies(cast, alpha_setup):
+    rows = [
+        store(cast.alpha, f"chatcmpl-t{i}", metadata={"answer": str(i)}, content=f"reply {i}")
+        for i in range(3)
+    ]
+    services.feedback_add(team=cast.alpha, value=1.0, completion=rows[0])
+    beta_row = store(cast.beta, "chatcmpl-beta")
+    alice = client_for(cast.alice)
+    reply = alice.post("/completions/task-set", {
+        "project": alpha_setup.project.pk, "name": "from-traffic",
+        "completion": ["chatcmpl-t0", "chatcmpl-t2", beta_row.completion_id],  # beta's is not alpha's: left out
+    })  # fmt: skip
+    task_set = TaskSet.objects.get(name="from-traffic")
+    assert reply.status_code == 302 and reply["Location"] == f"/task-sets/{task_set.pk}/"
+    data = [row.data for row in TaskRow.objects.filter(task_set=task_set).order_by("index")]
+    assert [d["item"]["completion_id"] for d in data] == ["chatcmpl-t0", "chatcmpl-t2"]
+    assert data[0]["messages"][-1] == {"role": "user", "content": "q"} and data[0]["completion"] == "reply 0"
+    assert data[0]["item"]["answer"] == "0" and data[0]["item"]["reward"] == 1.0
+    assert task_set.source["completion_ids"] == ["chatcmpl-t0", "chatcmpl-t2"]
+    assert client_for(cast.bob).post("/completions/task-set", {"project": alpha_setup.project.pk,
+                                                               "name": "x", "completion": ["chatcmpl-t1"]}).status_code == 403  # fmt: skip
+    other = ProjectFactory(team=cast.beta, name="theirs")
+    reply = alice.post(
+        "/completions/task-set", {"project": other.pk, "name": "y", "completion": ["chatcmpl-t1"]}
+    )
+    assert reply.status_code == 404 and not TaskSet.objects.filter(name="y").exists()
+    reply = alice.post("/completions/task-set", {"project": alpha_setup.project.pk, "name": "z"}, follow=True)
+    assert "select at least one stored completion" in reply.content.decode()
