@@ -35,6 +35,7 @@ router.register("checkpoints", checkpoints.CheckpointViewSet, basename="checkpoi
 router.register("exports", checkpoints.ExportViewSet, basename="export")
 router.register("webhooks", webhooks.WebhookViewSet, basename="webhook")
 router.register("feedback", completions.FeedbackView, basename="feedback")
+router.register("aliases", completions.AliasView, basename="alias")
 
 
 def without_slash(patterns: list[Any]) -> list[URLPattern]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +52,7 @@ from projects.gateway.sync_servers import serve
 from projects.gateway.upstream import InferenceServerUpstream, Upstream, Usage
 from projects.gateway.vllm import VLLMUpstream
 from projects.models import ApiKey, InferenceServer, Team
-from projects.selectors.serving import Target, live_servers, resolve_model
+from projects.selectors.serving import Target, live_servers, names_alias, resolve_model
 from training.rollouts import strict_json
 from training.serving.protocol import Limits, RequestError, parse_chat_request
 
@@ -114,7 +115,7 @@ def _prepare_chat(
     assert team is not None
     if chat is None:
         chat = _parse(raw_body)
-    target, servers = _route(team, chat.request.model)
+    target, servers = _route(team, chat.request.model, chat.store.metadata.get(team.conversation_key))
     route = Route(access.api_key if access else None, target, servers, chat)
     return capture.with_capture(route, capture.capture_for(team, chat.store, chat.decoded))
 
@@ -168,20 +169,24 @@ def _parse(raw_body: bytes) -> ParsedChat:
     return token_ids.ask_for_token_ids(ParsedChat(raw_body, body, request, store=store))
 
 
-def _route(team: Team, model_id: str) -> tuple[Target, list[InferenceServer]]:
+def _route(
+    team: Team, model_id: str, conversation: str | None = None
+) -> tuple[Target, list[InferenceServer]]:
     """The checkpoint ``model_id`` names for ``team`` and its live servers, best first;
-    remembered briefly (see lookups for what that delays)."""
+    remembered briefly (see lookups for what that delays), except ART's latest and model aliases,
+    resolved on every request: an alias's canary splits by ``conversation`` (the metadata value
+    under the team's conversation key; a request without one is a conversation of its own)."""
     remembered = lookups.routes.get((team.pk, model_id))
     if remembered is not None:
         return remembered
     try:
-        target = resolve_model(team=team, model_id=model_id)
+        target = resolve_model(team=team, model_id=model_id, split_key=conversation or uuid.uuid4().hex)
     except DomainError as exc:
         raise GatewayError(exc.status_code, exc.message, code=exc.code, param=exc.field) from exc
     servers = live_servers(base_model=target.base_model, affinity=target.adapter_path or target.model_id)
     if not servers:
         raise _no_server(target.base_model.name)
-    if not routing.names_latest(model_id):  # ART's latest alias: the step just trained, at once
+    if not routing.names_latest(model_id) and not names_alias(model_id):  # see the docstring
         lookups.routes.put((team.pk, model_id), (target, servers), lookups.cache_seconds())
     return target, servers
 

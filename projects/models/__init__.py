@@ -22,7 +22,13 @@ from projects.models.catalogue import (
     TaskSet,
     TrainableModel,
 )
-from projects.models.completions import CompletionFeedback, StoredCompletion
+from projects.models.completions import (
+    AliasAction,
+    AliasEvent,
+    CompletionFeedback,
+    ModelAlias,
+    StoredCompletion,
+)
 from projects.models.evaluations import Evaluation, EvaluationEvent, EvaluationSample, EvaluationStatus
 from projects.models.exports import Export, ExportFormat, ExportStatus
 from projects.models.gateway import InferenceServer, UsageRecord
@@ -51,6 +57,9 @@ from projects.models.training_jobs import (
 from projects.models.webhooks import WEBHOOK_EVENT_TYPES, DeliveryStatus, WebhookDelivery, WebhookEndpoint
 
 __all__ = [
+    "AliasAction",
+    "AliasEvent",
+    "ModelAlias",
     "CompletionFeedback",
     "CompletionStorage",
     "StoredCompletion",

@@ -85,3 +85,55 @@ class CompletionFeedback(models.Model):
 
     def __str__(self) -> str:
         return f"{self.value} on {self.completion_id or self.conversation_id}"
+
+
+class ModelAlias(models.Model):
+    """A name the gateway resolves to one of a model's checkpoints (``support/agent:prod``), with
+    a share of its traffic sent to a candidate checkpoint (a canary), sticky per conversation.
+    Every change is an ``AliasEvent`` with who and when."""
+
+    TEAM_PATH = "model__project__team"
+    model = models.ForeignKey("projects.TrainableModel", on_delete=models.CASCADE, related_name="aliases")
+    name = models.CharField(max_length=32)
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.RESTRICT, related_name="+")
+    candidate = models.ForeignKey(
+        Checkpoint, null=True, blank=True, on_delete=models.RESTRICT, related_name="+"
+    )
+    candidate_share = models.FloatField(default=0.0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "name"], name="unique_alias_per_model")]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.model}:{self.name}"
+
+
+class AliasAction(models.TextChoices):
+    SET = "set"  # the alias names a checkpoint (created, or moved by hand)
+    CANARY = "canary"  # a candidate gets a share of the traffic
+    PROMOTE = "promote"  # the candidate becomes the checkpoint
+    ROLLBACK = "rollback"  # the candidate is dropped, or the checkpoint goes back to the one before
+
+
+class AliasEvent(models.Model):
+    TEAM_PATH = "alias__model__project__team"
+    alias = models.ForeignKey(ModelAlias, on_delete=models.CASCADE, related_name="events")
+    action = models.CharField(max_length=16, choices=AliasAction.choices)
+    checkpoint_step = models.PositiveIntegerField()
+    candidate_step = models.PositiveIntegerField(null=True, blank=True)
+    candidate_share = models.FloatField(default=0.0)
+    previous_step = models.PositiveIntegerField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.alias_id} at step {self.checkpoint_step}"

@@ -24,6 +24,8 @@ WEBHOOK_EVENT_TYPES = (
     "checkpoint.created",
     "training_job.succeeded",
     "training_job.failed",
+    "model_alias.promoted",
+    "model_alias.rolled_back",
     "webhook.test",
 )
 

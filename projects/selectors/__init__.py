@@ -21,6 +21,8 @@ from projects.selectors.checkpoints import (
     project_storage_bytes,
 )
 from projects.selectors.completions import (
+    alias_arms,
+    alias_events,
     completion_feedback,
     conversation_completion_ids,
     stored_completion_get,
@@ -146,6 +148,8 @@ from projects.selectors.training_jobs import (
 )
 
 __all__ = [
+    "alias_arms",
+    "alias_events",
     "completion_feedback",
     "conversation_completion_ids",
     "stored_completion_get",

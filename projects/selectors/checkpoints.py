@@ -19,6 +19,7 @@ from projects.models import (
     EvaluationStatus,
     Export,
     ExportStatus,
+    ModelAlias,
     Project,
     Run,
     TrainableModel,
@@ -69,6 +70,11 @@ def checkpoint_users(*, model: TrainableModel, checkpoints: list[Checkpoint]) ->
                 )
     for export in Export.objects.filter(status__in=BUSY_EXPORTS, checkpoint__in=checkpoints).order_by("pk"):
         users.setdefault(by_id[export.checkpoint_id].step, f"export {export.pk} ({export.status}) reads it")
+    aliases = ModelAlias.objects.filter(Q(checkpoint__in=checkpoints) | Q(candidate__in=checkpoints))
+    for alias in aliases.order_by("pk"):
+        for checkpoint_id, role in ((alias.checkpoint_id, "serves"), (alias.candidate_id, "canaries")):
+            if checkpoint_id in by_id:
+                users.setdefault(by_id[checkpoint_id].step, f"alias :{alias.name} {role} it")
     return users
 
 

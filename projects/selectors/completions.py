@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q, QuerySet, TextField
+from django.db.models import Avg, Count, Q, QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from projects.errors import NotFound, ValidationFailed
-from projects.models import CompletionFeedback, StoredCompletion, Team
+from projects.models import AliasEvent, CompletionFeedback, ModelAlias, StoredCompletion, Team
 from projects.selectors._scoping import scoped
 
 
@@ -79,3 +79,31 @@ def conversation_completion_ids(*, team: Team, conversation_id: str, limit: int 
     """The ids of a conversation's stored completions, oldest first."""
     rows = scoped(StoredCompletion, team).filter(conversation_id=conversation_id).order_by("id")
     return list(rows.values_list("completion_id", flat=True)[:limit])
+
+
+def alias_arms(*, alias: ModelAlias) -> list[dict[str, Any]]:
+    """The alias's checkpoint and candidate side by side, from the completions stored through the
+    alias: how many each served, how many were rated, their mean reward and mean latency."""
+    model = alias.model
+    name = f"{model.project.name}/{model.name}:{alias.name}"
+    arms = [(alias.checkpoint, 1.0 - alias.candidate_share, "checkpoint")]
+    if alias.candidate is not None:
+        arms.append((alias.candidate, alias.candidate_share, "candidate"))
+    out = []
+    for checkpoint, share, role in arms:
+        served_by = f"{model.project.name}/{model.name}:{checkpoint.step}"
+        rows = StoredCompletion.objects.filter(team_id=model.project.team_id, model=name, served_by=served_by)
+        stats = rows.aggregate(
+            completions=Count("id"),
+            rated=Count("reward"),
+            mean_reward=Avg("reward"),
+            mean_latency_ms=Avg("latency_ms"),
+        )
+        out.append({"role": role, "step": checkpoint.step, "share": round(share, 6), **stats})
+    return out
+
+
+def alias_events(*, alias: ModelAlias, limit: int = 50) -> list[AliasEvent]:
+    return list(
+        AliasEvent.objects.filter(alias=alias).select_related("created_by", "api_key").order_by("-id")[:limit]
+    )

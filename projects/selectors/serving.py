@@ -4,7 +4,8 @@ evaluation resolves its subject by them (selectors.model_id_resolve); a run or a
 that rolls out on an inference server picks one by them (projects.jobs).
 
 Model ids: ``<project>/<model>:<step>``, ``<project>/<model>:latest`` (also plain
-``<project>/<model>``), or a base model's catalogue name. Another team's checkpoint is looked up
+``<project>/<model>``), ``<project>/<model>:<alias>`` (a ModelAlias, e.g. ``:prod``, with its
+canary), or a base model's catalogue name. Another team's checkpoint is looked up
 through the team-scoped queryset, so it reads exactly like a missing one (404). OpenPipe ART's
 client names checkpoints ``wandb-artifact:///<team>/<project>/<model>`` (latest) and
 ``…:step<N>``: aliases of ``<project>/<model>:latest|<N>``, for the caller's own team only.
@@ -29,13 +30,14 @@ from django.utils import timezone
 
 from projects.client_names import client_slug
 from projects.errors import NotFound
-from projects.models import BaseModel, Checkpoint, InferenceServer, Team
+from projects.models import BaseModel, Checkpoint, InferenceServer, ModelAlias, Team
 from projects.selectors._scoping import scoped
 from training.rollouts.strict_json import parse_int, storable
 
 # Matched with fullmatch: with match and "$", a model id ending in a newline would pass.
 CHECKPOINT_ID = re.compile(
-    r"(?P<project>[a-z0-9][a-z0-9._-]{0,62})/(?P<model>[a-z0-9][a-z0-9._-]{0,62})(?::(?P<tag>latest|\d+))?"
+    r"(?P<project>[a-z0-9][a-z0-9._-]{0,62})/(?P<model>[a-z0-9][a-z0-9._-]{0,62})"
+    r"(?::(?P<tag>latest|\d+|[a-z][a-z0-9_-]{0,31}))?"
 )
 # ART's names may be any line without "/" (projects.client_names): stored as their slugs.
 ART_ALIAS = re.compile(
@@ -65,7 +67,49 @@ class Target:
         return (self.checkpoint.path or None) if self.checkpoint else None
 
 
-def resolve_model(*, team: Team, model_id: str) -> Target:
+def names_alias(model_id: str) -> bool:
+    """Whether ``model_id`` names a model alias (``project/model:prod``): resolved per request,
+    since a canary splits its traffic (never remembered by the gateway)."""
+    match = CHECKPOINT_ID.fullmatch(model_id)
+    return (
+        match is not None
+        and match["tag"] is not None
+        and match["tag"] != "latest"
+        and not match["tag"].isdigit()
+    )
+
+
+def split_point(alias_id: int, key: str) -> float:
+    """Where ``key`` (a conversation id) falls in [0, 1) for alias ``alias_id``: the same key
+    always falls in the same place, so a conversation stays on one checkpoint."""
+    digest = hashlib.blake2b(f"{alias_id}\n{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def _alias_target(team: Team, match: re.Match, split_key: str | None) -> Target | None:
+    alias = (
+        scoped(ModelAlias, team)
+        .select_related("model__base_model", "model__project", "checkpoint", "candidate")
+        .filter(model__project__name=match["project"], model__name=match["model"], name=match["tag"])
+        .first()
+    )
+    if alias is None:
+        return None
+    checkpoint = alias.checkpoint
+    if (
+        alias.candidate is not None
+        and split_key is not None
+        and split_point(alias.pk, split_key) < alias.candidate_share
+    ):
+        checkpoint = alias.candidate
+    model = alias.model
+    return Target(f"{model.project.name}/{model.name}:{checkpoint.step}", model.base_model, checkpoint)
+
+
+def resolve_model(*, team: Team, model_id: str, split_key: str | None = None) -> Target:
+    """The checkpoint ``model_id`` names for ``team``. An alias with a canary sends the share of
+    ``split_key``s its candidate has to the candidate; without a ``split_key`` (an evaluation, a
+    run), the alias's own checkpoint."""
     if not storable(model_id):  # a NUL in a JSON body: PostgreSQL cannot even compare it
         raise ModelNotFound(model_id)
     alias = ART_ALIAS.fullmatch(model_id)
@@ -83,6 +127,11 @@ def resolve_model(*, team: Team, model_id: str) -> Target:
         # Replies name the model as the client did.
         return replace(target, model_id=f"{alias['project']}/{alias['model']}:{target.checkpoint.step}")
     match = CHECKPOINT_ID.fullmatch(model_id)
+    if match and names_alias(model_id):
+        aliased = _alias_target(team, match, split_key)
+        if aliased is not None:
+            return aliased
+        match = None  # no such alias: a base model may still be named so
     if match:
         checkpoints = (
             scoped(Checkpoint, team)

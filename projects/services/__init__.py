@@ -12,6 +12,7 @@ module per subject; this package re-exports them all, so callers write ``service
   the end of client runs (stopped, or idle for ``CLIENT_RUN_IDLE_S``)
 - ``run_forks``: a fork: a new model whose step 0 copies a run's checkpoint, and its run (and
   ``checkpoint_fork``, which a fine-tuning job continuing a checkpoint shares)
+- ``aliases``: model aliases (``project/model:prod``), canaries, promotion and rollback
 - ``completions``: stored completions (the gateway's captures), the team's storage settings, retention
 - ``fine_tuning``: OpenAI's fine-tuning API on these objects (a file is a task set, a job a run)
 - ``adapters``: a LoRA adapter trained elsewhere imported as a model's step 0
@@ -37,6 +38,13 @@ from projects.services._common import (
     jsonb_safe,
 )
 from projects.services.adapters import model_adapter_import
+from projects.services.aliases import (
+    alias_canary,
+    alias_delete,
+    alias_promote,
+    alias_rollback,
+    alias_set,
+)
 from projects.services.checkpoints import (
     PruneResult,
     checkpoint_delete,
@@ -217,6 +225,11 @@ from projects.services.training_jobs import (
 )
 
 __all__ = [
+    "alias_canary",
+    "alias_delete",
+    "alias_promote",
+    "alias_rollback",
+    "alias_set",
     "task_set_from_completions",
     "feedback_add",
     "completion_storage_set",

@@ -147,6 +147,7 @@ def world(cast, alpha_setup, alice_client, settings, tmp_path):
         "scenario_job": scenario_job,
         "stored_completion": completion,
         "feedback": services.feedback_add(team=cast.alpha, value=1.0, completion=completion),
+        "alias": services.alias_set(model=alpha_setup.model, name="prod", step=0),
     }
     return type("World", (), {**objects, "objects": objects, "setup": alpha_setup})
 
@@ -188,6 +189,7 @@ PK_OF_MODEL = {
     "BaseModel": "base_model",
     "StoredCompletion": "stored_completion",
     "CompletionFeedback": "feedback",
+    "ModelAlias": "alias",
 }
 
 

@@ -608,3 +608,39 @@ def test_stored_completions_through_the_openai_client(live, alpha_key, cast):
     with pytest.raises(openai.NotFoundError):
         api.chat.completions.retrieve(first.id)
     assert [r.id for r in stored(api)] == [second.id]
+
+
+def test_an_alias_canary_splits_conversations_through_the_gateway(
+    live, serving, tiny_model_dir, alpha_key, cast
+):
+    from projects import selectors
+    from projects.selectors.serving import resolve_model
+
+    model = trainable_model(cast.alpha, "sup", "agent")
+    for step in (1, 2):
+        save_checkpoint(serving, tiny_model_dir, model, step)
+    alias = services.alias_set(model=model, name="prod", step=1)
+    alias = services.alias_canary(alias=alias, step=2, share=0.5)
+    services.completion_storage_set(team=cast.alpha, storage="all")
+    api = client(live, alpha_key)
+
+    def ask(conversation: str) -> str:
+        reply = api.chat.completions.create(model="sup/agent:prod", messages=HELLO, max_tokens=2, temperature=0,
+                                            metadata={"conversation_id": conversation})  # fmt: skip
+        return reply.model
+
+    served = {f"c-{i}": ask(f"c-{i}") for i in range(24)}
+    assert set(served.values()) == {"sup/agent:1", "sup/agent:2"}
+    # The gateway splits by the conversation as the selector does, and a conversation stays put.
+    assert served == {
+        key: resolve_model(team=cast.alpha, model_id="sup/agent:prod", split_key=key).model_id
+        for key in served
+    }
+    assert {ask("c-0") for _ in range(4)} == {served["c-0"]}
+    wait_for(lambda: sum(arm["completions"] for arm in selectors.alias_arms(alias=alias)) == 28,
+             timeout=15, what="the stored completions of both arms")  # fmt: skip
+    arms = {arm["step"]: arm["completions"] for arm in selectors.alias_arms(alias=alias)}
+    assert arms == {1: list(served.values()).count("sup/agent:1") + 4 * (served["c-0"] == "sup/agent:1"),
+                    2: list(served.values()).count("sup/agent:2") + 4 * (served["c-0"] == "sup/agent:2")}  # fmt: skip
+    services.alias_promote(alias=alias)
+    assert {ask(f"c-{i}") for i in range(6)} == {"sup/agent:2"}  # aliases are never remembered
