@@ -421,6 +421,25 @@ def cmd_evaluations_create(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_aliases(args: argparse.Namespace) -> int:
+    """Model aliases (``project/model:prod``): list, set, canary, promote, rollback; prints the
+    alias after the change as JSON (its events say who changed it and when)."""
+    client = Client(load_credentials())
+    if args.action == "list":
+        result = client.request("GET", "aliases/")
+    elif args.action == "set":
+        body = {"model": args.model, "name": args.name, "checkpoint": args.checkpoint}
+        result = client.request("POST", "aliases/", body)
+    elif args.action == "canary":
+        result = client.request(
+            "POST", f"aliases/{args.id}/canary", {"checkpoint": args.checkpoint, "share": args.share}
+        )
+    else:  # promote, rollback
+        result = client.request("POST", f"aliases/{args.id}/{args.action}", {})
+    print(json.dumps(result, indent=2))
+    return EXIT_OK
+
+
 def cmd_checkpoints_download(args: argparse.Namespace) -> int:
     client = Client(load_credentials())
     destination = Path(args.output or f"checkpoint-{args.id}-adapter.tar.gz")
@@ -503,6 +522,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
     evaluate.set_defaults(handler=cmd_evaluations_create)
+
+    aliases = commands.add_parser(
+        "aliases", help="model aliases (project/model:prod): canary, promote, rollback"
+    ).add_subparsers(dest="action", required=True, metavar="action")
+    aliases.add_parser("list", help="the team's aliases").set_defaults(handler=cmd_aliases)
+    alias_set = aliases.add_parser("set", help="create an alias, or move it to a checkpoint")
+    alias_set.add_argument("--model", type=int, required=True, help="the trainable model's id")
+    alias_set.add_argument("--name", required=True, help="e.g. prod")
+    alias_set.add_argument("--checkpoint", type=int, required=True, help="the step it names")
+    alias_set.set_defaults(handler=cmd_aliases)
+    canary = aliases.add_parser("canary", help="send a share of the alias's conversations to a candidate")
+    canary.add_argument("id", type=int)
+    canary.add_argument("--checkpoint", type=int, required=True, help="the candidate's step")
+    canary.add_argument("--share", type=float, required=True, help="above 0 and at most 1")
+    canary.set_defaults(handler=cmd_aliases)
+    for verb, text in (("promote", "the candidate becomes the alias's checkpoint"),
+                       ("rollback", "drop the candidate, or go back to the checkpoint before")):  # fmt: skip
+        parser_ = aliases.add_parser(verb, help=text)
+        parser_.add_argument("id", type=int)
+        parser_.set_defaults(handler=cmd_aliases)
 
     checkpoints = commands.add_parser("checkpoints", help="trained checkpoints").add_subparsers(
         dest="action", required=True, metavar="action"

@@ -21,7 +21,7 @@ from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
 from frontend.presentation import Column, message_views
 from projects import selectors, services
 from projects.errors import DomainError, NotFound
-from projects.models import Project, StoredCompletion
+from projects.models import ModelAlias, Project, StoredCompletion, TrainableModel
 
 LIST_ROWS = 100
 
@@ -148,3 +148,42 @@ def completions_to_task_set(request: TeamHttpRequest) -> HttpResponse:
         return redirect("frontend:completions")
     messages.success(request, f"Task set {task_set.name} made from {len(rows)} stored completions.")
     return redirect("frontend:task-set", task_set_id=task_set.pk)
+
+
+def _step(raw: str | None) -> int | None:
+    return int(raw) if raw is not None and raw.isdigit() else None
+
+
+@require_POST
+@team_view(write=True)
+def alias_set(request: TeamHttpRequest, model_id: int) -> HttpResponse:
+    model = get_scoped(TrainableModel, request, model_id)
+    try:
+        alias = services.alias_set(model=model, name=request.POST.get("name", "").strip(),
+                                   step=_step(request.POST.get("step")), by=request.user)  # fmt: skip
+        messages.success(request, f"Alias :{alias.name} names step {alias.checkpoint.step}.")
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    return redirect("frontend:model", model_id=model.pk)
+
+
+@require_POST
+@team_view(write=True)
+def alias_action(request: TeamHttpRequest, model_id: int, alias_id: int, verb: str) -> HttpResponse:
+    model = get_scoped(TrainableModel, request, model_id)
+    alias = get_scoped(ModelAlias, request, alias_id, model_id=model.pk)
+    try:
+        if verb == "canary":
+            share = _float(request.POST.get("share"))
+            alias = services.alias_canary(alias=alias, step=_step(request.POST.get("step")), share=share,
+                                          by=request.user)  # fmt: skip
+        elif verb == "promote":
+            alias = services.alias_promote(alias=alias, by=request.user)
+        elif verb == "rollback":
+            alias = services.alias_rollback(alias=alias, by=request.user)
+        else:
+            raise Http404("no such action")
+        messages.success(request, f"Alias :{alias.name}: {verb} done; it names step {alias.checkpoint.step}.")
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    return redirect("frontend:model", model_id=model.pk)

@@ -71,6 +71,12 @@ urlpatterns = [
     ),
     path("models/<int:model_id>/", views.model_detail, name="model"),
     path("models/<int:model_id>/checkpoints", checkpoint_pages.model_checkpoints, name="model-checkpoints"),
+    path("models/<int:model_id>/aliases", completion_pages.alias_set, name="alias-set"),
+    path(
+        "models/<int:model_id>/aliases/<int:alias_id>/<str:verb>",
+        completion_pages.alias_action,
+        name="alias-action",
+    ),
     path("runs/", run_pages.runs, name="runs"),
     path("runs/compare", compare_pages.runs_compare, name="runs-compare"),
     path("runs/<int:run_id>/", run_pages.run_detail, name="run"),

@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from frontend import forms as f
-from frontend.access import SESSION_TEAM_KEY, TeamHttpRequest, get_scoped, team_view
+from frontend.access import SESSION_TEAM_KEY, TeamHttpRequest, can_write, get_scoped, team_view
 from frontend.presentation import (
     environment_kinds,
     page_of,
@@ -294,6 +294,11 @@ def model_detail(request: TeamHttpRequest, model_id: int) -> HttpResponse:
             "checkpoints": model.checkpoints.order_by("-step"),
             "page": page_of(request, selectors.runs_search(team=team, model_id=model.pk)),
             "query": query_without_page(request),
+            "aliases": [
+                (alias, selectors.alias_arms(alias=alias), selectors.alias_events(alias=alias, limit=5))
+                for alias in selectors.model_aliases(team=team, model_id=model.pk)
+            ],
+            "can_write": can_write(request),
         },
     )
 

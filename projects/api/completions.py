@@ -16,10 +16,12 @@ sampled ``token_ids`` and ``sampled_logprobs``, and ``latency_ms``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
+from django.http import StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import action
@@ -372,3 +374,53 @@ class AliasView(TeamViewSet):
         return Response(
             alias_body(services.alias_rollback(alias=self.get_object(), **self._by()), detail=True)
         )
+
+
+# ---------------------------------------------------------------- export and purge
+
+
+class PurgeIn(InputSerializer):
+    metadata = serializers.DictField(child=serializers.CharField(), required=False)
+    api_key = serializers.IntegerField(required=False, help_text="the id of the key that made them")
+
+
+class StoredCompletionsAdminView(TeamViewSet):
+    """``/api/v1/stored-completions/export`` (JSONL, the same filters as the list) and
+    ``/api/v1/stored-completions/purge`` (owners: by metadata pairs and/or the key that made them)."""
+
+    serializer_class = PurgeIn
+    write_permission = Permission.MANAGE
+
+    @extend_schema(operation_id="stored_completions_export", responses={(200, "application/jsonl"): str})
+    def export(self, request: Request) -> StreamingHttpResponse:
+        rows = selectors.stored_completions(
+            team=self.team,
+            model=request.query_params.get("model") or None,
+            metadata=_metadata_filter(request),
+        )
+
+        def lines() -> Any:
+            for row in rows.iterator(chunk_size=500):
+                body = completion_body(row)
+                body["request"] = row.request
+                yield json.dumps(body, ensure_ascii=False) + "\n"
+
+        response = StreamingHttpResponse(lines(), content_type="application/jsonl")
+        response["Content-Disposition"] = 'attachment; filename="stored-completions.jsonl"'
+        return response
+
+    @extend_schema(operation_id="stored_completions_purge", request=PurgeIn, responses={200: dict})
+    def purge(self, request: Request) -> Response:
+        serializer = PurgeIn(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        metadata = data.get("metadata") or {}
+        if metadata:
+            try:
+                metadata = checked_metadata(metadata)
+            except GatewayError as exc:
+                raise ValidationFailed(exc.message, field="metadata") from exc
+        deleted = services.stored_completions_purge(
+            team=self.team, metadata=metadata, api_key_id=data.get("api_key")
+        )
+        return Response({"object": "stored_completions.purge", "deleted": deleted})

@@ -77,6 +77,18 @@ urlpatterns = [
     *both_ways("graders/validate", graders.GraderValidateView, {"post": "create"}, "graders-validate"),
     *both_ways("graders/run", graders.GraderRunView, {"post": "create"}, "graders-run"),
     *both_ways("team", completions.TeamSettingsView, {"get": "list", "patch": "partial_update"}, "team"),
+    *both_ways(
+        "stored-completions/export",
+        completions.StoredCompletionsAdminView,
+        {"get": "export"},
+        "stored-completions-export",
+    ),
+    *both_ways(
+        "stored-completions/purge",
+        completions.StoredCompletionsAdminView,
+        {"post": "purge"},
+        "stored-completions-purge",
+    ),
     *both_ways("usage", UsageViewSet, {"get": "list"}, "usage"),
     *both_ways("costs", CostViewSet, {"get": "list"}, "costs"),
     *both_ways(

@@ -25,6 +25,7 @@ from projects.selectors.completions import (
     alias_events,
     completion_feedback,
     conversation_completion_ids,
+    model_aliases,
     stored_completion_get,
     stored_completions,
 )
@@ -148,6 +149,7 @@ from projects.selectors.training_jobs import (
 )
 
 __all__ = [
+    "model_aliases",
     "alias_arms",
     "alias_events",
     "completion_feedback",

@@ -107,3 +107,12 @@ def alias_events(*, alias: ModelAlias, limit: int = 50) -> list[AliasEvent]:
     return list(
         AliasEvent.objects.filter(alias=alias).select_related("created_by", "api_key").order_by("-id")[:limit]
     )
+
+
+def model_aliases(*, team: Team, model_id: int) -> list[ModelAlias]:
+    return list(
+        scoped(ModelAlias, team)
+        .filter(model_id=model_id)
+        .select_related("model__project", "checkpoint", "candidate")
+        .order_by("name")
+    )

@@ -68,6 +68,7 @@ from projects.services.completions import (
     stored_completion_delete,
     stored_completion_update,
     stored_completions_expire,
+    stored_completions_purge,
     task_set_from_completions,
 )
 from projects.services.environments import (
@@ -225,6 +226,7 @@ from projects.services.training_jobs import (
 )
 
 __all__ = [
+    "stored_completions_purge",
     "alias_canary",
     "alias_delete",
     "alias_promote",

@@ -27,6 +27,7 @@ from projects.models import (
     TaskSet,
     Team,
 )
+from projects.selectors.completions import stored_completions
 from projects.services._common import jsonb_safe
 from projects.services.task_sets import task_set_create
 
@@ -205,3 +206,19 @@ def task_set_from_completions(
                        "completion_ids": [row.completion_id for row in completions]}  # fmt: skip
     task_set.save(update_fields=["source"])
     return task_set
+
+
+def stored_completions_purge(
+    *, team: Team, metadata: dict[str, str] | None = None, api_key_id: Any = None
+) -> int:
+    """Delete the team's stored completions whose metadata has every pair of ``metadata``, or
+    that ``api_key_id`` made (at least one of the two); how many went."""
+    if not metadata and api_key_id is None:
+        raise ValidationFailed("give metadata pairs or an api_key to purge by", field="metadata")
+    rows = stored_completions(team=team, metadata=metadata or {})
+    if api_key_id is not None:
+        if isinstance(api_key_id, bool) or not isinstance(api_key_id, int):
+            raise ValidationFailed("must be an API key's id", field="api_key")
+        rows = rows.filter(api_key_id=api_key_id)
+    _, deleted = StoredCompletion.objects.filter(pk__in=list(rows.values_list("pk", flat=True))).delete()
+    return deleted.get(StoredCompletion._meta.label, 0)

@@ -98,3 +98,40 @@ def test_a_selection_becomes_a_task_set_with_prompts_items_and_replies(cast, alp
     assert reply.status_code == 404 and not TaskSet.objects.filter(name="y").exists()
     reply = alice.post("/completions/task-set", {"project": alpha_setup.project.pk, "name": "z"}, follow=True)
     assert "select at least one stored completion" in reply.content.decode()
+
+
+def test_the_model_page_compares_an_aliases_arms_and_promotes(cast, alpha_setup):
+    from projects.models import AliasEvent
+    from tests.factories import CheckpointFactory
+
+    for step in (1, 2):
+        CheckpointFactory(model=alpha_setup.model, step=step)
+    model_url = f"/models/{alpha_setup.model.pk}/"
+    alice, bob, charlie = (client_for(user) for user in (cast.alice, cast.bob, cast.charlie))
+    assert alice.post(f"{model_url}aliases", {"name": "prod", "step": "1"}).status_code == 302
+    alias = alpha_setup.model.aliases.get()
+    action = f"{model_url}aliases/{alias.pk}/"
+    assert alice.post(action + "canary", {"step": "2", "share": "0.4"}).status_code == 302
+    for i, step in enumerate((1, 2, 2)):
+        row = store(cast.alpha, f"chatcmpl-m{i}", model="math/agent:prod")
+        row.served_by = f"math/agent:{step}"
+        row.save(update_fields=["served_by"])
+    services.feedback_add(
+        team=cast.alpha, value=0.5, completion=StoredCompletion.objects.get(completion_id="chatcmpl-m1")
+    )
+    page = alice.get(model_url)
+    [(shown, arms, _events)] = page.context["aliases"]
+    assert [(a["role"], a["step"], a["completions"], a["rated"]) for a in arms] == [
+        ("checkpoint", 1, 1, 0), ("candidate", 2, 2, 1),
+    ]  # fmt: skip
+    assert "Promote step 2" in page.content.decode()
+    assert (
+        bob.post(action + "promote").status_code == 403
+        and charlie.post(action + "promote").status_code == 404
+    )
+    assert alice.post(action + "promote").status_code == 302
+    alias.refresh_from_db()
+    assert alias.checkpoint.step == 2 and alias.candidate is None
+    assert alice.post(action + "canary", {"step": "2", "share": "0.4"}, follow=True).status_code == 200
+    assert [e.action for e in AliasEvent.objects.order_by("id")] == ["set", "canary", "promote"]
+    assert "Promote" not in bob.get(model_url).content.decode()

@@ -6,6 +6,8 @@ through an alias is in tests/projects/gateway/test_gateway_live.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from projects import services
@@ -137,3 +139,39 @@ def test_the_api_creates_canaries_promotes_and_compares_the_arms(cast, alpha_set
         f"/api/v1/aliases/{alias_id}/canary", {"checkpoint": 2, "share": 0.3}, format="json"
     )
     assert reply.status_code == 400 and error_of(reply)["param"] == "checkpoint"  # already the checkpoint
+
+
+def test_the_cli_sets_canaries_promotes_and_rolls_back(
+    cast, alpha_setup, steps, alpha_key, monkeypatch, capsys
+):
+    """``artweb aliases …`` (artweb.cli), its requests answered by the API in-process."""
+    from artweb import cli
+    from tests.conftest import _client
+
+    api = _client(key=alpha_key)
+
+    def request(self, method: str, path: str, body=None, **query):
+        url = f"/api/v1/{path}"
+        reply = api.get(url) if method == "GET" else api.post(url, body or {}, format="json")
+        assert reply.status_code < 400, reply.content
+        return reply.json()
+
+    monkeypatch.setattr(cli.Client, "request", request)
+    monkeypatch.setattr(cli, "load_credentials", lambda: None)
+
+    def artweb(*args: str) -> dict:
+        assert cli.main(list(args)) == 0
+        return json.loads(capsys.readouterr().out)
+
+    alias = artweb(
+        "aliases", "set", "--model", str(alpha_setup.model.pk), "--name", "prod", "--checkpoint", "1"
+    )
+    assert alias["name"] == "math/agent:prod" and alias["checkpoint"] == 1
+    alias_id = str(alias["id"])
+    assert artweb("aliases", "canary", alias_id, "--checkpoint", "3", "--share", "0.2")["candidate"] == 3
+    assert artweb("aliases", "promote", alias_id)["checkpoint"] == 3
+    assert artweb("aliases", "rollback", alias_id)["checkpoint"] == 1
+    assert [a["name"] for a in artweb("aliases", "list")["data"]] == ["math/agent:prod"]
+    assert [e["action"] for e in AliasEvent.objects.order_by("id").values()] == [
+        "set", "canary", "promote", "rollback",
+    ]  # fmt: skip

@@ -273,3 +273,35 @@ def test_feedback_by_completion_or_conversation_becomes_the_reward(cast, key_cli
         "chatcmpl-f1", "chatcmpl-f2",
     ]  # fmt: skip
     assert [r.completion_id for r in selectors.stored_completions(team=cast.alpha, rated=False)] == []
+
+
+def test_export_as_jsonl_and_purge_by_metadata_or_key(cast, key_client, alice_client):
+    key = services.api_key_create(team=cast.alpha, name="app").api_key
+    rows = [store(cast.alpha, f"chatcmpl-x{i}", metadata={"user": "u1" if i < 2 else "u2"}) for i in range(4)]
+    StoredCompletion.objects.filter(pk=rows[3].pk).update(api_key=key)
+    store(cast.beta, "chatcmpl-beta", metadata={"user": "u1"})
+
+    reply = key_client.get("/api/v1/stored-completions/export?metadata[user]=u1")
+    assert reply.status_code == 200 and reply["Content-Type"] == "application/jsonl"
+    lines = [json.loads(line) for line in b"".join(reply.streaming_content).decode().splitlines()]
+    assert [line["id"] for line in lines] == ["chatcmpl-x0", "chatcmpl-x1"]
+    assert lines[0]["request"]["messages"][-1]["content"] == "q" and lines[0]["prompt_token_ids"] == [1, 2, 3]
+
+    assert (
+        key_client.post(
+            "/api/v1/stored-completions/purge", {"metadata": {"user": "u1"}}, format="json"
+        ).status_code
+        == 403
+    )  # fmt: skip  (owners only)
+    reply = alice_client.post("/api/v1/stored-completions/purge", {}, format="json", HTTP_X_TEAM="alpha")
+    assert reply.status_code == 400 and error_of(reply)["param"] == "metadata"
+    reply = alice_client.post("/api/v1/stored-completions/purge", {"metadata": {"user": "u1"}}, format="json",
+                              HTTP_X_TEAM="alpha")  # fmt: skip
+    assert reply.json() == {"object": "stored_completions.purge", "deleted": 2}
+    reply = alice_client.post("/api/v1/stored-completions/purge", {"api_key": key.pk}, format="json",
+                              HTTP_X_TEAM="alpha")  # fmt: skip
+    assert reply.json()["deleted"] == 1
+    assert set(StoredCompletion.objects.values_list("completion_id", flat=True)) == {
+        "chatcmpl-x2",
+        "chatcmpl-beta",
+    }

@@ -154,6 +154,7 @@ def world(cast, alpha_setup, alice_client, settings, tmp_path):
 
 # URL keyword → the world's object that fills it.
 KWARGS = {
+    "alias_id": "alias",
     "completion_id": "stored_completion",  # a stored completion's own id (chatcmpl-…), not its pk
     "run_id": "run",
     "checkpoint_id": "checkpoint",
@@ -199,6 +200,8 @@ def _url(world: Any, entry: URLPattern, name: str, view_class: type | None) -> s
         if key == "pk":
             assert view_class is not None and view_class.model is not None, f"{name}: pk of what?"
             kwargs[key] = world.objects[PK_OF_MODEL[view_class.model.__name__]].pk
+        elif key == "verb":  # an alias's action on the model page
+            kwargs[key] = "rollback"
         else:
             assert key in KWARGS, f"{name}: the walk does not know the URL keyword {key!r}; add it"
             row = world.objects[KWARGS[key]]
@@ -336,7 +339,7 @@ OTHER_KWARGS = {"format": "json", "app_label": "projects", "object_id": "1", "co
                 "session_id": "session-0", "sampler_id": "session-0:sample:0", "model_id": "session-0:train:0",
                 "kind": "external_weights", "name": "final", "token": "not-signed", "rest": "usage",
                 # OpenAI's fine-tuning API (projects.api.fine_tuning): a file id no team has
-                "file_id": "file-0"}  # fmt: skip
+                "file_id": "file-0", "verb": "rollback"}  # fmt: skip
 _GROUP = re.compile(r"\(\?P<(\w+)>[^()]*\)")
 
 
