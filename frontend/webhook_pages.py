@@ -23,7 +23,10 @@ class WebhookForm(forms.Form):
     name = forms.CharField(max_length=63, help_text="lowercase letters, digits, '.', '_' or '-'")
     url = forms.CharField(max_length=1000, label="URL", help_text="https:// endpoint that receives the POSTs")
     events = forms.MultipleChoiceField(
-        choices=[(t, t) for t in ("*", "run.*", "evaluation.*", "training_job.*", "model_alias.*", *WEBHOOK_EVENT_TYPES)],
+        choices=[
+            (t, t)
+            for t in ("*", "run.*", "evaluation.*", "training_job.*", "model_alias.*", *WEBHOOK_EVENT_TYPES)
+        ],
         widget=forms.CheckboxSelectMultiple,
         initial=["run.*"],
     )

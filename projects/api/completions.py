@@ -36,7 +36,16 @@ from projects.api.serializers import InputSerializer
 from projects.errors import NotFound, ValidationFailed
 from projects.gateway.capture import checked_metadata
 from projects.gateway.errors import GatewayError
-from projects.models import AliasEvent, CompletionFeedback, ModelAlias, StoredCompletion, TrainableModel
+from projects.models import (
+    AliasEvent,
+    CompletionFeedback,
+    CompletionGrading,
+    ModelAlias,
+    RewardDefinition,
+    StoredCompletion,
+    TrainableModel,
+)
+from projects.services.judges import judge_client as judge_client_check
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100
 
@@ -424,3 +433,75 @@ class StoredCompletionsAdminView(TeamViewSet):
             team=self.team, metadata=metadata, api_key_id=data.get("api_key")
         )
         return Response({"object": "stored_completions.purge", "deleted": deleted})
+
+
+# ---------------------------------------------------------------- grading in the background
+
+
+class GradingIn(InputSerializer):
+    reward = serializers.IntegerField(help_text="a reward definition's id (any grader, ruler included)")
+    filters = serializers.DictField(required=False, help_text="{model, metadata: {k: v}, rated: bool}")
+    limit = serializers.IntegerField(required=False, default=1000, min_value=1,
+                                     max_value=services.completions.MAX_GRADING_LIMIT)  # fmt: skip
+    judge_endpoint = serializers.CharField(required=False, allow_blank=True, max_length=63)
+
+
+def grading_body(grading: CompletionGrading) -> dict[str, Any]:
+    return {
+        "id": grading.pk,
+        "object": "completion.grading",
+        "reward": grading.reward_id,
+        "filters": grading.filters,
+        "status": grading.status,
+        "total": grading.total,
+        "graded": grading.graded,
+        "errors": grading.errors,
+        "mean_reward": grading.mean_reward,
+        "error": grading.error or None,
+        "created_at": int(grading.created_at.timestamp()),
+        "finished_at": int(grading.finished_at.timestamp()) if grading.finished_at else None,
+    }
+
+
+class CompletionGradingView(TeamViewSet):
+    """``/api/v1/completion-gradings``: a reward definition run over stored completions in the
+    background (projects.jobs.completions); each graded completion gets feedback from it."""
+
+    model = CompletionGrading
+    serializer_class = GradingIn
+
+    @extend_schema(operation_id="completion_gradings_list", responses={200: dict})
+    def list(self, request: Request) -> Response:
+        page, has_more = page_of(self.get_queryset(), request)
+        return Response(list_body([grading_body(row) for row in page], has_more=has_more))
+
+    @extend_schema(responses={200: dict})
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(grading_body(self.get_object()))
+
+    @extend_schema(request=GradingIn, responses={201: dict})
+    def create(self, request: Request) -> Response:
+        serializer = GradingIn(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        reward = self.ref(RewardDefinition, data["reward"], "reward")
+        filters = dict(data.get("filters") or {})
+        if "metadata" in filters:
+            if not isinstance(filters["metadata"], dict):
+                raise ValidationFailed("filters.metadata must be an object of strings", field="filters")
+            try:
+                filters["metadata"] = checked_metadata(filters["metadata"])
+            except GatewayError as exc:
+                raise ValidationFailed(exc.message, field="filters") from exc
+        if "rated" in filters and not isinstance(filters["rated"], bool):
+            raise ValidationFailed("filters.rated must be true or false", field="filters")
+        if "model" in filters and not isinstance(filters["model"], str):
+            raise ValidationFailed("filters.model must be a model id", field="filters")
+        if data.get("judge_endpoint"):
+            judge_client_check(team=self.team, name=data["judge_endpoint"])
+        user = request.user
+        grading = services.completion_grading_create(
+            team=self.team, reward=reward, filters=filters, limit=data["limit"],
+            judge_endpoint=data.get("judge_endpoint", ""), created_by=user if isinstance(user, User) else None,
+        )  # fmt: skip
+        return Response(grading_body(grading), status=status.HTTP_201_CREATED)

@@ -36,6 +36,7 @@ router.register("exports", checkpoints.ExportViewSet, basename="export")
 router.register("webhooks", webhooks.WebhookViewSet, basename="webhook")
 router.register("feedback", completions.FeedbackView, basename="feedback")
 router.register("aliases", completions.AliasView, basename="alias")
+router.register("completion-gradings", completions.CompletionGradingView, basename="completion-grading")
 
 
 def without_slash(patterns: list[Any]) -> list[URLPattern]:

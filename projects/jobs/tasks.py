@@ -12,6 +12,7 @@ from django.conf import settings
 
 from projects import services
 from projects.jobs import claimed, queues, runs, tinker, training_jobs
+from projects.jobs import completions as completion_jobs
 from projects.jobs import evaluations as evaluation_jobs
 from projects.jobs import exports as export_jobs
 
@@ -73,6 +74,12 @@ def expire_tinker_names() -> int:
 def expire_stored_completions() -> int:
     """Stored completions past their team's retention are deleted (hourly)."""
     return services.stored_completions_expire()
+
+
+@shared_task(name="training.grade_stored_completions", time_limit=3600)
+def grade_stored_completions(grading_id: int) -> str:
+    """A reward definition over stored completions (projects.jobs.completions)."""
+    return completion_jobs.grade(grading_id)
 
 
 @shared_task(name="training.requeue_orphaned_runs", time_limit=60)

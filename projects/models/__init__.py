@@ -26,6 +26,8 @@ from projects.models.completions import (
     AliasAction,
     AliasEvent,
     CompletionFeedback,
+    CompletionGrading,
+    GradingStatus,
     ModelAlias,
     StoredCompletion,
 )
@@ -57,6 +59,8 @@ from projects.models.training_jobs import (
 from projects.models.webhooks import WEBHOOK_EVENT_TYPES, DeliveryStatus, WebhookDelivery, WebhookEndpoint
 
 __all__ = [
+    "CompletionGrading",
+    "GradingStatus",
     "AliasAction",
     "AliasEvent",
     "ModelAlias",

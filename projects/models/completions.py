@@ -137,3 +137,41 @@ class AliasEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.alias_id} at step {self.checkpoint_step}"
+
+
+class GradingStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class CompletionGrading(models.Model):
+    """A reward definition run over a filtered set of stored completions, in the background
+    (projects.jobs.completions): every completion graded gets a CompletionFeedback with source
+    ``grader:<reward>``. Completions that share a prompt are graded as one group, so RULER (and
+    any grader that compares a group) ranks them against each other."""
+
+    TEAM_PATH = "team"
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="completion_gradings")
+    reward = models.ForeignKey("projects.RewardDefinition", on_delete=models.CASCADE, related_name="+")
+    judge_endpoint = models.CharField(max_length=63, blank=True, default="")
+    filters = models.JSONField(default=dict, blank=True)
+    limit = models.PositiveIntegerField(default=1000)
+    status = models.CharField(max_length=16, choices=GradingStatus.choices, default=GradingStatus.QUEUED)
+    total = models.PositiveIntegerField(default=0)
+    graded = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    mean_reward = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"grading {self.pk} ({self.status})"

@@ -62,6 +62,7 @@ from projects.services.client_models import (
     training_job_active,
 )
 from projects.services.completions import (
+    completion_grading_create,
     completion_storage_set,
     feedback_add,
     stored_completion_create,
@@ -226,6 +227,7 @@ from projects.services.training_jobs import (
 )
 
 __all__ = [
+    "completion_grading_create",
     "stored_completions_purge",
     "alias_canary",
     "alias_delete",

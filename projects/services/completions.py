@@ -21,8 +21,10 @@ from projects.errors import NotFound, ValidationFailed
 from projects.models import (
     ApiKey,
     CompletionFeedback,
+    CompletionGrading,
     CompletionStorage,
     Project,
+    RewardDefinition,
     StoredCompletion,
     TaskSet,
     Team,
@@ -222,3 +224,46 @@ def stored_completions_purge(
         rows = rows.filter(api_key_id=api_key_id)
     _, deleted = StoredCompletion.objects.filter(pk__in=list(rows.values_list("pk", flat=True))).delete()
     return deleted.get(StoredCompletion._meta.label, 0)
+
+
+MAX_GRADING_LIMIT = 10_000
+
+
+def completion_grading_create(
+    *,
+    team: Team,
+    reward: RewardDefinition,
+    filters: dict[str, Any] | None = None,
+    limit: int = 1000,
+    judge_endpoint: str = "",
+    created_by: Any = None,
+) -> CompletionGrading:
+    """Queue ``reward`` over the team's stored completions that ``filters`` select (``model``,
+    ``metadata``, ``rated``: the list's filters), at most ``limit`` of them, newest first."""
+    if reward.project.team_id != team.pk:
+        raise NotFound("No reward definition found with that id.")
+    filters = dict(filters or {})
+    unknown = set(filters) - {"model", "metadata", "rated"}
+    if unknown:
+        raise ValidationFailed(
+            f"unknown filter {sorted(unknown)[0]!r} (model, metadata, rated)", field="filters"
+        )
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_GRADING_LIMIT:
+        raise ValidationFailed(f"must be from 1 to {MAX_GRADING_LIMIT}", field="limit")
+    rows = stored_completions(team=team, model=filters.get("model"), metadata=filters.get("metadata") or {},
+                              rated=filters.get("rated"))  # fmt: skip
+    total = min(rows.count(), limit)
+    if total == 0:
+        raise ValidationFailed("no stored completion matches the filters", field="filters")
+    grading = CompletionGrading.objects.create(
+        team=team, reward=reward, filters=filters, limit=limit, judge_endpoint=judge_endpoint, total=total,
+        created_by=created_by,
+    )  # fmt: skip
+    _enqueue_grading(grading.pk)
+    return grading
+
+
+def _enqueue_grading(grading_id: int) -> None:
+    from projects.jobs.tasks import grade_stored_completions
+
+    transaction.on_commit(lambda: grade_stored_completions.delay(grading_id))

@@ -305,3 +305,43 @@ def test_export_as_jsonl_and_purge_by_metadata_or_key(cast, key_client, alice_cl
         "chatcmpl-x2",
         "chatcmpl-beta",
     }
+
+
+def test_a_reward_definition_grades_stored_completions_in_the_background(cast, alpha_setup, key_client):
+    from projects.jobs import completions as completion_jobs
+    from projects.models import CompletionGrading
+    from tests.factories import RewardDefinitionFactory
+
+    reward = RewardDefinitionFactory(
+        project=alpha_setup.project, name="says-paris",
+        spec={"type": "string_check", "name": "paris", "operation": "ilike", "input": "{{ sample.output_text }}",
+              "reference": "{{ item.answer }}"},
+    )  # fmt: skip
+    for i, (content, answer) in enumerate([("Paris.", "paris"), ("Lyon", "paris"), ("Berlin", "berlin")]):
+        store(cast.alpha, f"chatcmpl-g{i}", metadata={"answer": answer, "channel": "web"}, content=content)
+    store(cast.alpha, "chatcmpl-other", metadata={"answer": "x", "channel": "app"})
+    store(cast.beta, "chatcmpl-beta", metadata={"answer": "hi", "channel": "web"}, content="hi")
+
+    reply = key_client.post("/api/v1/completion-gradings", {"reward": reward.pk, "filters": {
+        "metadata": {"channel": "web"}}}, format="json")  # fmt: skip
+    assert reply.status_code == 201, reply.content
+    body = reply.json()
+    assert body["status"] == "queued" and body["total"] == 3
+    assert completion_jobs.grade(body["id"]) == "succeeded"
+    assert completion_jobs.grade(body["id"]) == "skipped"  # delivered twice: graded once
+    done = key_client.get(f"/api/v1/completion-gradings/{body['id']}").json()
+    assert (done["status"], done["graded"], done["errors"]) == ("succeeded", 3, 0)
+    assert done["mean_reward"] == pytest.approx(2 / 3)
+    rewards = dict(StoredCompletion.objects.values_list("completion_id", "reward"))
+    assert rewards == {"chatcmpl-g0": 1.0, "chatcmpl-g1": 0.0, "chatcmpl-g2": 1.0, "chatcmpl-other": None,
+                       "chatcmpl-beta": None}  # fmt: skip
+    from projects.models import CompletionFeedback
+
+    assert set(CompletionFeedback.objects.values_list("source", flat=True)) == {"grader:says-paris v1"}
+    for bad, field in [({"reward": reward.pk, "filters": {"metadata": {"channel": "none"}}}, "filters"),
+                       ({"reward": reward.pk, "filters": {"when": "today"}}, "filters"),
+                       ({"reward": reward.pk, "limit": 0}, "limit"),
+                       ({"reward": 999999}, "reward")]:  # fmt: skip
+        reply = key_client.post("/api/v1/completion-gradings", bad, format="json")
+        assert reply.status_code == 400 and error_of(reply)["param"] == field, (bad, reply.content)
+    assert CompletionGrading.objects.count() == 1

@@ -148,6 +148,7 @@ def world(cast, alpha_setup, alice_client, settings, tmp_path):
         "stored_completion": completion,
         "feedback": services.feedback_add(team=cast.alpha, value=1.0, completion=completion),
         "alias": services.alias_set(model=alpha_setup.model, name="prod", step=0),
+        "grading": services.completion_grading_create(team=cast.alpha, reward=alpha_setup.reward),
     }
     return type("World", (), {**objects, "objects": objects, "setup": alpha_setup})
 
@@ -191,6 +192,7 @@ PK_OF_MODEL = {
     "StoredCompletion": "stored_completion",
     "CompletionFeedback": "feedback",
     "ModelAlias": "alias",
+    "CompletionGrading": "grading",
 }
 
 

@@ -184,6 +184,9 @@ def world(alpha_setup, cast) -> dict[str, Any]:
             logprobs=[[-0.5]],
             latency_ms=3,
         ).completion_id,  # type: ignore[union-attr]
+        "/api/v1/completion-gradings/": services.completion_grading_create(
+            team=cast.alpha, reward=alpha_setup.reward
+        ).pk,
     }
 
 
