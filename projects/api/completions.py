@@ -505,3 +505,54 @@ class CompletionGradingView(TeamViewSet):
             judge_endpoint=data.get("judge_endpoint", ""), created_by=user if isinstance(user, User) else None,
         )  # fmt: skip
         return Response(grading_body(grading), status=status.HTTP_201_CREATED)
+
+
+# ---------------------------------------------------------------- training on what users saw
+
+
+class TrainOnCompletionsIn(InputSerializer):
+    model = serializers.IntegerField(help_text="the trainable model to train (its checkpoints served them)")
+    completion_ids = serializers.ListField(child=serializers.CharField(max_length=100), required=False,
+                                           max_length=MAX_LIMIT * 10)  # fmt: skip
+    filters = serializers.DictField(required=False, help_text="{model, metadata: {k: v}}: rated completions")
+    limit = serializers.IntegerField(required=False, default=1000, min_value=1, max_value=MAX_LIMIT * 10)
+
+
+class TrainOnCompletionsView(TeamViewSet):
+    """``/api/v1/stored-completions/train``: one off-policy training step of a model on stored
+    completions and their rewards (projects.services.completions.training_job_from_completions);
+    the answer is the training job, which ``/v1/preview/training-jobs/{id}`` follows."""
+
+    serializer_class = TrainOnCompletionsIn
+
+    @extend_schema(
+        operation_id="stored_completions_train", request=TrainOnCompletionsIn, responses={201: dict}
+    )
+    def train(self, request: Request) -> Response:
+        serializer = TrainOnCompletionsIn(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        model = self.ref(TrainableModel, data["model"], "model")
+        if ("completion_ids" in data) == ("filters" in data):
+            raise ValidationFailed("give completion_ids or filters", field="completion_ids")
+        if "completion_ids" in data:
+            rows = list(
+                selectors.stored_completions(team=self.team).filter(completion_id__in=data["completion_ids"])
+            )
+            missing = set(data["completion_ids"]) - {row.completion_id for row in rows}
+            if missing:
+                raise ValidationFailed(f"no stored completion {sorted(missing)[0]!r} in your team",
+                                       field="completion_ids")  # fmt: skip
+        else:
+            filters = data["filters"]
+            metadata = filters.get("metadata") or {}
+            if not isinstance(metadata, dict) or not isinstance(filters.get("model") or "", str):
+                raise ValidationFailed("filters are {model: str, metadata: {k: v}}", field="filters")
+            rows = list(selectors.stored_completions(team=self.team, model=filters.get("model") or None,
+                                                     metadata=metadata, rated=True, descending=True)[: data["limit"]])  # fmt: skip
+        user = request.user
+        job, counts = services.training_job_from_completions(
+            model=model, completions=rows, created_by=user if isinstance(user, User) else None
+        )
+        return Response({"object": "training_job", "id": job.pk, "status": job.status, "model": model.pk,
+                         "counts": counts}, status=status.HTTP_201_CREATED)  # fmt: skip

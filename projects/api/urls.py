@@ -11,9 +11,10 @@ from projects.api import (
     graders,
     invitations,
     scenarios,
+    schema,  # noqa: F401  (registers the API key's OpenAPI security scheme)
     views,
     webhooks,
-)  # noqa: F401  (schema registers the auth extension)
+)
 from projects.api.costs import CostViewSet
 from projects.api.usage import UsageViewSet
 
@@ -89,6 +90,12 @@ urlpatterns = [
         completions.StoredCompletionsAdminView,
         {"post": "purge"},
         "stored-completions-purge",
+    ),
+    *both_ways(
+        "stored-completions/train",
+        completions.TrainOnCompletionsView,
+        {"post": "train"},
+        "stored-completions-train",
     ),
     *both_ways("usage", UsageViewSet, {"get": "list"}, "usage"),
     *both_ways("costs", CostViewSet, {"get": "list"}, "costs"),

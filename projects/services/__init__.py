@@ -71,6 +71,7 @@ from projects.services.completions import (
     stored_completions_expire,
     stored_completions_purge,
     task_set_from_completions,
+    training_job_from_completions,
 )
 from projects.services.environments import (
     environment_build,
@@ -227,6 +228,7 @@ from projects.services.training_jobs import (
 )
 
 __all__ = [
+    "training_job_from_completions",
     "completion_grading_create",
     "stored_completions_purge",
     "alias_canary",

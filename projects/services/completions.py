@@ -28,10 +28,14 @@ from projects.models import (
     StoredCompletion,
     TaskSet,
     Team,
+    TrainableModel,
+    TrainingJob,
 )
 from projects.selectors.completions import stored_completions
 from projects.services._common import jsonb_safe
+from projects.services.runs import run_event_add
 from projects.services.task_sets import task_set_create
+from projects.services.training_jobs import training_job_create
 
 log = logging.getLogger(__name__)
 
@@ -267,3 +271,68 @@ def _enqueue_grading(grading_id: int) -> None:
     from projects.jobs.tasks import grade_stored_completions
 
     transaction.on_commit(lambda: grade_stored_completions.delay(grading_id))
+
+
+def training_job_from_completions(
+    *, model: TrainableModel, completions: list[StoredCompletion], created_by: Any = None
+) -> tuple[TrainingJob, dict[str, int]]:
+    """One training step of ``model`` on what its users saw: the stored completions as ART
+    trajectory groups (completions sharing a prompt are one group; the reward is each one's
+    feedback), trained off-policy on the exact ids the sampler gave and sampled and its logprobs,
+    importance-weighted by ART's loss against the policy now (projects.services.training_jobs,
+    training.runs.art_tokens). Each choice names the checkpoint that served it, so the job sees how
+    many steps stale it is; each trajectory's metadata names its completion (lineage from the
+    checkpoint this step makes back to the traffic).
+
+    Used: completions of the model's team served by one of its checkpoints (or by its base model),
+    rated, with their ids and logprobs (a row stored without logprobs is left out). At least one
+    group needs two completions with different rewards, or GRPO has nothing to learn from."""
+    prefix = f"{model.project.name}/{model.name}:"
+    counts = {"given": len(completions), "unrated": 0, "other_model": 0, "without_tokens": 0}
+    groups: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    rewards: dict[tuple[int, ...], set[float]] = {}
+    used: list[str] = []
+    for row in completions:
+        if row.team_id != model.project.team_id:
+            raise NotFound("No chat completion found with that id.")
+        if not (row.served_by.startswith(prefix) or row.served_by == model.base_model.name):
+            counts["other_model"] += 1
+            continue
+        if row.reward is None:
+            counts["unrated"] += 1
+            continue
+        ids, logprobs = (row.token_ids or [None])[0], (row.logprobs or [None])[0]
+        if not row.prompt_token_ids or not ids or not logprobs or len(ids) != len(logprobs):
+            counts["without_tokens"] += 1
+            continue
+        choices = row.response.get("choices") or [{}]
+        message = dict((choices[0].get("message") if isinstance(choices[0], dict) else None) or {})
+        message.setdefault("role", "assistant")
+        choice = {
+            "index": 0, "message": message, "finish_reason": choices[0].get("finish_reason") or "stop",
+            "logprobs": {"content": [{"token": f"token_id:{i}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                                     for i, lp in zip(ids, logprobs, strict=True)]},
+            "token_ids": ids, "prompt_token_ids": row.prompt_token_ids, "artweb_model": row.served_by,
+        }  # fmt: skip
+        messages = [m for m in row.request.get("messages") or [] if isinstance(m, dict)]
+        key = tuple(row.prompt_token_ids)
+        trajectory: dict[str, Any] = {"messages_and_choices": [*messages, choice], "reward": float(row.reward),
+                                      "metadata": {"completion_id": row.completion_id}}  # fmt: skip
+        if row.request.get("tools"):
+            trajectory["tools"] = row.request["tools"]
+        groups.setdefault(key, []).append(trajectory)
+        rewards.setdefault(key, set()).add(float(row.reward))
+        used.append(row.completion_id)
+    if not any(len(values) > 1 for values in rewards.values()):
+        raise ValidationFailed(
+            f"no prompt has two usable completions with different rewards (of {counts['given']}: "
+            f"{counts['unrated']} unrated, {counts['other_model']} served by another model, "
+            f"{counts['without_tokens']} stored without ids or logprobs)",
+            field="completions",
+        )
+    trajectory_groups = [{"trajectories": members} for members in groups.values()]
+    job = training_job_create(model=model, trajectory_groups=trajectory_groups, created_by=created_by)
+    counts.update(used=len(used), groups=len(trajectory_groups))
+    run_event_add(run=job.run, message=f"Training job {job.pk} trains on {len(used)} stored completions",
+                  data={"training_job": job.pk, "stored_completions": used})  # fmt: skip
+    return job, counts

@@ -345,3 +345,31 @@ def test_a_reward_definition_grades_stored_completions_in_the_background(cast, a
         reply = key_client.post("/api/v1/completion-gradings", bad, format="json")
         assert reply.status_code == 400 and error_of(reply)["param"] == field, (bad, reply.content)
     assert CompletionGrading.objects.count() == 1
+
+
+def test_training_on_stored_completions_refuses_what_it_cannot_use(
+    cast, alpha_setup, key_client, read_only_client
+):
+    store(cast.alpha, "chatcmpl-u1")
+    store(cast.beta, "chatcmpl-beta")
+    other_model = services.trainable_model_create(project=services.project_create(team=cast.beta, name="theirs"),
+                                                  name="m", base_model=alpha_setup.base)  # fmt: skip
+    url = "/api/v1/stored-completions/train"
+    for bad, field in [
+        ({"model": alpha_setup.model.pk}, "completion_ids"),
+        ({"model": alpha_setup.model.pk, "completion_ids": ["chatcmpl-u1"], "filters": {}}, "completion_ids"),
+        ({"model": alpha_setup.model.pk, "completion_ids": ["chatcmpl-beta"]}, "completion_ids"),
+        ({"model": other_model.pk, "completion_ids": ["chatcmpl-u1"]}, "model"),
+        ({"model": alpha_setup.model.pk, "completion_ids": ["chatcmpl-u1"]}, "completions"),  # unrated, alone
+        ({"model": alpha_setup.model.pk, "filters": {"metadata": "x"}}, "filters"),
+    ]:
+        reply = key_client.post(url, bad, format="json")
+        assert reply.status_code == 400 and error_of(reply)["param"] == field, (bad, reply.content)
+    reply = key_client.post(
+        url, {"model": alpha_setup.model.pk, "completion_ids": ["chatcmpl-u1"]}, format="json"
+    )
+    assert "1 unrated" in error_of(reply)["message"]
+    assert (
+        read_only_client.post(url, {"model": alpha_setup.model.pk, "filters": {}}, format="json").status_code
+        == 403
+    )

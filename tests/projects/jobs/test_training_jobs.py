@@ -14,6 +14,7 @@ from django.utils import timezone
 from transformers import AutoTokenizer
 
 from projects import services
+from projects.errors import ValidationFailed
 from projects.jobs import claimed
 from projects.jobs.training_jobs import TRAINING_JOB, accepts_model
 from projects.models import (
@@ -302,3 +303,45 @@ def test_jobs_through_the_trainer_service_train_exactly_as_in_the_worker(world, 
     assert claimed.work_on(TRAINING_JOB, job.pk) == "failed"
     assert "already trains a data-parallel session (held)" in TrainingJob.objects.get(pk=job.pk).error
     held.close()
+
+
+def test_a_step_on_stored_completions_trains_on_their_exact_tokens_and_records_them(world, cast):
+    """What users saw, back to training (projects.services.completions.training_job_from_completions):
+    stored completions served by the model, with the sampler's ids and logprobs and their feedback,
+    become one step's groups (one per prompt), trained as ART's are, the completions named."""
+    from projects.models import StoredCompletion
+
+    def stored(
+        completion_id: str, prompt: str, text: str, reward: float | None, served_by: str = "math/agent:0"
+    ):
+        messages = [{"role": "user", "content": prompt}]
+        choice = world.sampler.choice(messages, text)
+        row = services.stored_completion_create(
+            team_id=cast.alpha.pk, completion_id=completion_id, api_key_id=None, model="math/agent:prod",
+            served_by=served_by, checkpoint_id=None, stream=False, metadata={}, conversation_id="",
+            request={"messages": messages},
+            response={"choices": [{"index": 0, "message": choice["message"], "finish_reason": "stop",
+                                   "logprobs": None}]},
+            prompt_token_ids=choice["prompt_token_ids"], token_ids=[choice["token_ids"]],
+            logprobs=[[entry["logprob"] for entry in choice["logprobs"]["content"]]], latency_ms=5,
+        )  # fmt: skip
+        if reward is not None:
+            services.feedback_add(team=cast.alpha, value=reward, completion=row)
+        return StoredCompletion.objects.get(pk=row.pk)
+
+    rows = [stored("c-good", "Say hi", "hi", 1.0), stored("c-bad", "Say hi", "go away", 0.0),
+            stored("c-alone", "Say bye", "bye", 1.0), stored("c-unrated", "Say hi", "hey", None),
+            stored("c-other", "Say hi", "yo", 1.0, served_by="other/agent:2")]  # fmt: skip
+    with pytest.raises(ValidationFailed, match="no prompt has two usable completions"):
+        services.training_job_from_completions(model=world.model, completions=[rows[0], rows[2]])
+    job, counts = services.training_job_from_completions(model=world.model, completions=rows)
+    assert counts == {"given": 5, "unrated": 1, "other_model": 1, "without_tokens": 0, "used": 3, "groups": 2}
+    assert claimed.work_on(TRAINING_JOB, job.pk) == "succeeded"
+    gradient = TrainingJobEvent.objects.get(job=job, type="gradient_step").data
+    assert gradient["num_groups_submitted"] == 2.0 and gradient["num_groups_trainable"] == 1.0
+    trained = list(Trajectory.objects.filter(run=world.run, step=1).order_by("reward"))
+    assert [t.reward for t in trained] == [0.0, 1.0, 1.0]
+    assert {t.metrics["token_source"] for t in trained} == {"gateway"}  # the exact ids, not a re-render
+    lineage = RunEvent.objects.filter(run=world.run, data__has_key="stored_completions").get()
+    assert lineage.data["stored_completions"] == ["c-good", "c-bad", "c-alone"]
+    assert Checkpoint.objects.filter(model=world.model, step=1).exists()
