@@ -141,8 +141,9 @@ def completions_to_task_set(request: TeamHttpRequest) -> HttpResponse:
     rows = list(selectors.stored_completions(team=request.team).filter(completion_id__in=ids))
     try:
         task_set = services.task_set_from_completions(
-            project=project, name=request.POST.get("name", "").strip(), completions=rows
-        )
+            project=project, name=request.POST.get("name", "").strip(), completions=rows,
+            pairs=request.POST.get("rows") == "pairs",
+        )  # fmt: skip
     except DomainError as exc:
         messages.error(request, f"No task set made: {exc}")
         return redirect("frontend:completions")

@@ -516,6 +516,7 @@ class TrainOnCompletionsIn(InputSerializer):
                                            max_length=MAX_LIMIT * 10)  # fmt: skip
     filters = serializers.DictField(required=False, help_text="{model, metadata: {k: v}}: rated completions")
     limit = serializers.IntegerField(required=False, default=1000, min_value=1, max_value=MAX_LIMIT * 10)
+    experimental_config = serializers.JSONField(required=False, help_text="ART's: learning_rate, loss_fn …")
 
 
 class TrainOnCompletionsView(TeamViewSet):
@@ -552,7 +553,8 @@ class TrainOnCompletionsView(TeamViewSet):
                                                      metadata=metadata, rated=True, descending=True)[: data["limit"]])  # fmt: skip
         user = request.user
         job, counts = services.training_job_from_completions(
-            model=model, completions=rows, created_by=user if isinstance(user, User) else None
-        )
+            model=model, completions=rows, experimental_config=data.get("experimental_config"),
+            created_by=user if isinstance(user, User) else None,
+        )  # fmt: skip
         return Response({"object": "training_job", "id": job.pk, "status": job.status, "model": model.pk,
                          "counts": counts}, status=status.HTTP_201_CREATED)  # fmt: skip

@@ -8,6 +8,7 @@ reused one) is dropped with a warning rather than overwriting another completion
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from datetime import timedelta
@@ -182,7 +183,12 @@ def feedback_add(
 
 
 def task_set_from_completions(
-    *, project: Project, name: str, completions: list[StoredCompletion], validation_fraction: float = 0.0
+    *,
+    project: Project,
+    name: str,
+    completions: list[StoredCompletion],
+    validation_fraction: float = 0.0,
+    pairs: bool = False,
 ) -> TaskSet:
     """A task set of the project from stored completions (the team's, checked): per completion
     one row, its prompt as ``messages``, its metadata (with ``completion_id``, ``served_by`` and
@@ -192,6 +198,13 @@ def task_set_from_completions(
         raise ValidationFailed("select at least one stored completion", field="completions")
     if any(row.team_id != project.team_id for row in completions):
         raise NotFound("No chat completion found with that id.")
+    if pairs:
+        rows = _preference_rows(completions)
+        if not rows:
+            raise ValidationFailed(
+                "no prompt has two rated completions with different rewards to pair", field="completions"
+            )
+        return _task_set_of(project, name, rows, completions, validation_fraction)
     rows = []
     for row in completions:
         messages = [m for m in row.request.get("messages") or [] if isinstance(m, dict)]
@@ -207,7 +220,46 @@ def task_set_from_completions(
         if isinstance(reply, str) and reply:
             data["completion"] = reply
         rows.append(data)
-    task_set = task_set_create(project=project, name=name, rows=rows, validation_fraction=validation_fraction)
+    return _task_set_of(project, name, rows, completions, validation_fraction)
+
+
+def _reply_text(row: StoredCompletion) -> str | None:
+    choices = row.response.get("choices") or [{}]
+    reply = (choices[0].get("message") or {}).get("content") if isinstance(choices[0], dict) else None
+    return reply if isinstance(reply, str) and reply else None
+
+
+def _preference_rows(completions: list[StoredCompletion]) -> list[dict[str, Any]]:
+    """Per prompt with rated replies of different rewards: the best as ``chosen``, the worst as
+    ``rejected`` (a DPO run's rows)."""
+    by_prompt: dict[str, list[StoredCompletion]] = {}
+    for row in completions:
+        if row.reward is not None and _reply_text(row) is not None:
+            messages = [m for m in row.request.get("messages") or [] if isinstance(m, dict)]
+            by_prompt.setdefault(json.dumps(messages, sort_keys=True), []).append(row)
+    rows = []
+    for members in by_prompt.values():
+        ranked = sorted(members, key=lambda row: (-(row.reward or 0.0), row.pk))
+        best, worst = ranked[0], ranked[-1]
+        if best.reward == worst.reward:
+            continue
+        rows.append({
+            "messages": [m for m in best.request.get("messages") or [] if isinstance(m, dict)],
+            "chosen": _reply_text(best), "rejected": _reply_text(worst),
+            "item": {**best.metadata, "chosen_id": best.completion_id, "rejected_id": worst.completion_id,
+                     "chosen_reward": best.reward, "rejected_reward": worst.reward},
+        })  # fmt: skip
+    return rows
+
+
+def _task_set_of(
+    project: Project,
+    name: str,
+    rows: list[dict[str, Any]],
+    completions: list[StoredCompletion],
+    fraction: float,
+) -> TaskSet:
+    task_set = task_set_create(project=project, name=name, rows=rows, validation_fraction=fraction)
     task_set.source = {**(task_set.source or {}), "type": "stored_completions",
                        "completion_ids": [row.completion_id for row in completions]}  # fmt: skip
     task_set.save(update_fields=["source"])
@@ -274,7 +326,11 @@ def _enqueue_grading(grading_id: int) -> None:
 
 
 def training_job_from_completions(
-    *, model: TrainableModel, completions: list[StoredCompletion], created_by: Any = None
+    *,
+    model: TrainableModel,
+    completions: list[StoredCompletion],
+    experimental_config: Any = None,
+    created_by: Any = None,
 ) -> tuple[TrainingJob, dict[str, int]]:
     """One training step of ``model`` on what its users saw: the stored completions as ART
     trajectory groups (completions sharing a prompt are one group; the reward is each one's
@@ -286,7 +342,8 @@ def training_job_from_completions(
 
     Used: completions of the model's team served by one of its checkpoints (or by its base model),
     rated, with their ids and logprobs (a row stored without logprobs is left out). At least one
-    group needs two completions with different rewards, or GRPO has nothing to learn from."""
+    group needs two completions with different rewards, or GRPO has nothing to learn from.
+    ``experimental_config`` is ART's (learning rate, loss, clipping …), as for a client's job."""
     prefix = f"{model.project.name}/{model.name}:"
     counts = {"given": len(completions), "unrated": 0, "other_model": 0, "without_tokens": 0}
     groups: dict[tuple[int, ...], list[dict[str, Any]]] = {}
@@ -331,7 +388,8 @@ def training_job_from_completions(
             field="completions",
         )
     trajectory_groups = [{"trajectories": members} for members in groups.values()]
-    job = training_job_create(model=model, trajectory_groups=trajectory_groups, created_by=created_by)
+    job = training_job_create(model=model, trajectory_groups=trajectory_groups,
+                              experimental_config=experimental_config, created_by=created_by)  # fmt: skip
     counts.update(used=len(used), groups=len(trajectory_groups))
     run_event_add(run=job.run, message=f"Training job {job.pk} trains on {len(used)} stored completions",
                   data={"training_job": job.pk, "stored_completions": used})  # fmt: skip

@@ -135,3 +135,20 @@ def test_the_model_page_compares_an_aliases_arms_and_promotes(cast, alpha_setup)
     assert alice.post(action + "canary", {"step": "2", "share": "0.4"}, follow=True).status_code == 200
     assert [e.action for e in AliasEvent.objects.order_by("id")] == ["set", "canary", "promote"]
     assert "Promote" not in bob.get(model_url).content.decode()
+
+
+def test_rated_replies_to_one_prompt_become_a_preference_pair_for_dpo(cast, alpha_setup):
+    rows = [store(cast.alpha, f"chatcmpl-p{i}", content=text, metadata={"answer": "Paris"})
+            for i, text in enumerate(["Paris", "Lyon", "Nice"])]  # fmt: skip
+    for row, reward in zip(rows, (1.0, 0.0, 0.5), strict=True):
+        services.feedback_add(team=cast.alpha, value=reward, completion=row)
+    alice = client_for(cast.alice)
+    reply = alice.post("/completions/task-set", {"project": alpha_setup.project.pk, "name": "pairs", "rows": "pairs",
+                                                 "completion": [r.completion_id for r in rows]})  # fmt: skip
+    assert reply.status_code == 302, reply.content
+    (pair,) = [row.data for row in TaskRow.objects.filter(task_set__name="pairs")]
+    assert (pair["chosen"], pair["rejected"]) == ("Paris", "Lyon")
+    assert pair["item"]["chosen_id"] == "chatcmpl-p0" and pair["item"]["rejected_id"] == "chatcmpl-p1"
+    reply = alice.post("/completions/task-set", {"project": alpha_setup.project.pk, "name": "none", "rows": "pairs",
+                                                 "completion": ["chatcmpl-p0"]}, follow=True)  # fmt: skip
+    assert "no prompt has two rated completions" in reply.content.decode()
