@@ -32,7 +32,7 @@ from projects import selectors, services
 from projects.access import Permission
 from projects.api.base import TeamViewSet
 from projects.api.pagination import int_query_param, list_body, page_of
-from projects.api.serializers import InputSerializer
+from projects.api.serializers import InputSerializer, NoBodyIn
 from projects.errors import NotFound, ValidationFailed
 from projects.gateway.capture import checked_metadata
 from projects.gateway.errors import GatewayError
@@ -373,6 +373,7 @@ class AliasView(TeamViewSet):
     @extend_schema(request=None, responses={200: dict})
     @action(detail=True, methods=["post"])
     def promote(self, request: Request, pk: str) -> Response:
+        NoBodyIn(data=request.data).is_valid(raise_exception=True)
         return Response(
             alias_body(services.alias_promote(alias=self.get_object(), **self._by()), detail=True)
         )
@@ -380,6 +381,7 @@ class AliasView(TeamViewSet):
     @extend_schema(request=None, responses={200: dict})
     @action(detail=True, methods=["post"])
     def rollback(self, request: Request, pk: str) -> Response:
+        NoBodyIn(data=request.data).is_valid(raise_exception=True)
         return Response(
             alias_body(services.alias_rollback(alias=self.get_object(), **self._by()), detail=True)
         )

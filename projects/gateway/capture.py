@@ -2,9 +2,9 @@
 
 Whether a completion is stored is the team's choice (``Team.completion_storage``): ``off`` (the
 default) stores nothing and answers a ``store: true`` with a 400 naming ``store``; ``requested``
-stores those sent with ``store: true``; ``all`` every one not sent with ``store: false``. ``metadata``
-is checked as OpenAI does (at most 16 pairs, keys up to 64 characters, string values up to 512)
-on every request, stored or not.
+stores those sent with ``store: true``; ``all`` every one not sent with ``store: false``. A stored completion's ``metadata``
+is checked as OpenAI does (at most 16 pairs, keys up to 64 characters, string values up to 512);
+a completion that is not stored is served whatever metadata it carries, as vLLM serves it.
 
 A stored completion is asked of the inference server with ``logprobs`` and ``return_token_ids``
 whether or not the client asked (training needs the exact tokens and the sampler's logprobs), and
@@ -48,22 +48,25 @@ class StoreFields:
     """``store`` and ``metadata`` as the client sent them (None: ``store`` not sent)."""
 
     store: bool | None
-    metadata: dict[str, str]
+    metadata: dict[str, Any]  # the object sent ({} when none, or not an object)
+    raw_metadata: Any = None  # exactly as sent, checked when the completion is stored
 
 
 def store_fields(body: dict[str, Any]) -> StoreFields:
-    """The body's ``store`` and ``metadata``, checked; GatewayError 400 naming the field."""
+    """The body's ``store`` (checked: GatewayError 400) and ``metadata`` as sent: checked only
+    when the completion is stored (``capture_for``), so a client that sends metadata of its own
+    shape to a server that ignores it (vLLM's) is served here as there."""
     store = body.get("store")
     if store is not None and not isinstance(store, bool):
         raise GatewayError(400, "store must be true or false", param="store", code="invalid_type")
     metadata = body.get("metadata")
-    if metadata is None:
-        return StoreFields(store, {})
-    if not isinstance(metadata, dict):
-        raise GatewayError(
-            400, "metadata must be an object of strings", param="metadata", code="invalid_type"
-        )
-    return StoreFields(store, checked_metadata(metadata))
+    return StoreFields(store, metadata if isinstance(metadata, dict) else {}, metadata)
+
+
+def conversation_of(fields: StoreFields, key: str) -> str | None:
+    """The request's conversation: its metadata's string value under the team's key."""
+    value = fields.metadata.get(key)
+    return value if isinstance(value, str) and value else None
 
 
 def checked_metadata(metadata: dict[str, Any]) -> dict[str, str]:
@@ -116,10 +119,15 @@ def capture_for(team: Team, fields: StoreFields, decoded: dict[str, Any]) -> Cap
         )  # fmt: skip
     if not (fields.store is True or (mode == CompletionStorage.ALL and fields.store is not False)):
         return None
+    if fields.raw_metadata is not None and not isinstance(fields.raw_metadata, dict):
+        raise GatewayError(
+            400, "metadata must be an object of strings", param="metadata", code="invalid_type"
+        )
+    metadata = checked_metadata(fields.metadata)
     return Capture(
         team_id=team.pk,
-        metadata=fields.metadata,
-        conversation_id=fields.metadata.get(team.conversation_key, ""),
+        metadata=metadata,
+        conversation_id=metadata.get(team.conversation_key, ""),
         client_logprobs=decoded.get("logprobs") is True,
         client_token_ids=decoded.get("return_token_ids") is True,
         client_request={k: v for k, v in decoded.items() if k not in ("model", "store", "metadata")},

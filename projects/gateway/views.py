@@ -115,7 +115,9 @@ def _prepare_chat(
     assert team is not None
     if chat is None:
         chat = _parse(raw_body)
-    target, servers = _route(team, chat.request.model, chat.store.metadata.get(team.conversation_key))
+    target, servers = _route(
+        team, chat.request.model, capture.conversation_of(chat.store, team.conversation_key)
+    )
     route = Route(access.api_key if access else None, target, servers, chat)
     return capture.with_capture(route, capture.capture_for(team, chat.store, chat.decoded))
 

@@ -57,11 +57,20 @@ def test_storage_follows_the_teams_setting_and_the_request(cast):
     [({f"k{i}": "v" for i in range(17)}, "at most 16"), ({"k" * 65: "v"}, "1 to 64"), ({"k": 1}, "string"),
      ({"k": "v" * 513}, "512"), ("text", "object")],
 )  # fmt: skip
-def test_metadata_follows_openais_rules(metadata, reason):
+def test_a_stored_completions_metadata_follows_openais_rules(cast, metadata, reason):
+    cast.alpha.completion_storage = "requested"
+    fields = capture.store_fields({"metadata": metadata, "store": True})
     with pytest.raises(GatewayError) as bad:
-        capture.store_fields({"metadata": metadata})
+        capture.capture_for(cast.alpha, fields, {"metadata": metadata})
     assert bad.value.param == "metadata" and reason in bad.value.message
-    assert capture.store_fields({"metadata": {"k": "v" * 512}}).metadata == {"k": "v" * 512}
+    # Not stored: served whatever metadata it carries (as vLLM serves it).
+    assert capture.capture_for(cast.alpha, capture.store_fields({"metadata": metadata}), {}) is None
+    fine = capture.store_fields({"metadata": {"k": "v" * 512}, "store": True})
+    assert capture.capture_for(cast.alpha, fine, {}).metadata == {"k": "v" * 512}
+    assert (
+        capture.conversation_of(capture.store_fields({"metadata": {"conversation_id": 7}}), "conversation_id")
+        is None
+    )
 
 
 def events(*chunks: dict) -> bytes:
