@@ -543,12 +543,12 @@ def test_stored_completions_through_the_openai_client(live, alpha_key, cast):
 
         return wait_for(attempt, timeout=15, what="the team's storage setting")
 
+    conversation = {"conversation_id": "c-1", "topic": "greeting"}
+    whole = create(temperature=0, store=True, metadata=conversation)
     with pytest.raises(openai.BadRequestError) as bad:  # a stored completion's metadata is OpenAI's shape
         api.chat.completions.create(model=BASE_MODEL, messages=HELLO, max_tokens=4, store=True,
                                     metadata={"k": "v" * 513})  # fmt: skip
     assert bad.value.body["param"] == "metadata"
-    conversation = {"conversation_id": "c-1", "topic": "greeting"}
-    whole = create(temperature=0, store=True, metadata=conversation)
     # The client is answered as it asked: no logprobs or ids, though the server was asked for both.
     assert whole.choices[0].logprobs is None and "token_ids" not in (whole.choices[0].model_extra or {})
     assert "prompt_token_ids" not in (whole.model_extra or {})
