@@ -124,7 +124,9 @@ def test_the_model_page_compares_an_aliases_arms_and_promotes(cast, alpha_setup)
     assert [(a["role"], a["step"], a["completions"], a["rated"]) for a in arms] == [
         ("checkpoint", 1, 1, 0), ("candidate", 2, 2, 1),
     ]  # fmt: skip
-    assert "Promote step 2" in page.content.decode()
+    html = page.content.decode()
+    assert "Promote step 2" in html and html.count("Aliases and canaries") == 1
+    assert "<title>agent · artweb</title>" in html  # the title is the model's name, nothing more
     assert (
         bob.post(action + "promote").status_code == 403
         and charlie.post(action + "promote").status_code == 404
