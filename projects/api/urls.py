@@ -5,9 +5,11 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from projects.api import (
+    aliases,
     checkpoints,
     completions,
     evaluations,
+    feedback,
     graders,
     invitations,
     scenarios,
@@ -35,9 +37,9 @@ router.register("evaluations", evaluations.EvaluationViewSet, basename="evaluati
 router.register("checkpoints", checkpoints.CheckpointViewSet, basename="checkpoint")
 router.register("exports", checkpoints.ExportViewSet, basename="export")
 router.register("webhooks", webhooks.WebhookViewSet, basename="webhook")
-router.register("feedback", completions.FeedbackView, basename="feedback")
-router.register("aliases", completions.AliasView, basename="alias")
-router.register("completion-gradings", completions.CompletionGradingView, basename="completion-grading")
+router.register("feedback", feedback.FeedbackView, basename="feedback")
+router.register("aliases", aliases.AliasView, basename="alias")
+router.register("completion-gradings", feedback.CompletionGradingView, basename="completion-grading")
 
 
 def without_slash(patterns: list[Any]) -> list[URLPattern]:
@@ -93,7 +95,7 @@ urlpatterns = [
     ),
     *both_ways(
         "stored-completions/train",
-        completions.TrainOnCompletionsView,
+        feedback.TrainOnCompletionsView,
         {"post": "train"},
         "stored-completions-train",
     ),
