@@ -208,8 +208,7 @@ def task_set_from_completions(
     rows = []
     for row in completions:
         messages = [m for m in row.request.get("messages") or [] if isinstance(m, dict)]
-        choices = row.response.get("choices") or [{}]
-        reply = (choices[0].get("message") or {}).get("content") if isinstance(choices[0], dict) else None
+        reply = _reply_text(row)
         item = {
             **row.metadata,
             "completion_id": row.completion_id,
@@ -217,7 +216,7 @@ def task_set_from_completions(
             "reward": row.reward,
         }
         data: dict[str, Any] = {"messages": messages, "item": item}
-        if isinstance(reply, str) and reply:
+        if reply is not None:
             data["completion"] = reply
         rows.append(data)
     return _task_set_of(project, name, rows, completions, validation_fraction)
