@@ -47,7 +47,7 @@ pid_a=$!
     # A database file of its own (tests/conftest.py puts the test database beside it).
     DATABASE_URL=sqlite:///$work/sqlite/artweb.sqlite3 ARTWEB_TESTS_ORM_ONLY=1 \
         "$python" -m pytest --durations=15 "${sqlite_paths[@]}"
-) &
+) > >(tee "$work/shard-b.log") 2>&1 &
 pid_b=$!
 
 wait "$pid_b"
@@ -57,5 +57,9 @@ wait "$pid_a"
 status_a=$?
 echo "== shard A (${shard_a[*]}) done after $((SECONDS - started)) s: exit $status_a; its output:"
 cat "$work/shard-a.log"
+# A CI log shows its tail: each failing shard's failures are repeated here, last.
+for shard in a b; do
+    grep -E '^(FAILED|ERROR) |^=+ .*(failed|error).* =+$' "$work/shard-$shard.log" | sed "s/^/shard $shard: /"
+done
 echo "== shard A exit $status_a, shard B exit $status_b, $((SECONDS - started)) s in all"
 ((status_a == 0 && status_b == 0))
