@@ -158,11 +158,45 @@ class StoredCompletionsView(TeamViewSet):
         return Response(list_body(items[:limit], has_more=len(items) > limit))
 
 
+class ConversationsView(TeamViewSet):
+    """``/api/v1/conversations``: stored completions joined by the team's ``conversation_key``,
+    the most recently continued first; one conversation is its turns and their exact token join
+    (projects.services.conversations): the samples its turns make and where each turn's sampled
+    ids lie in them."""
+
+    @extend_schema(operation_id="conversations_list", responses={200: dict})
+    def list(self, request: Request) -> Response:
+        limit = _limit(request)
+        page = list(
+            selectors.conversations(team=self.team, after=request.query_params.get("after"))[: limit + 1]
+        )
+        items = [
+            {"id": row["conversation_id"], "object": "conversation", "turns": row["turns"],
+             "first_at": int(row["first_at"].timestamp()), "last_at": int(row["last_at"].timestamp())}
+            for row in page[:limit]
+        ]  # fmt: skip
+        return Response(list_body(items, has_more=len(page) > limit))
+
+    @extend_schema(operation_id="conversations_retrieve", responses={200: dict})
+    def retrieve(self, request: Request, conversation_id: str) -> Response:
+        rows = selectors.conversation(team=self.team, conversation_id=conversation_id)
+        joined = services.conversation_tokens(rows)
+        return Response({
+            "id": conversation_id, "object": "conversation", "reward": rows[-1].reward,
+            "first_at": int(rows[0].created_at.timestamp()), "last_at": int(rows[-1].created_at.timestamp()),
+            **joined,
+        })  # fmt: skip
+
+
 class TeamSettingsIn(InputSerializer):
     completion_storage = serializers.ChoiceField(choices=["off", "requested", "all"], required=False)
     completion_retention_days = serializers.IntegerField(required=False, allow_null=True, min_value=1,
                                                          max_value=services.completions.MAX_RETENTION_DAYS)  # fmt: skip
     conversation_key = serializers.CharField(required=False, min_length=1, max_length=64)
+    completion_storage_models = serializers.DictField(
+        child=serializers.ChoiceField(choices=["off", "requested", "all"]), required=False,
+        help_text="per model (project/model, or a base model): over completion_storage for its requests",
+    )  # fmt: skip
 
 
 def team_body(team: Any) -> dict[str, Any]:
@@ -171,6 +205,7 @@ def team_body(team: Any) -> dict[str, Any]:
         "completion_storage": team.completion_storage,
         "completion_retention_days": team.completion_retention_days,
         "conversation_key": team.conversation_key,
+        "completion_storage_models": team.completion_storage_models,
     }
 
 
@@ -194,6 +229,7 @@ class TeamSettingsView(TeamViewSet):
             storage=data.get("completion_storage"),
             retention_days=data.get("completion_retention_days", ...),
             conversation_key=data.get("conversation_key"),
+            per_model=data.get("completion_storage_models"),
         )
         return Response(team_body(team))
 

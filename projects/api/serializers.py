@@ -286,7 +286,9 @@ class MemberOut(serializers.ModelSerializer):
 class ApiKeyOut(serializers.ModelSerializer):
     class Meta:
         model = ApiKey
-        fields = ["id", "name", "prefix", "read_only", "created_at", "last_used_at", "revoked_at"]
+        fields = [
+            "id", "name", "prefix", "read_only", "completion_storage", "created_at", "last_used_at", "revoked_at"
+        ]  # fmt: skip
 
 
 # --- input ----------------------------------------------------------------------------------
@@ -536,6 +538,17 @@ class MemberRoleIn(InputSerializer):
     role = serializers.ChoiceField(choices=Role.choices)
 
 
+STORAGE_CHOICES = ["", "off", "requested", "all"]
+
+
 class ApiKeyIn(InputSerializer):
     name = serializers.CharField(max_length=100)
     read_only = serializers.BooleanField(required=False, default=False)  # type: ignore[assignment]
+    completion_storage = serializers.ChoiceField(
+        choices=STORAGE_CHOICES, required=False, default="",
+        help_text="which of its completions are stored: '' follows the team, else over the team's setting",
+    )  # fmt: skip
+
+
+class ApiKeyUpdateIn(InputSerializer):
+    completion_storage = serializers.ChoiceField(choices=STORAGE_CHOICES)

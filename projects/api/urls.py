@@ -99,6 +99,13 @@ urlpatterns = [
         {"post": "train"},
         "stored-completions-train",
     ),
+    *both_ways("conversations", completions.ConversationsView, {"get": "list"}, "conversations"),
+    *both_ways(
+        "conversations/<str:conversation_id>",
+        completions.ConversationsView,
+        {"get": "retrieve"},
+        "conversation",
+    ),
     *both_ways("usage", UsageViewSet, {"get": "list"}, "usage"),
     *both_ways("costs", CostViewSet, {"get": "list"}, "costs"),
     *both_ways(

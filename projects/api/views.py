@@ -420,9 +420,17 @@ class ApiKeyViewSet(TeamViewSet, mixins.ListModelMixin):
             read_only=data["read_only"],
             created_by=_user(request),
         )
+        if data["completion_storage"]:
+            services.api_key_storage_set(api_key=created.api_key, storage=data["completion_storage"])
         body = dict(s.ApiKeyOut(created.api_key).data)
         body["key"] = created.plaintext
         return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.ApiKeyUpdateIn, responses=s.ApiKeyOut)
+    def partial_update(self, request: Request, pk: str) -> Response:
+        data = _valid(s.ApiKeyUpdateIn, request.data)
+        api_key = services.api_key_storage_set(api_key=self.get_object(), storage=data["completion_storage"])
+        return Response(s.ApiKeyOut(api_key).data)
 
     @extend_schema(request=None, responses=s.ApiKeyOut)
     @action(detail=True, methods=["post"])

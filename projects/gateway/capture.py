@@ -2,7 +2,9 @@
 
 Whether a completion is stored is the team's choice (``Team.completion_storage``): ``off`` (the
 default) stores nothing and answers a ``store: true`` with a 400 naming ``store``; ``requested``
-stores those sent with ``store: true``; ``all`` every one not sent with ``store: false``. A stored completion's ``metadata``
+stores those sent with ``store: true``; ``all`` every one not sent with ``store: false``. An owner
+can set it per model (``Team.completion_storage_models``) and per API key
+(``ApiKey.completion_storage``): the key's setting wins, then the model's, then the team's. A stored completion's ``metadata``
 is checked as OpenAI does (at most 16 pairs, keys up to 64 characters, string values up to 512);
 a completion that is not stored is served whatever metadata it carries, as vLLM serves it.
 
@@ -33,7 +35,7 @@ from django.conf import settings
 from django.http import HttpResponse, JsonResponse
 
 from projects.gateway.errors import GatewayError
-from projects.models import CompletionStorage, Team
+from projects.models import ApiKey, CompletionStorage, Team
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +109,30 @@ class Capture:
     started: float = field(default_factory=time.monotonic)
 
 
-def capture_for(team: Team, fields: StoreFields, decoded: dict[str, Any]) -> Capture | None:
+def storage_mode(team: Team, model_id: str, api_key: ApiKey | None = None) -> tuple[str, str]:
+    """Which of a request's completions are stored, and whose setting says so: the key's own
+    (``ApiKey.completion_storage``), else the team's for the model the request names (any of its
+    checkpoints or aliases: ``Team.completion_storage_models``), else the team's."""
+    if api_key is not None and api_key.completion_storage:
+        return api_key.completion_storage, f"API key {api_key.prefix}"
+    name = model_id.partition(":")[0]
+    mode = (team.completion_storage_models or {}).get(name)
+    if mode:
+        return mode, f"model {name}"
+    return team.completion_storage, "team"
+
+
+def capture_for(
+    team: Team, fields: StoreFields, decoded: dict[str, Any], api_key: ApiKey | None = None
+) -> Capture | None:
     """The capture of a request of ``team``'s (None: not stored); 400 when the client asked
-    to store and the team stores nothing."""
-    mode = team.completion_storage
+    to store and the setting that applies (``storage_mode``) stores nothing."""
+    mode, whose = storage_mode(team, str(decoded.get("model") or ""), api_key)
     if fields.store is True and mode == CompletionStorage.OFF:
         raise GatewayError(
-            400, "This team does not store completions: an owner turns storage on "
-            "(PATCH /api/v1/team with completion_storage 'requested' or 'all').",
+            400, f"Completions are not stored here (the {whose} setting is off): an owner turns storage on "
+            "(PATCH /api/v1/team with completion_storage 'requested' or 'all', per model with "
+            "completion_storage_models, or per key at /api/v1/api-keys).",
             param="store", code="store_not_enabled",
         )  # fmt: skip
     if not (fields.store is True or (mode == CompletionStorage.ALL and fields.store is not False)):

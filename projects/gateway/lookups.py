@@ -5,7 +5,8 @@ gateway's added latency).
 What is remembered, for GATEWAY_LOOKUP_CACHE_S seconds (default 1; 0 turns it off):
 - an API key that authenticated (by the SHA-256 of the presented key): a key revoked meanwhile
   keeps working for up to that long in each web process that saw it. Failed lookups are not
-  remembered, so a new key works at once;
+  remembered, so a new key works at once. The key's and its team's settings come with it: a change
+  of which completions are stored (projects.gateway.capture) applies up to that long late;
 - a (team, model id) route: the checkpoint it resolves to and the live servers for it. So a new
   checkpoint becomes `:latest` up to that long after it is recorded, a new server receives traffic
   up to that long after it registers, and a server that stopped is still tried for up to that long

@@ -119,7 +119,7 @@ def _prepare_chat(
         team, chat.request.model, capture.conversation_of(chat.store, team.conversation_key)
     )
     route = Route(access.api_key if access else None, target, servers, chat)
-    return capture.with_capture(route, capture.capture_for(team, chat.store, chat.decoded))
+    return capture.with_capture(route, capture.capture_for(team, chat.store, chat.decoded, route.api_key))
 
 
 class _NotRemembered(Exception):
@@ -152,7 +152,7 @@ def _prepare_remembered(authorization: str | None, raw_body: bytes, team: Team |
         _count_request(api_key)
     target, servers = remembered
     route = Route(api_key, target, servers, chat)
-    return capture.with_capture(route, capture.capture_for(team, chat.store, chat.decoded))
+    return capture.with_capture(route, capture.capture_for(team, chat.store, chat.decoded, api_key))
 
 
 def _parse(raw_body: bytes) -> ParsedChat:

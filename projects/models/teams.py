@@ -31,6 +31,9 @@ class Team(models.Model):
         max_length=64, default="conversation_id",
         help_text="the metadata key whose value joins stored completions into one conversation",
     )  # fmt: skip
+    # Per model: {"project/model": "off" | "requested" | "all"}, over completion_storage for
+    # requests naming that model (any of its checkpoints or aliases); a key's own setting wins.
+    completion_storage_models = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return self.name
@@ -104,6 +107,9 @@ class ApiKey(models.Model):
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64)
     read_only = models.BooleanField(default=False)
+    # Stored completions of this key's requests: "" follows the team (and its per-model
+    # settings); otherwise one of CompletionStorage, over both.
+    completion_storage = models.CharField(max_length=16, blank=True, default="")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Avg, Count, Q, QuerySet, TextField
+from django.db.models import Avg, Count, Max, Min, Q, QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
@@ -79,6 +79,42 @@ def conversation_completion_ids(*, team: Team, conversation_id: str, limit: int 
     """The ids of a conversation's stored completions, oldest first."""
     rows = scoped(StoredCompletion, team).filter(conversation_id=conversation_id).order_by("id")
     return list(rows.values_list("completion_id", flat=True)[:limit])
+
+
+MAX_CONVERSATION_TURNS = 500
+
+
+def conversation(*, team: Team, conversation_id: str) -> list[StoredCompletion]:
+    """A conversation's stored completions, oldest turn first (404 when it has none)."""
+    if not conversation_id or "\x00" in conversation_id:
+        raise NotFound("No conversation found with that id.")
+    rows = list(
+        scoped(StoredCompletion, team)
+        .filter(conversation_id=conversation_id)
+        .order_by("created_at", "id")[:MAX_CONVERSATION_TURNS]
+    )
+    if not rows:
+        raise NotFound(f"No conversation found with id '{conversation_id[:100]}'.")
+    return rows
+
+
+def conversations(*, team: Team, after: str | None = None) -> QuerySet:
+    """The team's conversations, the most recently continued first: id, turns, first and last
+    turn's time (``after``: those listed after that conversation; a 400 on ``after`` if unknown)."""
+    rows = (
+        scoped(StoredCompletion, team)
+        .exclude(conversation_id="")
+        .values("conversation_id")
+        .annotate(turns=Count("id"), first_at=Min("created_at"), last_at=Max("created_at"), last_pk=Max("id"))
+    )
+    if after:
+        anchor = (
+            rows.filter(conversation_id=after).order_by("-last_pk").values_list("last_pk", flat=True).first()
+        )
+        if anchor is None:
+            raise ValidationFailed(f"no conversation with id {after[:100]!r} in this list", field="after")
+        rows = rows.filter(last_pk__lt=anchor)
+    return rows.order_by("-last_pk")
 
 
 def alias_arms(*, alias: ModelAlias) -> list[dict[str, Any]]:

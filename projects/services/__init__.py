@@ -62,6 +62,7 @@ from projects.services.client_models import (
     training_job_active,
 )
 from projects.services.completions import (
+    api_key_storage_set,
     completion_grading_create,
     completion_storage_set,
     feedback_add,
@@ -73,6 +74,7 @@ from projects.services.completions import (
     task_set_from_completions,
     training_job_from_completions,
 )
+from projects.services.conversations import conversation_tokens
 from projects.services.environments import (
     environment_build,
     environment_create,
@@ -238,7 +240,9 @@ __all__ = [
     "alias_set",
     "task_set_from_completions",
     "feedback_add",
+    "api_key_storage_set",
     "completion_storage_set",
+    "conversation_tokens",
     "stored_completion_create",
     "stored_completion_delete",
     "stored_completion_update",

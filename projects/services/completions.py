@@ -21,6 +21,7 @@ from django.utils import timezone
 from projects.errors import NotFound, ValidationFailed
 from projects.models import (
     ApiKey,
+    BaseModel,
     CompletionFeedback,
     CompletionGrading,
     CompletionStorage,
@@ -33,10 +34,12 @@ from projects.models import (
     TrainingJob,
 )
 from projects.selectors.completions import stored_completions
+from projects.services import conversations
 from projects.services._common import jsonb_safe
 from projects.services.runs import run_event_add
 from projects.services.task_sets import task_set_create
 from projects.services.training_jobs import training_job_create
+from training.runs.art_tokens import sampled_step
 
 log = logging.getLogger(__name__)
 
@@ -90,19 +93,30 @@ def stored_completion_delete(*, completion: StoredCompletion) -> None:
     completion.delete()
 
 
+def _storage_mode(value: Any, field: str) -> str:
+    if value not in CompletionStorage.values:
+        raise ValidationFailed(f"must be one of {', '.join(CompletionStorage.values)}", field=field)
+    return str(value)
+
+
 def completion_storage_set(
-    *, team: Team, storage: str | None = None, retention_days: Any = ..., conversation_key: str | None = None
+    *,
+    team: Team,
+    storage: str | None = None,
+    retention_days: Any = ...,
+    conversation_key: str | None = None,
+    per_model: dict[str, Any] | None = None,
 ) -> Team:
     """The team's storage settings; each argument left out stays as it is. ``retention_days``
-    None keeps rows forever."""
+    None keeps rows forever. ``per_model`` replaces the per-model settings: each key names one of
+    the team's models (``project/model``) or a base model."""
     fields = []
     if storage is not None:
-        if storage not in CompletionStorage.values:
-            raise ValidationFailed(
-                f"must be one of {', '.join(CompletionStorage.values)}", field="completion_storage"
-            )
-        team.completion_storage = storage
+        team.completion_storage = _storage_mode(storage, "completion_storage")
         fields.append("completion_storage")
+    if per_model is not None:
+        team.completion_storage_models = _per_model_storage(team, per_model)
+        fields.append("completion_storage_models")
     if retention_days is not ...:
         if retention_days is not None and (
             isinstance(retention_days, bool) or not isinstance(retention_days, int)
@@ -122,6 +136,37 @@ def completion_storage_set(
     if fields:
         team.save(update_fields=fields)
     return team
+
+
+MAX_PER_MODEL = 200
+
+
+def _per_model_storage(team: Team, per_model: dict[str, Any]) -> dict[str, str]:
+    field = "completion_storage_models"
+    if not isinstance(per_model, dict) or len(per_model) > MAX_PER_MODEL:
+        raise ValidationFailed(f"must be an object of at most {MAX_PER_MODEL} models", field=field)
+    known = {
+        f"{project}/{name}"
+        for project, name in TrainableModel.objects.filter(project__team=team).values_list(
+            "project__name", "name"
+        )
+    } | set(BaseModel.objects.values_list("name", flat=True))
+    checked = {}
+    for name, mode in per_model.items():
+        if name not in known:
+            raise ValidationFailed(
+                f"{str(name)[:100]!r} is none of this team's models (project/model) nor a base model",
+                field=field,
+            )
+        checked[name] = _storage_mode(mode, f"{field}.{name}")
+    return checked
+
+
+def api_key_storage_set(*, api_key: ApiKey, storage: str) -> ApiKey:
+    """Which of the key's completions are stored: "" follows the team; else over the team's."""
+    api_key.completion_storage = storage and _storage_mode(storage, "completion_storage")
+    api_key.save(update_fields=["completion_storage"])
+    return api_key
 
 
 def stored_completions_expire(*, now: Any = None) -> int:
@@ -332,53 +377,45 @@ def training_job_from_completions(
     created_by: Any = None,
 ) -> tuple[TrainingJob, dict[str, int]]:
     """One training step of ``model`` on what its users saw: the stored completions as ART
-    trajectory groups (completions sharing a prompt are one group; the reward is each one's
-    feedback), trained off-policy on the exact ids the sampler gave and sampled and its logprobs,
-    importance-weighted by ART's loss against the policy now (projects.services.training_jobs,
-    training.runs.art_tokens). Each choice names the checkpoint that served it, so the job sees how
-    many steps stale it is; each trajectory's metadata names its completion (lineage from the
-    checkpoint this step makes back to the traffic).
+    trajectory groups, trained off-policy on the exact ids the sampler gave and sampled and its
+    logprobs, importance-weighted by ART's loss against the policy now
+    (projects.services.training_jobs, training.runs.art_tokens). A conversation's turns among
+    ``completions`` are one multi-turn trajectory (projects.services.conversations: joined on the
+    sampler's ids, exact boundaries) with the reward of its newest turn; trajectories whose first
+    prompt is the same are one group. Each choice names the checkpoint that served it, so the job
+    measures how many steps stale each is (its ``off_policy_steps`` metrics); the run's event lists
+    every completion used with the step that served it (lineage from the checkpoint this step
+    makes back to the traffic).
 
     Used: completions of the model's team served by one of its checkpoints (or by its base model),
-    rated, with their ids and logprobs (a row stored without logprobs is left out). At least one
-    group needs two completions with different rewards, or GRPO has nothing to learn from.
+    rated (a conversation: its newest turn among them), with their ids and logprobs (a row stored
+    without logprobs is left out). At least one
+    group needs two trajectories with different rewards, or GRPO has nothing to learn from.
     ``experimental_config`` is ART's (learning rate, loss, clipping …), as for a client's job."""
     prefix = f"{model.project.name}/{model.name}:"
     counts = {"given": len(completions), "unrated": 0, "other_model": 0, "without_tokens": 0}
-    groups: dict[tuple[int, ...], list[dict[str, Any]]] = {}
-    rewards: dict[tuple[int, ...], set[float]] = {}
-    used: list[str] = []
+    kept: dict[str, list[StoredCompletion]] = {}  # by conversation (a row alone: by its own id)
     for row in completions:
         if row.team_id != model.project.team_id:
             raise NotFound("No chat completion found with that id.")
         if not (row.served_by.startswith(prefix) or row.served_by == model.base_model.name):
             counts["other_model"] += 1
-            continue
-        if row.reward is None:
-            counts["unrated"] += 1
-            continue
-        ids, logprobs = (row.token_ids or [None])[0], (row.logprobs or [None])[0]
-        if not row.prompt_token_ids or not ids or not logprobs or len(ids) != len(logprobs):
+        elif conversations.sampled(row) is None:
             counts["without_tokens"] += 1
+        else:
+            kept.setdefault(row.conversation_id or f"\x00{row.completion_id}", []).append(row)
+    groups: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    rewards: dict[tuple[int, ...], set[float]] = {}
+    for conversation, rows in list(kept.items()):
+        rows.sort(key=lambda row: (row.created_at, row.pk))
+        if rows[-1].reward is None:  # a conversation's reward is its newest turn's
+            counts["unrated"] += len(rows)
+            del kept[conversation]
             continue
-        choices = row.response.get("choices") or [{}]
-        message = dict((choices[0].get("message") if isinstance(choices[0], dict) else None) or {})
-        message.setdefault("role", "assistant")
-        choice = {
-            "index": 0, "message": message, "finish_reason": choices[0].get("finish_reason") or "stop",
-            "logprobs": {"content": [{"token": f"token_id:{i}", "logprob": lp, "bytes": None, "top_logprobs": []}
-                                     for i, lp in zip(ids, logprobs, strict=True)]},
-            "token_ids": ids, "prompt_token_ids": row.prompt_token_ids, "artweb_model": row.served_by,
-        }  # fmt: skip
-        messages = [m for m in row.request.get("messages") or [] if isinstance(m, dict)]
-        key = tuple(row.prompt_token_ids)
-        trajectory: dict[str, Any] = {"messages_and_choices": [*messages, choice], "reward": float(row.reward),
-                                      "metadata": {"completion_id": row.completion_id}}  # fmt: skip
-        if row.request.get("tools"):
-            trajectory["tools"] = row.request["tools"]
-        groups.setdefault(key, []).append(trajectory)
-        rewards.setdefault(key, set()).add(float(row.reward))
-        used.append(row.completion_id)
+        reward = float(rows[-1].reward)
+        key = tuple(rows[0].prompt_token_ids or ())  # sampled() checked it is there
+        groups.setdefault(key, []).append(conversations.conversation_trajectory(rows, reward))
+        rewards.setdefault(key, set()).add(reward)
     if not any(len(values) > 1 for values in rewards.values()):
         raise ValidationFailed(
             f"no prompt has two usable completions with different rewards (of {counts['given']}: "
@@ -389,7 +426,9 @@ def training_job_from_completions(
     trajectory_groups = [{"trajectories": members} for members in groups.values()]
     job = training_job_create(model=model, trajectory_groups=trajectory_groups,
                               experimental_config=experimental_config, created_by=created_by)  # fmt: skip
-    counts.update(used=len(used), groups=len(trajectory_groups))
+    used = [row for rows in kept.values() for row in rows]
+    counts.update(used=len(used), groups=len(trajectory_groups), trajectories=len(kept))
+    served = {row.completion_id: sampled_step(row.served_by) or 0 for row in used}
     run_event_add(run=job.run, message=f"Training job {job.pk} trains on {len(used)} stored completions",
-                  data={"training_job": job.pk, "stored_completions": used})  # fmt: skip
+                  data={"training_job": job.pk, "stored_completions": list(served), "served_steps": served})  # fmt: skip
     return job, counts

@@ -205,7 +205,7 @@ def test_retrieve_update_messages_and_delete(cast, key_client):
 def test_only_an_owner_changes_the_teams_storage(cast, key_client, alice_client, bob_client):
     assert key_client.get("/api/v1/team").json() == {
         "name": "alpha", "completion_storage": "off", "completion_retention_days": None,
-        "conversation_key": "conversation_id",
+        "conversation_key": "conversation_id", "completion_storage_models": {},
     }  # fmt: skip
     for caller in (key_client, bob_client):  # a key acts as a member; bob is a viewer
         assert caller.patch("/api/v1/team", {"completion_storage": "all"}, format="json").status_code == 403

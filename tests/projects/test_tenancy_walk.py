@@ -157,6 +157,7 @@ def world(cast, alpha_setup, alice_client, settings, tmp_path):
 KWARGS = {
     "alias_id": "alias",
     "completion_id": "stored_completion",  # a stored completion's own id (chatcmpl-…), not its pk
+    "conversation_id": "stored_completion",  # its conversation's id (the metadata value)
     "run_id": "run",
     "checkpoint_id": "checkpoint",
     "project_id": "project",
@@ -196,6 +197,12 @@ PK_OF_MODEL = {
 }
 
 
+def _key_value(row: Any, key: str) -> Any:
+    """A URL keyword's value from its row: a stored completion is named by its own id (or its
+    conversation's), every other row by its pk."""
+    return getattr(row, key) if key in ("completion_id", "conversation_id") else row.pk
+
+
 def _url(world: Any, entry: URLPattern, name: str, view_class: type | None) -> str:
     kwargs: dict[str, Any] = {}
     for key in entry.pattern.regex.groupindex:
@@ -207,7 +214,7 @@ def _url(world: Any, entry: URLPattern, name: str, view_class: type | None) -> s
         else:
             assert key in KWARGS, f"{name}: the walk does not know the URL keyword {key!r}; add it"
             row = world.objects[KWARGS[key]]
-            kwargs[key] = row.completion_id if key == "completion_id" else row.pk
+            kwargs[key] = _key_value(row, key)
     return reverse(name, kwargs=kwargs)
 
 
@@ -371,7 +378,7 @@ def _path_of(world: Any, regex: str, entry: URLPattern) -> str:
             return str(getattr(row, getattr(view_class, "lookup_field", "pk")))
         if key in KWARGS:
             row = world.objects[KWARGS[key]]
-            return str(row.completion_id if key == "completion_id" else row.pk)
+            return str(_key_value(row, key))
         assert key in OTHER_KWARGS, f"{regex}: the walk does not know the URL keyword {key!r}; add it"
         return OTHER_KWARGS[key]
 

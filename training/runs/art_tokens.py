@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,7 @@ from training.runs.art_groups import (
 )
 from training.serving.protocol import Limits, RequestError, parse_chat_request
 
-__all__ = ["TokenizedTrajectory", "TrajectoryTokenizer"]
+__all__ = ["Placement", "TokenizedTrajectory", "TrajectoryTokenizer", "join_turns"]
 
 _TOKEN_ID_FORM = re.compile(r"^token_id:(\d+)$")
 
@@ -89,6 +89,38 @@ class _Segment:
         self.completion += ids
         self.mask += [0 if logprobs is None else 1] * len(ids)
         self.logprobs += [0.0] * len(ids) if logprobs is None else logprobs
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one turn's sampled ids lie in the joined samples: sample ``sample``'s tokens
+    ``[start, end)`` (``start`` is also the length of the prompt it was sampled after)."""
+
+    sample: int
+    start: int
+    end: int
+
+
+def join_turns(
+    turns: Sequence[tuple[list[int], list[int], list[float] | None]],
+) -> tuple[list[_Segment], list[Placement]]:
+    """Turns (each the exact prompt ids its sampler was given, the sampled ids and their logprobs,
+    in order) joined into as few samples as exactness allows: a turn whose prompt begins with the
+    tokens so far continues the sample (the ids between are context, mask 0); one that does not
+    starts a sample of its own. Every sampled id keeps the exact context it was sampled in."""
+    segments: list[_Segment] = []
+    placements: list[Placement] = []
+    current: _Segment | None = None
+    for prompt, ids, logprobs in turns:
+        if current is not None and prompt[: len(current.tokens)] == current.tokens:
+            current.add(prompt[len(current.tokens) :], None)
+        else:
+            current = _Segment(prompt=list(prompt))
+            segments.append(current)
+        start = len(current.tokens)
+        current.add(list(ids), list(logprobs) if logprobs is not None else [math.nan] * len(ids))
+        placements.append(Placement(len(segments) - 1, start, start + len(ids)))
+    return segments, placements
 
 
 def sampled_step(sampled_by: str | None) -> int | None:
@@ -150,8 +182,7 @@ class TrajectoryTokenizer:
             ),
             default=-1,
         )
-        segments: list[_Segment] = []
-        current: _Segment | None = None
+        turns: list[tuple[list[int], list[int], list[float]]] = []
         for index, item in enumerate(history.items[: last + 1]):
             if not isinstance(item, ClientChoice) or not item.trains(self.without_logprobs):
                 continue  # context: it reaches the samples through the next choice's prompt
@@ -162,17 +193,10 @@ class TrajectoryTokenizer:
                 result.sampled_steps.append(step)
             if _SOURCE_RANK[source] > _SOURCE_RANK[result.token_source]:
                 result.token_source = source
-            if current is not None and prompt[: len(current.tokens)] == current.tokens:
-                current.add(prompt[len(current.tokens) :], None)
-            else:
-                if current is not None:
-                    segments.append(current)
-                    result.splits += 1
-                current = _Segment(prompt=prompt)
             # Trained without logprobs (allow_training_without_logprobs): NaN, the learner's own.
-            current.add(ids, item.logprobs if item.logprobs is not None else [math.nan] * len(ids))
-        if current is not None:
-            segments.append(current)
+            turns.append((prompt, ids, item.logprobs if item.logprobs is not None else [math.nan] * len(ids)))
+        segments, _ = join_turns(turns)
+        result.splits += max(len(segments) - 1, 0)
         return segments
 
     def _sampler_prompt(

@@ -645,3 +645,49 @@ def test_an_alias_canary_splits_conversations_through_the_gateway(
                     2: list(served.values()).count("sup/agent:2") + 4 * (served["c-0"] == "sup/agent:2")}  # fmt: skip
     services.alias_promote(alias=alias)
     assert {ask(f"c-{i}") for i in range(6)} == {"sup/agent:2"}  # aliases are never remembered
+
+
+def test_a_keys_own_storage_and_a_conversation_joined_through_the_gateway(live, alpha_key, cast):
+    """A key set to store everything stores without ``store`` while its team stores nothing; two
+    turns of one conversation, the second sending the first's reply back as the openai client
+    does, are one conversation whose token view places each turn's sampled ids exactly."""
+    from tests.conftest import _client
+
+    created = services.api_key_create(team=cast.alpha, name="prod")
+    services.api_key_storage_set(api_key=created.api_key, storage="all")
+    prod, other = client(live, created.plaintext), client(live, alpha_key)
+    other.chat.completions.create(model=BASE_MODEL, messages=HELLO, max_tokens=2)  # the team's: off
+    meta = {"conversation_id": "live-conv"}
+    first = prod.chat.completions.create(
+        model=BASE_MODEL, messages=HELLO, max_tokens=4, temperature=0, metadata=meta
+    )
+    follow = [
+        *HELLO,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "And?"},
+    ]
+    second = prod.chat.completions.create(model=BASE_MODEL, messages=follow, max_tokens=4, temperature=0,
+                                          metadata=meta)  # fmt: skip
+    rows = wait_for(lambda: len(stored(prod)) == 2 and stored(prod), timeout=15, what="the prod key's two")
+    assert [r.id for r in rows] == [first.id, second.id]  # the other key's completion is not stored
+
+    view = _client(key=created.plaintext).get("/api/v1/conversations/live-conv").json()
+    turns = view["turns"]
+    assert [t["id"] for t in turns] == [first.id, second.id]
+    ids = [r.choices[0].model_extra["token_ids"] for r in rows]
+    prompts = [r.model_extra["prompt_token_ids"] for r in rows]
+    # Each turn's sampled ids lie where the view says, right after the prompt it was sampled on.
+    assert turns[0] == {
+        **turns[0],
+        "sample": 0,
+        "start": len(prompts[0]),
+        "end": len(prompts[0]) + len(ids[0]),
+    }
+    continues = prompts[1][: len(prompts[0]) + len(ids[0])] == prompts[0] + ids[0]
+    expected_start = len(prompts[1])
+    assert (turns[1]["sample"], turns[1]["start"], turns[1]["end"]) == (
+        0 if continues else 1,
+        expected_start,
+        expected_start + len(ids[1]),
+    )
+    assert sum(sample["trained_tokens"] for sample in view["samples"]) == len(ids[0]) + len(ids[1])

@@ -335,7 +335,15 @@ def test_a_step_on_stored_completions_trains_on_their_exact_tokens_and_records_t
     with pytest.raises(ValidationFailed, match="no prompt has two usable completions"):
         services.training_job_from_completions(model=world.model, completions=[rows[0], rows[2]])
     job, counts = services.training_job_from_completions(model=world.model, completions=rows)
-    assert counts == {"given": 5, "unrated": 1, "other_model": 1, "without_tokens": 0, "used": 3, "groups": 2}
+    assert counts == {
+        "given": 5,
+        "unrated": 1,
+        "other_model": 1,
+        "without_tokens": 0,
+        "used": 3,
+        "groups": 2,
+        "trajectories": 3,
+    }
     assert claimed.work_on(TRAINING_JOB, job.pk) == "succeeded"
     gradient = TrainingJobEvent.objects.get(job=job, type="gradient_step").data
     assert gradient["num_groups_submitted"] == 2.0 and gradient["num_groups_trainable"] == 1.0
@@ -345,3 +353,51 @@ def test_a_step_on_stored_completions_trains_on_their_exact_tokens_and_records_t
     lineage = RunEvent.objects.filter(run=world.run, data__has_key="stored_completions").get()
     assert lineage.data["stored_completions"] == ["c-good", "c-bad", "c-alone"]
     assert Checkpoint.objects.filter(model=world.model, step=1).exists()
+
+
+def test_a_conversations_turns_train_as_one_trajectory_on_their_exact_ids(world, cast):
+    """A conversation's turns among the completions are one multi-turn trajectory (the reward of
+    its newest turn), joined on the sampler's ids: every sampled id of both turns is trained, in
+    the context it was sampled in; each trajectory records how stale its sampler was."""
+    from projects.models import StoredCompletion
+    from training.runs.art_tokens import join_turns
+
+    def stored(completion_id: str, messages: list, text: str, conversation: str, reward: float | None):
+        choice = world.sampler.choice(messages, text)
+        row = services.stored_completion_create(
+            team_id=cast.alpha.pk, completion_id=completion_id, api_key_id=None, model="math/agent:prod",
+            served_by="math/agent:0", checkpoint_id=None, stream=False,
+            metadata={"conversation_id": conversation} if conversation else {}, conversation_id=conversation,
+            request={"messages": messages},
+            response={"choices": [{"index": 0, "message": choice["message"], "finish_reason": "stop",
+                                   "logprobs": None}]},
+            prompt_token_ids=choice["prompt_token_ids"], token_ids=[choice["token_ids"]],
+            logprobs=[[entry["logprob"] for entry in choice["logprobs"]["content"]]], latency_ms=5,
+        )  # fmt: skip
+        if reward is not None:
+            services.feedback_add(team=cast.alpha, value=reward, completion=row)
+        return StoredCompletion.objects.get(pk=row.pk)
+
+    ask = [{"role": "user", "content": "Say hi"}]
+    first = stored("c-turn1", ask, "hi", "conv-1", None)
+    again = [*ask, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "Again"}]
+    second = stored("c-turn2", again, "hi again", "conv-1", 1.0)  # the conversation's outcome
+    alone = stored("c-single", ask, "no", "", 0.0)
+    # The first turn is unrated: a conversation's reward is its newest turn's, and both turns train.
+    job, counts = services.training_job_from_completions(
+        model=world.model, completions=[first, second, alone]
+    )
+    assert counts["used"] == 3 and counts["trajectories"] == 2 and counts["groups"] == 1
+    assert claimed.work_on(TRAINING_JOB, job.pk) == "succeeded"
+    trained = {t.reward: t for t in Trajectory.objects.filter(run=world.run, step=1)}
+    conversation = trained[1.0]
+    samples, _ = join_turns(
+        [(list(r.prompt_token_ids), r.token_ids[0], r.logprobs[0]) for r in (first, second)]
+    )
+    assert conversation.metrics["splits"] == len(samples) - 1
+    assert conversation.completion_tokens == len(first.token_ids[0]) + len(second.token_ids[0])
+    assert conversation.metrics["metadata"]["completion_ids"] == "c-turn1,c-turn2"
+    assert conversation.metrics["off_policy_steps"] == 0 and conversation.metrics["policy_step"] == 0
+    assert [m.get("content") for m in conversation.messages][-1] == "hi again"
+    lineage = RunEvent.objects.filter(run=world.run, data__has_key="served_steps").get()
+    assert lineage.data["served_steps"] == {"c-turn1": 0, "c-turn2": 0, "c-single": 0}
