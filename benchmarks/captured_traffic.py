@@ -13,7 +13,11 @@ completion, then, all through the platform's own APIs:
    completions: off-policy steps on the sampler's exact ids and logprobs (the later steps further
    from the policy that sampled them), each followed to its end;
 4. held out: the 16 rows of ``valid.jsonl``, greedy, through the gateway, from step 0 (the checkpoint
-   that served the traffic) and from the last step, graded by the same grader here.
+   that served the traffic) and from the last step, graded by the same grader here;
+5. canary: ``traffic/agent:prod`` names step 0 with the last step as a ``--canary-share`` canary,
+   and ``--canary-requests`` HTTP requests through the gateway (one token each, each its own
+   conversation id) are counted by the checkpoint that answered (the reply's ``model``), then the
+   first 50 conversations are asked again to check each stays on its checkpoint.
 
 Run: ``.venv/bin/python -m benchmarks.captured_traffic [--samples 4 --steps 6]``. Nothing else may
 train on this machine meanwhile (2 cores).
@@ -69,6 +73,36 @@ def wait(url: str, key: str, path: str, done: tuple[str, ...], timeout: float = 
     raise SystemExit(f"{path} did not finish in {timeout:.0f} s")
 
 
+def canary(client: Any, url: str, key: str, model: int, args: argparse.Namespace) -> dict[str, Any]:
+    alias = api(url, key, "POST", "/api/v1/aliases", {"model": model, "name": "prod", "checkpoint": 0})
+    api(url, key, "POST", f"/api/v1/aliases/{alias['id']}/canary",
+        {"checkpoint": args.steps, "share": args.canary_share})  # fmt: skip
+
+    def ask(conversation: str) -> str:
+        reply = client.chat.completions.create(
+            model="traffic/agent:prod", messages=[{"role": "user", "content": "2+2?"}], max_tokens=1,
+            temperature=0, store=False, metadata={"conversation_id": conversation},
+        )  # fmt: skip
+        return reply.model
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        served = list(pool.map(ask, [f"canary-{i}" for i in range(args.canary_requests)]))
+    seconds = time.monotonic() - started
+    candidate = f"traffic/agent:{args.steps}"
+    with ThreadPoolExecutor(8) as pool:
+        again = list(pool.map(ask, [f"canary-{i}" for i in range(50)]))
+    return {
+        "share": args.canary_share,
+        "requests": len(served),
+        "to_candidate": served.count(candidate),
+        "measured_share": round(served.count(candidate) / max(len(served), 1), 4),
+        "answered_by": sorted(set(served)),
+        "sticky": again == served[:50],
+        "seconds": round(seconds, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -76,6 +110,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     add_model_arguments(parser)
     parser.add_argument("--samples", type=int, default=4, help="completions per training prompt")
     parser.add_argument("--steps", type=int, default=6, help="training steps on the captured completions")
+    parser.add_argument("--canary-requests", type=int, default=1000, help="requests through the alias")
+    parser.add_argument("--canary-share", type=float, default=0.25, help="the candidate's share")
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args(argv)
     cache, source = prepared_model(args)
@@ -135,6 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["held_out_before"] = held_out(client, "traffic/agent:0", validation)
         report["held_out_after"] = held_out(client, last, validation)
         report["held_out_rows"] = len(validation)
+        report["canary"] = canary(client, url, key, setup["model"], args)
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as handle:

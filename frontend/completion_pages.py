@@ -107,11 +107,13 @@ def completion(request: TeamHttpRequest, completion_id: str) -> HttpResponse:
         try:
             if value is None:
                 raise DomainError("give a score, or use thumbs up or down", field="value")
+            whole = request.POST.get("scope") == "conversation" and bool(row.conversation_id)
             services.feedback_add(
-                team=request.team, value=value, completion=row, label=request.POST.get("label", "")[:64],
+                team=request.team, value=value, completion=None if whole else row,
+                conversation_id=row.conversation_id if whole else "", label=request.POST.get("label", "")[:64],
                 comment=request.POST.get("comment", ""), source="dashboard", created_by=request.user,
             )  # fmt: skip
-            messages.success(request, f"Rated {value:g}.")
+            messages.success(request, f"Rated {'the conversation ' if whole else ''}{value:g}.")
         except DomainError as exc:
             messages.error(request, str(exc))
         return redirect("frontend:completion", completion_id=row.completion_id)
@@ -128,8 +130,9 @@ def completion(request: TeamHttpRequest, completion_id: str) -> HttpResponse:
         "prompt_tokens": len(row.prompt_token_ids or []),
         "completion_tokens": len(token_ids or []),
         "can_write": can_write(request),
-        "conversation": selectors.conversation_completion_ids(team=request.team, conversation_id=row.conversation_id)
-        if row.conversation_id else [],
+        "conversation": services.conversation_tokens(
+            selectors.conversation(team=request.team, conversation_id=row.conversation_id)
+        ) if row.conversation_id else None,
     })  # fmt: skip
 
 

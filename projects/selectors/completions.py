@@ -75,12 +75,6 @@ def completion_feedback(*, team: Team, completion: StoredCompletion) -> QuerySet
     return rows.filter(mine).order_by("-id")
 
 
-def conversation_completion_ids(*, team: Team, conversation_id: str, limit: int = 50) -> list[str]:
-    """The ids of a conversation's stored completions, oldest first."""
-    rows = scoped(StoredCompletion, team).filter(conversation_id=conversation_id).order_by("id")
-    return list(rows.values_list("completion_id", flat=True)[:limit])
-
-
 MAX_CONVERSATION_TURNS = 500
 
 

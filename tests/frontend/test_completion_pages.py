@@ -154,3 +154,28 @@ def test_rated_replies_to_one_prompt_become_a_preference_pair_for_dpo(cast, alph
     reply = alice.post("/completions/task-set", {"project": alpha_setup.project.pk, "name": "none", "rows": "pairs",
                                                  "completion": ["chatcmpl-p0"]}, follow=True)  # fmt: skip
     assert "no prompt has two rated completions" in reply.content.decode()
+
+
+def test_a_conversations_turns_and_their_join_show_on_each_turn_and_it_is_rated_whole(cast):
+    from tests.projects.test_conversations import turn
+
+    ask = [{"role": "user", "content": "2+2?"}]
+    turn(cast.alpha, "chatcmpl-c1", ask, "4", [1, 2], [3, 4], conversation="talk")
+    again = [*ask, {"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3?"}]
+    turn(cast.alpha, "chatcmpl-c2", again, "6", [1, 2, 3, 4, 9], [5], conversation="talk")
+    alice = client_for(cast.alice)
+    page = alice.get("/completions/chatcmpl-c2/")
+    turns = page.context["conversation"]["turns"]
+    assert [(t["id"], t["sample"], t["start"], t["end"]) for t in turns] == [
+        ("chatcmpl-c1", 0, 2, 4), ("chatcmpl-c2", 0, 5, 6)
+    ]  # fmt: skip
+    html = page.content.decode()
+    assert (
+        'href="/completions/chatcmpl-c1/"' in html
+        and "1 sample:" in html
+        and "Conversation thumbs up" in html
+    )
+    assert alice.post("/completions/chatcmpl-c2/", {"value": "0", "scope": "conversation"}).status_code == 302
+    (feedback,) = CompletionFeedback.objects.all()
+    assert feedback.completion is None and feedback.conversation_id == "talk" and feedback.value == 0.0
+    assert set(StoredCompletion.objects.values_list("reward", flat=True)) == {0.0}  # both turns
