@@ -298,6 +298,7 @@ def model_detail(request: TeamHttpRequest, model_id: int) -> HttpResponse:
                 (alias, selectors.alias_arms(alias=alias), selectors.alias_events(alias=alias, limit=5))
                 for alias in selectors.model_aliases(team=team, model_id=model.pk)
             ],
+            "served": selectors.checkpoint_feedback(model=model),
             "can_write": can_write(request),
         },
     )

@@ -132,3 +132,16 @@ class AliasView(TeamViewSet):
         return Response(
             alias_body(services.alias_rollback(alias=self.get_object(), **self._by()), detail=True)
         )
+
+
+class CheckpointFeedbackView(TeamViewSet):
+    """``/api/v1/models/{model_id}/checkpoint-feedback``: each checkpoint of the model that served
+    stored completions, side by side (completions, rated, mean reward, rated 0.5 or more, feedback,
+    mean latency), newest step first: the comparison a promotion is decided on."""
+
+    model = TrainableModel
+    lookup_url_kwarg = "model_id"
+
+    @extend_schema(operation_id="model_checkpoint_feedback", responses={200: dict})
+    def list(self, request: Request, model_id: int) -> Response:
+        return Response(list_body(selectors.checkpoint_feedback(model=self.get_object())))

@@ -99,6 +99,12 @@ urlpatterns = [
         {"post": "train"},
         "stored-completions-train",
     ),
+    *both_ways(
+        "models/<int:model_id>/checkpoint-feedback",
+        aliases.CheckpointFeedbackView,
+        {"get": "list"},
+        "model-checkpoint-feedback",
+    ),
     *both_ways("conversations", completions.ConversationsView, {"get": "list"}, "conversations"),
     *both_ways(
         "conversations/<str:conversation_id>",

@@ -23,6 +23,7 @@ from projects.selectors.checkpoints import (
 from projects.selectors.completions import (
     alias_arms,
     alias_events,
+    checkpoint_feedback,
     completion_feedback,
     conversation,
     conversations,
@@ -153,6 +154,7 @@ __all__ = [
     "model_aliases",
     "alias_arms",
     "alias_events",
+    "checkpoint_feedback",
     "completion_feedback",
     "conversation",
     "conversations",

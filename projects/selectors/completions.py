@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Avg, Count, Max, Min, Q, QuerySet, TextField
+from django.db.models import Avg, Count, Max, Min, Q, QuerySet, Sum, TextField
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from projects.errors import NotFound, ValidationFailed
-from projects.models import AliasEvent, CompletionFeedback, ModelAlias, StoredCompletion, Team
+from projects.models import AliasEvent, CompletionFeedback, ModelAlias, StoredCompletion, Team, TrainableModel
 from projects.selectors._scoping import scoped
 
 
@@ -109,6 +109,32 @@ def conversations(*, team: Team, after: str | None = None) -> QuerySet:
             raise ValidationFailed(f"no conversation with id {after[:100]!r} in this list", field="after")
         rows = rows.filter(last_pk__lt=anchor)
     return rows.order_by("-last_pk")
+
+
+def checkpoint_feedback(*, model: TrainableModel) -> list[dict[str, Any]]:
+    """Every checkpoint of ``model`` that served stored completions (through any name: its step,
+    ``:latest``, an alias), side by side: completions, how many were rated, their mean reward, how
+    many rated 0.5 or more, the feedback given on them and their mean latency; newest step first."""
+    prefix = f"{model.project.name}/{model.name}:"
+    rows = (
+        StoredCompletion.objects.filter(team_id=model.project.team_id, served_by__startswith=prefix)
+        .values("served_by")
+        .annotate(
+            completions=Count("id"),
+            rated=Count("reward"),
+            mean_reward=Avg("reward"),
+            positive=Count("id", filter=Q(reward__gte=0.5)),
+            feedback=Sum("feedback_count"),
+            mean_latency_ms=Avg("latency_ms"),
+        )  # fmt: skip
+        .order_by()
+    )
+    out = []
+    for row in rows:
+        step = row["served_by"][len(prefix) :]
+        if step.isdigit():
+            out.append({"object": "checkpoint.feedback", "step": int(step), **row})
+    return sorted(out, key=lambda row: -row["step"])
 
 
 def alias_arms(*, alias: ModelAlias) -> list[dict[str, Any]]:

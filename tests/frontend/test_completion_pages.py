@@ -179,3 +179,27 @@ def test_a_conversations_turns_and_their_join_show_on_each_turn_and_it_is_rated_
     (feedback,) = CompletionFeedback.objects.all()
     assert feedback.completion is None and feedback.conversation_id == "talk" and feedback.value == 0.0
     assert set(StoredCompletion.objects.values_list("reward", flat=True)) == {0.0}  # both turns
+
+
+def test_each_checkpoint_that_served_is_compared_on_the_model_page_and_the_api(cast, alpha_setup):
+    from tests.conftest import _client
+
+    for i, (step, reward) in enumerate([(1, 1.0), (1, 0.0), (2, 1.0), (2, 0.75), (2, None)]):
+        row = store(cast.alpha, f"chatcmpl-s{i}", model=f"math/agent:{step}")
+        if reward is not None:
+            services.feedback_add(team=cast.alpha, value=reward, completion=row)
+    store(cast.alpha, "chatcmpl-base", model="tiny")  # the base model: not a checkpoint of the model
+    store(cast.beta, "chatcmpl-theirs", model="math/agent:2")  # another team's
+    key = services.api_key_create(team=cast.alpha, name="k").plaintext
+    body = _client(key=key).get(f"/api/v1/models/{alpha_setup.model.pk}/checkpoint-feedback").json()
+    rows = [(r["step"], r["completions"], r["rated"], r["mean_reward"], r["positive"], r["feedback"])
+            for r in body["data"]]  # fmt: skip
+    assert rows == [(2, 3, 2, 0.875, 2, 2), (1, 2, 2, 0.5, 1, 2)]
+    theirs = services.api_key_create(team=cast.beta, name="b").plaintext
+    assert (
+        _client(key=theirs).get(f"/api/v1/models/{alpha_setup.model.pk}/checkpoint-feedback").status_code
+        == 404
+    )
+    page = client_for(cast.bob).get(f"/models/{alpha_setup.model.pk}/")
+    assert [r["step"] for r in page.context["served"]] == [2, 1]
+    assert "Checkpoints in production" in page.content.decode() and "0.875" in page.content.decode()

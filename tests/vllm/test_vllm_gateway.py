@@ -140,6 +140,43 @@ def test_chat_streams_n_logprobs_and_exact_token_ids_through_the_gateway(
     assert len(extra["token_ids"]) == reply.usage.completion_tokens == len(choice.logprobs.content)
     assert extra["artweb_model"] == "chat/agent:1"
 
+    # Stored completions behind vLLM (projects.gateway.capture): the client sees what it asked for,
+    # the row keeps vLLM's exact prompt and sampled ids and its logprobs, streamed or not.
+    services.completion_storage_set(team=cast.alpha, storage="requested")
+    whole = wait_for(lambda: _stored_reply(api, stream=False), timeout=15, what="storage on")
+    assert whole.choices[0].logprobs is None and "token_ids" not in (whole.choices[0].model_extra or {})
+    streamed = _stored_reply(api, stream=True)
+    rows = wait_for(lambda: len(list(api.chat.completions.list())) == 2 and list(api.chat.completions.list()),
+                    timeout=15, what="two stored completions")  # fmt: skip
+    assert [row.id for row in rows] == [whole.id, streamed]
+    for row in rows:
+        assert row.model_extra["served_by"] == "chat/agent:1"
+        assert row.model_extra["prompt_token_ids"] == render_prompt(tokenizer, HELLO)
+        ids, logprobs = (
+            row.choices[0].model_extra["token_ids"],
+            row.choices[0].model_extra["sampled_logprobs"],
+        )
+        assert len(ids) == len(logprobs) >= 1 and all(lp <= 0 for lp in logprobs)
+    assert rows[0].choices[0].message.content == whole.choices[0].message.content
+
+
+def _stored_reply(api: OpenAI, *, stream: bool):
+    """A ``store: true`` completion (None while the team's setting is not yet seen); streamed:
+    its id, after the client has read the stream whole."""
+    import openai
+
+    try:
+        reply = api.chat.completions.create(model="chat/agent:1", messages=HELLO, max_tokens=6, store=True,
+                                            temperature=1.0, seed=7, stream=stream)  # fmt: skip
+    except openai.BadRequestError as exc:
+        assert exc.body["code"] == "store_not_enabled", exc.body
+        return None
+    if not stream:
+        return reply
+    chunks = list(reply)
+    assert all(c.choices[0].logprobs is None for c in chunks if c.choices)
+    return chunks[0].id
+
 
 def test_structured_outputs_and_forced_tool_calls_are_vllms_own(
     live, serving, vllm_model_dir, cast, alpha_key
