@@ -1,5 +1,6 @@
 """Reviewing stored completions in Chromium: the list, one completion rated with thumbs up, the list
-filtered to the rated one, and a selection made into a task set."""
+filtered to the rated one, and a selection made into a task set; a conversation's turns and their
+token join on a turn's page, the whole conversation rated there."""
 
 from __future__ import annotations
 
@@ -49,4 +50,33 @@ def test_a_reviewer_rates_a_completion_and_makes_a_task_set_of_a_selection(brows
         "chatcmpl-b0",
         "chatcmpl-b2",
     ]
+    assert browser.console_errors == []
+
+
+def test_a_conversations_turns_show_on_its_page_and_it_is_rated_whole(browser, web, setup):  # noqa: F811
+    team = setup.project.team
+    ask = [{"role": "user", "content": "2+2?"}]
+    turns = [("chatcmpl-v1", ask, "4", [1, 2], [3, 4]),
+             ("chatcmpl-v2", [*ask, {"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3?"}],
+              "6", [1, 2, 3, 4, 9], [5])]  # fmt: skip
+    for completion_id, messages, reply, prompt_ids, ids in turns:
+        services.stored_completion_create(
+            team_id=team.pk, completion_id=completion_id, api_key_id=None, model="charts/agent:3",
+            served_by="charts/agent:3", checkpoint_id=None, stream=False, metadata={"conversation_id": "talk"},
+            conversation_id="talk", request={"messages": messages},
+            response={"choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
+                                   "finish_reason": "stop", "logprobs": None}]},
+            prompt_token_ids=prompt_ids, token_ids=[ids], logprobs=[[-0.5] * len(ids)], latency_ms=40,
+        )  # fmt: skip
+    sign_in(browser, web)
+    page = browser.page
+    page.goto(f"{web.url}/completions/chatcmpl-v2/")
+    rows = page.locator("table.turns tbody tr")
+    assert rows.count() == 2 and "5–6" in rows.nth(1).inner_text() and "2–4" in rows.nth(0).inner_text()
+    page.click("button[aria-label='Conversation thumbs up']")
+    page.wait_for_url(f"{web.url}/completions/chatcmpl-v2/")
+    assert [(f.value, f.conversation_id) for f in CompletionFeedback.objects.all()] == [(1.0, "talk")]
+    rows.nth(0).locator("a").click()
+    page.wait_for_url(f"{web.url}/completions/chatcmpl-v1/")
+    assert page.locator("dd.reward").inner_text() == "1.000"
     assert browser.console_errors == []
