@@ -1,5 +1,5 @@
 """Stored completions in the dashboard: the review list (filters: model, checkpoint, metadata,
-reward, date), one completion as the trajectory viewer shows a transcript, with its feedback and a
+reward, date), the conversations (newest first), one completion as the trajectory viewer shows a transcript, with its feedback and a
 form to rate it (thumbs or a score, a label, a comment), and a selection turned into a task set of a
 project (prompts, metadata as items, replies as SFT targets). Every member reads; writers rate and
 make task sets. Rows come through projects.selectors with ``request.team`` only; writes go through
@@ -93,6 +93,20 @@ def completions(request: TeamHttpRequest) -> HttpResponse:
         "projects": projects,
         "can_write": can_write(request),
         "storage": request.team.completion_storage,
+    })  # fmt: skip
+
+
+@team_view()
+def conversations(request: TeamHttpRequest) -> HttpResponse:
+    """The team's conversations, the most recently continued first, each with its newest turn."""
+    rows = list(selectors.conversations(team=request.team)[:LIST_ROWS])
+    newest = {
+        row.pk: row
+        for row in selectors.stored_completions(team=request.team).filter(pk__in=[r["last_pk"] for r in rows])
+    }
+    return render(request, "frontend/conversations.html", {
+        "rows": [(r, newest[r["last_pk"]], _reply(newest[r["last_pk"]])) for r in rows if r["last_pk"] in newest],
+        "limit": LIST_ROWS,
     })  # fmt: skip
 
 

@@ -96,5 +96,6 @@ urlpatterns = [
     path("playground/chat", playground.playground_chat, name="playground-chat"),
     path("completions/", completion_pages.completions, name="completions"),
     path("completions/task-set", completion_pages.completions_to_task_set, name="completions-task-set"),
+    path("completions/conversations/", completion_pages.conversations, name="conversations"),
     path("completions/<str:completion_id>/", completion_pages.completion, name="completion"),
 ]

@@ -203,3 +203,21 @@ def test_each_checkpoint_that_served_is_compared_on_the_model_page_and_the_api(c
     page = client_for(cast.bob).get(f"/models/{alpha_setup.model.pk}/")
     assert [r["step"] for r in page.context["served"]] == [2, 1]
     assert "Checkpoints in production" in page.content.decode() and "0.875" in page.content.decode()
+
+
+def test_the_conversations_page_lists_the_most_recently_continued_first(cast):
+    from tests.projects.test_conversations import turn
+
+    ask = [{"role": "user", "content": "q"}]
+    turn(cast.alpha, "chatcmpl-a1", ask, "first", [1], [2], conversation="older")
+    turn(cast.alpha, "chatcmpl-b1", ask, "b", [1], [2], conversation="newer")
+    turn(cast.alpha, "chatcmpl-a2", ask, "second", [1], [2], conversation="older", reward=0.5)
+    turn(cast.beta, "chatcmpl-x", ask, "theirs", [1], [2], conversation="theirs")
+    page = client_for(cast.bob).get("/completions/conversations/")
+    shown = [
+        (c["conversation_id"], c["turns"], newest.completion_id) for c, newest, _ in page.context["rows"]
+    ]
+    assert shown == [("older", 2, "chatcmpl-a2"), ("newer", 1, "chatcmpl-b1")]
+    html = page.content.decode()
+    assert 'href="/completions/chatcmpl-a2/"' in html and "second" in html and "theirs" not in html
+    assert "0.50" in html
