@@ -124,7 +124,7 @@ def checkpoint_feedback(*, model: TrainableModel) -> list[dict[str, Any]]:
             rated=Count("reward"),
             mean_reward=Avg("reward"),
             positive=Count("id", filter=Q(reward__gte=0.5)),
-            feedback=Sum("feedback_count"),
+            feedback_given=Sum("feedback_count"),
             mean_latency_ms=Avg("latency_ms"),
         )  # fmt: skip
         .order_by()
@@ -133,7 +133,12 @@ def checkpoint_feedback(*, model: TrainableModel) -> list[dict[str, Any]]:
     for row in rows:
         step = row["served_by"][len(prefix) :]
         if step.isdigit():
-            out.append({"object": "checkpoint.feedback", "step": int(step), **row})
+            out.append({
+                "object": "checkpoint.feedback", "step": int(step), "served_by": row["served_by"],
+                "completions": row["completions"], "rated": row["rated"], "mean_reward": row["mean_reward"],
+                "positive": row["positive"], "feedback": row["feedback_given"] or 0,
+                "mean_latency_ms": row["mean_latency_ms"],
+            })  # fmt: skip
     return sorted(out, key=lambda row: -row["step"])
 
 
