@@ -20,6 +20,7 @@ from django.views.decorators.http import require_POST
 from frontend.access import TeamHttpRequest, can_write, get_scoped, team_view
 from frontend.presentation import Column, message_views
 from projects import selectors, services
+from projects.access import Permission
 from projects.errors import DomainError, NotFound
 from projects.models import ModelAlias, Project, StoredCompletion, TrainableModel
 
@@ -92,8 +93,30 @@ def completions(request: TeamHttpRequest) -> HttpResponse:
         "query": request.GET,
         "projects": projects,
         "can_write": can_write(request),
+        "can_manage": request.access.allows(Permission.MANAGE),
+        "storage_choices": [("off", "nothing"), ("requested", "those sent with store=true"),
+                            ("all", "every completion not sent with store=false")],
         "storage": request.team.completion_storage,
     })  # fmt: skip
+
+
+@require_POST
+@team_view(owner=True)
+def storage_settings(request: TeamHttpRequest) -> HttpResponse:
+    """The team's storage settings from the list page (owners), as ``PATCH /api/v1/team`` sets them."""
+    raw_days = (request.POST.get("retention_days") or "").strip()
+    try:
+        days = int(raw_days) if raw_days else None
+        services.completion_storage_set(
+            team=request.team, storage=request.POST.get("storage") or None, retention_days=days,
+            conversation_key=(request.POST.get("conversation_key") or "").strip() or None,
+        )  # fmt: skip
+        messages.success(request, f"Storage: {request.team.completion_storage}.")
+    except ValueError:
+        messages.error(request, "Retention: a whole number of days, or empty to keep every row.")
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    return redirect("frontend:completions")
 
 
 @team_view()

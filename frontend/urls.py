@@ -97,5 +97,6 @@ urlpatterns = [
     path("completions/", completion_pages.completions, name="completions"),
     path("completions/task-set", completion_pages.completions_to_task_set, name="completions-task-set"),
     path("completions/conversations/", completion_pages.conversations, name="conversations"),
+    path("completions/storage", completion_pages.storage_settings, name="completions-storage"),
     path("completions/<str:completion_id>/", completion_pages.completion, name="completion"),
 ]

@@ -221,3 +221,27 @@ def test_the_conversations_page_lists_the_most_recently_continued_first(cast):
     html = page.content.decode()
     assert 'href="/completions/chatcmpl-a2/"' in html and "second" in html and "theirs" not in html
     assert "0.50" in html
+
+
+def test_an_owner_sets_the_teams_storage_from_the_list_page(cast):
+    alice, bob = client_for(cast.alice), client_for(cast.bob)
+    assert "Storage settings" in alice.get("/completions/").content.decode()
+    assert "Storage settings" not in bob.get("/completions/").content.decode()  # a viewer
+    settings = {"storage": "all", "retention_days": "30", "conversation_key": "thread"}
+    saved = alice.post("/completions/storage", settings, follow=True)
+    assert [m.level_tag for m in saved.context["messages"]] == ["success"]
+    cast.alpha.refresh_from_db()
+    assert (cast.alpha.completion_storage, cast.alpha.completion_retention_days, cast.alpha.conversation_key) == (
+        "all", 30, "thread"
+    )  # fmt: skip
+    for bad in ({"storage": "sometimes"}, {"storage": "off", "retention_days": "soon"}):
+        follow = alice.post("/completions/storage", bad, follow=True)
+        assert [m.level_tag for m in follow.context["messages"]] == ["error"], bad
+    cast.alpha.refresh_from_db()
+    assert cast.alpha.completion_storage == "all"  # a refused form changes nothing
+    alice.post("/completions/storage", {"storage": "requested", "retention_days": ""})
+    cast.alpha.refresh_from_db()
+    assert (cast.alpha.completion_storage, cast.alpha.completion_retention_days) == ("requested", None)
+    assert bob.post("/completions/storage", {"storage": "off"}).status_code == 403
+    cast.alpha.refresh_from_db()
+    assert cast.alpha.completion_storage == "requested"
