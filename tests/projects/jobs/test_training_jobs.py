@@ -305,29 +305,40 @@ def test_jobs_through_the_trainer_service_train_exactly_as_in_the_worker(world, 
     held.close()
 
 
+def stored_completion(
+    world, cast, completion_id: str, messages: list, text: str, *, reward: float | None,
+    served_by: str = "math/agent:0", conversation: str = "",
+):  # fmt: skip
+    """A completion stored as the gateway stores one: the sampler's exact ids and logprobs for
+    ``text`` after ``messages``, with its feedback when ``reward`` is given."""
+    from projects.models import StoredCompletion
+
+    choice = world.sampler.choice(messages, text)
+    row = services.stored_completion_create(
+        team_id=cast.alpha.pk, completion_id=completion_id, api_key_id=None, model="math/agent:prod",
+        served_by=served_by, checkpoint_id=None, stream=False,
+        metadata={"conversation_id": conversation} if conversation else {}, conversation_id=conversation,
+        request={"messages": messages},
+        response={"choices": [{"index": 0, "message": choice["message"], "finish_reason": "stop",
+                               "logprobs": None}]},
+        prompt_token_ids=choice["prompt_token_ids"], token_ids=[choice["token_ids"]],
+        logprobs=[[entry["logprob"] for entry in choice["logprobs"]["content"]]], latency_ms=5,
+    )  # fmt: skip
+    if reward is not None:
+        services.feedback_add(team=cast.alpha, value=reward, completion=row)
+    return StoredCompletion.objects.get(pk=row.pk)
+
+
 def test_a_step_on_stored_completions_trains_on_their_exact_tokens_and_records_them(world, cast):
     """What users saw, back to training (projects.services.completions.training_job_from_completions):
     stored completions served by the model, with the sampler's ids and logprobs and their feedback,
     become one step's groups (one per prompt), trained as ART's are, the completions named."""
-    from projects.models import StoredCompletion
 
     def stored(
         completion_id: str, prompt: str, text: str, reward: float | None, served_by: str = "math/agent:0"
     ):
-        messages = [{"role": "user", "content": prompt}]
-        choice = world.sampler.choice(messages, text)
-        row = services.stored_completion_create(
-            team_id=cast.alpha.pk, completion_id=completion_id, api_key_id=None, model="math/agent:prod",
-            served_by=served_by, checkpoint_id=None, stream=False, metadata={}, conversation_id="",
-            request={"messages": messages},
-            response={"choices": [{"index": 0, "message": choice["message"], "finish_reason": "stop",
-                                   "logprobs": None}]},
-            prompt_token_ids=choice["prompt_token_ids"], token_ids=[choice["token_ids"]],
-            logprobs=[[entry["logprob"] for entry in choice["logprobs"]["content"]]], latency_ms=5,
-        )  # fmt: skip
-        if reward is not None:
-            services.feedback_add(team=cast.alpha, value=reward, completion=row)
-        return StoredCompletion.objects.get(pk=row.pk)
+        return stored_completion(world, cast, completion_id, [{"role": "user", "content": prompt}], text,
+                                 reward=reward, served_by=served_by)  # fmt: skip
 
     rows = [stored("c-good", "Say hi", "hi", 1.0), stored("c-bad", "Say hi", "go away", 0.0),
             stored("c-alone", "Say bye", "bye", 1.0), stored("c-unrated", "Say hi", "hey", None),
@@ -359,24 +370,12 @@ def test_a_conversations_turns_train_as_one_trajectory_on_their_exact_ids(world,
     """A conversation's turns among the completions are one multi-turn trajectory (the reward of
     its newest turn), joined on the sampler's ids: every sampled id of both turns is trained, in
     the context it was sampled in; each trajectory records how stale its sampler was."""
-    from projects.models import StoredCompletion
     from training.runs.art_tokens import join_turns
 
     def stored(completion_id: str, messages: list, text: str, conversation: str, reward: float | None):
-        choice = world.sampler.choice(messages, text)
-        row = services.stored_completion_create(
-            team_id=cast.alpha.pk, completion_id=completion_id, api_key_id=None, model="math/agent:prod",
-            served_by="math/agent:0", checkpoint_id=None, stream=False,
-            metadata={"conversation_id": conversation} if conversation else {}, conversation_id=conversation,
-            request={"messages": messages},
-            response={"choices": [{"index": 0, "message": choice["message"], "finish_reason": "stop",
-                                   "logprobs": None}]},
-            prompt_token_ids=choice["prompt_token_ids"], token_ids=[choice["token_ids"]],
-            logprobs=[[entry["logprob"] for entry in choice["logprobs"]["content"]]], latency_ms=5,
-        )  # fmt: skip
-        if reward is not None:
-            services.feedback_add(team=cast.alpha, value=reward, completion=row)
-        return StoredCompletion.objects.get(pk=row.pk)
+        return stored_completion(
+            world, cast, completion_id, messages, text, reward=reward, conversation=conversation
+        )
 
     ask = [{"role": "user", "content": "Say hi"}]
     first = stored("c-turn1", ask, "hi", "conv-1", None)
