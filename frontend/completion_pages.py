@@ -74,8 +74,8 @@ def _reply(row: StoredCompletion) -> str:
 
 
 def _prompt(row: StoredCompletion) -> str:
-    for message in reversed(row.request.get("messages") or []):
-        if isinstance(message, dict) and message.get("role") == "user":
+    for message in reversed(row.sent_messages):
+        if message.get("role") == "user":
             content = message.get("content")
             return content if isinstance(content, str) else str(content)
     return ""
@@ -155,7 +155,7 @@ def completion(request: TeamHttpRequest, completion_id: str) -> HttpResponse:
             messages.error(request, str(exc))
         return redirect("frontend:completion", completion_id=row.completion_id)
     reply = (row.response.get("choices") or [{}])[0].get("message") or {}
-    transcript = [m for m in row.request.get("messages") or [] if isinstance(m, dict)] + [reply]
+    transcript = row.sent_messages + [reply]
     column = Column(
         SimpleNamespace(sub_rewards=None, errors=None, reward=row.reward), message_views(transcript), ""
     )

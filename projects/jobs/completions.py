@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def _sample(row: StoredCompletion) -> tuple[str, Sample]:
     """The prompt's key (its messages as JSON) and the completion as a grader sees it."""
-    messages = [m for m in row.request.get("messages") or [] if isinstance(m, dict)]
+    messages = row.sent_messages
     choices = row.response.get("choices") or [{}]
     reply = (choices[0].get("message") or {}) if isinstance(choices[0], dict) else {}
     content = reply.get("content")

@@ -9,6 +9,8 @@ whose metadata share a value under the team's ``conversation_key`` form one conv
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 
@@ -55,6 +57,11 @@ class StoredCompletion(models.Model):
 
     def __str__(self) -> str:
         return self.completion_id
+
+    @property
+    def sent_messages(self) -> list[dict[str, Any]]:
+        """The request's messages as sent (anything not an object left out): the one reader of them."""
+        return [m for m in self.request.get("messages") or [] if isinstance(m, dict)]
 
 
 class CompletionFeedback(models.Model):

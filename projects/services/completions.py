@@ -252,7 +252,7 @@ def task_set_from_completions(
         return _task_set_of(project, name, rows, completions, validation_fraction)
     rows = []
     for row in completions:
-        messages = [m for m in row.request.get("messages") or [] if isinstance(m, dict)]
+        messages = row.sent_messages
         reply = _reply_text(row)
         item = {
             **row.metadata,
@@ -279,7 +279,7 @@ def _preference_rows(completions: list[StoredCompletion]) -> list[dict[str, Any]
     by_prompt: dict[str, list[StoredCompletion]] = {}
     for row in completions:
         if row.reward is not None and _reply_text(row) is not None:
-            messages = [m for m in row.request.get("messages") or [] if isinstance(m, dict)]
+            messages = row.sent_messages
             by_prompt.setdefault(json.dumps(messages, sort_keys=True), []).append(row)
     rows = []
     for members in by_prompt.values():
@@ -288,7 +288,7 @@ def _preference_rows(completions: list[StoredCompletion]) -> list[dict[str, Any]
         if best.reward == worst.reward:
             continue
         rows.append({
-            "messages": [m for m in best.request.get("messages") or [] if isinstance(m, dict)],
+            "messages": best.sent_messages,
             "chosen": _reply_text(best), "rejected": _reply_text(worst),
             "item": {**best.metadata, "chosen_id": best.completion_id, "rejected_id": worst.completion_id,
                      "chosen_reward": best.reward, "rejected_reward": worst.reward},

@@ -54,10 +54,6 @@ def art_choice(row: StoredCompletion) -> dict[str, Any]:
     }
 
 
-def _messages(row: StoredCompletion) -> list[dict[str, Any]]:
-    return [m for m in row.request.get("messages") or [] if isinstance(m, dict)]
-
-
 def _calls(message: dict[str, Any]) -> list[tuple[Any, Any]]:
     calls = message.get("tool_calls") or []
     return [
@@ -83,7 +79,7 @@ def conversation_trajectory(rows: list[StoredCompletion], reward: float) -> dict
     histories: list[dict[str, Any]] = []
     said: list[dict[str, Any]] = []  # the current history's messages, replies included
     for row in rows:
-        messages, choice = _messages(row), art_choice(row)
+        messages, choice = row.sent_messages, art_choice(row)
         continues = (
             histories
             and len(messages) >= len(said)
@@ -91,10 +87,9 @@ def conversation_trajectory(rows: list[StoredCompletion], reward: float) -> dict
         )
         if continues:
             histories[-1]["messages_and_choices"] += [*messages[len(said) :], choice]
-            said = [*messages, choice["message"]]
         else:
             histories.append({"messages_and_choices": [*messages, choice]})
-            said = [*messages, choice["message"]]
+        said = [*messages, choice["message"]]
         if row.request.get("tools") and "tools" not in histories[-1]:
             histories[-1]["tools"] = row.request["tools"]
     first, *more = histories
