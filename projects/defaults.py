@@ -34,11 +34,17 @@ RUN_CONFIG = {
     # training reward only, the evaluation grades the answer alone). Over the whole budget (buffer
     # 16) an empty reply cost least, and without dynamic sampling the groups of wrong answers taught
     # it: seed 3 at 1 thread replied nothing from step 18 of 40 on (held-out reward 0.000 at the
-    # end). Up to 4 tokens nothing is charged, so an empty, a wrong and a right one-word reply differ
-    # only in being right; a right answer in a sentence of up to 9 tokens still beats an empty one.
-    # Both, over the demo's 40 steps: held-out gain +0.250 to +0.500 over seeds 0-4 at 1 and 2 torch
-    # threads (mean +0.37; README "The demo").
+    # end). Up to 4 tokens nothing is charged, so a wrong and a right one-word reply differ only in
+    # being right (an empty one scores -1 since: the demo reward's ``said``).
     "length_penalty_buffer": 12,
+    # Advantages are the reward minus the group's mean, not divided by its std (Dr. GRPO). Divided,
+    # a group where every reply is wrong (or every one right) turns the small differences of the
+    # length penalty into advantages of about ±1: wrong replies trained toward short wrong ones as
+    # strongly as right replies toward right ones. On an AMD EPYC machine (2026-12-07), seed 1 at 2
+    # threads learnt " Germany" for Germany's capital so (held-out +0.083); undivided, +0.292.
+    # The recipe, over the demo's 40 steps: held-out gain +0.250 to +0.458 over seeds 0-4 at 1 and 2
+    # torch threads there (mean +0.38; README "The demo").
+    "scale_rewards": False,
     "temperature": 1.0,
     # Greedy evaluation of all 24 validation rows at step 0 and at the last step.
     "eval_max_rows": 24,

@@ -56,9 +56,7 @@ def demo_start(
         environment = Environment.objects.filter(project=project, name=DEMO_INPUTS).first() or (
             services.environment_create(project=project, name=DEMO_INPUTS, system_prompt=SYSTEM_PROMPT)
         )
-        reward = RewardDefinition.objects.filter(project=project, name=DEMO_REWARD).order_by(
-            "-version"
-        ).first() or services.reward_definition_create(project=project, name=DEMO_REWARD, spec=REWARD_SPEC)
+        reward = _demo_reward(project)
         # A fresh model per demo run, so an earlier demo's run never blocks this one.
         number = TrainableModel.objects.filter(project=project).count() + 1
         while TrainableModel.objects.filter(project=project, name=f"agent-{number}").exists():
@@ -71,3 +69,15 @@ def demo_start(
             model=model, task_set=task_set, environment=environment, reward=reward, config=merged
         )
     return DemoSetup(team=team, run=run, api_key=api_key, password=password)
+
+
+def _demo_reward(project: Project) -> RewardDefinition:
+    """The demo reward's newest version, or a new version when this release's demo reward differs
+    (a data dir from an earlier release keeps its old versions; its next demo run grades as this
+    release's README says)."""
+    latest = RewardDefinition.objects.filter(project=project, name=DEMO_REWARD).order_by("-version").first()
+    if latest is None:
+        return services.reward_definition_create(project=project, name=DEMO_REWARD, spec=REWARD_SPEC)
+    if latest.spec != services.grader_problems(REWARD_SPEC, field="spec"):
+        return services.reward_definition_update(definition=latest, spec=REWARD_SPEC)
+    return latest

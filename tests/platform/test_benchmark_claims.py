@@ -31,4 +31,9 @@ def test_the_demos_figures_say_which_seeds_chose_its_recipe_and_give_others():
     assert "in-sample" in text and "the recipe was chosen on seeds 0–4" in text, text[:400]
     out_of_sample = text.split("out of sample", 1)[1]
     gains = [float(g) for g in re.findall(r"\+(0\.\d{3})", out_of_sample.split("clear", 1)[0])]
-    assert len(gains) == 4 and min(gains) >= 0.25, gains
+    assert len(gains) == 4, gains
+    # The sentence after them says how many clear the must-have's +0.25, and that count is right.
+    cleared = sum(gain >= 0.25 for gain in gains)
+    said = {4: "All four clear +0.25", 3: "Three of the four clear +0.25", 2: "Two of the four clear +0.25",
+            1: "One of the four clears +0.25", 0: "None of the four clears +0.25"}[cleared]  # fmt: skip
+    assert said in out_of_sample, (gains, out_of_sample[:600])

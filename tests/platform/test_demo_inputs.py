@@ -44,6 +44,19 @@ def test_reward_wants_the_whole_word_and_pays_brevity_only_with_it():
     assert [[t.reward for t in group] for group in groups] == [[1.0, 0.5, 0.0, 0.0], [1.0, 0.5, 0.0, 0.0]]
 
 
+def test_saying_nothing_is_the_worst_reply():
+    # On an AMD EPYC machine at 1 torch thread, seed 0's replies collapsed to empty strings: the
+    # length penalty charges a wrong sentence past 4 tokens and nothing charged an empty reply, so in
+    # a group where every answer was wrong, saying nothing won. An empty (or punctuation-only) reply
+    # now scores -1: as low as the longest wrong reply after the penalty (0 - 12/12 at 16 tokens).
+    rows = [{"index": 0, "data": {"item": {"answer": "Paris", "accept": "Paris"}}}]
+    groups = [
+        [reply(""), reply(" ..."), reply("Lyon."), reply("The capital of France is Lyon."), reply("Paris")]
+    ]
+    grade_trajectories(REWARD_SPEC, groups, rows, max_error_fraction=0.0)
+    assert [t.reward for t in groups[0]] == [-1.0, -1.0, 0.0, 0.0, 1.0]
+
+
 def test_demo_evaluations_pass_a_correct_answer_and_fail_a_wrong_one():
     # The base model answers in sentences ("The capital is Paris.", 0.5): at the default threshold
     # 1.0 the step-0 evaluation would read pass rate 0 however many it answers right, and the pass

@@ -11,9 +11,10 @@ import signal
 import pytest
 from django.core.management import call_command
 
+from artweb.demo import REWARD_SPEC
 from artweb.demo.setup import demo_start
 from artweb.management.commands import up
-from projects.models import Run, RunStatus
+from projects.models import RewardDefinition, Run, RunStatus
 
 
 class FailingStack:
@@ -80,3 +81,17 @@ def test_the_demo_runs_on_the_first_start_only_unless_asked(stand_in_stack):
     assert "`make up DEMO=1` (manage.py up --demo) starts another." in output
     start_up("--demo")
     assert Run.objects.filter(model__project__name="demo").count() == 2
+
+
+@pytest.mark.django_db
+def test_a_data_dir_from_an_earlier_release_grades_the_next_demo_with_this_releases_reward():
+    first = demo_start(steps=2).run
+    assert first.reward.version == 1 and first.reward.spec["graders"]["said"]["score_on_miss"] == -1.0
+    assert demo_start(steps=2).run.reward == first.reward  # unchanged: the same version
+    older = {**REWARD_SPEC, "graders": {k: v for k, v in REWARD_SPEC["graders"].items() if k != "said"}}
+    RewardDefinition.objects.filter(pk=first.reward.pk).update(
+        spec={**older, "calculate_output": "correct * (0.5 + 0.5 * exact)"}
+    )
+    third = demo_start(steps=2).run
+    assert third.reward.version == 2 and "said" in third.reward.spec["graders"]
+    assert RewardDefinition.objects.get(pk=first.reward.pk).spec["calculate_output"].endswith("exact)")

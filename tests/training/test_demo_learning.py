@@ -8,13 +8,9 @@ The margin (0.15) is well under the smallest gain measured over 5 seeds at 1 and
 (+0.250, README "The demo"), so noise does not fail it.
 
 It runs at ``DEMO_THREADS`` torch threads, set here: how floats are summed depends on the thread
-count, and so does which samples a run draws; before, it ran at whatever count earlier tests of the
-same pytest process had left (one thread in CI's shard A). Measured on an AMD EPYC machine
-(2026-12-07), seed 0: two threads 0.250 → 0.417 (+0.167, over the margin), one thread 0.250 → 0.271
-(its replies collapse to empty strings). ``make up`` on a 2-core machine splits the cores between
-its torch processes, so its demo runs at one thread: there, on that CPU, the demo does not learn.
-README ("The demo") says so; issue 54 is open on it. This test checks the recipe where it still
-learns here; it is not a claim that the demo learns on every machine.
+count, and so does which samples a run draws (before, it ran at whatever count earlier tests of the
+same pytest process had left). One thread is what ``make up`` gives its worker on a 2-core
+machine. Seed 0 at one thread on an AMD EPYC machine (2026-12-07): 0.250 -> 0.625 (+0.375).
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from artweb.demo import STEPS
 from benchmarks.demo_learning import demo_run
 
 MARGIN = 0.15
-DEMO_THREADS = 2
+DEMO_THREADS = 1
 
 
 @pytest.mark.slow
