@@ -47,7 +47,7 @@ def healthz_seconds(url: str) -> float:
     return time.perf_counter() - started
 
 
-def test_healthz_answers_within_100_ms_while_a_catastrophic_pattern_is_graded(server, alpha_key):
+def test_healthz_keeps_answering_while_a_catastrophic_pattern_is_graded(server, alpha_key):
     # Warm up: the first grading request imports the graders; the first /healthz sets up Django.
     assert grade(server.url, alpha_key, {"type": "regex", "pattern": "b$"}, "ab")["reward"] == 1.0
     healthz_seconds(server.url)
@@ -69,8 +69,14 @@ def test_healthz_answers_within_100_ms_while_a_catastrophic_pattern_is_graded(se
         time.sleep(0.02)
     grading.join(timeout=10)
 
-    # With `re` the match never ends and holds the GIL: /healthz's first poll waits past 100 ms.
-    assert max(latencies) < 0.1, f"/healthz took {max(latencies) * 1000:.0f} ms: {sorted(latencies)[-5:]}"
+    # With `re` the match never ends and holds the GIL: every poll waits its whole 5 s (a match that
+    # held the GIL until the timeout would hold a poll about TIMEOUT_S). Answering, a poll takes tens
+    # of ms; on a machine busy with other tests one took 198 ms (CI, 2026-12-07), so the bound on the
+    # slowest poll is half the timeout, and the typical poll must stay fast.
+    slowest, typical = max(latencies), sorted(latencies)[len(latencies) // 2]
+    assert slowest < TIMEOUT_S / 2 and typical < 0.1, (
+        f"/healthz took {slowest * 1000:.0f} ms at most, {typical * 1000:.0f} ms typically: {sorted(latencies)[-5:]}"
+    )
     assert len(latencies) >= 10, f"grading ended too soon to observe: {answer}"
     body = answer["body"]
     assert body["reward"] == 0.0
