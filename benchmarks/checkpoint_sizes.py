@@ -1,5 +1,5 @@
 """Disk per checkpoint before and after retention keeps only the adapter (bytes of the adapter vs
-the optimizer/RNG state that Trainer.save_checkpoint also writes), and the time to export merged
+the optimizer/RNG state that Policy.save_checkpoint also writes), and the time to export merged
 weights (load the base model in fp32, merge the adapter, write the Hugging Face folder), against
 the time to load the base model alone, measured in the same run.
 
@@ -23,8 +23,9 @@ import torch
 from training.base_models import BUNDLED_MODEL, build_tiny_model, load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.export import merge_adapter, model_card, save_merged
-from training.recipes.grpo_trainer import Trainer
+from training.recipes.grpo_update import grpo_train_step
 from training.rollouts.trajectory import TrainGroup, TrainSample
+from training.session.policy import Policy
 
 STATE_FILES = ("optimizer.pt", "rng_state.pt")
 
@@ -37,14 +38,14 @@ def measure(name: str, source: str, cache_dir: Path, scratch: Path) -> None:
     started = time.perf_counter()
     base, tokenizer = load_base_model(source, cache_dir, dtype=torch.float32)
     load_seconds = time.perf_counter() - started
-    trainer = Trainer(base, tokenizer, TrainConfig(), LoraSpec.from_dict({}))
+    trainer = Policy(base, tokenizer, TrainConfig(), LoraSpec.from_dict({}))
     group = TrainGroup(
         [
             TrainSample([5, 6, 7, 8], [9, 10, 11], [-2.0, -2.0, -2.0], reward=1.0),
             TrainSample([5, 6, 7, 8], [12, 13, 14], [-2.0, -2.0, -2.0], reward=0.0),
         ]
     )
-    trainer.train_step([group])
+    grpo_train_step(trainer, [group])
     folder = scratch / f"{name}-step-000001"
     trainer.save_checkpoint(folder, step=1, metrics={})
     files = sizes(folder)

@@ -62,12 +62,12 @@ def batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> list[Any]:
 def session(source: str, cache: Path, threads: int) -> Any:
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.recipes.grpo_trainer import Trainer
     from training.session import TrainingSession
+    from training.session.policy import Policy
 
     torch.set_num_threads(threads)
     model, tokenizer = load_base_model(source, cache, device="cpu")
-    return TrainingSession(Trainer(model, tokenizer, TrainConfig(seed=7), LoraSpec()))
+    return TrainingSession(Policy(model, tokenizer, TrainConfig(seed=7), LoraSpec()))
 
 
 def train(target: Any, data: list[Any], steps: int, learning_rate: float, loss: str) -> dict[str, Any]:

@@ -135,13 +135,13 @@ def evaluate_checkpoint(checkpoint: Path, *, cache_dir: Path, model: str = BUNDL
     from training.base_models import load_base_model
     from training.engines.base import SamplingParams
     from training.engines.transformers_engine import TransformersEngine
-    from training.recipes.grpo_trainer import Trainer
     from training.runs.evaluation import LocalPolicy, evaluate
+    from training.session.policy import Policy
 
     _, validation = demo_rows()
     config = TrainConfig.from_dict(RUN_CONFIG)
     base, tokenizer = load_base_model(model, cache_dir, dtype=torch.float32)
-    trainer = Trainer.resume(base, tokenizer, checkpoint, config, LoraSpec.from_dict({}))
+    trainer = Policy.resume(base, tokenizer, checkpoint, config, LoraSpec.from_dict({}))
     engine = TransformersEngine(trainer.policy.eval(), tokenizer)
     sampling = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=config.max_new_tokens, seed=99_991)
     with build_environment("chat", system_prompt=SYSTEM_PROMPT) as environment:

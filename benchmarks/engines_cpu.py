@@ -27,7 +27,7 @@ artweb's engine runs bf16 weights on the CPU (the launcher loads them so; decodi
 linears too), but the platform's serve_inference loads with dtype "auto", which is fp32 on a CPU
 (training.base_models.resolve_dtype): its bf16 rows are what the engine can do, not what is deployed.
 
-The adapter is a peft LoRA of rank 8 on the trainer's target modules (training.recipes.grpo_trainer's
+The adapter is a peft LoRA of rank 8 on the trainer's target modules (training.session.policy's
 peft_lora_config) with small random B factors: peft initialises B to zero, which would make the
 adapter a no-op. artweb's server takes it by path (x-artweb-adapter, under its adapter root);
 vLLM through ``POST /v1/load_lora_adapter``.

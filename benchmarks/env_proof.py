@@ -8,7 +8,7 @@ random opponent? Validation mean reward at step 0 and after training, and the pe
 Training goes through the platform's own `training.runs.loop.run_training` (rollouts through the
 environment registry, grading, GRPO step, checkpoints) with in-memory hooks instead of Django.
 Validation is this script's own pass: the step-0 and final checkpoints are loaded
-(`Trainer.resume`), every validation row is played `--val-samples` times with one fixed sampling
+(`Policy.resume`), every validation row is played `--val-samples` times with one fixed sampling
 seed, and graded by the same reward.
 
 Tasks:
@@ -59,12 +59,12 @@ from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import Environment, build_environment
-from training.recipes.grpo_trainer import Trainer
 from training.rewards import grade_trajectories
 from training.rollouts.agent import rollout_groups
 from training.runs.loop import run_training
 from training.runs.spec import RunSpec, StepTrajectories
 from training.runs.steps import checkpoint_path
+from training.session.policy import Policy
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOL_TASKS = REPO_ROOT / "artweb" / "demo" / "tool_tasks.jsonl"
@@ -171,7 +171,7 @@ def validate(
     model_source: str = BUNDLED_MODEL,
 ) -> dict[str, Any]:
     model, tokenizer = load_base_model(model_source, cache_dir, dtype=torch.float32)
-    trainer = Trainer.resume(model, tokenizer, checkpoint, config, lora)
+    trainer = Policy.resume(model, tokenizer, checkpoint, config, lora)
     engine = TransformersEngine(trainer.policy.eval(), tokenizer)
     sampling = SamplingParams(
         temperature=settings["temperature"], max_new_tokens=settings["max_new_tokens"], seed=424_242

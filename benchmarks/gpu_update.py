@@ -1,5 +1,5 @@
 """A GRPO step's two halves on a model of the bundled model's shape, per device, in one run: the
-policy update (``Trainer.train_step``) and the rollouts (``TransformersEngine``), on CUDA in bf16,
+policy update (``grpo_train_step``) and the rollouts (``TransformersEngine``), on CUDA in bf16,
 CUDA in fp32 and this host's CPU in fp32 (the reference, measured in the same run).
 
     python -m benchmarks.gpu_update --devices cuda:bf16 cuda:fp32 cpu:fp32 --repeats 5
@@ -73,21 +73,22 @@ def measure(model_dir: Path, device: str, dtype: torch.dtype, repeats: int) -> d
     from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
     from training.engines.base import SamplingParams
     from training.engines.transformers_engine import TransformersEngine
-    from training.recipes.grpo_trainer import Trainer
+    from training.recipes.grpo_update import grpo_train_step
+    from training.session.policy import Policy
 
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     model, tokenizer = load_base_model(str(model_dir), model_dir.parent, dtype=dtype, device=device)
     config = TrainConfig(learning_rate=2e-4, groups_per_step=2, group_size=8, **SINGLE_UPDATE_RECIPE)
-    trainer = Trainer(model, tokenizer, config, LoraSpec(rank=8, alpha=16), device)
+    trainer = Policy(model, tokenizer, config, LoraSpec(rank=8, alpha=16), device)
     groups = groups_for(SHAPE["vocab_size"])
     trained_tokens = sum(len(s.completion_token_ids) for g in groups for s in g.samples)
-    trainer.train_step(groups)  # warm-up
+    grpo_train_step(trainer, groups)  # warm-up
     update_s, losses = [], []
     for _ in range(repeats):
         synchronize(device)
         started = time.perf_counter()
-        losses.append(trainer.train_step(groups)["loss"])
+        losses.append(grpo_train_step(trainer, groups)["loss"])
         synchronize(device)
         update_s.append(time.perf_counter() - started)
 

@@ -7,7 +7,7 @@ same task rows in the same order, the same group size, max new tokens, LoRA and 
 1. rollout throughput: our TransformersEngine sampling one group in one batched call (KV cache),
    against the same engine called once per completion, and against plain `model.generate`
    one sequence at a time (and batched, the path TRL takes);
-2. our training core (load_base_model, Trainer, TransformersEngine, rollout_groups, the
+2. our training core (load_base_model, Policy, grpo_train_step, TransformersEngine, rollout_groups, the
    string_check reward) in a loop like training/runs/loop.py without Django or checkpoints;
 3. TRL's GRPOTrainer with the settings that mean the same thing (table in benchmarks/README.md);
 4. the final policies of both, graded by one evaluation procedure (every task row, same seed).
@@ -48,12 +48,12 @@ from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec, build_messages
-from training.recipes.grpo_trainer import Trainer
+from training.recipes.grpo_update import grpo_train_step
 from training.rewards import Sample, build_grader, grade_many, grade_trajectories
 from training.rollouts.agent import rollout_groups
 from training.rollouts.trajectory import to_train_group
 from training.runs.steps import rows_for_step
-from training.session.policy import peft_lora_config
+from training.session.policy import Policy, peft_lora_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENVIRONMENT = EnvironmentSpec(system_prompt=SYSTEM_PROMPT)
@@ -259,7 +259,7 @@ class OurRun:
         self.settings, self.rows = settings, rows
         self.config = settings.train_config()
         base_model, tokenizer = load_policy_base(settings)
-        self.trainer = Trainer(base_model, tokenizer, self.config, LoraSpec(rank=8, alpha=16))
+        self.trainer = Policy(base_model, tokenizer, self.config, LoraSpec(rank=8, alpha=16))
         self.engine = TransformersEngine(self.trainer.policy, tokenizer)
         self.result = TrainResult(name="ours")
         self.result.notes.update({"trainable_tokens": [], "zero_variance_fraction": []})
@@ -279,7 +279,7 @@ class OurRun:
         )
         rollout_seconds = time.perf_counter() - started
         grade_trajectories(self.settings.reward_spec, groups, rows_now, max_error_fraction=1.0)
-        metrics = self.trainer.train_step([to_train_group(group) for group in groups])
+        metrics = grpo_train_step(self.trainer, [to_train_group(group) for group in groups])
         result.step_seconds.append(time.perf_counter() - started)
         result.step_cpu_seconds.append(time.process_time() - cpu_started)
         result.rollout_seconds.append(rollout_seconds)
@@ -426,7 +426,7 @@ def train_trl(
         )
         lora = LoraSpec(rank=8, alpha=16)
         peft_config = peft_lora_config(lora)
-        torch.manual_seed(config.seed)  # our Trainer seeds the same way before peft draws LoRA A
+        torch.manual_seed(config.seed)  # our Policy seeds the same way before peft draws LoRA A
         trainer = GRPOTrainer(
             model=base_model,
             reward_funcs=[contains_answer],
@@ -475,7 +475,7 @@ def evaluate(policy: Any, tokenizer: Any, rows: list[dict[str, Any]], settings: 
 
 
 # ---------------------------------------------------------------- profile of our step
-def profile_our_step(trainer: Trainer, rows: list[dict[str, Any]], settings: Settings) -> dict[str, Any]:
+def profile_our_step(trainer: Policy, rows: list[dict[str, Any]], settings: Settings) -> dict[str, Any]:
     """One more step of ours under torch.profiler: where rollout and update time goes, by op."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -495,7 +495,7 @@ def profile_our_step(trainer: Trainer, rows: list[dict[str, Any]], settings: Set
     report["rollout_decode_steps"] = max(len(t.completion_token_ids) for group in groups for t in group)
     with profile(activities=[ProfilerActivity.CPU]) as train_profile:
         started = time.perf_counter()
-        metrics = trainer.train_step([to_train_group(group) for group in groups])
+        metrics = grpo_train_step(trainer, [to_train_group(group) for group in groups])
         report["train_wall_seconds"] = time.perf_counter() - started
     report["train_trainable_tokens"] = metrics["trainable_tokens"]
     for name, prof in (("rollout", rollout_profile), ("train", train_profile)):
@@ -664,7 +664,7 @@ def run(settings: Settings) -> dict[str, Any]:
         # On a live PeftModel with a fresh adapter: what rollouts run on during training.
         _progress("rollout throughput")
         base_model, tokenizer = load_policy_base(settings)
-        scratch = Trainer(base_model, tokenizer, settings.train_config(), LoraSpec(rank=8, alpha=16))
+        scratch = Policy(base_model, tokenizer, settings.train_config(), LoraSpec(rank=8, alpha=16))
         report["throughput"] = measure_throughput(scratch.policy, tokenizer, rows, settings)
         del scratch, base_model
 

@@ -23,7 +23,6 @@ from benchmarks.grpo_cpu import (
     ENVIRONMENT,
     LoraSpec,
     SamplingParams,
-    Trainer,
     TransformersEngine,
     build_messages,
     load_policy_base,
@@ -32,6 +31,7 @@ from benchmarks.grpo_cpu import (
     step_rows,
 )
 from training.engines.transformers_engine import sample_next_token
+from training.session.policy import Policy
 
 
 def pruned_generate(engine: TransformersEngine, requests: list[list[dict]], sampling: SamplingParams) -> int:
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     settings = parse_args([])
     model, tokenizer = load_policy_base(settings)
-    policy = Trainer(model, tokenizer, settings.train_config(), LoraSpec(rank=8, alpha=16)).policy
+    policy = Policy(model, tokenizer, settings.train_config(), LoraSpec(rank=8, alpha=16)).policy
     engine = TransformersEngine(policy, tokenizer)
     rows = load_task_rows()
 

@@ -6,7 +6,8 @@ in one run, interleaved: what the session's layer (datums, named loss, optim_ste
 The reference commit is checked out into a temporary git worktree and imported by a child process
 (``PYTHONPATH`` = the worktree; this file runs there as a script, so it need not exist at the ref); both sides build the same samples (one step of ``grpo_cpu.py``'s
 shape: 2 prompts of ~30 tokens x 8 completions of 8-32 tokens, LoRA r=8 on the seven projections,
-fp32, on the bundled model or ``--tiny``) and time ``Trainer.train_step`` after one warm-up step.
+fp32, on the bundled model or ``--tiny``) and time the GRPO step (``grpo_train_step``; ``Trainer.train_step``
+at a reference from before it) after one warm-up step.
 Prints seconds per update (median), the ratio session / reference, and the largest difference of
 the losses and gradient norms the two report (the same math: float rounding only).
 """
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,11 +37,21 @@ def one_side(args: argparse.Namespace) -> dict:
     from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
 
     try:
-        from training.recipes.grpo_trainer import Trainer
+        from training.recipes.grpo_update import grpo_train_step
         from training.rollouts.trajectory import TrainGroup, TrainSample
-    except ImportError:  # a reference from before training/ was laid out by role (2026-12-06)
-        from training.trainer import Trainer  # type: ignore[no-redef]
-        from training.trajectory import TrainGroup, TrainSample  # type: ignore[no-redef]
+        from training.session.policy import Policy
+
+        new_policy: Any = Policy
+        train_step: Any = grpo_train_step
+    except ImportError:  # a reference from before GRPO's step became a function over a policy
+        try:
+            from training.recipes.grpo_trainer import Trainer  # type: ignore[import-not-found]
+
+            from training.rollouts.trajectory import TrainGroup, TrainSample
+        except ImportError:  # a reference from before training/ was laid out by role (2026-12-06)
+            from training.trainer import Trainer  # type: ignore[no-redef]
+            from training.trajectory import TrainGroup, TrainSample  # type: ignore[no-redef]
+        new_policy, train_step = Trainer, Trainer.train_step
 
     cache = Path(args.cache)
     source = str(build_tiny_model(cache / "tiny")) if args.tiny else BUNDLED_MODEL
@@ -57,12 +69,12 @@ def one_side(args: argparse.Namespace) -> dict:
                                        completion_logprobs=[-2.0] * length, reward=float(index % 3)))  # fmt: skip
         groups.append(TrainGroup(samples=samples))
     config = TrainConfig(learning_rate=2e-4, groups_per_step=2, group_size=8, **SINGLE_UPDATE_RECIPE)
-    trainer = Trainer(model, tokenizer, config, LoraSpec(rank=8, alpha=16))
-    trainer.train_step(groups)  # warm-up
+    trainer = new_policy(model, tokenizer, config, LoraSpec(rank=8, alpha=16))
+    train_step(trainer, groups)  # warm-up
     seconds, losses, norms = [], [], []
     for _ in range(args.repeats):
         started = time.perf_counter()
-        metrics = trainer.train_step(groups)
+        metrics = train_step(trainer, groups)
         seconds.append(time.perf_counter() - started)
         losses.append(metrics["loss"])
         norms.append(metrics["grad_norm"])

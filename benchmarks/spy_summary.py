@@ -38,7 +38,7 @@ def classify(frames: list[str], lora_base_lines: set[str]) -> str:
     stack = ";".join(frames)
     if "grade_trajectories" in stack:
         return "grading"
-    if "Trainer.train_step" in stack:
+    if "grpo_train_step" in stack:
         if "backward" in stack:
             return "update: backward"
         if "_completion_logprobs" in stack:

@@ -71,10 +71,10 @@ def write_checkpoint(source: str, cache_dir: Path, folder: Path) -> tuple[Any, A
     """A checkpoint as training writes it; returns the (model, tokenizer) loaded for it."""
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     model, tokenizer = load_base_model(source, cache_dir, device="cpu")
-    trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec())
+    trainer = Policy(model, tokenizer, TrainConfig(), LoraSpec())
     # One optimizer step on zero gradients: AdamW's moments exist, so the checkpoint has the size
     # of a trained one (adapter + 2x adapter of optimizer state), without a rollout.
     for parameter in trainer.policy.parameters():

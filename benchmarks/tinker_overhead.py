@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from training.base_models import load_base_model, load_tokenizer
     from training.config import LoraSpec, TrainConfig
-    from training.recipes.grpo_trainer import Trainer
     from training.session import Datum, TrainingSession
+    from training.session.policy import Policy
 
     with live_stack(cache, source, args.broker) as (url, env):
         base_name = _manage(env, "from projects.models import BaseModel; print(BaseModel.objects.get().name)")
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         lora = LoraSpec(rank=args.rank, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
                                                                   "gate_proj", "up_proj", "down_proj"])  # fmt: skip
         model, _ = load_base_model(source, cache)
-        local = TrainingSession(Trainer(model, tokenizer, TrainConfig(seed=0), lora, "cpu"))
+        local = TrainingSession(Policy(model, tokenizer, TrainConfig(seed=0), lora, "cpu"))
         adam = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12}
 
         report: dict[str, Any] = {"model": source, "threads": torch.get_num_threads(), "steps": args.steps,

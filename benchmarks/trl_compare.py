@@ -1,4 +1,4 @@
-"""One GRPO update of the same batch on one device: artweb's ``Trainer.train_step`` against TRL's
+"""One GRPO update of the same batch on one device: artweb's ``grpo_train_step`` against TRL's
 ``GRPOTrainer`` step, in the same run, on a randomly initialised model of a real model's shape.
 
     python -m benchmarks.trl_compare                      # Qwen3-4B's shape, bf16, on the GPU
@@ -10,7 +10,7 @@ with one word per token id (no download either): the ids are drawn at random, an
 says anything about learning. Both sides get the same batch (``--prompts`` x ``--group``
 completions, prompts of ``--prompt-tokens``, completions of ``--min-completion`` to
 ``--max-completion`` tokens), the same LoRA (peft, r16 / alpha 32 on every attention and MLP
-projection, training.recipes.grpo_trainer.peft_lora_config) and one optimizer step per step, micro-batches of
+projection, training.session.policy.peft_lora_config) and one optimizer step per step, micro-batches of
 ``--micro-sequences`` sequences' worth of tokens. TRL's rollouts are replaced by its own
 ``rollout_func`` hook returning the fixed batch, so its step time is scoring plus update, as
 artweb's is. Printed per side: seconds per step (median after one warm-up step), training tokens/s
@@ -148,13 +148,14 @@ def lora_spec() -> Any:
 def run_artweb(
     args: argparse.Namespace, shape: dict, dtype: torch.dtype, batch: list, tokenizer: Any
 ) -> dict:
-    """Trainer.train_step (grpo_step over the session's forward_backward / optim_step), then
+    """grpo_train_step (grpo_step over the session's forward_backward / optim_step), then
     rollouts through the session's ``sample``."""
     from training.config import SINGLE_UPDATE_RECIPE, TrainConfig
     from training.engines.base import SamplingParams
-    from training.recipes.grpo_trainer import Trainer
+    from training.recipes.grpo_update import grpo_train_step
     from training.rollouts.trajectory import TrainGroup, TrainSample
     from training.session import TrainingSession
+    from training.session.policy import Policy
 
     device = args.device
     model = build_model(shape, dtype, device)
@@ -164,7 +165,7 @@ def run_artweb(
         micro_batch_tokens=args.micro_sequences * (args.prompt_tokens + args.max_completion),
         **SINGLE_UPDATE_RECIPE,
     )  # fmt: skip
-    trainer = Trainer(model, tokenizer, config, lora_spec(), device)
+    trainer = Policy(model, tokenizer, config, lora_spec(), device)
     groups = [
         TrainGroup(samples=[
             TrainSample(prompt_token_ids=prompt, completion_token_ids=completion,
@@ -177,7 +178,7 @@ def run_artweb(
     for _ in range(1 + args.steps):  # the first is the warm-up
         synchronize(device)
         started = time.perf_counter()
-        losses.append(trainer.train_step(groups)["loss"])
+        losses.append(grpo_train_step(trainer, groups)["loss"])
         synchronize(device)
         step_s.append(time.perf_counter() - started)
     if device.startswith("cuda"):
@@ -408,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     ours = run_artweb(args, shape, dtype, batch, tokenizer)
     print(f"parameters N = {ours['parameters'] / 1e6:,.1f} M; peak bf16 "
           f"{f'{peak / 1e12:.0f} TFLOP/s' if peak else 'unknown'}")  # fmt: skip
-    print(speed_line("artweb Trainer.train_step", ours["step_s"], tokens, ours["parameters"], peak))
+    print(speed_line("artweb grpo_train_step", ours["step_s"], tokens, ours["parameters"], peak))
     print(f"  step seconds {[round(s, 3) for s in ours['step_s']]}, losses {[round(x, 4) for x in ours['losses']]}"
           + (f", peak {ours['update_peak_gib']:.1f} GiB" if "update_peak_gib" in ours else ""))  # fmt: skip
     print(f"artweb rollouts (TransformersEngine via TrainingSession.sample): {ours['rollout_rows']} rows x "

@@ -30,9 +30,9 @@ import torch
 
 from training.base_models import BUNDLED_MODEL, load_base_model
 from training.config import SINGLE_UPDATE_RECIPE, LoraSpec, TrainConfig
-from training.recipes.grpo_trainer import Trainer
 from training.rollouts.trajectory import TrainSample
 from training.session.packing import pack
+from training.session.policy import Policy
 
 
 def make_samples(groups: int, group_size: int, prompt_len: int, seed: int) -> list[TrainSample]:
@@ -50,7 +50,7 @@ def make_samples(groups: int, group_size: int, prompt_len: int, seed: int) -> li
     return samples
 
 
-def padded(trainer: Trainer, samples: list[TrainSample], sort: bool) -> tuple[torch.Tensor, int, int]:
+def padded(trainer: Policy, samples: list[TrainSample], sort: bool) -> tuple[torch.Tensor, int, int]:
     items = [(s, 1.0) for s in samples]
     if sort:
         items.sort(key=lambda item: len(item[0].prompt_token_ids) + len(item[0].completion_token_ids))
@@ -67,7 +67,7 @@ def padded(trainer: Trainer, samples: list[TrainSample], sort: bool) -> tuple[to
     return out, int(batch["positions"]), int(batch["padding"])
 
 
-def packed(trainer: Trainer, samples: list[TrainSample], row_tokens: int) -> tuple[torch.Tensor, int, int]:
+def packed(trainer: Policy, samples: list[TrainSample], row_tokens: int) -> tuple[torch.Tensor, int, int]:
     rows = pack(samples, [1.0] * len(samples), budget=4096, row_tokens=row_tokens)
     out = torch.zeros(len(samples), 32)
     positions = 0
@@ -89,7 +89,7 @@ def packed(trainer: Trainer, samples: list[TrainSample], row_tokens: int) -> tup
     return out, positions, 0
 
 
-def prefix_kv(trainer: Trainer, samples: list[TrainSample]) -> tuple[torch.Tensor, int, int]:
+def prefix_kv(trainer: Policy, samples: list[TrainSample]) -> tuple[torch.Tensor, int, int]:
     """Prompt once with grad, its cache repeated per completion, completions right-padded."""
     model, temperature = trainer.model, trainer.config.temperature
     out = torch.zeros(len(samples), 32)
@@ -146,7 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_base_model(args.model, args.cache_dir, dtype=torch.float32)
-    trainer = Trainer(
+    trainer = Policy(
         model,
         tokenizer,
         TrainConfig(group_size=args.group_size, **SINGLE_UPDATE_RECIPE),

@@ -21,7 +21,7 @@ from projects import catalog
 from projects.models import EnvironmentKind, EvaluationStatus
 
 # The per-step series the run page charts (key, caption), read from StepMetrics.metrics
-# (training/runs/loop.py and training/recipes/grpo_trainer.py write these keys), except completion length, the mean
+# (training/runs/loop.py and training/recipes/grpo_update.py write these keys), except completion length, the mean
 # over the step's trajectories.
 CHART_SERIES = [
     ("loss", "Loss"),
@@ -68,7 +68,7 @@ def chart_series(kind: str) -> list[tuple[str, str]]:
 
 
 # The trainer writes these as 0 on a step without an update (every group had one reward, so
-# trainable_tokens is 0; training/recipes/grpo_trainer.py): there they were not measured and are not drawn.
+# trainable_tokens is 0; training/recipes/grpo_update.py): there they were not measured and are not drawn.
 UPDATE_METRICS = {"loss", "grad_norm", "entropy", "clip_fraction", "kl", "ratio_std"}
 
 CLIP_FRACTION_NOTE = (

@@ -3,7 +3,7 @@
 Licence: unsloth's package is Apache-2.0 at the top, but many of its source files carry AGPL-3.0
 headers, and unsloth-zoo, which it requires, is LGPL-3.0. So it is an optional extra
 (`pip install .[gpu]`), imported only inside `load_with_unsloth`, never on CPU; a plain transformers
-model with peft LoRA (`training.base_models.load_base_model` + `Trainer`) is the default path.
+model with peft LoRA (`training.base_models.load_base_model` + `Policy`) is the default path.
 """
 
 from __future__ import annotations

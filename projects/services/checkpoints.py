@@ -33,8 +33,8 @@ from projects.services.runs import ACTIVE_STATUSES
 
 logger = logging.getLogger(__name__)
 
-# What Trainer.save_checkpoint writes besides the adapter, needed only to resume training from it
-# (training.recipes.grpo_trainer.Trainer.resume): a checkpoint that no resume can start from keeps its adapter.
+# What Policy.save_checkpoint writes besides the adapter, needed only to resume training from it
+# (training.session.policy.Policy.resume): a checkpoint that no resume can start from keeps its adapter.
 RESUME_STATE_FILES = ["optimizer.pt", "rng_state.pt"]
 RETENTION_KEYS = ("keep_last", "keep_best")
 KEEP_BEST_KEYS = ("metric", "n", "mode")

@@ -129,7 +129,7 @@ def checkpoint_fork(
         raise
 
 
-# What Trainer.save_checkpoint writes besides the adapter, for a resume (training.recipes.grpo_trainer); retention
+# What Policy.save_checkpoint writes besides the adapter, for a resume (training.session.policy); retention
 # drops them from checkpoints no resume needs (services.checkpoints.RESUME_STATE_FILES).
 OPTIMIZER_STATE, RNG_STATE = "optimizer.pt", "rng_state.pt"
 
@@ -146,8 +146,8 @@ def _check_forkable(folder: Path, *, step: int, field: str) -> None:
 
 def write_fresh_resume_state(folder: Path, *, config: dict[str, Any]) -> None:
     """Optimizer and RNG state for a fork of a checkpoint that kept only its adapter: AdamW with no
-    moments yet (what a new Trainer starts with) and generators seeded from the fork's config, in
-    the files Trainer.resume reads. The optimizer's state dict is a real AdamW's, over one
+    moments yet (what a new Policy starts with) and generators seeded from the fork's config, in
+    the files Policy.resume reads. The optimizer's state dict is a real AdamW's, over one
     placeholder per adapter tensor (plain LoRA: the adapter's tensors are the trainable ones)."""
     import random
 
@@ -158,7 +158,7 @@ def write_fresh_resume_state(folder: Path, *, config: dict[str, Any]) -> None:
     with safe_open(str(folder / "adapter_model.safetensors"), framework="pt") as weights:
         count = len(list(weights.keys()))
     placeholders = [torch.nn.Parameter(torch.zeros(1)) for _ in range(count)]
-    # The rate in the state is a placeholder: Trainer.resume sets the run's own.
+    # The rate in the state is a placeholder: Policy.resume sets the run's own.
     rate = train_config.learning_rate if train_config.learning_rate is not None else 0.0
     optimizer = torch.optim.AdamW(placeholders, lr=rate, weight_decay=train_config.weight_decay)
     torch.save(optimizer.state_dict(), folder / OPTIMIZER_STATE)

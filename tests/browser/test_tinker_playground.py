@@ -12,8 +12,8 @@ from tests.browser.conftest import chat_in_playground
 from tests.browser.test_dashboard import workspace  # noqa: F401  (the fixture)
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
-from training.recipes.grpo_trainer import Trainer
 from training.runs.steps import checkpoint_path
+from training.session.policy import Policy
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -34,7 +34,7 @@ def test_a_tinker_sampler_checkpoint_answers_in_the_playground(
                                           lora_config={"rank": 4})  # fmt: skip
     # What the worker's save_weights_for_sampler writes after one optim_step: the session's state.
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path / "cache")
-    trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec.from_dict(tinker.model.lora))
+    trainer = Policy(model, tokenizer, TrainConfig(), LoraSpec.from_dict(tinker.model.lora))
     folder = checkpoint_path(settings.CHECKPOINT_DIR / f"model-{tinker.model.pk}", 1)
     trainer.save_checkpoint(folder, step=1, metrics={})
     services.tinker_loss_add(model=tinker, loss=2.0)

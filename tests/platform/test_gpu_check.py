@@ -112,7 +112,7 @@ def test_trl_compare_tiny(tmp_path):
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "2 prompts x 4 completions" in out and ": 224 training tokens per step" in out, out
-    ours = re.search(r"artweb Trainer.train_step: ([\d.]+) s/step, ([\d,]+) training tokens/s, MFU n/a", out)
+    ours = re.search(r"artweb grpo_train_step: ([\d.]+) s/step, ([\d,]+) training tokens/s, MFU n/a", out)
     assert ours, out
     step, speed = float(ours[1]), float(ours[2].replace(",", ""))
     # Seconds are printed to the millisecond: tokens/s is 224 over a step within half a millisecond.

@@ -62,11 +62,11 @@ def trained_checkpoint(tiny_model_dir, tmp_path_factory) -> Path:
     """A checkpoint folder exactly as the trainer writes it."""
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
     folder = tmp_path_factory.mktemp("writer") / "step-000001"
-    Trainer(model, tokenizer, TrainConfig(), LoraSpec()).save_checkpoint(folder, step=1, metrics={})
+    Policy(model, tokenizer, TrainConfig(), LoraSpec()).save_checkpoint(folder, step=1, metrics={})
     return folder
 
 

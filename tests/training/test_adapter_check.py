@@ -12,7 +12,7 @@ from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec
-from training.recipes.grpo_trainer import Trainer
+from training.recipes.grpo_update import grpo_train_step
 from training.rollouts.agent import rollout_groups
 from training.rollouts.trajectory import to_train_group
 from training.session.adapter_check import (
@@ -25,6 +25,7 @@ from training.session.adapter_check import (
     saved_adapter_fingerprint,
     verify_sampler,
 )
+from training.session.policy import Policy
 
 PROBES = [
     [{"role": "user", "content": "Hello! How are you today?"}],
@@ -82,7 +83,7 @@ LORA = LoraSpec(rank=4, alpha=8)
 
 @dataclass
 class TrainedRun:
-    trainer: Trainer  # one real GRPO step past its step-0 checkpoint; tests must not change it
+    trainer: Policy  # one real GRPO step past its step-0 checkpoint; tests must not change it
     tokenizer: Any
     root: Path  # holds step-0 and step-1
 
@@ -92,7 +93,7 @@ def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Train
     """Built once per module: a step-0 checkpoint, one real train_step, a step-1 checkpoint."""
     root = tmp_path_factory.mktemp("run")
     model, tokenizer = load_base_model(str(tiny_model_dir), root)
-    trainer = Trainer(model, tokenizer, CONFIG, LORA)
+    trainer = Policy(model, tokenizer, CONFIG, LORA)
     trainer.save_checkpoint(root / "step-0", step=0, metrics={})
     engine = TransformersEngine(trainer.policy, tokenizer)
     rows = [{"prompt": "Hello! How are you today?"}, {"prompt": "What is the answer?"}]
@@ -101,7 +102,7 @@ def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Train
     for group in groups:
         for index, trajectory in enumerate(group):
             trajectory.reward = float(index)  # distinct rewards: every group trains
-    metrics = trainer.train_step([to_train_group(group) for group in groups])
+    metrics = grpo_train_step(trainer, [to_train_group(group) for group in groups])
     assert metrics["grad_norm"] > 0
     trainer.save_checkpoint(root / "step-1", step=1, metrics=metrics)
     return TrainedRun(trainer, tokenizer, root)
@@ -147,7 +148,7 @@ def test_sampler_with_an_old_checkpoint_fails(run, tiny_model_dir):
 
 def test_live_weights_changed_after_saving_fail(run, tiny_model_dir):
     model, tokenizer = load_base_model(str(tiny_model_dir), run.root)
-    trainer = Trainer.resume(model, tokenizer, run.root / "step-1", CONFIG, LORA)
+    trainer = Policy.resume(model, tokenizer, run.root / "step-1", CONFIG, LORA)
     engine = TransformersEngine(trainer.policy, tokenizer)
     verify_sampler(engine, trainer, tokenizer, run.root / "step-1", PROBES)  # as saved: fine
     with torch.no_grad():
@@ -168,7 +169,7 @@ def test_an_earlier_checkpoints_probe_is_the_trainers_at_that_checkpoint_and_lea
     assert all(torch.equal(after[name], tensor) for name, tensor in live.items())
     assert earlier.fingerprint == saved_adapter_fingerprint(run.root / "step-0")
     model, tokenizer = load_base_model(str(tiny_model_dir), run.root)
-    at_step_0 = probe_policy(Trainer.resume(model, tokenizer, run.root / "step-0", CONFIG, LORA),
+    at_step_0 = probe_policy(Policy.resume(model, tokenizer, run.root / "step-0", CONFIG, LORA),
                              tokenizer, run.root / "step-0", PROBES)  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(earlier.logprobs, at_step_0.logprobs, strict=True))
     # A sampler holding step 0 passes against it; one holding step 1 does not.

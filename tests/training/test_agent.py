@@ -20,10 +20,11 @@ from training.config import LoraSpec, TrainConfig
 from training.engines.base import Choice, Engine, SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec
-from training.recipes.grpo_trainer import Trainer
+from training.recipes.grpo_update import grpo_train_step
 from training.rollouts.agent import ChatTemplateError, rollout_group, rollout_groups, template_supports_tools
 from training.rollouts.tools import Tool
 from training.rollouts.trajectory import to_train_group
+from training.session.policy import Policy
 
 NUMBERS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
 ADD = Tool("add", "Add a and b.", NUMBERS, lambda a, b: a + b)
@@ -419,14 +420,14 @@ def test_multi_turn_tokens_and_logprobs_are_exact_on_a_real_model(tiny_model_dir
 def test_the_trainer_sees_ratio_one_on_multi_turn_trajectories(tiny_model_dir, tmp_path, taught_weights):
     model, tokenizer = taught_model(tiny_model_dir, tmp_path, taught_weights)
     config = TrainConfig(group_size=2, temperature=TEMPERATURE, max_new_tokens=40, learning_rate=1e-3)
-    trainer = Trainer(model, tokenizer, config, LoraSpec(rank=4, alpha=8))  # LoRA starts as a no-op
+    trainer = Policy(model, tokenizer, config, LoraSpec(rank=4, alpha=8))  # LoRA starts as a no-op
     engine = TransformersEngine(trainer.policy, tokenizer)
     sampling = SamplingParams(temperature=TEMPERATURE, max_new_tokens=40, seed=1)
     group = rollout_group(engine, TAUGHT_ROW, TAUGHT_ENV, sampling, group_size=2)
     assert all(t.metrics["tool_calls"] == 3 for t in group)
     for reward, trajectory in enumerate(group):
         trajectory.reward = float(reward)
-    metrics = trainer.train_step([to_train_group(group)])
+    metrics = grpo_train_step(trainer, [to_train_group(group)])
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["clip_fraction"] == 0.0
     assert metrics["trainable_tokens"] == sum(sum(t.completion_mask) for t in group)

@@ -179,12 +179,12 @@ DATA = [
 def fp32_session(model_dir: Path, device: str) -> TrainingSession:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     config = TrainConfig(micro_batch_tokens=16, seed=3)
-    return TrainingSession(Trainer(model, tokenizer, config, LoraSpec(rank=2, alpha=4), device))
+    return TrainingSession(Policy(model, tokenizer, config, LoraSpec(rank=2, alpha=4), device))
 
 
 def two_updates(session: TrainingSession, loss: str = "ppo") -> dict:

@@ -45,12 +45,12 @@ DATA = [
 
 
 def make_session(model_dir: str, seed: int) -> TrainingSession:
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     config = TrainConfig(micro_batch_tokens=16, seed=seed)
-    return TrainingSession(Trainer(model, tokenizer, config, LoraSpec(rank=2, alpha=4)))
+    return TrainingSession(Policy(model, tokenizer, config, LoraSpec(rank=2, alpha=4)))
 
 
 def train(session, steps: int) -> dict:

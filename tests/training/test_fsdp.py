@@ -26,12 +26,12 @@ from training.session import BASE_MODEL, Datum, TrainingSession
 
 
 def make_session(model_dir: str, seed: int, **config) -> TrainingSession:
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     settings = TrainConfig(micro_batch_tokens=16, seed=seed, **config)
-    return TrainingSession(Trainer(model, tokenizer, settings, LoraSpec(rank=2, alpha=4)))
+    return TrainingSession(Policy(model, tokenizer, settings, LoraSpec(rank=2, alpha=4)))
 
 
 # Rank 0's share of these is the longest datum, in one packed row; rank 1's the other two, in two
@@ -171,12 +171,12 @@ def test_a_base_to_be_sharded_stays_in_cpu_memory_and_only_its_adapter_goes_to_t
     """With ``fsdp`` no rank puts the whole base on its device (shard_base's fully_shard moves each
     rank's shard there); the adapter, which every rank holds whole, goes there at once. The
     ``meta`` device stands in for an accelerator, which this host lacks: where a tensor is shows."""
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     settings = TrainConfig(devices=2, fsdp=fsdp, max_off_policy_steps=1)
-    trainer = Trainer(model, tokenizer, settings, LoraSpec(rank=2, alpha=4), device="meta")
+    trainer = Policy(model, tokenizer, settings, LoraSpec(rank=2, alpha=4), device="meta")
     places = {name: parameter.device.type for name, parameter in trainer.model.named_parameters()}
     adapter = {place for name, place in places.items() if "lora_" in name}
     base = {place for name, place in places.items() if "lora_" not in name}
@@ -264,15 +264,14 @@ def test_a_rank_lost_before_or_during_the_probe_is_restarted_and_the_ranks_probe
 
     from training.engines.vllm_engine import render_prompt
     from training.hosting.followers import Followers, FollowerSpec
-    from training.recipes.grpo_trainer import Trainer
     from training.session.adapter_check import next_token_logprobs, probe_policy, probe_saved
-    from training.session.policy import load_policy_model
+    from training.session.policy import Policy, load_policy_model
 
     config = TrainConfig(devices=2, fsdp=True, max_off_policy_steps=1, seed=3)
     lora = LoraSpec(rank=2, alpha=4)
     base, tokenizer, _ = load_policy_model(str(tiny_model_dir), tiny_model_dir.parent, device="cpu",
                                            unsloth="off", fsdp=True)  # fmt: skip
-    trainer = Trainer(base, tokenizer, config, lora)
+    trainer = Policy(base, tokenizer, config, lora)
     earlier, checkpoint = tmp_path / "step-000000", tmp_path / "step-000001"
     trainer.save_checkpoint(earlier, step=0, metrics={})
     with torch.no_grad():  # an adapter that changes the answers

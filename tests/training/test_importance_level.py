@@ -83,13 +83,14 @@ def test_trainer_uses_the_configured_importance_level(monkeypatch):
 
     from training.base_models import build_tiny_model, load_base_model
     from training.config import LoraSpec
-    from training.recipes.grpo_trainer import Trainer
+    from training.recipes.grpo_update import grpo_train_step
     from training.rollouts.trajectory import TrainGroup, TrainSample
+    from training.session.policy import Policy
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = build_tiny_model(Path(tmp) / "tiny")
         model, tokenizer = load_base_model(str(directory), Path(tmp))
-        trainer = Trainer(
+        trainer = Policy(
             model, tokenizer, TrainConfig(importance_level="sequence", learning_rate=1e-3), LoraSpec()
         )
         group = TrainGroup(
@@ -108,5 +109,5 @@ def test_trainer_uses_the_configured_importance_level(monkeypatch):
                 ),
             ]
         )
-        trainer.train_step([group])
+        grpo_train_step(trainer, [group])
     assert seen and set(seen) == {"sequence"}

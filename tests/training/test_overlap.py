@@ -15,7 +15,7 @@ from tests.training.test_cost_loop import MeteredHooks
 from tests.training.test_learning_signal import ROWS
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.recipes.grpo_trainer import Trainer
+from training.hosting.in_process import InProcessRun
 from training.runs.loop import run_training
 from training.runs.overlap import policy_step_for
 from training.runs.spec import RunSpec
@@ -96,7 +96,7 @@ def test_rollouts_of_the_next_step_run_while_the_update_runs(tiny_model_dir, tmp
     # would never get there (the wait times out and the test fails).
     rollouts_began: dict[int, threading.Event] = {step: threading.Event() for step in range(1, 4)}
     overlapped: list[bool] = []
-    real_rollouts, real_train_step = run_steps.rollout_groups, Trainer.train_step
+    real_rollouts, real_train_step = run_steps.rollout_groups, InProcessRun.train_step
 
     def rollouts(*args, **kwargs):  # called once per step (no dynamic sampling), in step order
         started = [event for event in rollouts_began.values() if not event.is_set()]
@@ -109,7 +109,7 @@ def test_rollouts_of_the_next_step_run_while_the_update_runs(tiny_model_dir, tmp
         return real_train_step(self, groups, **kwargs)
 
     monkeypatch.setattr(run_steps, "rollout_groups", rollouts)
-    monkeypatch.setattr(Trainer, "train_step", train_step)
+    monkeypatch.setattr(InProcessRun, "train_step", train_step)
     hooks = MeteredHooks()
     started = time.monotonic()
     assert run_training(spec(tiny_model_dir, tmp_path, steps=3, max_off_policy_steps=1), hooks) == "succeeded"
@@ -139,14 +139,14 @@ def test_the_first_step_is_the_synchronous_runs_and_later_ones_sample_older_chec
 
 
 def test_a_failed_update_fails_the_run_and_leaves_no_thread(tiny_model_dir, tmp_path, monkeypatch):
-    real_train_step = Trainer.train_step
+    real_train_step = InProcessRun.train_step
 
     def train_step(self, groups, **kwargs):
         if self.step == 1:  # the second update
             raise RuntimeError("out of memory in the update")
         return real_train_step(self, groups, **kwargs)
 
-    monkeypatch.setattr(Trainer, "train_step", train_step)
+    monkeypatch.setattr(InProcessRun, "train_step", train_step)
     hooks = MeteredHooks()
     with pytest.raises(RuntimeError, match="out of memory in the update"):
         run_training(spec(tiny_model_dir, tmp_path, steps=4, max_off_policy_steps=1), hooks)

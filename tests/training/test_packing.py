@@ -9,10 +9,11 @@ from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec
-from training.recipes.grpo_trainer import Trainer
+from training.recipes.grpo_update import grpo_train_step
 from training.rollouts.agent import rollout_groups
 from training.rollouts.trajectory import TrainGroup, TrainSample, to_train_group
 from training.session.packing import pack, plan_rows, plan_units
+from training.session.policy import Policy
 
 
 def random_groups(seed: int = 0) -> list[TrainGroup]:
@@ -40,7 +41,7 @@ def one_update(tiny_model_dir, tmp_path, groups, *, packed: bool, **config):
     """One step's metrics and the gradients it applied (the optimizer step is skipped), from a
     LoRA whose B is random, so that A gets gradients too."""
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    trainer = Trainer(
+    trainer = Policy(
         model, tokenizer, TrainConfig(group_size=5, learning_rate=1e-3, **config), LoraSpec(rank=4, alpha=8)
     )
     assert trainer.packed  # the tiny model runs sdpa attention
@@ -52,7 +53,7 @@ def one_update(tiny_model_dir, tmp_path, groups, *, packed: bool, **config):
                 parameter.normal_(std=0.05)
     trainer.optimizer.step = lambda: None
     trainer.optimizer.zero_grad = lambda set_to_none=True: None
-    metrics = trainer.train_step(groups)
+    metrics = grpo_train_step(trainer, groups)
     grads = {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
     return metrics, grads
 
@@ -86,13 +87,13 @@ def test_a_groups_prompt_is_fed_once_and_nothing_is_padding(tiny_model_dir, tmp_
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
     # One update (the defaults make two passes on a run's first step): one forward to measure.
     config = TrainConfig(group_size=5, learning_rate=1e-3, num_minibatches=1, early_ppo_epochs_steps=0)
-    trainer = Trainer(model, tokenizer, config, LoraSpec())
+    trainer = Policy(model, tokenizer, config, LoraSpec())
     widths = []
     handle = trainer.policy.get_base_model().model.embed_tokens.register_forward_hook(
         lambda module, inputs, output: widths.append(tuple(inputs[0].shape))
     )
     try:
-        metrics = trainer.train_step(groups)
+        metrics = grpo_train_step(trainer, groups)
     finally:
         handle.remove()
     # Each prompt once, each completion without its last token (it predicts nothing).
@@ -110,13 +111,13 @@ def test_the_padded_fallback_reports_its_padding(tiny_model_dir, tmp_path):
     config = TrainConfig(
         group_size=2, learning_rate=1e-3, num_minibatches=1, early_ppo_epochs_steps=0
     )  # one update
-    trainer = Trainer(model, tokenizer, config, LoraSpec())
+    trainer = Policy(model, tokenizer, config, LoraSpec())
     trainer.packed = False
     prompt = [5, 6, 7]
     group = TrainGroup(
         [TrainSample(prompt, [8], [-5.0], 1.0), TrainSample(prompt, [9, 10, 11], [-5.0] * 3, 0.0)]
     )
-    metrics = trainer.train_step([group])
+    metrics = grpo_train_step(trainer, [group])
     # Two rows of width 6 (3 + 3); the short one (3 + 1) has 2 padded positions.
     assert metrics["update_positions"] == 12
     assert metrics["padding_fraction"] == pytest.approx(2 / 12)
@@ -125,7 +126,7 @@ def test_the_padded_fallback_reports_its_padding(tiny_model_dir, tmp_path):
 def test_a_sibling_completion_is_invisible(tiny_model_dir, tmp_path):
     """The tree mask: a completion's logprobs do not depend on the other completions in its row."""
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    trainer = Trainer(model, tokenizer, TrainConfig(group_size=2, learning_rate=1e-3), LoraSpec())
+    trainer = Policy(model, tokenizer, TrainConfig(group_size=2, learning_rate=1e-3), LoraSpec())
     prompt, mine = [5, 6, 7, 8], [20, 21, 22, 23]
 
     def my_logprobs(sibling: list[int]) -> torch.Tensor:
@@ -150,7 +151,7 @@ def test_a_sibling_completion_is_invisible(tiny_model_dir, tmp_path):
 def test_teacher_forced_packed_logprobs_equal_the_sampled_ones(tiny_model_dir, tmp_path):
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
     config = TrainConfig(group_size=6, learning_rate=1e-3, temperature=0.8, max_new_tokens=12)
-    trainer = Trainer(model, tokenizer, config, LoraSpec())
+    trainer = Policy(model, tokenizer, config, LoraSpec())
     engine = TransformersEngine(trainer.policy, tokenizer)
     sampling = SamplingParams(temperature=0.8, top_p=1.0, max_new_tokens=12)
     rows = [{"prompt": "Hello! How are you today?"}, {"prompt": "What is the answer?"}]

@@ -15,13 +15,13 @@ from tests.training.test_trainer import adapter_state, sample_groups
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import build_environment
 from training.recipes.grpo import is_zero_variance
-from training.recipes.grpo_trainer import Trainer
-from training.recipes.grpo_update import passes
+from training.recipes.grpo_update import grpo_train_step, passes
 from training.recipes.minibatches import split_evenly
 from training.recipes.schedules import default_learning_rate, learning_rate_at
 from training.rollouts.trajectory import Trajectory, longest_turn, overlong_penalty, to_train_group
 from training.runs.loop import run_training
 from training.runs.spec import RunSpec
+from training.session.policy import Policy
 
 
 # ------------------------------------------------------------------ schedules
@@ -103,10 +103,10 @@ def test_the_defaults_are_the_measured_recipe_and_an_empty_rate_is_filled_in_onc
     # update refuses to run; a run's spec refuses an unresolved config, and RunSpec.resolving
     # (a run built by hand) resolves it through the same function.
     model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-    trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec(rank=2, alpha=4))
+    trainer = Policy(model, tokenizer, TrainConfig(), LoraSpec(rank=2, alpha=4))
     assert trainer.config.learning_rate is None
     with pytest.raises(RuntimeError, match="TrainConfig.resolved"):
-        trainer.train_step([])
+        grpo_train_step(trainer, [])
     fields = dict(base_model_source=str(tiny_model_dir), model_cache_dir=tiny_model_dir.parent,
                   checkpoint_root=tmp_path / "run", config=TrainConfig(), lora=LoraSpec(),
                   environment=None, grader_spec={}, train_rows=[], start_step=0, resume_step=None,
@@ -127,9 +127,9 @@ def test_minibatches_and_epochs_take_one_optimizer_step_each_and_the_first_is_on
     model, tokenizer = tiny_model
     config = TrainConfig(group_size=4, groups_per_step=2, max_new_tokens=10, learning_rate=5e-2,
                          epsilon=0.05, num_minibatches=2, ppo_epochs=2, seed=3)  # fmt: skip
-    trainer = Trainer(model, tokenizer, config, LoraSpec(rank=4, alpha=8))
+    trainer = Policy(model, tokenizer, config, LoraSpec(rank=4, alpha=8))
     groups = sample_groups(trainer, config)
-    metrics = trainer.train_step(groups)
+    metrics = grpo_train_step(trainer, groups)
     if metrics["trainable_tokens"] == 0:
         pytest.fail(
             f"the tiny model's rollouts carried no signal: {[[s.reward for s in g.samples] for g in groups]}"
@@ -147,14 +147,14 @@ def test_early_ppo_epochs_make_the_extra_passes_on_the_first_steps_only(tiny_mod
     model, tokenizer = tiny_model
     config = TrainConfig(group_size=4, groups_per_step=2, max_new_tokens=10, learning_rate=5e-2, num_minibatches=2,
                          early_ppo_epochs=3, early_ppo_epochs_steps=1, seed=3)  # fmt: skip
-    trainer = Trainer(model, tokenizer, config, LoraSpec(rank=4, alpha=8))
+    trainer = Policy(model, tokenizer, config, LoraSpec(rank=4, alpha=8))
     groups = sample_groups(trainer, config)
     if all(is_zero_variance([s.reward for s in g.samples]) for g in groups):
         pytest.fail(
             f"the tiny model's rollouts carried no signal: {[[s.reward for s in g.samples] for g in groups]}"
         )
-    first = trainer.train_step(groups)
-    second = trainer.train_step(groups)
+    first = grpo_train_step(trainer, groups)
+    second = grpo_train_step(trainer, groups)
     # Step 1: three passes over two minibatches; step 2, past early_ppo_epochs_steps: ppo_epochs (1).
     assert (first["optimizer_steps"], second["optimizer_steps"]) == (6.0, 2.0)
     assert trainer.optimizer.state[trainer.trainable_parameters[0]]["step"] == 8
@@ -186,11 +186,11 @@ def test_an_explicit_learning_rate_drives_the_step_and_one_pass_matches_the_defa
     for rate in (None, 1e-2, 0.0):
         model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
         torch.manual_seed(0)
-        trainer = Trainer(model, tokenizer, config, LoraSpec(rank=2, alpha=4))
+        trainer = Policy(model, tokenizer, config, LoraSpec(rank=2, alpha=4))
         before = adapter_state(trainer)
         torch.manual_seed(0)
         groups = sample_groups(trainer, config)
-        metrics = trainer.train_step(groups, learning_rate=rate)
+        metrics = grpo_train_step(trainer, groups, learning_rate=rate)
         assert metrics["trainable_tokens"] > 0
         states.append((before, adapter_state(trainer)))
     (_, default), (_, explicit), (before, frozen) = states
@@ -224,14 +224,14 @@ def test_overlong_filter_masks_cut_off_completions_and_the_penalty_is_dapos():
 def test_the_trainer_leaves_filtered_samples_out_of_the_update(tiny_model):
     model, tokenizer = tiny_model
     config = TrainConfig(group_size=4, max_new_tokens=8, learning_rate=1e-2, overlong_filter=True)
-    trainer = Trainer(model, tokenizer, config, LoraSpec(rank=2, alpha=4))
+    trainer = Policy(model, tokenizer, config, LoraSpec(rank=2, alpha=4))
     groups = sample_groups(trainer, config)
     signal = [g for g in groups if not is_zero_variance([s.reward for s in g.samples])]
     assert signal, "the tiny model's rollouts carried no signal"
     for sample in signal[0].samples[:2]:
         sample.completion_mask = [0] * len(sample.completion_token_ids)
     expected = sum(s.trainable_tokens() for g in signal for s in g.samples)
-    assert trainer.train_step(groups)["trainable_tokens"] == expected
+    assert grpo_train_step(trainer, groups)["trainable_tokens"] == expected
 
 
 # ------------------------------------------------------------------ dynamic sampling, in a run

@@ -223,12 +223,12 @@ def test_the_vllm_dialect_reloads_a_forgotten_adapter_and_says_what_it_cannot_do
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
     from training.engines.base import SamplingParams
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     host = tmp_path / "vllm-host"
     with vllm_host(tiny_model_dir, host) as (double, url, fetch_url, store):
         model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-        trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec(rank=2, alpha=4))
+        trainer = Policy(model, tokenizer, TrainConfig(), LoraSpec(rank=2, alpha=4))
         trainer.save_checkpoint(tmp_path / "step-000001", step=1, metrics={})
         engine = RemoteEngine(
             vllm_rollouts(url, fetch_url, store), tokenizer, stop_token_ids={tokenizer.eos_token_id}

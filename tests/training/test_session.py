@@ -74,11 +74,11 @@ def test_a_loss_says_what_it_needs_and_what_it_does_not_take():
 
 @pytest.fixture
 def session(tiny_model_dir):
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    trainer = Trainer(model, tokenizer, TrainConfig(micro_batch_tokens=16), LoraSpec(rank=2, alpha=4))
+    trainer = Policy(model, tokenizer, TrainConfig(micro_batch_tokens=16), LoraSpec(rank=2, alpha=4))
     return TrainingSession(trainer)
 
 

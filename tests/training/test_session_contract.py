@@ -19,8 +19,8 @@ from tests.conftest import trainer_service
 from tests.training.test_session_ranks import LORA, calls, close, config, load, pool_of
 from training.engines.base import SamplingParams
 from training.hosting.followers import follower_pids
-from training.recipes.grpo_trainer import Trainer
 from training.session import Session, TrainingSession
+from training.session.policy import Policy
 
 HOSTS = ("in_process", "trainer_service", "two_gloo_ranks")
 PROMPTS = [[5, 9, 14], [7, 3]]
@@ -60,7 +60,7 @@ def reference(tiny_model_dir) -> tuple[list[float], list[list[int]]]:
     torch.set_num_threads(1)
     try:
         model, tokenizer = load(str(tiny_model_dir))
-        return run_contract(TrainingSession(Trainer(model, tokenizer, config(1), LORA)))
+        return run_contract(TrainingSession(Policy(model, tokenizer, config(1), LORA)))
     finally:
         torch.set_num_threads(threads)
 

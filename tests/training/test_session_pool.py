@@ -49,11 +49,11 @@ def step(session: TrainingSession, data: list[Datum]) -> tuple[list[torch.Tensor
 
 
 def alone(source: str, config: TrainConfig, lora: LoraSpec, batches, save_to=None) -> list:
-    """The reference: one Trainer on its own freshly loaded base (its adapter saved to ``save_to``)."""
-    from training.recipes.grpo_trainer import Trainer
+    """The reference: one Policy on its own freshly loaded base (its adapter saved to ``save_to``)."""
+    from training.session.policy import Policy
 
     model, tokenizer = load(source)
-    session = TrainingSession(Trainer(model, tokenizer, config, lora))
+    session = TrainingSession(Policy(model, tokenizer, config, lora))
     history = [step(session, batch) for batch in batches]
     if save_to is not None:
         session.save_weights_for_sampler(save_to)
@@ -182,7 +182,7 @@ def test_a_pooled_sessions_weights_for_the_sampler_are_its_adapter_alone(tiny_mo
 
 def test_a_pooled_session_samples_exactly_as_it_would_alone(tiny_model_dir, tmp_path):
     from training.engines.base import SamplingParams
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     source, prompts = str(tiny_model_dir), [[5, 9, 14], [8, 2]]
     sampling = SamplingParams(max_new_tokens=6, temperature=1.0)  # seed None: the session's own RNG
@@ -199,7 +199,7 @@ def test_a_pooled_session_samples_exactly_as_it_would_alone(tiny_model_dir, tmp_
         pooled.append(a.sample(prompts, sampling))
 
     model, tokenizer = load(source)
-    alone = TrainingSession(Trainer(model, tokenizer, *ALPHA))
+    alone = TrainingSession(Policy(model, tokenizer, *ALPHA))
     step(alone, DATA["alpha"][0])
     expected = [alone.sample(prompts, sampling), alone.sample(prompts, sampling)]
     for got, want in zip(pooled, expected, strict=True):

@@ -63,10 +63,10 @@ def calls(session, after_first=lambda: None) -> list[float]:
 
 
 def alone(tiny_model_dir) -> tuple[list[float], list[torch.Tensor]]:
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     model, tokenizer = load(str(tiny_model_dir))
-    session = TrainingSession(Trainer(model, tokenizer, config(1), LORA))
+    session = TrainingSession(Policy(model, tokenizer, config(1), LORA))
     return calls(session), [p.detach().clone() for p in session.trainer.trainable_parameters]
 
 

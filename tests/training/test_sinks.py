@@ -24,7 +24,6 @@ import torch
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.environments import validate_environment
 from training.export import write_archive
-from training.recipes.grpo_trainer import Trainer
 from training.rewards import validate_grader
 from training.rewards.base import Sample
 from training.rewards.errors import GraderSpecError, GradingError
@@ -32,6 +31,7 @@ from training.rewards.templates import Template, TemplateSyntaxError
 from training.rollouts.tools import parse_tool_calls
 from training.safety.outbound import OutboundPolicy
 from training.serving.protocol import Limits, RequestError, parse_chat_request
+from training.session.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -97,11 +97,11 @@ def test_resuming_from_a_checkpoint_with_a_pickle_payload_runs_no_code(tiny_mode
     model, tokenizer = tiny_model
     lora = LoraSpec(rank=4, alpha=8)
     checkpoint = tmp_path / "ckpt"
-    Trainer(model, tokenizer, TrainConfig(), lora).save_checkpoint(checkpoint, step=1, metrics={})
+    Policy(model, tokenizer, TrainConfig(), lora).save_checkpoint(checkpoint, step=1, metrics={})
     marker = tmp_path / "pwned"
     torch.save(_Payload(marker), checkpoint / state_file)
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
-        Trainer.resume(model, tokenizer, checkpoint, TrainConfig(), lora)
+        Policy.resume(model, tokenizer, checkpoint, TrainConfig(), lora)
     assert not marker.exists()
 
 

@@ -12,7 +12,6 @@ import torch
 from tests.training.test_cost_loop import MeteredHooks
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.recipes.grpo_trainer import Trainer
 from training.recipes.supervised import (
     RowError,
     _with_weights,
@@ -26,6 +25,7 @@ from training.recipes.supervised import (
 from training.runs.loop import run_training
 from training.runs.spec import RunSpec
 from training.session import BASE_MODEL, TrainingSession
+from training.session.policy import Policy
 
 
 def test_row_problems_name_what_is_missing():
@@ -111,7 +111,7 @@ def direct_sequence_logprob(model: Any, sample: Any) -> torch.Tensor:
 
 def test_dpo_gradient_through_cross_entropy_equals_the_direct_one(tiny_model):
     model, tokenizer = tiny_model
-    trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec(rank=2, alpha=4))
+    trainer = Policy(model, tokenizer, TrainConfig(), LoraSpec(rank=2, alpha=4))
     with torch.no_grad():  # move the policy off the reference (LoRA B starts at 0)
         generator = torch.Generator().manual_seed(0)
         for name, parameter in trainer.model.named_parameters():

@@ -9,10 +9,11 @@ from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
 from training.environments import EnvironmentSpec
-from training.recipes.grpo_trainer import Trainer
+from training.recipes.grpo_update import grpo_train_step
 from training.rollouts.agent import rollout_groups
 from training.rollouts.trajectory import TrainGroup, TrainSample, to_train_group
 from training.session.checkpoint_files import CheckpointError, read_checkpoint_state
+from training.session.policy import Policy
 
 ROWS = [{"prompt": "Hello! How are you today?"}, {"prompt": "What is the answer?"}]
 
@@ -22,7 +23,7 @@ def e_share(text: str) -> float:
     return text.count("e") / max(len(text), 1)
 
 
-def sample_groups(trainer: Trainer, config: TrainConfig, rows=ROWS) -> list[TrainGroup]:
+def sample_groups(trainer: Policy, config: TrainConfig, rows=ROWS) -> list[TrainGroup]:
     engine = TransformersEngine(trainer.policy, trainer.tokenizer)
     sampling = SamplingParams(
         temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens
@@ -34,18 +35,18 @@ def sample_groups(trainer: Trainer, config: TrainConfig, rows=ROWS) -> list[Trai
     return [to_train_group(group) for group in groups]
 
 
-def adapter_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+def adapter_state(trainer: Policy) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if "lora_" in n}
 
 
 def test_reward_climbs_on_a_tiny_model(tiny_model):
     model, tokenizer = tiny_model
     config = TrainConfig(steps=40, group_size=8, learning_rate=1e-2, max_new_tokens=16, seed=0)
-    trainer = Trainer(model, tokenizer, config, LoraSpec(rank=8, alpha=16))
+    trainer = Policy(model, tokenizer, config, LoraSpec(rank=8, alpha=16))
     start = time.perf_counter()
     rewards = []
     for _ in range(config.steps):
-        metrics = trainer.train_step(sample_groups(trainer, config))
+        metrics = grpo_train_step(trainer, sample_groups(trainer, config))
         rewards.append(metrics["reward_mean"])
     elapsed = time.perf_counter() - start
     first, last = rewards[0], sum(rewards[-5:]) / 5
@@ -62,9 +63,9 @@ def test_first_update_sees_ratio_one_with_engine_logprobs(tiny_model):
         group_size=4, temperature=0.7, max_new_tokens=12, learning_rate=1e-2, num_minibatches=1,
         early_ppo_epochs_steps=0,
     )  # fmt: skip
-    trainer = Trainer(model, tokenizer, config, LoraSpec())
+    trainer = Policy(model, tokenizer, config, LoraSpec())
     for _ in range(2):
-        metrics = trainer.train_step(sample_groups(trainer, config))
+        metrics = grpo_train_step(trainer, sample_groups(trainer, config))
         assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
         assert metrics["clip_fraction"] == 0.0
         assert metrics["trainable_tokens"] > 0
@@ -73,10 +74,10 @@ def test_first_update_sees_ratio_one_with_engine_logprobs(tiny_model):
 def test_zero_variance_groups_do_not_update(tiny_model):
     model, tokenizer = tiny_model
     config = TrainConfig(group_size=2, learning_rate=1e-1)
-    trainer = Trainer(model, tokenizer, config, LoraSpec())
+    trainer = Policy(model, tokenizer, config, LoraSpec())
     before = adapter_state(trainer)
     sample = TrainSample([5, 6, 7], [8, 9], [-5.0, -5.0], reward=1.0)
-    metrics = trainer.train_step([TrainGroup([sample, sample]), TrainGroup([sample, sample])])
+    metrics = grpo_train_step(trainer, [TrainGroup([sample, sample]), TrainGroup([sample, sample])])
     assert metrics["loss"] == 0.0
     assert metrics["zero_variance_fraction"] == 1.0
     assert metrics["trainable_tokens"] == 0.0
@@ -88,14 +89,14 @@ def test_zero_variance_groups_do_not_update(tiny_model):
 def test_zero_variance_groups_are_skipped_not_trained(tiny_model):
     model, tokenizer = tiny_model
     config = TrainConfig(group_size=2, learning_rate=1e-2)
-    trainer = Trainer(model, tokenizer, config, LoraSpec())
+    trainer = Policy(model, tokenizer, config, LoraSpec())
     flat = TrainGroup(
         [TrainSample([5, 6], [7, 8, 9], [-6.0] * 3, 0.5), TrainSample([5, 6], [10], [-6.0], 0.5)]
     )
     useful = TrainGroup(
         [TrainSample([5, 6], [11, 12], [-6.0] * 2, 1.0), TrainSample([5, 6], [13], [-6.0], 0.0)]
     )
-    metrics = trainer.train_step([flat, useful])
+    metrics = grpo_train_step(trainer, [flat, useful])
     assert metrics["zero_variance_fraction"] == 0.5
     assert metrics["trainable_tokens"] == 3.0
     assert metrics["reward_mean"] == pytest.approx(0.5)
@@ -113,7 +114,7 @@ def test_micro_batching_gives_the_same_update(tiny_model_dir, tmp_path, normaliz
     groups = None
     for budget in (100_000, 1):  # everything in one pass vs one sample per pass
         model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-        trainer = Trainer(
+        trainer = Policy(
             model,
             tokenizer,
             TrainConfig.from_dict({**config.to_dict(), "micro_batch_tokens": budget}),
@@ -122,7 +123,7 @@ def test_micro_batching_gives_the_same_update(tiny_model_dir, tmp_path, normaliz
         if groups is None:
             groups = sample_groups(trainer, config)
         applied = gradients_at_optimizer_step(trainer)
-        metrics = trainer.train_step(groups)
+        metrics = grpo_train_step(trainer, groups)
         results.append((metrics, applied, adapter_state(trainer)))
     (one, one_grads, one_params), (many, many_grads, many_params) = results
     assert one["loss"] == pytest.approx(many["loss"], abs=1e-6)
@@ -137,7 +138,7 @@ def test_micro_batching_gives_the_same_update(tiny_model_dir, tmp_path, normaliz
         assert torch.allclose(one_params[name], many_params[name], atol=2e-5), name
 
 
-def gradients_at_optimizer_step(trainer: Trainer) -> dict[str, torch.Tensor]:
+def gradients_at_optimizer_step(trainer: Policy) -> dict[str, torch.Tensor]:
     """The gradients (after clipping) that the trainer's next optimizer step applies, filled in then."""
     applied: dict[str, torch.Tensor] = {}
     step = trainer.optimizer.step
@@ -155,7 +156,7 @@ def gradients_at_optimizer_step(trainer: Trainer) -> dict[str, torch.Tensor]:
 def test_forward_passes_respect_the_token_budget(tiny_model):
     model, tokenizer = tiny_model
     config = TrainConfig(group_size=8, learning_rate=1e-3, max_new_tokens=12, micro_batch_tokens=64)
-    trainer = Trainer(model, tokenizer, config, LoraSpec())
+    trainer = Policy(model, tokenizer, config, LoraSpec())
     groups = sample_groups(trainer, config)
     longest = max(len(s.prompt_token_ids) + len(s.completion_token_ids) for g in groups for s in g.samples)
     assert longest <= 64
@@ -164,7 +165,7 @@ def test_forward_passes_respect_the_token_budget(tiny_model):
         lambda module, inputs, output: shapes.append(tuple(inputs[0].shape))
     )
     try:
-        trainer.train_step(groups)
+        grpo_train_step(trainer, groups)
     finally:
         handle.remove()
     assert len(shapes) > 1
@@ -175,8 +176,8 @@ def test_kl_to_the_base_model_starts_at_zero_and_grows(tiny_model):
     model, tokenizer = tiny_model
     config = TrainConfig(group_size=4, max_new_tokens=8, learning_rate=2e-2, kl_coef=0.1, num_minibatches=1,
                          early_ppo_epochs_steps=0)  # fmt: skip
-    trainer = Trainer(model, tokenizer, config, LoraSpec())
-    kls = [trainer.train_step(sample_groups(trainer, config))["kl"] for _ in range(4)]
+    trainer = Policy(model, tokenizer, config, LoraSpec())
+    kls = [grpo_train_step(trainer, sample_groups(trainer, config))["kl"] for _ in range(4)]
     assert kls[0] == pytest.approx(0.0, abs=1e-7)  # LoRA B starts at zero: policy == base
     assert kls[-1] > 1e-5
 
@@ -186,24 +187,24 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path):
     lora = LoraSpec(rank=4, alpha=8)
 
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    straight = Trainer(model, tokenizer, config, lora)
-    straight.train_step(sample_groups(straight, config))
+    straight = Policy(model, tokenizer, config, lora)
+    grpo_train_step(straight, sample_groups(straight, config))
     after_one = adapter_state(straight)
-    expected = straight.train_step(sample_groups(straight, config))
+    expected = grpo_train_step(straight, sample_groups(straight, config))
     expected_params = adapter_state(straight)
     assert any(not torch.equal(after_one[n], expected_params[n]) for n in after_one)
 
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    stopped = Trainer(model, tokenizer, config, lora)
-    first = stopped.train_step(sample_groups(stopped, config))
+    stopped = Policy(model, tokenizer, config, lora)
+    first = grpo_train_step(stopped, sample_groups(stopped, config))
     stopped.save_checkpoint(tmp_path / "step-1", step=1, metrics=first)
     del stopped
     torch.manual_seed(999)  # whatever happens in between must not matter
 
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    resumed = Trainer.resume(model, tokenizer, tmp_path / "step-1", config, lora)
+    resumed = Policy.resume(model, tokenizer, tmp_path / "step-1", config, lora)
     assert resumed.step == 1
-    got = resumed.train_step(sample_groups(resumed, config))
+    got = grpo_train_step(resumed, sample_groups(resumed, config))
     assert got["reward_mean"] == pytest.approx(expected["reward_mean"], abs=1e-9)
     assert got["loss"] == pytest.approx(expected["loss"], abs=1e-6)
     assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
@@ -215,7 +216,7 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path):
 def test_checkpoint_layout_and_atomic_replace(tiny_model, tmp_path):
     model, tokenizer = tiny_model
     config = TrainConfig(group_size=2, max_new_tokens=4)
-    trainer = Trainer(model, tokenizer, config, LoraSpec(rank=4, alpha=8))
+    trainer = Policy(model, tokenizer, config, LoraSpec(rank=4, alpha=8))
     path = tmp_path / "checkpoints" / "0001"
     trainer.save_checkpoint(path, step=1, metrics={"loss": 0.5})
     files = {p.name for p in path.iterdir()}
@@ -243,14 +244,14 @@ def test_checkpoint_layout_and_atomic_replace(tiny_model, tmp_path):
 
 def test_resume_rejects_other_lora_and_takes_the_new_learning_rate(tiny_model_dir, tmp_path):
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    Trainer(model, tokenizer, TrainConfig(), LoraSpec(rank=4, alpha=8)).save_checkpoint(
+    Policy(model, tokenizer, TrainConfig(), LoraSpec(rank=4, alpha=8)).save_checkpoint(
         tmp_path / "ckpt", step=0, metrics={}
     )
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
     with pytest.raises(CheckpointError):
-        Trainer.resume(model, tokenizer, tmp_path / "ckpt", TrainConfig(), LoraSpec(rank=8, alpha=8))
+        Policy.resume(model, tokenizer, tmp_path / "ckpt", TrainConfig(), LoraSpec(rank=8, alpha=8))
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    resumed = Trainer.resume(
+    resumed = Policy.resume(
         model, tokenizer, tmp_path / "ckpt", TrainConfig(learning_rate=3e-3), LoraSpec(rank=4, alpha=8)
     )
     assert resumed.step == 0

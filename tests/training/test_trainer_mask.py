@@ -5,8 +5,9 @@ import torch
 
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
-from training.recipes.grpo_trainer import Trainer
+from training.recipes.grpo_update import grpo_train_step
 from training.rollouts.trajectory import TrainGroup, TrainSample
+from training.session.policy import Policy
 
 PROMPT = [5, 6, 7, 8]
 # A two-turn completion: sampled [20, 21, 22], environment [30, 31], sampled [23, 24], environment [32].
@@ -22,7 +23,7 @@ def train_once(tiny_model_dir, tmp_path, groups, normalization="sequence"):
     opposite sign on another CPU's kernels) would flip a weight by 2 × lr."""
     model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
     config = TrainConfig(group_size=2, learning_rate=1e-2, normalization=normalization, seed=0)
-    trainer = Trainer(model, tokenizer, config, LoraSpec(rank=4, alpha=8))
+    trainer = Policy(model, tokenizer, config, LoraSpec(rank=4, alpha=8))
     names = {id(p): n for n, p in trainer.policy.named_parameters() if "lora_" in n}
     grads: dict[str, torch.Tensor] = {}
     steps = []
@@ -36,7 +37,7 @@ def train_once(tiny_model_dir, tmp_path, groups, normalization="sequence"):
                     grads[f"{names[id(p)]}#{step}"] = p.grad.detach().clone()
 
     trainer.optimizer.register_step_pre_hook(keep)
-    metrics = trainer.train_step(groups)
+    metrics = grpo_train_step(trainer, groups)
     assert grads, "the optimizer took no step"
     return metrics, grads
 
@@ -106,7 +107,7 @@ def test_a_full_mask_trains_as_no_mask(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("mask", [[1, 0], [1, 0, 2]])
 def test_a_mask_must_fit_the_completion(tiny_model, mask):
     model, tokenizer = tiny_model
-    trainer = Trainer(model, tokenizer, TrainConfig(group_size=2, learning_rate=1e-3), LoraSpec())
+    trainer = Policy(model, tokenizer, TrainConfig(group_size=2, learning_rate=1e-3), LoraSpec())
     bad = TrainSample(PROMPT, [20, 21, 22], [-1.0] * 3, reward=1.0, completion_mask=mask)
     with pytest.raises(ValueError, match="completion_mask"):
-        trainer.train_step([TrainGroup([bad, TrainSample(PROMPT, [25], [-1.0], reward=0.0)])])
+        grpo_train_step(trainer, [TrainGroup([bad, TrainSample(PROMPT, [25], [-1.0], reward=0.0)])])

@@ -298,8 +298,8 @@ def test_a_forward_backward_submitted_during_a_long_sample_runs_before_the_sampl
     of an uninterrupted one. ``slice_steps`` 0 is the old behaviour (the lock held for the whole
     sample): there the forward_backward waits for the end, which is what the test tells apart."""
     from training.engines.base import SamplingParams
-    from training.recipes.grpo_trainer import Trainer
     from training.session import TrainingSession
+    from training.session.policy import Policy
 
     pool = RecordingPool(load, spill_dir=tmp_path / "spill")
     service = TrainerService(pool, ServiceConfig(root=tmp_path, sample_slice_steps=slice_steps))
@@ -333,7 +333,7 @@ def test_a_forward_backward_submitted_during_a_long_sample_runs_before_the_sampl
         assert sampler_uses == [0] and trained_at_use == 1, pool.uses  # after the whole sample
     # The tokens are those of one uninterrupted sample on a session of its own (the session's RNG).
     model, tokenizer = load(str(tiny_model_dir))
-    alone = TrainingSession(Trainer(model, tokenizer, *ALPHA))
+    alone = TrainingSession(Policy(model, tokenizer, *ALPHA))
     expected = alone.sample(prompts, SamplingParams(max_new_tokens=40, temperature=1.0))
     got = results["sample"]["choices"]
     assert [c["token_ids"] for c in got] == [c.token_ids for c in expected]

@@ -20,7 +20,7 @@ def answer(reward: float, tokens: int, finish: str = "stop") -> Trajectory:
                       logprobs=[-1.0] * tokens, finish_reason=finish, reward=reward)  # fmt: skip
 
 
-class CapturingTrainer:
+class CapturingRun:
     """Runs the real grpo_step and keeps the (sample, advantage) pairs it hands to the update."""
 
     def __init__(self, config: TrainConfig) -> None:
@@ -51,7 +51,7 @@ def test_each_trajectory_records_the_advantage_and_length_penalty_its_update_use
     monkeypatch.setattr(grpo_update, "update_samples", update_samples)
     spec = SimpleNamespace(config=config, start_step=0, checkpoint_root=tmp_path)
     drawn = DrawnStep(1, "step 1", None, [flat, mixed, dropped], [{}, {}, {}], {}, [flat, mixed], 0)  # type: ignore[arg-type]
-    update_step(spec, CapturingTrainer(config), None, drawn, on_restart=lambda _: None)  # type: ignore[arg-type]
+    update_step(spec, CapturingRun(config), None, drawn, on_restart=lambda _: None)  # type: ignore[arg-type]
 
     assert [t.metrics["length_penalty"] for t in flat] == [-0.75, -0.25, -0.75, -0.25]
     assert [(t.metrics["advantage"], t.metrics["trained"]) for t in flat] == [(0.0, False)] * 4

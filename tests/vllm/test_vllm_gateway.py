@@ -46,14 +46,14 @@ def checkpoints(serving: Serving, model_dir: Path, team, steps: list[int], proje
 
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     base_model = BaseModel.objects.get(name=VLLM_MODEL)
     model = services.trainable_model_create(
         project=services.project_create(team=team, name=project), name="agent", base_model=base_model
     )
     base, tokenizer = load_base_model(str(model_dir), model_dir.parent)
-    trainer = Trainer(base, tokenizer, TrainConfig(), LoraSpec(rank=8, alpha=16))
+    trainer = Policy(base, tokenizer, TrainConfig(), LoraSpec(rank=8, alpha=16))
     for step in steps:
         with torch.no_grad():
             for name, parameter in trainer.model.named_parameters():

@@ -64,7 +64,7 @@ class Followers:
     trainer from the checkpoint rank 0 (this process) holds, then take each update with it.
 
     Rank 0 rolls out and grades alone; for each update it sends the step's groups and rate down a
-    pipe to every follower (``train_step``) and then runs ``Trainer.train_step`` itself, whose
+    pipe to every follower (``train_step``) and then runs the update itself (``InProcessRun.train_step``), whose
     session is data-parallel (``is_data_parallel``): the ranks meet in the update's collectives.
     Followers wait on their pipe, not in a collective, so rollouts of any length never time one
     out; a follower whose parent is gone (the worker was killed) exits within a second.

@@ -40,7 +40,7 @@ import torch
 
 from training.config import LoraSpec, TrainConfig
 from training.session.local import TrainingSession
-from training.session.policy import initial_rate
+from training.session.policy import Policy, initial_rate
 
 
 class SessionPoolError(KeyError):
@@ -131,10 +131,8 @@ class SessionPool:
         state: Path | None = None,
         tag: Any = None,
     ) -> None:
-        """A new session: a fresh adapter (seeded by ``config.seed``, as a Trainer of its own is) or
+        """A new session: a fresh adapter (seeded by ``config.seed``, as a Policy of its own is) or
         one that continues ``state`` (a ``save_state`` / checkpoint folder)."""
-        from training.recipes.grpo_trainer import Trainer
-
         if session_id in self._entries:
             raise ValueError(f"session {session_id!r} is open already")
         self._names += 1
@@ -142,11 +140,11 @@ class SessionPool:
         base = self._base(source, entry.base_key)
         self._stash_live()
         if state is None:
-            entry.trainer = Trainer(
+            entry.trainer = Policy(
                 base.model, base.tokenizer, config, lora, self.device, adapter_name=entry.adapter
             )
         else:
-            entry.trainer = Trainer.resume(
+            entry.trainer = Policy.resume(
                 base.model, base.tokenizer, state, config, lora, self.device, adapter_name=entry.adapter
             )
         base.model = entry.trainer.model
@@ -328,13 +326,11 @@ class SessionPool:
             model.set_adapter(entry.adapter)
 
     def _reload(self, entry: _Entry) -> None:
-        from training.recipes.grpo_trainer import Trainer
-
         assert entry.spilled is not None
         base = self._base(entry.source, entry.base_key)
         self._stash_live()
-        entry.trainer = Trainer.resume(base.model, base.tokenizer, entry.spilled, entry.config, entry.lora,
-                                       self.device, adapter_name=entry.adapter)  # fmt: skip
+        entry.trainer = Policy.resume(base.model, base.tokenizer, entry.spilled, entry.config, entry.lora,
+                                      self.device, adapter_name=entry.adapter)  # fmt: skip
         base.model = entry.trainer.model
         shutil.rmtree(entry.spilled, ignore_errors=True)
         entry.spilled = None

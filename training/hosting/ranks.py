@@ -22,7 +22,7 @@ collective, so the session runs its calls in lockstep (training.session: as many
 rank as the rank with the most). Nothing may run the sharded model on one rank alone: sampling from
 it is refused (``TrainingSession.sample``); a sampler needs its own copy of the base. No rank holds
 the whole base on its device: a base to be sharded is loaded into CPU memory (transformers' loader,
-never unsloth's), the Trainer moves only the adapter to the device, and ``fully_shard`` moves each
+never unsloth's), the Policy moves only the adapter to the device, and ``fully_shard`` moves each
 rank's shard of every layer there (one layer whole at a time). A lost rank takes its shards with it:
 rank 0 loads its base again (``reload_base``) and every rank shards it anew once the ranks start again.
 

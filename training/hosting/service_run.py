@@ -114,20 +114,22 @@ def open_session(target: ServiceTarget, spec: Any, state: Path | None) -> _RunSe
     return _RunSession(client, target.session_id, target.holder, target.lease_s)
 
 
-class ServiceTrainer:
-    """The loop's trainer (``train_step``, ``save_checkpoint``) over a session in the service."""
+class ServiceRun:
+    """A run whose session is in the service: the loop's calls (``train_step``, ``save_checkpoint``,
+    ``run_session``, ...) as training.hosting.in_process.InProcessRun's, over that session."""
 
     def __init__(self, session: _RunSession, tokenizer: Any, config: Any, lora: Any, *, step: int) -> None:
         self.session = session
         self.tokenizer = tokenizer
         self.config = config
         self.lora = lora
-        self.step = step  # updates so far, as Trainer.step (the checkpoint's step on resume)
+        self.step = step  # updates so far, as Policy.step (the checkpoint's step on resume)
         self.fingerprint = ""  # of the adapter last saved, which the session held then
         self._alive = session.keep_alive()
         self._alive.__enter__()
 
     def train_step(self, groups: list[TrainGroup], *, learning_rate: float | None = None) -> dict[str, float]:
+        """One GRPO step (``grpo_step``) over the service's session."""
         metrics = grpo_step(lambda _: self.session, groups, self.config, step=self.step + 1,
                             learning_rate=learning_rate)  # fmt: skip
         self.step += 1
@@ -207,15 +209,15 @@ class SessionEngine(Engine):
 
 
 def check_session_sampler(
-    engine: SessionEngine, trainer: ServiceTrainer, probe_messages: list[list[dict]], *, tolerance: float
+    engine: SessionEngine, run: ServiceRun, probe_messages: list[list[dict]], *, tolerance: float
 ) -> SamplerCheck:
     """The sampler check of training.session.adapter_check for a session in the service: the saved adapter
-    is the live one (``ServiceTrainer.save_checkpoint`` checked the fingerprints) and the sampler's
+    is the live one (``ServiceRun.save_checkpoint`` checked the fingerprints) and the sampler's
     logprob of a probe's first token (at the run's temperature, seeded) equals the learner's
     teacher-forced one (``forward``) to ``tolerance``."""
     prompts = [render_prompt(engine.tokenizer, messages) for messages in probe_messages]
     choices = engine.generate_from_tokens(
-        prompts, SamplingParams(temperature=trainer.config.temperature, max_new_tokens=1, seed=0)
+        prompts, SamplingParams(temperature=run.config.temperature, max_new_tokens=1, seed=0)
     )
     data = [
         Datum(model_input=prompt, loss_fn_inputs={
@@ -225,7 +227,7 @@ def check_session_sampler(
         for prompt, choice in zip(prompts, choices, strict=True)
     ]  # fmt: skip
     largest = 0.0
-    for choice, learner in zip(choices, trainer.session.forward(data), strict=True):
+    for choice, learner in zip(choices, run.session.forward(data), strict=True):
         gap = abs(choice.logprobs[0] - learner[-1])
         largest = max(largest, gap)
         if not gap <= tolerance:
@@ -234,4 +236,4 @@ def check_session_sampler(
                 f"{choice.logprobs[0]:.6f}, its learner scores it {learner[-1]:.6f} (gap {gap:.2e} > "
                 f"{tolerance:.0e})"
             )
-    return SamplerCheck(fingerprint=trainer.fingerprint, max_logprob_gap=largest)
+    return SamplerCheck(fingerprint=run.fingerprint, max_logprob_gap=largest)

@@ -1,3 +1,3 @@
 """Recipes: training algorithms written over a session (training.session.contract.Session): GRPO
-(grpo: the math, grpo_update: one update, minibatches, grpo_trainer), SFT and DPO (supervised),
+(grpo: the math, grpo_update: one update and grpo_train_step over a policy, minibatches), SFT and DPO (supervised),
 ART's update (art, art_loss, art_config) and learning-rate schedules (schedules)."""

@@ -165,7 +165,7 @@ def objective_metrics(
             "clip_fraction": float((outside * mask).sum() / tokens),
             "kl": float((kl * mask).sum() / tokens),
             "ratio_mean": float((ratio * mask).sum() / tokens),
-            # E[r²]: with ratio_mean, the ratio's spread over several batches (training.recipes.grpo_trainer)
+            # E[r²]: with ratio_mean, the ratio's spread over several batches (training.recipes.grpo_update)
             "ratio_sq_mean": float((ratio * ratio * mask).sum() / tokens),
         }
 

@@ -1,6 +1,7 @@
 """The GRPO update, written over the session primitives (training.session): whoever holds the
-session — a Trainer in this process, or the host's trainer service (training.hosting.service_run) — runs
-exactly these calls, so a run trains the same wherever its session lives.
+session — a policy in this process (``grpo_train_step``), or the host's trainer service
+(training.hosting.service_run) — runs exactly these calls, so a run trains the same wherever its
+session lives.
 
 A step's groups become (sample, advantage) pairs, those become the ``grpo`` loss's datums split into
 ``num_minibatches`` minibatches, and each of ``ppo_epochs`` passes (``early_ppo_epochs`` on the
@@ -17,10 +18,13 @@ from collections.abc import Callable
 import torch
 
 from training.config import TrainConfig
+from training.hosting.ranks import DataParallelSession, is_data_parallel
 from training.recipes.grpo import is_zero_variance, update_advantages
 from training.recipes.minibatches import grpo_data, split_evenly
 from training.rollouts.trajectory import TrainGroup, TrainSample
 from training.session.contract import BASE_MODEL, Session
+from training.session.local import TrainingSession
+from training.session.policy import Policy
 
 # The session an update runs over, made when there is something to update (it may add metrics,
 # e.g. the data-parallel world size).
@@ -38,7 +42,7 @@ def grpo_step(
     learning_rate: float | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """One GRPO step from sampled groups at ``learning_rate`` (the config's when None); ``step``
-    is the trainer's count of updates including this one. When every group has zero variance
+    is the policy's count of updates including this one. When every group has zero variance
     there is no update: loss, grad_norm, entropy, kl and trainable_tokens are 0."""
     start = time.perf_counter()
     rewards = [[sample.reward for sample in group.samples] for group in groups]
@@ -60,6 +64,50 @@ def grpo_step(
     return update_samples(
         session_for, samples, metrics, config, step=step, start=start, learning_rate=learning_rate
     )
+
+
+def grpo_train_step(
+    policy: Policy,
+    groups: list[TrainGroup],
+    *,
+    learning_rate: float | None = None,
+    session: Session | None = None,
+) -> dict[str, float]:
+    """One GRPO step of ``policy`` from sampled groups (``num_minibatches`` × ``ppo_epochs``
+    optimizer steps at ``learning_rate``, the config's when None), counted in ``policy.step``;
+    returns the step's metrics (``grpo_step``). ``session``: the session the update's primitives
+    go through, e.g. a run's mirrored to its data-parallel followers
+    (training.hosting.in_process.InProcessRun.run_session), whose ranks then take every primitive
+    with this one, as SFT's and DPO's do; the policy's own (``TrainingSession``) when None."""
+    session_for = _policy_session(policy) if session is None else _devices_of(session)
+    metrics = grpo_step(session_for, groups, policy.config, step=policy.step + 1, learning_rate=learning_rate)
+    policy.step += 1
+    return metrics
+
+
+def _policy_session(policy: Policy) -> SessionFor:
+    """The update runs over the policy's session, over every rank when the update is data-parallel
+    (training.hosting.ranks)."""
+
+    def session_for(metrics: dict[str, float]) -> Session:
+        local = TrainingSession(policy)
+        if not is_data_parallel():
+            return local
+        ranks = DataParallelSession(local)  # every rank runs this update on the same samples
+        metrics["update_devices"] = float(ranks.world_size)
+        return ranks
+
+    return session_for
+
+
+def _devices_of(session: Session) -> SessionFor:
+    """The update's session is ``session``; its metrics say over how many devices it ran."""
+
+    def session_for(metrics: dict[str, float]) -> Session:
+        metrics["update_devices"] = float(getattr(session, "world_size", 1))
+        return session
+
+    return session_for
 
 
 def group_update_advantages(group: TrainGroup, config: TrainConfig) -> list[float | None]:

@@ -1,5 +1,5 @@
 """A GRPO step's samples as the session's datums: the ``grpo`` loss's inputs and weights, and the
-split into minibatches (one optimizer step each; training.recipes.grpo_trainer)."""
+split into minibatches (one optimizer step each; training.recipes.grpo_update)."""
 
 from __future__ import annotations
 

@@ -260,7 +260,7 @@ def _example(build: Any, tokenizer: Any, row: dict[str, Any], system: str) -> An
 def run_supervised(spec: Any, hooks: Any, trainer: Any, tokenizer: Any, dtype: Any, current: int,
                    followers: Any = None) -> str:  # fmt: skip
     """Train ``spec`` (a ``training.runs.loop.RunSpec`` with objective sft or dpo) from ``current`` with
-    ``trainer`` (``training.runs.loop.start_trainer``'s: in this process, or a session on the host's
+    ``trainer`` (``training.runs.loop.start_run``'s: in this process, or a session on the host's
     trainer service); the outcome as ``run_training``'s. With ``followers`` (``devices`` > 1,
     training.hosting.followers.Followers) every primitive runs over all ranks (``MirroredSession``) and
     an update a rank is lost in is redone from the checkpoint before it."""

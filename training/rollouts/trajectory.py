@@ -2,7 +2,7 @@
 
 `Trajectory` is what the agent loop (`training/rollouts/agent.py`) and a remote policy
 (`training/rollouts/remote.py`) produce and what graders, storage and the viewer read; `TrainGroup` /
-`TrainSample` are what `training.recipes.grpo_trainer.Trainer.train_step` takes. This module imports nothing
+`TrainSample` are what `training.recipes.grpo_update.grpo_train_step` takes. This module imports nothing
 heavy, so the web process (evaluations, scenario generation) can hold trajectories without
 loading torch or peft.
 """

@@ -7,7 +7,7 @@ checkpoint) made of ``num_sequences`` *optimizer* steps, as on ART's own backend
 
 No Django: the caller (projects.jobs.training_jobs) records the checkpoint, the step's metrics and
 trajectories, and only then tells the client the step is over. The checkpoint files are complete
-(atomic rename, training.recipes.grpo_trainer) before this function returns.
+(atomic rename, training.session.policy) before this function returns.
 
 Advantages as ART computes them: reward minus the group's mean, divided by the group's population
 std (+1e-6) unless ``scale_rewards`` is off; a trajectory whose advantage is zero (a zero-variance
@@ -38,7 +38,7 @@ from training.runs.steps import checkpoint_path
 from training.session.contract import Session
 from training.session.local import TrainingSession
 from training.session.packing import plan_sequences
-from training.session.policy import load_policy_model
+from training.session.policy import Policy, load_policy_model
 
 # An advantage this close to zero is zero: the trajectory carries no signal (ART drops it).
 ZERO_ADVANTAGE = 1e-9
@@ -101,18 +101,16 @@ def art_advantages(rewards: list[list[float]], *, scale: bool) -> list[list[floa
 def load_session(spec: ClientStepSpec) -> tuple[TrainingSession, Any, int | None]:
     """A session of its own at checkpoint ``from_step``, loaded from disk: the session, its
     tokenizer and the model's context length."""
-    from training.recipes.grpo_trainer import Trainer
-
     base_model, tokenizer, _ = load_policy_model(spec.base_model_source, spec.model_cache_dir, device=spec.device,
                                                  unsloth=spec.unsloth, fsdp=spec.config.fsdp)  # fmt: skip
     if spec.resume_from is None:
-        trainer = Trainer(base_model, tokenizer, spec.config, spec.lora, device=spec.device)
-        trainer.step = spec.from_step
+        policy = Policy(base_model, tokenizer, spec.config, spec.lora, device=spec.device)
+        policy.step = spec.from_step
     else:
-        trainer = Trainer.resume(
+        policy = Policy.resume(
             base_model, tokenizer, spec.resume_from, spec.config, spec.lora, device=spec.device
         )
-    return TrainingSession(trainer), tokenizer, context_length(base_model)
+    return TrainingSession(policy), tokenizer, context_length(base_model)
 
 
 def context_length(model: Any) -> int | None:

@@ -23,13 +23,13 @@ import torch
 
 from training.base_models import load_tokenizer
 from training.hosting.followers import Followers, FollowerSpec
+from training.hosting.in_process import InProcessRun
 from training.hosting.service_run import (
-    ServiceTrainer,
+    ServiceRun,
     SessionLost,
     open_session,
     service_refusal,
 )
-from training.recipes.grpo_trainer import Trainer
 from training.recipes.supervised import run_supervised
 from training.runs.evaluation import evaluate_during_run, is_evaluation_step
 from training.runs.learning_signal import SignalWatch
@@ -58,14 +58,15 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
         spec.environment.close()
 
 
-def start_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
-    """The run's trainer, its tokenizer and dtype, and the step it is at: a fresh adapter saved and
-    recorded as the start step's checkpoint, or the checkpoint ``spec.resume_step`` restored. On
-    the host's trainer service when the run may train there (training.hosting.service_run), else here."""
+def start_run(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
+    """The run's session holder (``InProcessRun`` or ``ServiceRun``: the loop never asks which), its
+    tokenizer and dtype, and the step it is at: a fresh adapter saved and recorded as the start
+    step's checkpoint, or the checkpoint ``spec.resume_step`` restored. On the host's trainer service
+    when the run may train there (training.hosting.service_run), else here."""
 
     if service_refusal(spec) is None:
         try:
-            return start_service_trainer(spec, hooks)
+            return start_service_run(spec, hooks)
         except OSError as exc:  # no answer: a run is not held up by a service that is down
             hooks.event(
                 f"The trainer service did not answer ({exc}): this run trains in the worker", level="warn"
@@ -79,16 +80,16 @@ def start_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
     hooks.event(f"Loaded base model {spec.base_model_source} in {time.monotonic() - started:.1f}s")
 
     if spec.resume_step is None:
-        trainer = Trainer(base_model, tokenizer, config, spec.lora, device=spec.device)
+        run = InProcessRun(base_model, tokenizer, config, spec.lora, device=spec.device)
         current = spec.start_step
         path = checkpoint_path(spec.checkpoint_root, current)
         if path.exists():  # left by a worker that died before recording it
             shutil.rmtree(path)
-        trainer.save_checkpoint(path, step=current, metrics={})
+        run.save_checkpoint(path, step=current, metrics={})
         hooks.record_checkpoint(step=current, path=path, metrics={})
     else:
         current = spec.resume_step
-        trainer = Trainer.resume(
+        run = InProcessRun.resume(
             base_model,
             tokenizer,
             checkpoint_path(spec.checkpoint_root, current),
@@ -101,11 +102,11 @@ def start_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
             hooks.event(f"Loaded checkpoint step {current}: training continues from it")
         else:
             hooks.event(f"Resumed from checkpoint step {current}")
-    return trainer, tokenizer, dtype, current
+    return run, tokenizer, dtype, current
 
 
-def start_service_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
-    """``start_trainer`` with the run's session on the host's trainer service: the worker loads
+def start_service_run(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
+    """``start_run`` with the run's session on the host's trainer service: the worker loads
     the tokenizer only."""
 
     target = spec.trainer_service
@@ -120,7 +121,7 @@ def start_service_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any
         with contextlib.suppress(Exception):
             session.close()
         raise
-    trainer = ServiceTrainer(session, tokenizer, spec.config, spec.lora, step=0 if state is None else current)
+    run = ServiceRun(session, tokenizer, spec.config, spec.lora, step=0 if state is None else current)
     hooks.event(
         f"Opened session {target.session_id} on the trainer service in {time.monotonic() - started:.1f}s"
     )
@@ -129,9 +130,9 @@ def start_service_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any
         if path.exists():  # left by a worker that died before recording it
             shutil.rmtree(path)
         try:
-            trainer.save_checkpoint(path, step=current, metrics={})
+            run.save_checkpoint(path, step=current, metrics={})
         except BaseException:
-            trainer.close()
+            run.close()
             raise
         hooks.record_checkpoint(step=current, path=path, metrics={})
     elif current == spec.start_step:
@@ -139,7 +140,7 @@ def start_service_trainer(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any
     else:
         hooks.event(f"Resumed from checkpoint step {current}")
     dtype = torch.float32 if spec.device == "cpu" else torch.bfloat16
-    return trainer, tokenizer, dtype, current
+    return run, tokenizer, dtype, current
 
 
 class _Recorded:
@@ -172,12 +173,12 @@ SESSION_REBUILDS = 3  # times one attempt of a run continues after the trainer s
 def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
     recorded: Any = _Recorded(hooks)
     for rebuild in range(SESSION_REBUILDS + 1):
-        trainer, tokenizer, dtype, current = start_trainer(spec, recorded)
+        run, tokenizer, dtype, current = start_run(spec, recorded)
         try:
             with data_parallel_ranks(spec, current, recorded) as followers:
                 if spec.objective in ("sft", "dpo"):
-                    return run_supervised(spec, recorded, trainer, tokenizer, dtype, current, followers)
-                return _train(spec, recorded, trainer, tokenizer, dtype, current, followers)
+                    return run_supervised(spec, recorded, run, tokenizer, dtype, current, followers)
+                return _train(spec, recorded, run, tokenizer, dtype, current, followers)
         except SessionLost as exc:
             if rebuild == SESSION_REBUILDS:
                 raise
@@ -190,7 +191,7 @@ def _run_training(spec: RunSpec, hooks: RunHooks) -> str:
             )
             spec = dataclasses.replace(spec, resume_step=resume)
         finally:
-            trainer.close()
+            run.close()
     raise AssertionError("unreachable")
 
 
@@ -222,7 +223,7 @@ def data_parallel_ranks(spec: RunSpec, current: int, hooks: RunHooks) -> Iterato
         followers.close()
 
 
-def _train(spec: RunSpec, hooks: RunHooks, trainer: Any, tokenizer: Any, dtype: Any, current: int,
+def _train(spec: RunSpec, hooks: RunHooks, run: Any, tokenizer: Any, dtype: Any, current: int,
            followers: Any) -> str:  # fmt: skip
 
     config = spec.config
@@ -237,9 +238,9 @@ def _train(spec: RunSpec, hooks: RunHooks, trainer: Any, tokenizer: Any, dtype: 
     )
     if config.max_off_policy_steps:
         return train_overlapped(
-            spec, hooks, trainer, tokenizer, dtype, current, followers, watch=watch, probes=probes, tolerance=tolerance
+            spec, hooks, run, tokenizer, dtype, current, followers, watch=watch, probes=probes, tolerance=tolerance
         )  # fmt: skip
-    sampler = PolicySampler(spec, trainer, tokenizer, dtype, current)
+    sampler = PolicySampler(spec, run, tokenizer, dtype, current)
     try:
         final_step = spec.start_step + config.steps
         evaluate_start(spec, hooks, sampler, current)
@@ -255,14 +256,14 @@ def _train(spec: RunSpec, hooks: RunHooks, trainer: Any, tokenizer: Any, dtype: 
             phase(hooks, "updating", f"{label}: updating the policy", step=step)
             sampler.before_update()
             metrics, path = update_step(
-                spec, trainer, followers, drawn, on_restart=lambda message: hooks.event(message, level="warn"),
+                spec, run, followers, drawn, on_restart=lambda message: hooks.event(message, level="warn"),
                 on_saving=lambda: phase(hooks, "saving", f"{label}: saving checkpoint", step=step),  # noqa: B023
             )  # fmt: skip
             loading = time.monotonic()  # sync: wake the sampler, load and check the adapter
             sampler.use_checkpoint(step, path)
             # Fail loudly if training did not reach the sampler (peers shipped exactly that bug).
-            check = trainer.check_sampler(sampler.engine, tokenizer, path, probes, adapter=sampler.adapter,
-                                          tolerance=tolerance)  # fmt: skip
+            check = run.check_sampler(sampler.engine, tokenizer, path, probes, adapter=sampler.adapter,
+                                      tolerance=tolerance)  # fmt: skip
             metrics["sync_seconds"] += time.monotonic() - loading
             step_seconds = time.monotonic() - step_started
             if not record_step(spec, hooks, watch, drawn, metrics, path, step_seconds=step_seconds,

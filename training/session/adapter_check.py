@@ -120,7 +120,7 @@ def verify_sampler(
     """Raise AdapterMismatchError unless `engine` (sampling with `adapter`) samples the policy saved
     in `checkpoint_dir`, which must also be the trainer's current one.
 
-    `trainer_or_policy` is a Trainer (its `.policy` is used) or the PeftModel itself. Each probe is
+    `trainer_or_policy` is a Policy (its `.policy` is used) or the PeftModel itself. Each probe is
     an OpenAI-style message list. `tolerance` bounds the logprob gap: ~1e-4 for fp32 on one device;
     a bf16 sampler against a trainer needs far more (~5e-2), where the checksums do the exact part.
     """
@@ -135,7 +135,7 @@ def probe_policy(
     saved in `checkpoint_dir`."""
     policy = getattr(trainer_or_policy, "policy", trainer_or_policy)
     if not isinstance(policy, PeftModel):
-        raise TypeError(f"expected a Trainer or a PeftModel, got {type(trainer_or_policy).__name__}")
+        raise TypeError(f"expected a Policy or a PeftModel, got {type(trainer_or_policy).__name__}")
     if not probe_messages:
         raise ValueError("verify_sampler needs at least one probe prompt")
     saved = saved_adapter_fingerprint(checkpoint_dir)
@@ -162,7 +162,7 @@ def probe_saved(
     for the probe only, then the live weights are put back, exactly (checked)."""
     policy = getattr(trainer_or_policy, "policy", trainer_or_policy)
     if not isinstance(policy, PeftModel):
-        raise TypeError(f"expected a Trainer or a PeftModel, got {type(trainer_or_policy).__name__}")
+        raise TypeError(f"expected a Policy or a PeftModel, got {type(trainer_or_policy).__name__}")
     name = policy.active_adapter
     live = {
         key: value.detach().clone()

@@ -1,4 +1,4 @@
-"""The checkpoint folder's format (see training.recipes.grpo_trainer): its version, the adapter's file name, its
+"""The checkpoint folder's format (see training.session.policy): its version, the adapter's file name, its
 ``state.json``, and the atomic move that makes a folder complete or absent."""
 
 from __future__ import annotations

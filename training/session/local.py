@@ -290,7 +290,7 @@ class TrainingSession:
         return live_adapter_fingerprint(self.trainer.model, self.trainer.adapter_name)
 
     def save_state(self, path: Path, *, step: int, metrics: dict[str, Any]) -> None:
-        """Adapter, optimizer and RNG: what ``load_state`` (``Trainer.resume``) continues from.
+        """Adapter, optimizer and RNG: what ``load_state`` (``Policy.resume``) continues from.
         The session is at ``step`` from now on."""
         self.trainer.step = step
         self.trainer.save_checkpoint(path, step=step, metrics=metrics)

@@ -57,7 +57,7 @@ class Policy:
     """The policy (base model + LoRA adapter), its optimizer, RNG and checkpoint format: what a
     training session (training.session) owns and runs its primitives over.
 
-    The base model is modified in place (peft injects the LoRA layers), so give each Trainer its
+    The base model is modified in place (peft injects the LoRA layers), so give each Policy its
     own freshly loaded base model. Train in fp32 on CPU: bf16 matmuls are ~30x slower there.
     """
 

@@ -18,7 +18,7 @@ from projects.models import Checkpoint
 from tests.conftest import error_of
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
-from training.recipes.grpo_trainer import Trainer
+from training.session.policy import Policy
 
 pytestmark = pytest.mark.django_db
 
@@ -29,7 +29,7 @@ SPEC = LoraSpec(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
 def adapter_dir(tiny_model_dir, tmp_path) -> Path:
     """A PEFT folder as peft writes it, with trained-looking (non-zero) B matrices."""
     model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-    trainer = Trainer(model, tokenizer, TrainConfig(), SPEC)
+    trainer = Policy(model, tokenizer, TrainConfig(), SPEC)
     with torch.no_grad():
         for name, parameter in trainer.model.named_parameters():
             if "lora_B" in name:
@@ -82,7 +82,7 @@ def test_an_imported_adapter_is_step_0_and_resumes_bit_for_bit(
     assert LoraSpec.from_dict(tiny_model.lora) == SPEC
     checkpoint = Checkpoint.objects.get(model=tiny_model, step=0)
     base, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-    trainer = Trainer.resume(base, tokenizer, Path(checkpoint.path), TrainConfig(), SPEC)
+    trainer = Policy.resume(base, tokenizer, Path(checkpoint.path), TrainConfig(), SPEC)
     original = load_file(adapter_dir / "adapter_model.safetensors")
     live = {n: p for n, p in trainer.model.named_parameters() if "lora_" in n}
     assert len(live) == len(original) == 2 * 2 * 2  # 2 layers × (q, v) × (A, B)

@@ -30,7 +30,7 @@ def store_root(settings, tmp_path: Path) -> Path:
 
 
 def write_folder(root: Path, model_id: int, step: int) -> Path:
-    """A checkpoint folder shaped like Trainer.save_checkpoint's: adapter, optimizer, RNG, state."""
+    """A checkpoint folder shaped like Policy.save_checkpoint's: adapter, optimizer, RNG, state."""
     folder = root / f"model-{model_id}" / f"step-{step:06d}"
     folder.mkdir(parents=True)
     (folder / "adapter_model.safetensors").write_bytes(b"a" * ADAPTER_BYTES)

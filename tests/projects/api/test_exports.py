@@ -23,7 +23,7 @@ from tests.conftest import error_of
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.engines.transformers_engine import TransformersEngine
-from training.recipes.grpo_trainer import Trainer
+from training.session.policy import Policy
 
 # Committed rows: the job's heartbeat thread reads them on its own connection.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,7 +50,7 @@ def trained(cast, tiny_model_dir: Path, settings, tmp_path: Path, enqueued):
     model = factories.TrainableModelFactory(project=project, name="agent", base_model=base, lora={"rank": 4})
     services.checkpoint_record(model=model, run=None, step=0, path="")
     policy, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    trainer = Trainer(policy, tokenizer, TrainConfig(), LoraSpec.from_dict(model.lora))
+    trainer = Policy(policy, tokenizer, TrainConfig(), LoraSpec.from_dict(model.lora))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, parameter in trainer.policy.named_parameters():

@@ -72,10 +72,10 @@ def save_checkpoint(serving, tiny_model_dir: Path, model, step: int):
     """What a run does at the end of a step: write the adapter files, then record the row."""
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     base, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-    trainer = Trainer(base, tokenizer, TrainConfig(), LoraSpec())
+    trainer = Policy(base, tokenizer, TrainConfig(), LoraSpec())
     path = serving.checkpoint_dir / f"model-{model.pk}" / f"step-{step}"
     trainer.save_checkpoint(path, step=step, metrics={})
     return services.checkpoint_record(model=model, run=None, step=step, path=str(path))

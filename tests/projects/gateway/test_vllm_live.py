@@ -99,14 +99,14 @@ def checkpoints(serving: Serving, tiny_model_dir: Path, team, steps: list[int], 
     """A trainable model on the vLLM base model with real LoRA checkpoints at `steps`."""
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     base_model = BaseModel.objects.get(name=VLLM_MODEL)
     model = services.trainable_model_create(
         project=services.project_create(team=team, name=project), name="agent", base_model=base_model
     )
     base, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-    trainer = Trainer(base, tokenizer, TrainConfig(), LoraSpec())
+    trainer = Policy(base, tokenizer, TrainConfig(), LoraSpec())
     rows = []
     for step in steps:
         path = serving.checkpoint_dir / f"vllm-model-{model.pk}" / f"step-{step}"

@@ -9,7 +9,7 @@ from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.packed import LinearPacks, _groups, packed_linears, packing_available
 from training.engines.transformers_engine import TransformersEngine
-from training.recipes.grpo_trainer import Trainer
+from training.session.policy import Policy
 
 PROMPT = [{"role": "user", "content": "Hello! How are you today?"}]
 
@@ -105,7 +105,7 @@ def test_a_sibling_called_with_another_input_computes_its_own(tiny_model):
 
 def test_a_lora_adapter_samples_the_same_with_packed_base_weights(tiny_model):
     model, tokenizer = tiny_model
-    trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec())
+    trainer = Policy(model, tokenizer, TrainConfig(), LoraSpec())
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, parameter in trainer.policy.named_parameters():
@@ -154,7 +154,7 @@ def test_a_decode_loop_enters_the_inference_scope_once(tiny_model, monkeypatch):
 
 def test_a_nested_scope_keeps_the_outer_scopes_packed_forwards(tiny_model):
     model, tokenizer = tiny_model
-    trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec())
+    trainer = Policy(model, tokenizer, TrainConfig(), LoraSpec())
     engine = TransformersEngine(trainer.policy, tokenizer)
     base = linears(trainer.policy)
     with engine.inference(None):

@@ -4,7 +4,7 @@ import torch
 from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.engines.transformers_engine import TransformersEngine
-from training.recipes.grpo_trainer import Trainer
+from training.session.policy import Policy
 
 REQUESTS = [
     [{"role": "user", "content": "Hello! How are you today?"}],
@@ -136,7 +136,7 @@ def test_greedy_decoding_is_deterministic_without_seed(tiny_model):
     assert torch.allclose(torch.tensor(first[0].logprobs), expected, atol=1e-4)
 
 
-def _perturb_adapter(trainer: Trainer, seed: int = 0) -> None:
+def _perturb_adapter(trainer: Policy, seed: int = 0) -> None:
     """Give the LoRA B matrices (zero at init) values, so the adapter changes the model."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -147,7 +147,7 @@ def _perturb_adapter(trainer: Trainer, seed: int = 0) -> None:
 
 def test_engine_samples_from_the_live_peft_adapter_and_restores_train_mode(tiny_model):
     model, tokenizer = tiny_model
-    trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec())
+    trainer = Policy(model, tokenizer, TrainConfig(), LoraSpec())
     _perturb_adapter(trainer)
     engine = TransformersEngine(trainer.policy, tokenizer)
     trainable = {n for n, p in trainer.policy.named_parameters() if p.requires_grad}
@@ -167,7 +167,7 @@ def test_load_and_unload_adapter_from_a_checkpoint(tiny_model_dir, tmp_path):
     from training.base_models import load_base_model
 
     policy_model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    trainer = Trainer(policy_model, tokenizer, TrainConfig(), LoraSpec())
+    trainer = Policy(policy_model, tokenizer, TrainConfig(), LoraSpec())
     _perturb_adapter(trainer)
     trainer.save_checkpoint(tmp_path / "ckpt", step=1, metrics={})
     sampling = SamplingParams(max_new_tokens=8, seed=5)
@@ -194,13 +194,13 @@ def test_extra_adapter_on_the_trainers_policy_leaves_training_untouched(tiny_mod
     from training.base_models import load_base_model
 
     other_model, tokenizer = load_base_model(str(tiny_model_dir), tmp_path)
-    other = Trainer(other_model, tokenizer, TrainConfig(), LoraSpec())
+    other = Policy(other_model, tokenizer, TrainConfig(), LoraSpec())
     _perturb_adapter(other, seed=1)
     other.save_checkpoint(tmp_path / "other", step=1, metrics={})
     other_choices = TransformersEngine(other.policy, tokenizer).generate(REQUESTS, SamplingParams(seed=2))
 
     model, tokenizer = tiny_model
-    trainer = Trainer(model, tokenizer, TrainConfig(), LoraSpec())
+    trainer = Policy(model, tokenizer, TrainConfig(), LoraSpec())
     engine = TransformersEngine(trainer.policy, tokenizer)
     flags = {n: p.requires_grad for n, p in trainer.policy.named_parameters()}
     engine.load_adapter("other", tmp_path / "other")

@@ -69,7 +69,7 @@ def test_the_loop_sleeps_vllm_through_each_update_and_wakes_it_before_the_new_ad
     tiny_model_dir, tmp_path, monkeypatch
 ):
     import training.engines
-    import training.recipes.grpo_trainer
+    import training.hosting.in_process
     import training.runs.sampler
     from training.base_models import load_base_model
     from training.engines.remote_engine import RemoteEngine, RolloutServer
@@ -89,13 +89,13 @@ def test_the_loop_sleeps_vllm_through_each_update_and_wakes_it_before_the_new_ad
 
     monkeypatch.setattr(training.runs.sampler, "start_run_vllm", start_run_vllm)
     monkeypatch.setattr(training.engines, "select_engine_kind", lambda *args, **kwargs: "vllm")
-    train_step = training.recipes.grpo_trainer.Trainer.train_step
+    train_step = training.hosting.in_process.InProcessRun.train_step
 
     def recorded_train_step(self, groups, **options):
         calls.append(("train_step", None))
         return train_step(self, groups, **options)
 
-    monkeypatch.setattr(training.recipes.grpo_trainer.Trainer, "train_step", recorded_train_step)
+    monkeypatch.setattr(training.hosting.in_process.InProcessRun, "train_step", recorded_train_step)
     spec = RunSpec.resolving(
         base_model_source=str(tiny_model_dir),
         model_cache_dir=tiny_model_dir.parent,

@@ -53,10 +53,10 @@ def test_completions_from_token_ids_are_the_engines_own(app, engine, sampling):
 def test_a_checkpoint_named_by_its_folder_is_sampled(app, engine, tiny_model_dir, tmp_path):
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.recipes.grpo_trainer import Trainer
+    from training.session.policy import Policy
 
     model, tokenizer = load_base_model(str(tiny_model_dir), tiny_model_dir.parent)
-    trainer = Trainer(model, tokenizer, TrainConfig(seed=4), LoraSpec(rank=2, alpha=4))
+    trainer = Policy(model, tokenizer, TrainConfig(seed=4), LoraSpec(rank=2, alpha=4))
     with torch.no_grad():  # a LoRA B of zeros is the base model: make the adapter matter
         for parameter in trainer.trainable_parameters:
             parameter.add_(0.5 * torch.randn_like(parameter))
