@@ -42,7 +42,7 @@ import torch
 
 
 def batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> list[Any]:
-    from training.session import Datum
+    from training.session.contract import Datum
 
     rng = random.Random(seed)
     data = []
@@ -62,7 +62,7 @@ def batch(rows: int, tokens: int, vocab: int, seed: int = 0) -> list[Any]:
 def session(source: str, cache: Path, threads: int) -> Any:
     from training.base_models import load_base_model
     from training.config import LoraSpec, TrainConfig
-    from training.session import TrainingSession
+    from training.session.local import TrainingSession
     from training.session.policy import Policy
 
     torch.set_num_threads(threads)

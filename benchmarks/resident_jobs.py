@@ -25,14 +25,11 @@ import time
 from pathlib import Path
 
 from benchmarks._model import add_model_arguments, prepared_model
-from training.base_models import (
-    context_length,
-    load_base_model,
-    load_tokenizer,
-)
+from training.base_models import load_base_model, load_tokenizer
 from training.config import LoraSpec
 from training.hosting.client import TrainerServiceClient
 from training.hosting.resident import ResidentSessions, ServiceSessions, SessionKey
+from training.model_files import context_length
 from training.recipes.art_config import art_job_config
 from training.runs.art_groups import parse_groups
 from training.runs.art_step import ClientStepSpec, train_client_step

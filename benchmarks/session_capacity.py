@@ -23,7 +23,7 @@ from benchmarks._model import add_model_arguments, prepared_model
 from training.base_models import load_base_model
 from training.config import LoraSpec, TrainConfig
 from training.hosting.pool import SessionPool
-from training.session import Datum
+from training.session.contract import Datum
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from training.base_models import load_base_model, load_tokenizer
     from training.config import LoraSpec, TrainConfig
-    from training.session import Datum, TrainingSession
+    from training.session.contract import Datum
+    from training.session.local import TrainingSession
     from training.session.policy import Policy
 
     with live_stack(cache, source, args.broker) as (url, env):

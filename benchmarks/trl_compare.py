@@ -154,7 +154,7 @@ def run_artweb(
     from training.engines.base import SamplingParams
     from training.recipes.grpo_update import grpo_train_step
     from training.rollouts.trajectory import TrainGroup, TrainSample
-    from training.session import TrainingSession
+    from training.session.local import TrainingSession
     from training.session.policy import Policy
 
     device = args.device

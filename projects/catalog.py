@@ -7,14 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from training.config import TrainConfig
+from training.recipes import signal
 from training.rewards import GraderSetupError, GraderSpecError, build_grader
 
 
 def is_zero_variance(rewards: list[float]) -> bool:
-    """Whether a group's rewards give GRPO no signal (training.recipes.grpo's rule: the trainer's own)."""
-    from training.recipes.grpo import is_zero_variance as rule
-
-    return rule(rewards)
+    """Whether a group's rewards give GRPO no signal (training.recipes.signal's rule: the trainer's own)."""
+    return signal.is_zero_variance(rewards)
 
 
 def hyperparameters() -> dict[str, dict[str, Any]]:

@@ -13,7 +13,7 @@ from artweb.demo import REWARD_SPEC, SYSTEM_PROMPT, TASKS_PATH
 from projects import services
 from projects.defaults import RUN_CONFIG
 from projects.models import Environment, Project, RewardDefinition, Run, TaskSet, Team, TrainableModel
-from training.base_models import BUNDLED_MODEL
+from training.model_files import BUNDLED_MODEL
 
 DEMO_TEAM = "demo"
 DEMO_USER = "demo"

@@ -30,7 +30,6 @@ from projects.api import serializers as s
 from projects.api.base import TeamViewSet
 from projects.api.views import _user, _valid
 from projects.errors import Conflict, ValidationFailed
-from projects.jobs.exports import card_for
 from projects.models import Checkpoint, Export, ExportFormat, ExportStatus, TrainableModel
 from training.export import ADAPTER_FILES, write_archive
 
@@ -132,7 +131,7 @@ class CheckpointViewSet(TeamViewSet, mixins.RetrieveModelMixin):
                 field="checkpoint",
                 code="nothing_to_export",
             )
-        card = card_for(checkpoint, kind="adapter")
+        card = selectors.checkpoint_card(checkpoint=checkpoint, kind="adapter")
         return _archive_response(
             folder, f"{_slug(checkpoint)}-adapter.tar.gz", names=ADAPTER_FILES, extra={"README.md": card}
         )

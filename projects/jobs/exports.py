@@ -18,28 +18,9 @@ from django.conf import settings
 
 from projects import selectors, services, storage
 from projects.jobs.claimed import Claimed, Job, readable
-from projects.models import Checkpoint, Export
+from projects.models import Export
 from training.base_models import load_base_model
-from training.export import merge_adapter, model_card, save_merged
-
-
-def card_for(checkpoint: Checkpoint, *, kind: str) -> str:
-    """The model card of ``checkpoint`` (adapter archive and merged export alike)."""
-    model = checkpoint.model
-    evaluations = [
-        {"id": e.pk, "split": e.split, "results": e.results}
-        for e in selectors.checkpoint_evaluations(checkpoint=checkpoint).filter(status="succeeded")
-    ]
-    return model_card(
-        title=f"{model.project.name}/{model.name}:{checkpoint.step}",
-        base_model=model.base_model.name,
-        step=checkpoint.step,
-        kind=kind,
-        lora=model.lora,
-        run_config=checkpoint.run.config if checkpoint.run is not None else None,
-        metrics=checkpoint.metrics or {},
-        evaluations=evaluations,
-    )
+from training.export import merge_adapter, save_merged
 
 
 def _claim(export_id: int, worker: str) -> Export | None:
@@ -72,7 +53,9 @@ def _export(claimed: Claimed[Export]) -> str:
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".export-{export.pk}-", dir=root))
     try:
-        save_merged(merged, tokenizer, scratch, card=card_for(checkpoint, kind="merged"))
+        save_merged(
+            merged, tokenizer, scratch, card=selectors.checkpoint_card(checkpoint=checkpoint, kind="merged")
+        )
         del merged, base
         gc.collect()
         if claimed.heartbeat.lost:

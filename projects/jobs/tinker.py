@@ -41,8 +41,7 @@ from training.config import LoraSpec, TrainConfig
 from training.engines.base import SamplingParams
 from training.hosting.resident import SessionGone
 from training.runs.steps import checkpoint_path
-from training.session.contract import Session
-from training.session.losses import LossInputError
+from training.session.contract import LossInputError, Session
 from training.wire.tinker import (
     WireError,
     forward_backward_output,

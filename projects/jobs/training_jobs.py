@@ -21,11 +21,11 @@ from projects.client_names import client_slug
 from projects.jobs.claimed import Claimed, Job, readable
 from projects.models import Checkpoint, TrainableModel, TrainingJob
 from projects.storage import checkpoint_local_dir, checkpoint_upload
-from training.base_models import context_length as base_context_length
 from training.base_models import load_tokenizer
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.hosting.client import TrainerServiceClient
 from training.hosting.resident import ResidentSessions, ServiceSessions, SessionKey
+from training.model_files import context_length as base_context_length
 from training.recipes.art_config import ArtOptions
 from training.runs.art_groups import GroupError, parse_groups
 from training.runs.art_step import ClientStepSpec, ScoredTrajectory, off_policy_steps, train_client_step

@@ -39,6 +39,7 @@ from projects.selectors.costs import (
 )
 from projects.selectors.evaluations import (
     ModelChoice,
+    checkpoint_card,
     checkpoint_evaluations,
     evaluation_get,
     evaluation_inputs_resolve,
@@ -213,6 +214,7 @@ __all__ = [
     "evaluations_list",
     "evaluation_get",
     "run_evaluations",
+    "checkpoint_card",
     "checkpoint_evaluations",
     "run_step_evaluated",
     "evaluation_is_active",

@@ -28,6 +28,7 @@ from projects.models import (
 from projects.selectors._scoping import scoped, scoped_reference
 from projects.selectors.serving import resolve_model
 from projects.selectors.task_sets import task_set_rows
+from training.export import model_card
 
 
 def evaluations_list(
@@ -272,3 +273,23 @@ def evaluation_reference_label(evaluation: Evaluation) -> str:
         return reference["model"]
     endpoint = evaluation.reference_endpoint.name if evaluation.reference_endpoint else "a deleted endpoint"
     return f"{reference['model']} on {endpoint}"
+
+
+def checkpoint_card(*, checkpoint: Checkpoint, kind: str) -> str:
+    """The model card of ``checkpoint`` (its adapter archive and a merged export alike): the
+    model, base model, LoRA, the run's config, the step's metrics and its succeeded evaluations."""
+    model = checkpoint.model
+    evaluations = [
+        {"id": e.pk, "split": e.split, "results": e.results}
+        for e in checkpoint_evaluations(checkpoint=checkpoint).filter(status="succeeded")
+    ]
+    return model_card(
+        title=f"{model.project.name}/{model.name}:{checkpoint.step}",
+        base_model=model.base_model.name,
+        step=checkpoint.step,
+        kind=kind,
+        lora=model.lora,
+        run_config=checkpoint.run.config if checkpoint.run is not None else None,
+        metrics=checkpoint.metrics or {},
+        evaluations=evaluations,
+    )

@@ -19,7 +19,7 @@ from projects.models import (
     Trajectory,
 )
 from projects.selectors._scoping import scoped
-from training.recipes.grpo import is_zero_variance, update_advantages
+from training.recipes.signal import is_zero_variance
 from training.rollouts.trajectory import overlong_penalty
 
 
@@ -118,6 +118,10 @@ def trajectory_update_signals(*, run: Run, trajectories: Iterable[Trajectory]) -
             not (overlong_filter and (row.finish_reason == "length" or row.completion_tokens == 0))
             for row in group
         ]
+        # torch loads here, for rows recorded before the trainer stored its values, not at the
+        # start of every Django process
+        from training.recipes.grpo import update_advantages
+
         used = update_advantages(rewards, trainable, scale=scale)
         for row, penalty, reward, advantage in zip(group, penalties, rewards, used, strict=True):
             signals[row.pk] = UpdateSignal(

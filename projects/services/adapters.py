@@ -33,7 +33,7 @@ def model_adapter_import(*, model: TrainableModel, archive: bytes) -> Checkpoint
     model's LoRA settings become the adapter's."""
     from projects import storage
     from projects.services.steps import checkpoint_record
-    from training.base_models import base_model_config
+    from training.model_files import base_model_config
     from training.runs.steps import checkpoint_path
     from training.session.checkpoint_files import CHECKPOINT_FORMAT_VERSION
 

@@ -52,8 +52,8 @@ from projects.models import (
 from projects.services import webhooks
 from projects.services._common import config_invalid, error_text, worker_lost_reason
 from projects.services.transitions import Machine, work_transition
-from training.base_models import hidden_size, resolve_config
 from training.config import ConfigError, TrainConfig
+from training.model_files import hidden_size, resolve_config
 
 ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PAUSED)
 TERMINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
@@ -320,7 +320,8 @@ def _check_context(
     naming the field and the limit, not at step 1 with no sign of life. The context is read from
     the base model's config without loading it (training.base_models.context_length); a model this
     host cannot read (a hub id on GPU workers) is not checked here."""
-    from training.base_models import context_length, prompt_token_counts
+    from training.base_models import prompt_token_counts
+    from training.model_files import context_length
 
     source = model.base_model.source
     context = context_length(source, settings.MODEL_CACHE_DIR)

@@ -8,7 +8,7 @@ bucket in production.
     store.delete(key)                                                    # idempotent
     store.list_keys("model-3/"); store.size("model-3/"); store.stat(key)
 
-What an object is: a **folder** (a checkpoint directory as ``training.recipes.grpo_trainer`` writes it, an export).
+What an object is: a **folder** (a checkpoint directory as ``training.session.policy.Policy.save_checkpoint`` writes it, an export).
 Its ``sha256`` is the digest of its contents (``base.manifest_digest``: sha256 over the sorted
 "path NUL size NUL file-sha256" lines), the same number for every backend and for a cached copy.
 Keys are relative paths: ``checkpoint_key`` gives ``model-<id>/step-<NNNNNN>``, the layout of

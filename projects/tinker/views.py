@@ -44,7 +44,7 @@ from projects.models import (
 from projects.selectors.tinker_paths import checkpoint_for_path
 from training.rollouts import strict_json
 from training.wire.openai_errors import error_object
-from training.wire.tinker import PROTOBUF, WireError
+from training.wire.tinker_http import PROTOBUF, WireError
 
 KEY_PREFIX = "tml-"
 CLIENT_CONFIG = {
@@ -194,7 +194,7 @@ def telemetry(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
 
 @endpoint("GET")
 def server_capabilities(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
-    from training.base_models import context_length
+    from training.model_files import context_length
 
     models = []
     for base in selectors.base_models_by_name():
@@ -323,8 +323,7 @@ def forward_backward(request: HttpRequest, access: TeamAccess) -> dict[str, Any]
 def _check_datum_tokens(base: BaseModel, blob: bytes) -> None:
     """Every datum's input and target ids in the base model's vocabulary, refused here (400 naming
     the datum and position) before the call is queued; the session checks again for every caller."""
-    from training.session.contract import check_token_ids
-    from training.session.losses import LossInputError
+    from training.session.contract import LossInputError, check_token_ids
     from training.wire.tinker import parse_forward_backward
 
     vocabulary = _vocabulary(base)
@@ -484,7 +483,7 @@ def asample(request: HttpRequest, access: TeamAccess) -> dict[str, Any]:
 def _vocabulary(base: BaseModel) -> int | None:
     """The base model's vocabulary size from its config.json, None where this host cannot read it
     (then the trainer service's own check is the one that refuses)."""
-    from training.base_models import base_model_config
+    from training.model_files import base_model_config
 
     try:
         config = base_model_config(base.source, settings.MODEL_CACHE_DIR) or {}
@@ -503,7 +502,7 @@ def _check_sample_size(base: BaseModel, prompt: list[int], params: Any) -> None:
     ``max_tokens`` up to ``INFERENCE_MAX_TOKENS`` (the inference server's cap), the prompt plus it
     within the model's context, every prompt id in its vocabulary. The trainer service checks the
     same for every caller (training.session); a model this host cannot read is checked there only."""
-    from training.base_models import context_length
+    from training.model_files import context_length
 
     if params is not None and not isinstance(params, dict):
         raise ValidationFailed("must be an object", field="sampling_params")

@@ -245,7 +245,8 @@ def test_tinker_and_platform_runs_continue_each_others_checkpoints(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from training.config import LoraSpec, TrainConfig
-    from training.session import Datum, TrainingSession
+    from training.session.contract import Datum
+    from training.session.local import TrainingSession
 
     register_base_model(tiny_model_dir)
     key = services.api_key_create(team=cast.alpha, name="mixed").plaintext

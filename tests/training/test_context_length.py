@@ -4,7 +4,8 @@ bundled GGUF file's metadata."""
 
 from __future__ import annotations
 
-from training.base_models import BUNDLED_MODEL, context_length, prompt_token_counts
+from training.base_models import prompt_token_counts
+from training.model_files import BUNDLED_MODEL, context_length
 
 
 def test_context_of_a_local_model_comes_from_its_config(tiny_model_dir, tmp_path):

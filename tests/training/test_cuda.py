@@ -24,7 +24,8 @@ from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
 from training.runs.loop import run_training
 from training.runs.spec import RunSpec
-from training.session import Datum, TrainingSession
+from training.session.contract import Datum
+from training.session.local import TrainingSession
 from training.session.losses import LOSSES
 
 pytestmark = pytest.mark.gpu

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from training.config import LoraSpec, TrainConfig
 from training.hosting.followers import follower_pids
 from training.hosting.ranks import DataParallelSession, run_ranks, shares
-from training.session import Datum, TrainingSession
+from training.session.contract import Datum
+from training.session.local import TrainingSession
 
 STEPS = 2
 LEARNING_RATE = 1e-2

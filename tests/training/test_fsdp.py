@@ -22,7 +22,8 @@ from tests.training.test_distributed import (
 )
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.hosting.ranks import DataParallelSession, local_parameter_bytes, run_ranks, shares
-from training.session import BASE_MODEL, Datum, TrainingSession
+from training.session.contract import BASE_MODEL, Datum
+from training.session.local import TrainingSession
 
 
 def make_session(model_dir: str, seed: int, **config) -> TrainingSession:

@@ -78,8 +78,9 @@ def test_the_default_learning_rate_falls_with_the_base_models_width():
 
 
 def test_the_defaults_are_the_measured_recipe_and_an_empty_rate_is_filled_in_once(tiny_model_dir, tmp_path):
-    from training.base_models import BUNDLED_MODEL, hidden_size, load_base_model, resolve_config
+    from training.base_models import load_base_model
     from training.config import ConfigError
+    from training.model_files import BUNDLED_MODEL, hidden_size, resolve_config
 
     config = TrainConfig()
     assert (config.learning_rate, config.lr_schedule, config.warmup_steps, config.min_lr_ratio,

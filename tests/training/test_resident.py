@@ -98,9 +98,9 @@ def test_a_job_from_the_kept_session_trains_as_one_loaded_from_disk(tiny_model_d
 def test_service_sessions_reload_a_stale_session_and_refuse_a_held_one(
     tiny_model_dir: Path, tmp_path: Path, live_service
 ):
-    from training.base_models import context_length
     from training.hosting.client import LeaseLost
     from training.hosting.resident import ServiceSessions
+    from training.model_files import context_length
 
     source = str(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(source)

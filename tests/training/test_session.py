@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from training.config import LoraSpec, TrainConfig
-from training.session import Datum, TrainingSession
+from training.session.contract import Datum
+from training.session.local import TrainingSession
 from training.session.losses import LOSSES, LossInputError, LossInputs, loss_named
 
 HALF, QUARTER = math.log(0.5), math.log(0.25)

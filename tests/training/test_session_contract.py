@@ -19,7 +19,8 @@ from tests.conftest import trainer_service
 from tests.training.test_session_ranks import LORA, calls, close, config, load, pool_of
 from training.engines.base import SamplingParams
 from training.hosting.followers import follower_pids
-from training.session import Session, TrainingSession
+from training.session.contract import Session
+from training.session.local import TrainingSession
 from training.session.policy import Policy
 
 HOSTS = ("in_process", "trainer_service", "two_gloo_ranks")

@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from training.config import LoraSpec, TrainConfig
 from training.hosting.pool import SessionPool, SessionPoolError
-from training.session import Datum, TrainingSession
+from training.session.contract import Datum
+from training.session.local import TrainingSession
 
 ALPHA = (TrainConfig(seed=1, micro_batch_tokens=64), LoraSpec(rank=2, alpha=4, dropout=0.1))
 BETA = (

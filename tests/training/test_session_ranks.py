@@ -18,7 +18,8 @@ from training.config import LoraSpec, TrainConfig
 from training.hosting.followers import follower_pids
 from training.hosting.pool import SessionPool
 from training.hosting.ranks import shares
-from training.session import Datum, TrainingSession
+from training.session.contract import Datum
+from training.session.local import TrainingSession
 from training.session.losses import LossInputError
 
 LORA = LoraSpec(rank=2, alpha=4)

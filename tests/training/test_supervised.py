@@ -24,7 +24,8 @@ from training.recipes.supervised import (
 )
 from training.runs.loop import run_training
 from training.runs.spec import RunSpec
-from training.session import BASE_MODEL, TrainingSession
+from training.session.contract import BASE_MODEL
+from training.session.local import TrainingSession
 from training.session.policy import Policy
 
 
@@ -122,7 +123,7 @@ def test_dpo_gradient_through_cross_entropy_equals_the_direct_one(tiny_model):
     session = TrainingSession(trainer)
     beta = 0.5
     samples = [s for pair in pairs for s in (pair.chosen, pair.rejected)]
-    from training.session import datum_of
+    from training.session.contract import datum_of
 
     data = [datum_of(s) for s in samples]
     sums = [sequence_logprobs(s, v) for s, v in zip(samples, session.forward(data), strict=True)]

@@ -11,7 +11,7 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
 
 from training.engines.base import Choice
-from training.session import ForwardBackwardResult
+from training.session.contract import ForwardBackwardResult
 from training.wire.tinker import (
     WireError,
     forward_backward_output,

@@ -298,7 +298,7 @@ def test_a_forward_backward_submitted_during_a_long_sample_runs_before_the_sampl
     of an uninterrupted one. ``slice_steps`` 0 is the old behaviour (the lock held for the whole
     sample): there the forward_backward waits for the end, which is what the test tells apart."""
     from training.engines.base import SamplingParams
-    from training.session import TrainingSession
+    from training.session.local import TrainingSession
     from training.session.policy import Policy
 
     pool = RecordingPool(load, spill_dir=tmp_path / "spill")

@@ -1,5 +1,5 @@
 """A session held by the trainer service (training.hosting.service), with the primitives of a local
-``training.session.TrainingSession``: the caller's code is the same whichever it holds.
+``training.session.local.TrainingSession``: the caller's code is the same whichever it holds.
 
 The holder claims the session for a lease and keeps it with ``heartbeat`` (``keep_alive`` runs a
 thread for that while a job trains). A primitive after the lease was lost raises ``LeaseLost``: the

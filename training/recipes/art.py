@@ -59,7 +59,7 @@ def art_update(
 ) -> tuple[dict[str, float], list[dict[str, float]]]:
     """Train ``rows`` (lists of indices into ``job``), one ``forward_backward`` with ART's loss and
     one ``optim_step`` each; the job's metrics and each step's (ART's gradient_step events).
-    ``session``: a training.session.TrainingSession or a trainer service's RemoteSession: only
+    ``session``: a training.session.local.TrainingSession or a trainer service's RemoteSession: only
     their primitives are used."""
     masks = [sample.completion_mask or [1] * len(sample.completion_token_ids) for sample in job.samples]
     # Weighted from the completion on: forward computes only the positions the loss reads.

@@ -16,7 +16,6 @@ from typing import Any
 
 from training import names as names_help
 from training.config import ConfigError, TrainConfig
-from training.recipes.art_loss import IMPORTANCE_LEVELS, KL_SOURCES, ArtLoss
 
 # Both versions' keys, in art/serverless/client.py's order.
 EXPERIMENTAL_KEYS = (
@@ -30,8 +29,26 @@ EXPERIMENTAL_KEYS = (
     "truncated_importance_sampling",
 )  # fmt: skip
 LOSS_FUNCTIONS = ("cispo", "ppo")
+IMPORTANCE_LEVELS = ("token", "sequence", "average", "geometric_average")
+KL_SOURCES = ("current_learner", "sample")
 # ART's LocalBackend: with no packed_sequence_length, the longest trajectory rounded up to this.
 DEFAULT_SEQUENCE_QUANTUM = 2048
+
+
+@dataclass(frozen=True)
+class ArtLoss:
+    """The loss settings of one job (ART's experimental_config, resolved to its defaults)."""
+
+    ppo: bool = False
+    epsilon: float = 1.0
+    epsilon_high: float = 4.0
+    importance_sampling_level: str = "token"
+    mask_prob_ratio: bool = False
+    max_negative_advantage_importance_sampling_weight: float | None = None
+    kimi_k2_tau: float | None = None
+    kl_penalty_coef: float = 0.0
+    kl_penalty_source: str = "sample"
+    truncated_importance_sampling: float | None = None
 
 
 @dataclass(frozen=True)

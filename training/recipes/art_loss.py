@@ -24,30 +24,12 @@ divided by their count in the sequence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-IMPORTANCE_LEVELS = ("token", "sequence", "average", "geometric_average")
-KL_SOURCES = ("current_learner", "sample")
+from training.recipes.art_config import ArtLoss
+
 # exp() of a larger log ratio overflows float16 at 10; ART bounds fp32 log ratios at 20.
 LOG_RATIO_BOUND = 20.0
-
-
-@dataclass(frozen=True)
-class ArtLoss:
-    """The loss settings of one job (ART's experimental_config, resolved to its defaults)."""
-
-    ppo: bool = False
-    epsilon: float = 1.0
-    epsilon_high: float = 4.0
-    importance_sampling_level: str = "token"
-    mask_prob_ratio: bool = False
-    max_negative_advantage_importance_sampling_weight: float | None = None
-    kimi_k2_tau: float | None = None
-    kl_penalty_coef: float = 0.0
-    kl_penalty_source: str = "sample"
-    truncated_importance_sampling: float | None = None
 
 
 def art_token_weights(lengths: list[int]) -> list[float]:

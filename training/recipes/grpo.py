@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-# Rewards this close count as equal: the group carries no learning signal.
-ZERO_VARIANCE_TOLERANCE = 1e-8
+from training.recipes.signal import is_zero_variance
 
 
 def group_advantages(rewards: torch.Tensor, scale: bool, eps: float = 1e-6) -> torch.Tensor:
@@ -26,11 +25,6 @@ def group_advantages(rewards: torch.Tensor, scale: bool, eps: float = 1e-6) -> t
         return centred
     std = rewards.std(dim=-1, keepdim=True, unbiased=False)
     return centred / (std + eps)
-
-
-def is_zero_variance(rewards: list[float]) -> bool:
-    """True when a group's rewards are all equal: it carries no learning signal."""
-    return not rewards or max(rewards) - min(rewards) <= ZERO_VARIANCE_TOLERANCE
 
 
 def compute_advantages(groups: list[list[float]], scale: bool) -> tuple[list[list[float]], int]:

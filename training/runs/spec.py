@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from training.base_models import resolve_config
 from training.config import LoraSpec, TrainConfig
 from training.environments import Environment
+from training.model_files import resolve_config
 from training.rollouts.trajectory import Trajectory
 
 

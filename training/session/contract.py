@@ -29,9 +29,13 @@ from typing import Any, Protocol
 
 from training.engines.base import Choice, SamplingParams
 from training.rollouts.trajectory import TrainSample
-from training.session.losses import LossInputError
 
 BASE_MODEL = "base"  # forward's reference: the base model itself (the adapter switched off)
+
+
+class LossInputError(ValueError):
+    """A loss was called without an input it needs, or with a config it does not take."""
+
 
 # Losses whose value over a call is not the sum of their values over its parts.
 WHOLE_CALL_LOSSES = frozenset({"art"})

@@ -71,7 +71,7 @@ class _Row:
 
 def context_length_of(model: Any) -> int | None:
     """The model's context in tokens, from its config (None when it states none)."""
-    from training.base_models import CONTEXT_KEYS
+    from training.model_files import CONTEXT_KEYS
 
     config = getattr(model, "config", None)
     for key in CONTEXT_KEYS:

@@ -33,6 +33,7 @@ import torch
 
 from training.recipes.art_loss import ArtLoss, art_policy_loss
 from training.recipes.grpo import objective_metrics, token_objective
+from training.session.contract import LossInputError
 
 
 @dataclass
@@ -48,10 +49,6 @@ class LossInputs:
         if name not in self.inputs:
             raise LossInputError(f"loss {loss!r} needs loss_fn_inputs[{name!r}] on every datum")
         return self.inputs[name]
-
-
-class LossInputError(ValueError):
-    """A loss was called without an input it needs, or with a config it does not take."""
 
 
 LossFn = Callable[[LossInputs, dict[str, Any]], tuple[torch.Tensor, dict[str, float]]]

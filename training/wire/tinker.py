@@ -17,21 +17,12 @@ import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
 from training.session.contract import Datum, ForwardBackwardResult
-
-PROTOBUF = "application/x-protobuf"
+from training.wire.tinker_http import WireError
 
 _NUMPY = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 
 # The SDK combines the metrics of a call's chunks by the reduction after the ":" of each name.
 METRIC_REDUCTIONS = {"loss": "sum", "positions": "sum", "padding": "sum", "tokens": "sum"}
-
-
-class WireError(ValueError):
-    """A request body that is not what the API takes: ``param`` names the part."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass

@@ -16,7 +16,7 @@ from artweb.stack import Stack, worker_command
 from projects import selectors
 from projects.formatting import format_number
 from projects.models import Run, RunEvent, RunStatus, StepMetrics
-from training.base_models import BUNDLED_MODEL
+from training.model_files import BUNDLED_MODEL
 
 TERMINAL = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
 

@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 from projects import services
 from projects.jobs.queues import base_model_queue
 from projects.queues import queue_name_problem
-from training.base_models import BUNDLED_MODEL
+from training.model_files import BUNDLED_MODEL
 
 
 class Command(BaseCommand):

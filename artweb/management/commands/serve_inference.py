@@ -123,8 +123,9 @@ class Command(BaseCommand):
                             sock: socket.socket | None = None) -> None:  # fmt: skip
         import torch
 
-        from training.base_models import ModelLoadError, load_base_model
+        from training.base_models import load_base_model
         from training.engines.transformers_engine import TransformersEngine
+        from training.model_files import ModelLoadError
         from training.serving.app import InferenceApp, ServerConfig
         from training.serving.protocol import Limits
         from training.serving.server import advertised_url, bind, serve

@@ -24,7 +24,7 @@ from artweb.stack import Stack, inference_command, listen, trainer_command, web_
 from projects import services
 from projects.errors import DomainError
 from projects.models import Run, RunStatus
-from training.base_models import BUNDLED_MODEL
+from training.model_files import BUNDLED_MODEL
 
 
 def listen_or_another(host: str, port: int, *, what: str, stdout) -> socket.socket:

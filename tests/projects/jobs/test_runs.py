@@ -114,16 +114,16 @@ def test_the_worker_reads_the_config_as_creation_resolved_it(alpha_setup, monkey
     """One resolution (issue 53, must-have 3): run_create stores the learning rate it filled in and
     the worker's spec takes the stored config as it is, re-deriving nothing; a row stored before
     creation resolved it (no rate) is resolved by the same function when its worker starts."""
-    from training import base_models
+    from training import model_files
     from training.config import TrainConfig
     from training.recipes.schedules import default_learning_rate
 
     run = _run(alpha_setup)
-    width = base_models.hidden_size(alpha_setup.model.base_model.source, settings.MODEL_CACHE_DIR)
+    width = model_files.hidden_size(alpha_setup.model.base_model.source, settings.MODEL_CACHE_DIR)
     assert run.config["learning_rate"] == default_learning_rate(width)
     # Were the worker to derive the rate again it would see this width (and would check the
     # objective again: the creation's check is the only one).
-    monkeypatch.setattr(base_models, "hidden_size", lambda *_: 8192)
+    monkeypatch.setattr(model_files, "hidden_size", lambda *_: 8192)
     checks = []
     monkeypatch.setattr(TrainConfig, "check_objective", lambda self, objective: checks.append(objective))
     run.config = {**run.config, "learning_rate": 7e-4}  # not any default: read as stored

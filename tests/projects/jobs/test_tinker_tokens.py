@@ -10,7 +10,7 @@ from django.test import Client
 from projects import selectors, services
 from projects.jobs.tinker import trained_tokens
 from projects.models import Checkpoint, TinkerFuture
-from training.session import Datum
+from training.session.contract import Datum
 
 pytestmark = pytest.mark.django_db
 
