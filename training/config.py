@@ -544,7 +544,7 @@ class TrainConfig(_Settings):
 
     def resolved(self, *, objective: str, width: int | None) -> TrainConfig:
         """This config as work of ``objective`` (grpo | sft | dpo) trains with it on a base model of
-        hidden size ``width`` (``training.base_models.hidden_size``; None: unknown): checked against
+        hidden size ``width`` (``training.model_files.hidden_size``; None: unknown): checked against
         the objective (``check_objective``) and an empty ``learning_rate`` filled in
         (training.recipes.schedules.default_learning_rate). The one place a config is resolved:
         the platform calls it when the work is created and stores the result

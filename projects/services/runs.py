@@ -318,7 +318,7 @@ def _check_context(
 ) -> None:
     """A run whose completions cannot fit the base model's context fails at creation with a 400
     naming the field and the limit, not at step 1 with no sign of life. The context is read from
-    the base model's config without loading it (training.base_models.context_length); a model this
+    the base model's config without loading it (training.model_files.context_length); a model this
     host cannot read (a hub id on GPU workers) is not checked here."""
     from training.base_models import prompt_token_counts
     from training.model_files import context_length

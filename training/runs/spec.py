@@ -53,7 +53,7 @@ class RunSpec:
 
     @classmethod
     def resolving(cls, **fields: Any) -> RunSpec:
-        """A RunSpec whose ``config`` is resolved here (training.base_models.resolve_config: the
+        """A RunSpec whose ``config`` is resolved here (training.model_files.resolve_config: the
         base model's width read on this host): for a run built by hand (a benchmark, a test). The
         platform resolves when it creates the run, and its worker builds ``RunSpec(...)`` from the
         stored config."""
@@ -69,7 +69,7 @@ class RunSpec:
         if self.config.learning_rate is None:
             raise ValueError(
                 "RunSpec takes a resolved config: TrainConfig.resolved(objective=..., width=...) "
-                "fills in the learning rate for the base model (training.base_models.hidden_size)"
+                "fills in the learning rate for the base model (training.model_files.hidden_size)"
             )
 
 
