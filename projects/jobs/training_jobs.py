@@ -24,6 +24,7 @@ from projects.storage import checkpoint_local_dir, checkpoint_upload
 from training.base_models import load_tokenizer
 from training.config import ConfigError, LoraSpec, TrainConfig
 from training.hosting.client import TrainerServiceClient
+from training.hosting.placement import SERVICE, place
 from training.hosting.resident import ResidentSessions, ServiceSessions, SessionKey
 from training.model_files import context_length as base_context_length
 from training.recipes.art_config import ArtOptions
@@ -62,10 +63,11 @@ _service: ServiceSessions | None = None
 
 
 def resident_sessions() -> ResidentSessions | ServiceSessions:
-    """Where jobs' sessions are kept: the host's trainer service when ``TRAINER_SERVICE_URL`` names
-    one, else this worker process (``RESIDENT_SESSIONS`` of them; training.hosting.resident)."""
+    """Where client work (ART jobs, Tinker clients) keeps its sessions, by training.hosting.placement's
+    rule: the host's trainer service when ``TRAINER_SERVICE_URL`` names one, else this worker process
+    (``RESIDENT_SESSIONS`` of them; training.hosting.resident)."""
     global _resident, _service
-    if settings.TRAINER_SERVICE_URL:
+    if place("client", service=bool(settings.TRAINER_SERVICE_URL)).host == SERVICE:
         if _service is None or _service.client.url != settings.TRAINER_SERVICE_URL.rstrip("/"):
             client = TrainerServiceClient(settings.TRAINER_SERVICE_URL, token=settings.TRAINER_SERVICE_TOKEN)
 

@@ -160,3 +160,23 @@ def test_sft_and_dpo_runs_on_the_trainer_service_train_what_they_train_in_the_wo
     graded = [(e["step"], e["reward_mean"]) for e in hooks.evaluations]
     assert graded == [(e["step"], e["reward_mean"]) for e in local.evaluations] and len(graded) == 2
     assert_same_tensors(adapters(tmp_path / "service", range(4)), adapters(tmp_path / "local", range(4)))
+
+
+def test_one_rule_places_runs_and_client_work():
+    """training.hosting.placement: without a service everything stays in the worker; client work
+    (ART jobs, Tinker clients) goes to the service even data-parallel (its pool starts the ranks);
+    a run goes there unless it needs the worker, and says why."""
+    from training.config import TrainConfig
+    from training.hosting.placement import SERVICE, WORKER, place
+
+    plain, parallel = TrainConfig(), TrainConfig(devices=2)
+    assert place("client", service=False).host == WORKER
+    assert place("run", service=False, config=plain).host == WORKER
+    assert place("client", service=True).host == SERVICE
+    assert place("run", service=True, config=plain).host == SERVICE
+    assert "data-parallel" in place("run", service=True, config=parallel).reason
+    assert place("run", service=True, config=parallel).host == WORKER
+    assert place("run", service=True, config=TrainConfig(max_off_policy_steps=1)).host == WORKER
+    assert "vLLM" in place("run", service=True, config=plain, sampler="vllm").reason
+    with pytest.raises(ValueError, match="config"):
+        place("run", service=True)

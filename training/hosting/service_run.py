@@ -9,8 +9,8 @@ checkpoint. The worker loads the tokenizer only. The loop is otherwise the one e
 run trains the same tensors wherever its session lives (tests/training/test_service_run.py).
 
 SFT and DPO runs (training.recipes.supervised) are the same primitives and go there too. Trained in the worker
-still (``service_refusal`` says which and why): rollouts that overlap the update, a data-parallel
-update (``devices`` > 1), and the vLLM sampler.
+still (training.hosting.placement's rule, which ``service_refusal`` reads for a run): rollouts that
+overlap the update, a data-parallel update (``devices`` > 1), and the vLLM sampler.
 
 The session is leased: the worker heartbeats it while the run trains and closes it when the run ends,
 however it ends. When the service loses it (a restart, a lease that lapsed), every later call raises
@@ -36,6 +36,7 @@ from training.engines.base import (
 )
 from training.engines.vllm_engine import render_prompt
 from training.hosting.client import LeaseLost, RemoteSession, TrainerServiceError
+from training.hosting.placement import SERVICE, place
 from training.recipes.grpo_update import grpo_step
 from training.rollouts.trajectory import TrainGroup
 from training.session.adapter_check import AdapterMismatchError, SamplerCheck, saved_adapter_fingerprint
@@ -59,19 +60,12 @@ class ServiceTarget:
 
 def service_refusal(spec: Any) -> str | None:
     """Why ``spec``'s run trains in the worker rather than on the trainer service; None when it
-    trains there."""
+    trains there (training.hosting.placement's rule)."""
     from training.engines import select_engine_kind
 
-    config = spec.config
-    if spec.trainer_service is None:
-        return "no trainer service on this host"
-    if config.devices > 1:
-        return "a data-parallel update (devices > 1) runs in the worker"
-    if config.max_off_policy_steps:
-        return "rollouts that overlap the update sample in the worker"
-    if select_engine_kind(spec.device, spec.engine) != "transformers":
-        return "the vLLM sampler runs in the worker"
-    return None
+    placement = place("run", service=spec.trainer_service is not None, config=spec.config,
+                      sampler=select_engine_kind(spec.device, spec.engine))  # fmt: skip
+    return None if placement.host == SERVICE else placement.reason
 
 
 class _RunSession(RemoteSession):
