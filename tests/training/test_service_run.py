@@ -121,6 +121,11 @@ def test_runs_the_service_does_not_take_train_in_the_worker_and_say_why(tiny_mod
     other = spec(tiny_model_dir, tmp_path, steps=1)
     other.trainer_service, other.objective = run.trainer_service, "dpo"
     assert service_refusal(other) is None
+    # Without a service the engine is not chosen here: a vLLM run whose vLLM lives in another
+    # virtualenv (VLLM_PYTHON, which the sampler is given) is not refused for lacking it in this one.
+    vllm_run = spec(tiny_model_dir, tmp_path, steps=1)
+    vllm_run.engine, vllm_run.vllm_python = "vllm", "/nonexistent/python"
+    assert service_refusal(vllm_run) == "no trainer service on this host"
 
 
 def test_a_service_that_does_not_answer_leaves_the_run_in_the_worker_with_a_warning(tiny_model_dir, tmp_path):

@@ -63,8 +63,10 @@ def service_refusal(spec: Any) -> str | None:
     trains there (training.hosting.placement's rule)."""
     from training.engines import select_engine_kind
 
-    placement = place("run", service=spec.trainer_service is not None, config=spec.config,
-                      sampler=select_engine_kind(spec.device, spec.engine))  # fmt: skip
+    if spec.trainer_service is None:  # the engine is chosen (and vLLM looked for) only where it matters
+        return place("run", service=False).reason
+    sampler = select_engine_kind(spec.device, spec.engine, spec.vllm_python)
+    placement = place("run", service=True, config=spec.config, sampler=sampler)
     return None if placement.host == SERVICE else placement.reason
 
 
