@@ -15,6 +15,7 @@ module per subject; this package re-exports them all, so callers write ``service
 - ``aliases``: model aliases (``project/model:prod``), canaries, promotion and rollback
 - ``completions``: stored completions (the gateway's captures), the team's storage settings, retention
 - ``fine_tuning``: OpenAI's fine-tuning API on these objects (a file is a task set, a job a run)
+- ``fine_tuning_rows``: the fine-tuning files' rows (OpenAI's three formats) as task rows and back
 - ``adapters``: a LoRA adapter trained elsewhere imported as a model's step 0
 - ``transitions``: the one state-machine transition under runs, evaluations and training jobs
 - ``steps``: a step's metrics, trajectories and checkpoint, recorded once
