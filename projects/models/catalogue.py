@@ -126,6 +126,7 @@ class EnvironmentKind(models.TextChoices):
     TIC_TAC_TOE = "tic_tac_toe"
     GAME_2048 = "2048"
     MCP = "mcp"
+    HTTP_TOOLS = "http_tools"
 
 
 class Environment(ProjectResource):
