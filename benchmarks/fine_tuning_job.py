@@ -13,7 +13,13 @@ same task trained as a platform run through the REST API (issue 29's figures).
    the same task as a platform run. Same seed, same config: the held-out figures must match the
    job's (they train the same way: a job *is* a run); the report says whether they do.
 
-Run: ``.venv/bin/python -m benchmarks.fine_tuning_job [--epochs 1 --batch 4] [--broker redis://…]``.
+``--method supervised`` / ``--method dpo``: the same rows as a supervised file (the bare answer as the
+assistant's target) or a preference file (the bare answer preferred to "The answer is N."), the job
+graded as OpenAI's supervised and DPO jobs are here (text similarity of the held-out reply to the
+target, ``fine_tuning.REFERENCE_GRADER``); no platform run beside it (step 3 is the reinforcement
+job's check).
+
+Run: ``.venv/bin/python -m benchmarks.fine_tuning_job [--method reinforcement] [--epochs 1 --batch 4] [--broker redis://…]``.
 Nothing else may train on this machine meanwhile (2 cores).
 """
 
@@ -43,6 +49,23 @@ def openai_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     )
 
 
+def method_rows(rows: list[dict[str, Any]], method: str) -> list[dict[str, Any]]:
+    """The reinforcement rows as ``method``'s lines: the bare answer is the target (supervised), or is
+    preferred to the answer in a sentence (dpo)."""
+    if method == "supervised":
+        return [
+            {"messages": [*row["messages"], {"role": "assistant", "content": row["answer"]}]} for row in rows
+        ]
+    if method == "dpo":
+        return [
+            {"input": {"messages": row["messages"]},
+             "preferred_output": [{"role": "assistant", "content": row["answer"]}],
+             "non_preferred_output": [{"role": "assistant", "content": f"The answer is {row['answer']}."}]}
+            for row in rows
+        ]  # fmt: skip
+    return rows
+
+
 def api(url: str, key: str, method: str, path: str, body: Any = None) -> Any:
     request = urllib.request.Request(f"{url}{path}", method=method,
                                      data=json.dumps(body).encode() if body is not None else None)  # fmt: skip
@@ -62,6 +85,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_model_arguments(parser)
+    parser.add_argument("--method", choices=("reinforcement", "supervised", "dpo"), default="reinforcement")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
@@ -72,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from openai import OpenAI
 
-    train, validation = openai_rows()
+    train, validation = (method_rows(rows, args.method) for rows in openai_rows())
     with live_stack(cache, source, args.broker) as (url, env):
         base_name = _manage(env, "from projects.models import BaseModel; print(BaseModel.objects.get().name)")
         key = _manage(env, "from projects import services; from projects.models import Team; "
@@ -88,7 +112,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         started = time.monotonic()
         job = client.fine_tuning.jobs.create(
             model=base_name, training_file=files[0], validation_file=files[1], seed=args.seed, suffix="arith",
-            method={"type": "reinforcement", "reinforcement": {"grader": ARITHMETIC_REWARD, "hyperparameters": hyper}},
+            method={"type": args.method, args.method: {
+                "hyperparameters": hyper,
+                **({"grader": ARITHMETIC_REWARD} if args.method == "reinforcement" else {})}},
         )  # fmt: skip
         first_checkpoint = None
         while True:
@@ -103,6 +129,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise SystemExit(f"the job {job.status}: {job.error}")
         run = api(url, key, "GET", f"/api/v1/runs/{job.run_id}/")
         job_held_out = held_out(url, key, run["id"])
+        if args.method != "reinforcement":
+            report = {"model": source, "method": args.method, "steps": run["current_step"], "hyperparameters": hyper,
+                      "held_out_before": job_held_out.get(0), "held_out_after": job_held_out.get(run["current_step"]),
+                      "seconds_to_success": job_seconds, "trained_tokens": job.trained_tokens}  # fmt: skip
+            print(json.dumps(report, indent=1))
+            return report
 
         # The same task as a platform run: the job's inputs and config, a model of its own.
         model = api(url, key, "POST", "/api/v1/models/",

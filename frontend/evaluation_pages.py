@@ -25,6 +25,7 @@ from projects.models import (
     Evaluation,
     EvaluationStatus,
     Project,
+    Run,
     TaskSet,
     TrainableModel,
 )
@@ -132,9 +133,18 @@ def _choice_of(checkpoint_id: int | None, base_model_id: int | None, endpoint_id
 
 
 def _initial(request: TeamHttpRequest) -> dict[str, Any]:
-    """``?checkpoint=<id>`` evaluates that checkpoint; ``?from=<evaluation id>`` repeats an
-    evaluation's settings (the team's own rows only: anything else is ignored)."""
+    """``?checkpoint=<id>`` evaluates that checkpoint; ``?run=<id>`` a run's (a fine-tuning job's)
+    newest checkpoint on its rows with its environment and reward, to compare against a reference (a
+    golden comparison: the model it replaces, same rows, same grader); ``?from=<evaluation id>``
+    repeats an evaluation's settings (the team's own rows only: anything else is ignored)."""
     initial: dict[str, Any] = {}
+    run_id = request.GET.get("run", "")
+    if run_id.isdecimal():
+        run = get_scoped(Run, request, int(run_id))
+        inputs = selectors.run_evaluation_inputs(run=run)
+        initial.update({name: inputs[name] for name in ("task_set", "environment", "reward", "split")})
+        if inputs["checkpoint"] is not None:
+            initial["subject"] = f"checkpoint:{inputs['checkpoint']}"
     checkpoint_id = request.GET.get("checkpoint", "")
     if checkpoint_id.isdecimal():
         checkpoint = get_scoped(Checkpoint, request, int(checkpoint_id))

@@ -35,6 +35,7 @@ from projects.models import (
     Run,
 )
 from projects.services.evaluations import MAX_SAMPLES, MAX_SAMPLES_PER_ROW
+from projects.services.fine_tuning import parse_id
 
 # --- serializers ------------------------------------------------------------------------------
 
@@ -56,12 +57,24 @@ class EvaluationIn(s.InputSerializer):
         help_text="project/model:step, project/model:latest or a base model name",
     )
     checkpoint = s.id_field(required=False, help_text="a checkpoint id (instead of model)")
-    task_set = s.id_field()
-    split = serializers.CharField(
-        max_length=16, required=False, default="validation", help_text="validation, train or all"
+    fine_tuning_job = serializers.CharField(
+        max_length=40,
+        required=False,
+        help_text="ftjob-<id>: evaluate a fine-tuning job — its newest checkpoint, its rows (held-out"
+        " ones when it had a validation file), its environment and its grader, each unless given here",
     )
-    environment = s.id_field()
-    reward = s.id_field(help_text="a reward definition (version) id")
+    task_set = s.id_field(required=False, help_text="required unless fine_tuning_job is given")
+    split = serializers.CharField(
+        max_length=16,
+        required=False,
+        default=None,
+        help_text="validation, train or all (default: validation; a fine-tuning job without a"
+        " validation file: all)",
+    )
+    environment = s.id_field(required=False, help_text="required unless fine_tuning_job is given")
+    reward = s.id_field(
+        required=False, help_text="a reward definition (version) id; required unless fine_tuning_job is given"
+    )
     # The ranges services.evaluation_create checks (it names the field too).
     pass_threshold = serializers.FloatField(
         min_value=-1e9,
@@ -146,6 +159,37 @@ def _reference(data: dict[str, Any] | None) -> selectors.ModelChoice | None:
     return selectors.ModelChoice(checkpoint=data.get("checkpoint"), model_id=data.get("model"))
 
 
+def _with_job_defaults(team: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with what a ``fine_tuning_job`` fills in where the request left it out (a golden
+    comparison: the job's checkpoint against the model it replaces, same rows, same grader); without
+    one, task_set, environment and reward are required."""
+    job_id = data.get("fine_tuning_job")
+    if job_id:
+        number = parse_id(job_id, "ftjob")
+        run = None if number is None else selectors.fine_tuning_job_run(team=team, number=number)
+        if run is None:
+            raise ValidationFailed(
+                f"no fine-tuning job of this team has the id '{job_id}'", field="fine_tuning_job"
+            )
+        defaults = selectors.run_evaluation_inputs(run=run)
+        if data.get("model") in (None, "") and data.get("checkpoint") is None:
+            if defaults["checkpoint"] is None:
+                raise ValidationFailed(
+                    "the job has trained no step yet: name a model or checkpoint to evaluate",
+                    field="fine_tuning_job",
+                )
+            data["checkpoint"] = defaults["checkpoint"]
+        for name in ("task_set", "environment", "reward", "split"):
+            if data.get(name) is None:
+                data[name] = defaults[name]
+    for name in ("task_set", "environment", "reward"):
+        if data.get(name) is None:
+            raise ValidationFailed("this field is required (or give fine_tuning_job)", field=name)
+    if data.get("split") is None:
+        data["split"] = "validation"
+    return data
+
+
 class EvaluationViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     model = Evaluation
     serializer_class = EvaluationOut
@@ -181,6 +225,7 @@ class EvaluationViewSet(TeamViewSet, mixins.RetrieveModelMixin):
     @extend_schema(request=EvaluationIn, responses={201: EvaluationOut})
     def create(self, request: Request) -> Response:
         data = _valid(EvaluationIn, request.data)
+        data = _with_job_defaults(self.team, data)
         inputs = selectors.evaluation_inputs_resolve(
             team=self.team,
             subject=selectors.ModelChoice(checkpoint=data.get("checkpoint"), model_id=data.get("model")),

@@ -56,6 +56,7 @@ from projects.selectors.evaluations import (
     evaluations_list,
     model_id_resolve,
     model_label,
+    run_evaluation_inputs,
     run_evaluations,
     run_step_evaluated,
 )
@@ -260,6 +261,7 @@ __all__ = [
     "fine_tuning_files",
     "fine_tuning_jobs",
     "fine_tuning_job_run",
+    "run_evaluation_inputs",
     "job_checkpoints",
     "job_latest_checkpoint",
     "job_trained_tokens",

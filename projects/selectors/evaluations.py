@@ -26,6 +26,7 @@ from projects.models import (
     Team,
 )
 from projects.selectors._scoping import scoped, scoped_reference
+from projects.selectors.fine_tuning import job_latest_checkpoint
 from projects.selectors.serving import resolve_model
 from projects.selectors.task_sets import task_set_rows
 from training.export import model_card
@@ -293,3 +294,19 @@ def checkpoint_card(*, checkpoint: Checkpoint, kind: str) -> str:
         metrics=checkpoint.metrics or {},
         evaluations=evaluations,
     )
+
+
+def run_evaluation_inputs(*, run: Run) -> dict[str, Any]:
+    """What an evaluation of a run (a fine-tuning job among them) reads unless the request says
+    otherwise: its newest trained checkpoint (None before its first step), its rows, its environment
+    and its reward definition (a job's grader), on the held-out rows when the task set has some
+    (a job with a validation file), else on every row. A golden comparison is this with a
+    ``reference``: the model the job replaces, graded by the same grader on the same rows."""
+    latest = job_latest_checkpoint(run=run)
+    return {
+        "checkpoint": latest.pk if latest is not None else None,
+        "task_set": run.task_set_id,
+        "environment": run.environment_id,
+        "reward": run.reward_id,
+        "split": "validation" if run.task_set.validation_count else "all",
+    }
