@@ -308,5 +308,5 @@ def run_evaluation_inputs(*, run: Run) -> dict[str, Any]:
         "task_set": run.task_set_id,
         "environment": run.environment_id,
         "reward": run.reward_id,
-        "split": "validation" if run.task_set.validation_count else "all",
+        "split": "validation" if run.task_set is not None and run.task_set.validation_count else "all",
     }
