@@ -14,6 +14,7 @@ from frontend import forms as f
 from frontend.access import TeamHttpRequest, get_scoped, team_view
 from projects import selectors, services
 from projects.errors import ValidationFailed
+from projects.grader_secrets import grader_public
 from projects.models import (
     Project,
     RewardDefinition,
@@ -66,7 +67,8 @@ def _json_field(form: Any, name: str) -> Any:
 def reward(request: TeamHttpRequest, reward_id: int) -> HttpResponse:
     definition = get_scoped(RewardDefinition, request, reward_id)
     form = f.RewardDefinitionForm(
-        request.POST or None, initial={"name": definition.name, "spec": json.dumps(definition.spec, indent=2)}
+        request.POST or None,
+        initial={"name": definition.name, "spec": json.dumps(grader_public(definition.spec), indent=2)},
     )
     form.fields["name"].disabled = True
     example = selectors.reward_example(definition=definition)  # one its own grader can read

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from projects.grader_secrets import grader_public
 from training.config import TrainConfig
 from training.recipes import signal
 from training.rewards import GraderSetupError, GraderSpecError, build_grader
@@ -34,6 +35,6 @@ def reward_range(spec: dict[str, Any]) -> tuple[float, float] | None:
     """The [low, high] a grader spec declares for its reward (a python grader's ``range``), or
     None when it declares none. A spec that needs a judge to be built declares none here."""
     try:
-        return build_grader(spec).reward_range()
+        return build_grader(grader_public(spec)).reward_range()  # masked headers: no secret needed
     except (GraderSpecError, GraderSetupError):
         return None

@@ -29,6 +29,7 @@ from projects.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, int_query_param, l
 from projects.api.serializers import InputSerializer
 from projects.api.views import upload_text
 from projects.errors import Conflict, NotFound, ValidationFailed
+from projects.grader_secrets import grader_public
 from projects.models import Checkpoint, Run, RunEvent, RunStatus, StepMetrics, TaskSet
 from projects.services import fine_tuning
 from projects.services.fine_tuning import parse_id
@@ -274,10 +275,19 @@ def job_body(run: Run) -> dict[str, Any]:
         "estimated_finish": estimated,
         "integrations": [],
         "metadata": asked.get("metadata"),
-        "method": method,
+        "method": method_public(method),
         # artweb's own: the run behind the job (dashboard, /api/v1/runs/{id}/)
         "run_id": run.pk,
     }
+
+
+def method_public(method: dict[str, Any]) -> dict[str, Any]:
+    """A job's ``method`` as read back: an endpoint grader's header values masked (a job created
+    before they were masked on storage stored them as given)."""
+    settings = method.get(method.get("type", ""))
+    if not isinstance(settings, dict) or "grader" not in settings:
+        return method
+    return {**method, method["type"]: {**settings, "grader": grader_public(settings["grader"])}}
 
 
 def event_body(event: RunEvent, run: Run) -> dict[str, Any]:

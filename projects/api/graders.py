@@ -18,6 +18,7 @@ from projects.api.serializers import InputSerializer
 from projects.api.views import _valid
 from projects.errors import ValidationFailed
 from projects.models import JudgeEndpoint
+from projects.outbound import outbound_policy
 from projects.services import grader_problems, judges
 from projects.services.judges import API_KEY_MAX_CHARS
 from training.rewards import GraderSetupError, Sample, build_grader, grade_group
@@ -87,7 +88,10 @@ class GraderRunView(TeamViewSet):
         judge = judges.judge_client(team=self.team, name=data.get("judge_endpoint"))
         try:
             grader = build_grader(
-                spec, judge=judge, sandbox=judges.sandbox_config(team_id=self.team.pk, interactive=True)
+                spec,
+                judge=judge,
+                sandbox=judges.sandbox_config(team_id=self.team.pk, interactive=True),
+                outbound=outbound_policy(),
             )
             results = grade_group(grader, samples, data["item"])
         except GraderSetupError as exc:

@@ -22,6 +22,7 @@ from rest_framework.settings import api_settings
 from projects import selectors
 from projects.environment_config import MASK, config_public
 from projects.errors import ValidationFailed
+from projects.grader_secrets import grader_public
 from projects.models import (
     ApiKey,
     BaseModel,
@@ -178,9 +179,16 @@ class TrainableModelOut(serializers.ModelSerializer):
 
 
 class RewardDefinitionOut(serializers.ModelSerializer):
+    spec = serializers.SerializerMethodField(
+        help_text=f"the grader spec; endpoint graders' header values are write-only, shown as {MASK!r}"
+    )
+
     class Meta:
         model = RewardDefinition
         fields = ["id", "project", "name", "version", "spec", "created_at"]
+
+    def get_spec(self, obj: RewardDefinition) -> dict[str, Any]:
+        return grader_public(obj.spec)
 
 
 class TaskSetOut(serializers.ModelSerializer):

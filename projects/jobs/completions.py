@@ -16,7 +16,9 @@ from django.utils import timezone
 
 from projects import selectors, services
 from projects.errors import ValidationFailed
+from projects.grader_secrets import grader_for_build
 from projects.models import CompletionGrading, GradingStatus, StoredCompletion
+from projects.outbound import outbound_policy
 from projects.services import judges
 from training.rewards import GraderSetupError, Sample, build_grader, grade_group
 
@@ -43,9 +45,10 @@ def grade(grading_id: int) -> str:
     team, reward = grading.team, grading.reward
     try:
         grader = build_grader(
-            reward.spec,
+            grader_for_build(reward.spec),
             judge=judges.judge_client(team=team, name=grading.judge_endpoint or None),
             sandbox=judges.sandbox_config(team_id=team.pk),
+            outbound=outbound_policy(),
         )
     except (GraderSetupError, ValidationFailed) as exc:
         return _fail(grading, f"the grader cannot be built: {exc}")

@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 
 from projects import secrets, selectors, services
+from projects.grader_secrets import grader_for_build
 from projects.jobs.claimed import Claimed, Job, readable
 from projects.models import BaseModel, Checkpoint, Evaluation
 from projects.outbound import outbound_policy
@@ -56,7 +57,8 @@ def _evaluate(claimed: Claimed[Evaluation]) -> str:
             raise ValueError("the evaluated checkpoint was deleted")
         policy: Any = _local_policy(evaluation.checkpoint, evaluation.base_model, sampling, subject_label)
         note(f"Loaded {subject_label}; evaluating {len(rows)} rows x {evaluation.samples_per_row} samples")
-        result = evaluate_policy(policy, rows, environment, evaluation.reward.spec, **common)
+        grader_spec = grader_for_build(evaluation.reward.spec)  # endpoint headers decrypted (grader_secrets)
+        result = evaluate_policy(policy, rows, environment, grader_spec, **common)
         del policy
         gc.collect()
         note(
@@ -69,7 +71,7 @@ def _evaluate(claimed: Claimed[Evaluation]) -> str:
         if reference is not None:
             note(f"Evaluating the reference {reference.name}")
             reference_result = evaluate_policy(
-                reference, rows, environment, evaluation.reward.spec, side=REFERENCE, **common
+                reference, rows, environment, grader_spec, side=REFERENCE, **common
             )
             note(
                 f"Reference {reference.name}: {selectors.evaluation_results_summary(reference_result.results)}"

@@ -16,8 +16,10 @@ from typing import Any
 from django.conf import settings
 
 from projects import selectors, services
+from projects.grader_secrets import grader_for_build
 from projects.jobs.claimed import Claimed, Heartbeat, Job, readable
 from projects.models import Checkpoint, Run, RunStatus, Split
+from projects.outbound import outbound_policy
 from projects.selectors.serving import live_servers
 from projects.serving_names import secret_suffix
 from projects.storage import StoredObject, checkpoint_local_dir, checkpoint_upload
@@ -138,7 +140,7 @@ def build_run_spec(run: Run) -> RunSpec:
         config=config,
         lora=LoraSpec.from_dict(model.lora),
         environment=services.environment_build(environment=environment),
-        grader_spec=reward.spec,
+        grader_spec=grader_for_build(reward.spec),
         train_rows=selectors.task_set_rows(task_set=task_set, split=Split.TRAIN),
         start_step=run.start_step,
         resume_step=run.current_step if resume else None,
@@ -150,6 +152,7 @@ def build_run_spec(run: Run) -> RunSpec:
         reward_name=f"{reward.name!r} v{reward.version}",
         judge=services.judge_client(team=run.project.team),
         sandbox=services.sandbox_config(team_id=run.project.team_id),
+        outbound=outbound_policy(),
         validation_rows=selectors.task_set_rows(task_set=task_set, split=Split.VALIDATION),
         objective=run.kind if run.kind in ("sft", "dpo") else "grpo",
         trainer_service=run_trainer_service(run),

@@ -25,6 +25,7 @@ from django.utils.text import slugify
 
 from projects.defaults import RUN_CONFIG
 from projects.errors import NotFound, ValidationFailed
+from projects.grader_secrets import grader_public
 from projects.models import (
     BaseModel,
     Checkpoint,
@@ -364,7 +365,7 @@ def job_create(*, project: Project, body: dict[str, Any], created_by: Any = None
             "suffix": suffix,
             "seed": config.get("seed", DEFAULTS.seed),
             "metadata": metadata,
-            "method": {"type": kind, kind: {"hyperparameters": reported, **({"grader": grader_spec} if grader else {})}},
+            "method": {"type": kind, kind: {"hyperparameters": reported, **({"grader": grader_public(grader_spec)} if grader else {})}},
         }  # fmt: skip
         run.save(update_fields=["fine_tuning"])
     return run

@@ -17,6 +17,7 @@ from training.rewards.errors import GraderSpecError, GradingError
 from training.rewards.judge import JudgeClient
 from training.rewards.sandbox import SandboxConfig
 from training.rewards.templates import Template, TemplateSyntaxError
+from training.safety.outbound import PUBLIC_ONLY, OutboundPolicy
 from training.safety.slots import SlotsBusy
 
 
@@ -34,6 +35,9 @@ class Sample:
     messages: list[dict[str, Any]] = field(default_factory=list)
     output_tools: list[dict[str, Any]] = field(default_factory=list)
     outcome: dict[str, Any] = field(default_factory=dict)
+    # Where the sample comes from (a run's step, group, rollout, row index), for graders that
+    # report back to the team (`endpoint`); {} for a one-off grade.
+    ids: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.output_tools:
@@ -125,6 +129,7 @@ OPENAI_ERROR_FLAGS = {
     "memory_limit": "python_grader_runtime_error",
     "timeout": "unresponsive_reward_error",
     "regex_timeout": "unresponsive_reward_error",
+    "endpoint_grader_timeout": "unresponsive_reward_error",
     "python_grader_server_error": "python_grader_server_error",
     "model_grader_server_error": "model_grader_server_error",
     "model_grader_parse_error": "model_grader_parse_error",
@@ -179,10 +184,11 @@ class Score:
 @dataclass(frozen=True)
 class GraderRuntime:
     """What a grader may use beyond its spec, supplied by the caller: the team's judge endpoint and
-    the operator's sandbox limits. Graders never read settings or secrets themselves."""
+    the operator's sandbox limits and outbound policy. Graders never read settings or secrets themselves."""
 
     judge: JudgeClient | None = None
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    outbound: OutboundPolicy = PUBLIC_ONLY  # which hosts an endpoint grader may call
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 from training.cost import judge_token_usage
 from training.rewards.base import GRADER_TYPES, Grader, GradeResult, GraderRuntime, Sample, validate_grader
+from training.rewards.endpoint import EndpointGrader
 from training.rewards.environment import EnvironmentGrader
 from training.rewards.errors import RewardFailure
 from training.rewards.json_match import JsonMatchGrader
@@ -30,6 +31,7 @@ from training.rewards.string_check import StringCheckGrader
 from training.rewards.text_similarity import TextSimilarityGrader
 from training.rewards.tool_call import ToolCallGrader
 from training.rollouts.trajectory import Trajectory
+from training.safety.outbound import PUBLIC_ONLY, OutboundPolicy
 
 # The table composite graders (multi, ruler) build their parts from (training.rewards.base), filled here.
 GRADER_TYPES.update(
@@ -45,17 +47,23 @@ GRADER_TYPES.update(
         MultiGrader.type: MultiGrader,
         RulerGrader.type: RulerGrader,
         EnvironmentGrader.type: EnvironmentGrader,
+        EndpointGrader.type: EndpointGrader,
     }
 )
 
 
 def build_grader(
-    spec: dict[str, Any], *, judge: JudgeClient | None = None, sandbox: SandboxConfig | None = None
+    spec: dict[str, Any],
+    *,
+    judge: JudgeClient | None = None,
+    sandbox: SandboxConfig | None = None,
+    outbound: OutboundPolicy | None = None,
 ) -> Grader:
     """A ready grader. `judge` is the team's judge endpoint (needed by score_model, label_model and
-    ruler, also inside multi); `sandbox` the operator's limits for python graders."""
+    ruler, also inside multi); `sandbox` the operator's limits for python graders; `outbound` the
+    operator's policy for endpoint graders (public addresses only when None)."""
     normalised = validate_grader(spec)
-    runtime = GraderRuntime(judge=judge, sandbox=sandbox or SandboxConfig())
+    runtime = GraderRuntime(judge=judge, sandbox=sandbox or SandboxConfig(), outbound=outbound or PUBLIC_ONLY)
     return GRADER_TYPES[normalised["type"]](normalised, runtime)
 
 
@@ -100,16 +108,21 @@ def grade_trajectories(
     *,
     judge: JudgeClient | None = None,
     sandbox: SandboxConfig | None = None,
+    outbound: OutboundPolicy | None = None,
+    context: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Fill in reward, sub_rewards and errors of every trajectory, one group at a time (a relative
     judge like RULER compares a group's trajectories). Errors are data, not crashes, unless more
-    than ``max_error_fraction`` of the step's samples failed."""
-    grader = build_grader(grader_spec, judge=judge, sandbox=sandbox)
+    than ``max_error_fraction`` of the step's samples failed. ``context`` (e.g. ``{"step": 3}``)
+    joins each sample's ids, which an endpoint grader sends along."""
+    grader = build_grader(grader_spec, judge=judge, sandbox=sandbox, outbound=outbound)
     trajectories = [t for group in groups for t in group]
     samples = [
-        Sample(output_text=t.output_text, messages=t.messages, output_tools=t.output_tools, outcome=t.outcome)
-        for t in trajectories
-    ]
+        Sample(output_text=t.output_text, messages=t.messages, output_tools=t.output_tools, outcome=t.outcome,
+               ids={**(context or {}), "group": group_index, "rollout": rollout, "row_index": row.get("index")})
+        for group_index, (group, row) in enumerate(zip(groups, rows, strict=True))
+        for rollout, t in enumerate(group)
+    ]  # fmt: skip
     if grader.grades_groups:  # a relative judge (RULER) compares the trajectories of one group
         results, offset = [], 0
         for group, row in zip(groups, rows, strict=True):

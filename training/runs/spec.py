@@ -34,6 +34,7 @@ class RunSpec:
     reward_name: str = ""  # how users know the reward definition, for error messages
     judge: Any = None  # training.rewards.JudgeClient for LLM-judge graders (the team's endpoint)
     sandbox: Any = None  # training.rewards.SandboxConfig: the operator's python-grader limits
+    outbound: Any = None  # training.safety.outbound.OutboundPolicy for endpoint graders (None: public only)
     validation_rows: list[dict[str, Any]] = field(
         default_factory=list
     )  # evaluated (training.runs.evaluation)

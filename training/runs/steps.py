@@ -93,7 +93,8 @@ class Draw:
         self.rollout_seconds += time.monotonic() - started
         phase(hooks, "grading", f"{self.label}: grading{more}", step=step)
         grading = grade_trajectories(spec.grader_spec, groups, rows, spec.max_grader_error_fraction, spec.reward_name,
-                                     judge=spec.judge, sandbox=spec.sandbox)  # fmt: skip
+                                     judge=spec.judge, sandbox=spec.sandbox, outbound=spec.outbound,
+                                     context={"step": step, "draw": draw})  # fmt: skip
         return groups, rows, grading
 
     def until_full(

@@ -34,7 +34,11 @@ USER_AGENT = "artweb"
 
 class ChatCompletionError(RuntimeError):
     """The endpoint failed, or answered with something that is not JSON. The message is meant for
-    people and holds no secret."""
+    people and holds no secret. ``timed_out``: the last attempt got no answer in time."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True)
@@ -89,28 +93,59 @@ def post_chat_completion(
     label: str = "endpoint",
     outbound: OutboundPolicy = PUBLIC_ONLY,
 ) -> Any:
-    """POST ``body`` to ``{base_url}/chat/completions`` and return the decoded JSON payload.
+    """POST ``body`` to ``{base_url}/chat/completions`` and return the decoded JSON payload
+    (``post_json`` with the API key as a bearer token)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = base_url.rstrip("/") + "/chat/completions"
+    return post_json(
+        url, body, headers=headers, timeout=timeout, retries=retries, retry_backoff=retry_backoff,
+        label=label, outbound=outbound,
+    )  # fmt: skip
+
+
+def post_json(
+    url: str,
+    body: Any,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 60.0,
+    retries: int = 1,
+    retry_backoff: float = 0.5,
+    label: str = "endpoint",
+    outbound: OutboundPolicy = PUBLIC_ONLY,
+    max_response_bytes: int = MAX_RESPONSE_BYTES,
+) -> Any:
+    """POST ``body`` as JSON to ``url`` with ``headers`` (secrets: never in a message) and return
+    the decoded JSON reply. Shared by the chat-completions callers and the endpoint grader
+    (``training.rewards.endpoint``).
 
     A timeout, a connection error or a status in RETRY_STATUSES is retried ``retries`` more times,
     after ``retry_backoff`` seconds, doubled each time. Any other failure is final, a host the
     ``outbound`` policy refuses included. Every failure raises ChatCompletionError whose message
     starts with ``label`` ("judge endpoint", "endpoint")."""
     data = json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": USER_AGENT}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    url = base_url.rstrip("/") + "/chat/completions"
+    # Both named so the error reports' filter (artweb.error_reports) masks them in a traceback's frames.
+    secret_values = tuple(_header_secrets(headers or {}))
+    headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": USER_AGENT,
+               **(headers or {})}  # fmt: skip
     attempt = 0
     while True:
         try:
             return _post_once(
-                url, data, headers, timeout=timeout, label=label, outbound=outbound, key=api_key
-            )
+                url, data, headers, timeout=timeout, label=label, outbound=outbound, secret_values=secret_values,
+                max_response_bytes=max_response_bytes,
+            )  # fmt: skip
         except _Retryable as error:
             if attempt >= retries:
-                raise ChatCompletionError(str(error)) from None
+                raise ChatCompletionError(str(error), timed_out=error.timed_out) from None
             time.sleep(retry_backoff * (2**attempt))
             attempt += 1
+
+
+def _header_secrets(headers: dict[str, str]) -> list[str]:
+    # Any header value may be a credential; a bearer token is also redacted without its scheme word.
+    values = [value for value in headers.values() if value]
+    return values + [value.split(" ", 1)[1] for value in values if " " in value.strip()]
 
 
 def _post_once(
@@ -121,36 +156,43 @@ def _post_once(
     timeout: float,
     label: str,
     outbound: OutboundPolicy,
-    key: str,
+    secret_values: tuple[str, ...],
+    max_response_bytes: int,
 ) -> Any:
     request = urllib.request.Request(url, data=data, headers=headers, method="POST")
     try:
         outbound.check_url(url, resolve=False)  # the scheme and the name; addresses at connect
         with outbound.opener().open(request, timeout=timeout) as response:
-            raw = response.read(MAX_RESPONSE_BYTES + 1)
+            raw = response.read(max_response_bytes + 1)
     except OutboundRefused as error:
         raise ChatCompletionError(f"{label} refused by the outbound policy: {error}") from None
     except urllib.error.HTTPError as error:  # any status outside 2xx, a refused redirect included
-        said = upstream_reason(error.read(ERROR_BODY_BYTES), secrets=(key,))
+        said = upstream_reason(error.read(ERROR_BODY_BYTES), secrets=secret_values)
         message = f"{label} answered HTTP {error.code}: {said or _phrase(error.code)}"
         if error.code in RETRY_STATUSES:
             raise _Retryable(message) from None
         raise ChatCompletionError(message) from None
     except TimeoutError:  # socket.timeout is an alias since 3.10
-        raise _Retryable(f"{label} did not answer within {timeout:g} s") from None
+        raise _Retryable(f"{label} did not answer within {timeout:g} s", timed_out=True) from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
+        if isinstance(reason, TimeoutError):  # a connect that timed out arrives wrapped
+            raise _Retryable(f"{label} did not answer within {timeout:g} s", timed_out=True) from None
         raise _Retryable(f"{label} unreachable: {reason}") from None
     except http.client.HTTPException as error:  # a reply cut short or garbled: not an OSError
         raise _Retryable(f"{label} unreachable: {type(error).__name__}") from None
     except ValueError as error:  # e.g. UnicodeEncodeError: a header http.client cannot write in Latin-1
         raise ChatCompletionError(f"{label} request could not be sent ({type(error).__name__})") from None
-    if len(raw) > MAX_RESPONSE_BYTES:
-        raise ChatCompletionError(f"{label} response larger than 4 MiB")
+    if len(raw) > max_response_bytes:
+        raise ChatCompletionError(f"{label} response larger than {_size(max_response_bytes)}")
     try:
         return json.loads(raw)
     except ValueError:  # the body is not shown: an unknown server's answer is never echoed
         raise ChatCompletionError(f"{label} response is not JSON ({len(raw)} bytes)") from None
+
+
+def _size(count: int) -> str:
+    return f"{count // (1024 * 1024)} MiB" if count % (1024 * 1024) == 0 else f"{count // 1024} KiB"
 
 
 def _phrase(status: int) -> str:
@@ -161,4 +203,6 @@ def _phrase(status: int) -> str:
 
 
 class _Retryable(Exception):
-    pass
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out

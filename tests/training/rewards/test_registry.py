@@ -24,7 +24,7 @@ EXACT = {
 }
 
 
-ALL_TYPES = "string_check, text_similarity, regex, json_match, tool_call, python, score_model, label_model, multi, ruler, environment"
+ALL_TYPES = "string_check, text_similarity, regex, json_match, tool_call, python, score_model, label_model, multi, ruler, environment, endpoint"
 
 
 def test_registry_maps_type_names_to_grader_classes():
