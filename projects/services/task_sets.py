@@ -16,9 +16,11 @@ from projects.services._common import check_slug, check_text_length, create_uniq
 from training.rollouts import strict_json
 
 MAX_ERRORS_REPORTED = 20
-# A row's fields: the prompt (messages or prompt), the grader's item, and the targets SFT
-# (completion) and DPO (chosen, rejected) runs train on.
-ROW_FIELDS = {"messages", "prompt", "item", "split", "id", "completion", "chosen", "rejected"}
+# A row's fields: the prompt (messages or prompt), the grader's item, the targets SFT
+# (completion) and DPO (chosen, rejected) runs train on, and the tools the row offers the model
+# (OpenAI's function definitions; parallel_tool_calls false: one call per turn).
+ROW_FIELDS = {"messages", "prompt", "item", "split", "id", "completion", "chosen", "rejected", "tools",
+              "parallel_tool_calls"}  # fmt: skip
 
 
 @dataclass
@@ -45,6 +47,12 @@ def _row_problems(row: Any) -> list[tuple[str, str]]:
         if not (isinstance(value, str) or (isinstance(value, dict) and value.get("role", "assistant") == "assistant"
                                            and isinstance(value.get("content"), str))):  # fmt: skip
             problems.append((key, "must be a string or an assistant message {role: assistant, content}"))
+    if "tools" in row and (
+        not isinstance(row["tools"], list) or not all(isinstance(tool, dict) for tool in row["tools"])
+    ):
+        problems.append(("tools", "must be a list of OpenAI function definitions"))
+    if "parallel_tool_calls" in row and not isinstance(row["parallel_tool_calls"], bool):
+        problems.append(("parallel_tool_calls", "must be true or false"))
     has_messages, has_prompt = "messages" in row, "prompt" in row
     if has_messages == has_prompt:
         problems.append(("messages", "give exactly one of 'messages' or 'prompt'"))

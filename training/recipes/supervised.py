@@ -4,11 +4,16 @@ rollouts and rewards.
 
 Rows:
 - SFT: ``{"prompt": ..., "completion": "..."}`` or ``{"messages": [..., {"role": "assistant", ...}]}``
-  (the conversation ends with the assistant's reply). Every assistant message is a target:
-  ``cross_entropy`` on its tokens only (its end-of-turn token included), weights 1 / (the batch's
-  target tokens), so the loss is the mean negative log-likelihood per target token.
-- DPO: ``{"prompt" | "messages": ..., "chosen": ..., "rejected": ...}`` (each a string or an
-  assistant message). The loss is DPO's ``-log σ(β·((π_c - ρ_c) - (π_r - ρ_r)))`` over sequence
+  (the conversation ends with the assistant's reply). Every assistant message is a target, but one
+  with ``"weight": 0`` (context, as in OpenAI's files): ``cross_entropy`` on its tokens only (its
+  end-of-turn token included), weights 1 / (the batch's target tokens), so the loss is the mean
+  negative log-likelihood per target token. A row may offer ``tools`` (OpenAI's function
+  definitions) and hold assistant ``tool_calls`` and ``tool`` messages: it is rendered as a rollout
+  renders such a conversation (``training.rollouts.agent.offer_tools``: the template's ``tools=``
+  where it shows tools, else the tools in the system prompt and the calls written into the
+  content), and a target's tool-call tokens are targets; the tool messages are not.
+- DPO: ``{"prompt" | "messages": ..., "chosen": ..., "rejected": ...[, "tools"]}`` (each a string or
+  an assistant message, which may hold ``tool_calls``). The loss is DPO's ``-log σ(β·((π_c - ρ_c) - (π_r - ρ_r)))`` over sequence
   log-likelihoods (π: the policy, ρ: the reference, the run's start checkpoint), with β the config's
   ``dpo_beta``. Its gradient is applied exactly through ``cross_entropy``: a forward pass gives each
   sequence's coefficient ``∂L/∂π``, and a linear loss with those coefficients as token weights has the
@@ -34,6 +39,7 @@ from training.cost import device_usage
 from training.engines.base import render_chat
 from training.environments.base import prompt_messages
 from training.recipes.schedules import learning_rate_at
+from training.rollouts.agent import for_template, offer_tools, template_supports_tools
 from training.rollouts.trajectory import TrainSample
 from training.runs.evaluation import evaluate_during_run, is_evaluation_step
 from training.runs.progress import phase, step_label
@@ -60,6 +66,10 @@ def row_problem(row: dict[str, Any], objective: str) -> str | None:
             return "needs a 'completion', or 'messages' ending with the assistant's reply"
         if messages[-1].get("role") != "assistant":
             return "needs a 'completion', or 'messages' ending with the assistant's reply"
+        if all(
+            m.get("weight") == 0 for m in messages if isinstance(m, dict) and m.get("role") == "assistant"
+        ):
+            return "every assistant message has weight 0: there is nothing to train on"
         return None
     if objective == "dpo":
         for name in ("chosen", "rejected"):
@@ -76,26 +86,42 @@ def _reply(value: Any) -> str | None:
         return value
     if isinstance(value, dict) and value.get("role", "assistant") == "assistant":
         content = value.get("content")
+        if content is None and value.get("tool_calls"):
+            return ""
         return content if isinstance(content, str) else None
     return None
 
 
 def sft_sample(tokenizer: Any, row: dict[str, Any], system_prompt: str) -> TrainSample:
-    """The row's conversation as one sample: the prompt up to the first assistant reply, then the
-    rest, with the assistant replies' tokens marked (mask 1) as targets."""
+    """The row's conversation as one sample: the prompt up to the first target (an assistant reply
+    without weight 0), then the rest, with the targets' tokens marked (mask 1), tool calls included."""
     problem = row_problem(row, "sft")
     if problem:
         raise RowError(problem)
     messages = prompt_messages(row, system_prompt)
     if "completion" in row:
         messages.append({"role": "assistant", "content": row["completion"]})
-    full = render_chat(tokenizer, messages, add_generation_prompt=False)
-    replies = [i for i, message in enumerate(messages) if message.get("role") == "assistant"]
-    prompt = render_chat(tokenizer, messages[: replies[0]])
+    definitions = row.get("tools") or []
+    if not definitions and not any(m.get("tool_calls") or "weight" in m for m in messages):
+
+        def render(conversation: list[dict], add_generation_prompt: bool = True) -> list[int]:
+            return render_chat(tokenizer, conversation, add_generation_prompt=add_generation_prompt)
+
+    else:  # as a rollout offers these tools and renders these calls (training.rollouts.agent)
+        native = bool(definitions) and template_supports_tools(tokenizer)
+        messages = offer_tools(messages, definitions, native=native)
+
+        def render(conversation: list[dict], add_generation_prompt: bool = True) -> list[int]:
+            return render_chat(tokenizer, for_template(conversation), tools=definitions if native else None,
+                               add_generation_prompt=add_generation_prompt)  # fmt: skip
+
+    full = render(messages, add_generation_prompt=False)
+    replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and m.get("weight") != 0]
+    prompt = render(messages[: replies[0]])
     mask = [0] * (len(full) - len(prompt))
     for index in replies:
-        before = render_chat(tokenizer, messages[:index])
-        through = render_chat(tokenizer, messages[: index + 1], add_generation_prompt=False)
+        before = render(messages[:index])
+        through = render(messages[: index + 1], add_generation_prompt=False)
         if full[: len(before)] != before or full[: len(through)] != through or len(through) <= len(before):
             raise RowError(
                 "the chat template does not render this conversation turn by turn (an earlier turn "
@@ -117,10 +143,20 @@ def dpo_pair(tokenizer: Any, row: dict[str, Any], system_prompt: str) -> Pair:
     problem = row_problem(row, "dpo")
     if problem:
         raise RowError(problem)
-    context = {key: value for key, value in row.items() if key in ("prompt", "messages")}
+    context = {key: value for key, value in row.items() if key in ("prompt", "messages", "tools")}
     replies = []
     for name in ("chosen", "rejected"):
-        replies.append(sft_sample(tokenizer, {**context, "completion": _reply(row[name])}, system_prompt))
+        reply = row[name]
+        if isinstance(reply, dict) and reply.get("tool_calls"):  # the reply's calls are targets too
+            before = context.get("messages") or [{"role": "user", "content": context["prompt"]}]
+            conversation = [*before, {**reply, "role": "assistant", "content": _reply(reply)}]
+            example = {
+                "messages": conversation,
+                **({"tools": context["tools"]} if "tools" in context else {}),
+            }
+        else:
+            example = {**context, "completion": _reply(reply)}
+        replies.append(sft_sample(tokenizer, example, system_prompt))
     return Pair(*replies)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from training.engines.base import Choice, Engine, SamplingParams, render_chat
 from training.environments.base import Environment, EpisodeState
 from training.rollouts.strict_json import loads_lenient
-from training.rollouts.tools import Tool, ToolCall, parse_tool_calls, tools_system_prompt
+from training.rollouts.tools import Tool, ToolCall, parse_tool_calls, tools_prompt, written_calls
 from training.rollouts.trajectory import Trajectory
 
 
@@ -85,15 +85,28 @@ def rollout_groups(
     last allowed turn the environment's reply is not shown to the model (no turn is left to read
     it): a tool environment does not run that turn's calls; a game still plays the move.
     `on_progress` hears a RolloutProgress as trajectories finish (see RolloutProgress).
+
+    A row's own `tools` (OpenAI function definitions, as a fine-tuning file's rows carry them) are
+    offered beside the environment's and their calls parsed; the environment runs what it can (a
+    call of a tool it does not have gets an error result). With the row's `parallel_tool_calls`
+    false, only a turn's first call is kept: the later ones stay in the turn's text (its sampled
+    tokens are trained as sampled) but are not run, not in the message's `tool_calls` and not in
+    the graders' `output_tools`.
     """
     tools = list(env.tools)
-    chat = ChatFormat(engine, tools)
+    formats: dict[str, ChatFormat] = {}  # one per distinct set of row tools (its template probe)
     episodes: list[_Episode] = []
     for row_position, row in enumerate(rows):
+        definitions = row.get("tools") or []
+        key = json.dumps(definitions, sort_keys=True)
+        chat = formats.get(key) or formats.setdefault(key, ChatFormat(engine, tools, definitions))
         for sample_index in range(group_size):
             state = env.start(row, seed=episode_seed(sampling.seed, row_position, sample_index))
             messages = chat.prompt_messages(state.messages)
-            episodes.append(_Episode(state, messages, chat.render(messages, add_generation_prompt=True)))
+            ids = chat.render(messages, add_generation_prompt=True)
+            episodes.append(
+                _Episode(state, messages, ids, chat=chat, one_call=row.get("parallel_tool_calls") is False)
+            )
 
     for turn in range(1, env.max_turns + 1):
         active = [episode for episode in episodes if not episode.done]
@@ -105,7 +118,7 @@ def rollout_groups(
             choices = engine.generate_from_tokens(prompts, turn_sampling, adapter=adapter)
         else:
             choices = engine.generate_from_tokens(prompts, turn_sampling, adapter=adapter, on_finished=report)
-        calls = [parse_tool_calls(c.text, id_prefix=f"call_{turn}_") if tools else [] for c in choices]
+        calls = [episode.calls(choice.text, turn) for episode, choice in zip(active, choices, strict=True)]
         for episode, choice, episode_calls in zip(active, choices, calls, strict=True):
             episode.add_model_turn(choice, episode_calls)
         replies = env.respond_batch([e.state for e in active], [c.text for c in choices], calls)
@@ -113,7 +126,9 @@ def rollout_groups(
             if reply.done:
                 episode.finish(reply.finish_reason or choice.finish_reason)
             else:
-                env_ids = chat.environment_ids(episode.messages, reply.messages, episode.last_sampled_ids)
+                env_ids = episode.chat.environment_ids(
+                    episode.messages, reply.messages, episode.last_sampled_ids
+                )
                 episode.add_environment_turn(reply.messages, env_ids)
         if report:
             report(None)  # the turn is over: groups whose every episode is done now count as done
@@ -173,6 +188,8 @@ class _Episode:
     state: EpisodeState
     messages: list[dict]
     prompt_token_ids: list[int]
+    chat: ChatFormat
+    one_call: bool = False  # the row's parallel_tool_calls is false
     completion_token_ids: list[int] = field(default_factory=list)
     completion_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -185,6 +202,13 @@ class _Episode:
     @property
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.completion_token_ids
+
+    def calls(self, text: str, turn: int) -> list[ToolCall]:
+        """The calls of a model turn, when tools are offered (only the first with `one_call`)."""
+        if not self.chat.offers_tools:
+            return []
+        calls = parse_tool_calls(text, id_prefix=f"call_{turn}_")
+        return calls[:1] if self.one_call else calls
 
     def add_model_turn(self, choice: Choice, calls: list[ToolCall]) -> None:
         self.completion_token_ids += choice.token_ids
@@ -230,31 +254,30 @@ class ChatFormat:
     A template that takes `tools=` (rendering with tools changes its output) gets them in its own
     format; otherwise the tools are described in the system prompt (`tools_system_prompt`). The
     model calls them in the Hermes `<tool_call>` format either way (`training/rollouts/tools.py`).
+    The tools offered are the environment's and `definitions`, a task row's own (OpenAI's).
     """
 
-    def __init__(self, engine: Engine, tools: list[Tool]) -> None:
+    def __init__(
+        self, engine: Engine, tools: list[Tool], definitions: list[dict[str, Any]] | None = None
+    ) -> None:
         self.tokenizer = engine.tokenizer
         self.tools = tools
-        self.native_tools = bool(tools) and template_supports_tools(self.tokenizer)
-        self.tool_schemas = [tool.schema() for tool in tools] if self.native_tools else None
+        self.definitions = [tool.schema() for tool in tools] + list(definitions or [])
+        self.offers_tools = bool(self.definitions)
+        self.native_tools = self.offers_tools and template_supports_tools(self.tokenizer)
+        self.tool_schemas = self.definitions if self.native_tools else None
         eos = self.tokenizer.eos_token_id
         self.turn_end_ids: Set[int] = set(engine.stop_token_ids) | ({int(eos)} if eos is not None else set())
 
     def prompt_messages(self, messages: list[dict]) -> list[dict]:
         """The first prompt: the task's messages, with the tools described in the system prompt
-        when the template cannot show them itself."""
-        if not self.tools or self.native_tools:
-            return messages
-        block = tools_system_prompt(self.tools)
-        if messages and messages[0]["role"] == "system":
-            system = messages[0].get("content") or ""
-            return [{**messages[0], "content": f"{system}\n\n{block}" if system else block}, *messages[1:]]
-        return [{"role": "system", "content": block}, *messages]
+        when the template cannot show them itself (`offer_tools`)."""
+        return offer_tools(messages, self.definitions, native=self.native_tools)
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool) -> list[int]:
         return render_chat(
             self.tokenizer,
-            _for_template(messages),
+            for_template(messages),
             tools=self.tool_schemas,
             add_generation_prompt=add_generation_prompt,
         )
@@ -298,6 +321,30 @@ class ChatFormat:
         raise ChatTemplateError("the chat template does not close the model's turn with an end token")
 
 
+def offer_tools(messages: list[dict], definitions: list[dict[str, Any]], *, native: bool) -> list[dict]:
+    """A conversation as it is given to a chat template that shows tools (`native`: as it is; the
+    template gets `definitions` as `tools=` and renders tool calls itself) or that does not: the
+    tools described in the system prompt, and each assistant message's tool calls written into its
+    content as the model writes them (`written_calls`). The SFT recipe renders a row's targets so,
+    and a rollout its prompt, so that a model is taught the calls it is later asked to make."""
+    if native:
+        return messages
+    messages = [
+        {key: value for key, value in m.items() if key != "tool_calls"}
+        | {"content": written_calls(m.get("content") or "", m["tool_calls"])}
+        if m.get("tool_calls")
+        else m
+        for m in messages
+    ]
+    if not definitions:
+        return messages
+    block = tools_prompt(definitions)
+    if messages and messages[0]["role"] == "system":
+        system = messages[0].get("content") or ""
+        return [{**messages[0], "content": f"{system}\n\n{block}" if system else block}, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
+
+
 def template_supports_tools(tokenizer: Any) -> bool:
     """Whether the chat template shows `tools=`: rendering with a tool changes its output."""
     probe = [{"role": "user", "content": "Hi"}]
@@ -317,12 +364,13 @@ def _closing(rendered_ids: list[int], turn_end_ids: Set[int]) -> list[int]:
     return []
 
 
-def _for_template(messages: list[dict]) -> list[dict]:
+def for_template(messages: list[dict]) -> list[dict]:
     """Messages as Hugging Face chat templates expect them: tool-call arguments as objects, not the
-    JSON strings of OpenAI's format; content never None."""
+    JSON strings of OpenAI's format; content never None; no training `weight`."""
     rendered = []
     for message in messages:
-        message = {**message, "content": message.get("content") or ""}
+        message = {key: value for key, value in message.items() if key != "weight"}
+        message["content"] = message.get("content") or ""
         if message.get("tool_calls"):
             message["tool_calls"] = [
                 {**call, "function": {**call["function"], "arguments": _loads(call["function"]["arguments"])}}

@@ -145,7 +145,8 @@ class RemotePolicy:
             state = env.start(row, seed=seed)
             messages = list(state.messages)
             tools = list(state.tools)
-            schemas = [tool.schema() for tool in tools] or None
+            # A task row's own tools are offered too (training.rollouts.agent.rollout_groups).
+            schemas = [tool.schema() for tool in tools] + list(row.get("tools") or []) or None
             for turn in range(1, env.max_turns + 1):
                 reply = self.endpoint.chat(
                     model=self.model,
@@ -156,9 +157,11 @@ class RemotePolicy:
                     seed=seed,
                 )
                 calls: list[ToolCall] = []
-                if tools:  # OpenAI tool_calls, or Hermes blocks in the text (our own models)
+                if schemas:  # OpenAI tool_calls, or Hermes blocks in the text (our own models)
                     calls = [_to_tool_call(c, f"call_{turn}_{i}") for i, c in enumerate(reply.tool_calls)]
                     calls = calls or parse_tool_calls(reply.content, id_prefix=f"call_{turn}_")
+                    if row.get("parallel_tool_calls") is False:
+                        calls = calls[:1]  # as rollout_groups: the later calls are not run
                 message: dict[str, Any] = {"role": "assistant", "content": reply.content}
                 if calls:
                     message["tool_calls"] = [call.to_openai() for call in calls]

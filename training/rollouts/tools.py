@@ -76,7 +76,12 @@ class ToolResult:
 def tools_system_prompt(tools: list[Tool]) -> str:
     """How a model whose chat template knows no tools learns about them: appended to the system
     prompt. Hermes' wording and format, short, since small models read it on every turn."""
-    schemas = "\n".join(json.dumps(tool.schema()["function"], ensure_ascii=False) for tool in tools)
+    return tools_prompt([tool.schema() for tool in tools])
+
+
+def tools_prompt(definitions: list[dict[str, Any]]) -> str:
+    """`tools_system_prompt` for OpenAI function definitions (a task row's `tools`)."""
+    schemas = "\n".join(json.dumps(definition["function"], ensure_ascii=False) for definition in definitions)
     return (
         "You can call tools. Their JSON schemas:\n"
         f"<tools>\n{schemas}\n</tools>\n"
@@ -84,6 +89,24 @@ def tools_system_prompt(tools: list[Tool]) -> str:
         '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>\n'
         "Results come back in tool messages. When you know the answer, reply without a tool call."
     )
+
+
+def written_calls(content: str, tool_calls: list[dict[str, Any]]) -> str:
+    """An assistant message's content with its OpenAI `tool_calls` written after it as the model
+    writes calls (the Hermes blocks `parse_tool_calls` reads back): how a template that knows no
+    tools shows them, in SFT targets, rollout prompts and served conversations alike."""
+    written = ""
+    for call in tool_calls:
+        try:
+            arguments = loads_lenient(call["function"]["arguments"])
+        except json.JSONDecodeError:
+            arguments = call["function"]["arguments"]
+        written += (
+            "<tool_call>"
+            + json.dumps({"name": call["function"]["name"], "arguments": arguments})
+            + "</tool_call>"
+        )
+    return f"{content}\n{written}" if content else written
 
 
 def parse_tool_calls(text: str, id_prefix: str = "call_") -> list[ToolCall]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from training.engines.base import render_chat
 from training.rollouts.strict_json import loads_lenient
-from training.rollouts.tools import Tool, tools_system_prompt
+from training.rollouts.tools import Tool, tools_system_prompt, written_calls
 from training.serving.protocol import ChatRequest, RequestError
 
 
@@ -42,15 +42,7 @@ def render_prompt(tokenizer: Any, request: ChatRequest, *, native_tools: bool) -
                 for call in calls
             ]
         else:
-            written = "".join(
-                "<tool_call>"
-                + json.dumps(
-                    {"name": call["function"]["name"], "arguments": _loads(call["function"]["arguments"])}
-                )
-                + "</tool_call>"
-                for call in calls
-            )
-            message["content"] = f"{message['content']}\n{written}" if message["content"] else written
+            message["content"] = written_calls(message["content"], calls)
     try:
         ids = render_chat(tokenizer, messages, tools=schemas, variables=request.chat_template_kwargs)
     except Exception as exc:  # jinja raises whatever the template author chose

@@ -111,6 +111,11 @@ def test_files_in_every_format_become_task_sets_and_read_back_in_openai_shape(ft
         ('{"messages": [{"role": "user", "content": "x"}], "tools": []}', "line 1: tools"),
         ('{"input": {"messages": [{"role": "user", "content": "x"}]}, "preferred_output": []}', "line 1: preferred_output"),
         ('{"messages": [{"role": "assistant", "content": "x"}]}', "line 1: messages: a supervised row needs a user"),
+        ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "weight": 0}]}',
+         "line 1: messages: every assistant message has weight 0"),
+        ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": '
+         '[{"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}',
+         "line 1: messages[1].tool_calls: the row offers no tools"),
     ],
 )  # fmt: skip
 def test_a_bad_line_is_a_400_naming_its_line_and_field(ft, line, where):
@@ -119,6 +124,57 @@ def test_a_bad_line_is_a_400_naming_its_line_and_field(ft, line, where):
     error = caught.value.body
     assert error["param"] == "file" and where in error["message"], error
     assert not TaskSet.objects.exists()
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+
+
+def weather_call(city: str) -> dict:
+    return {"id": f"call-{city}", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}  # fmt: skip
+
+
+TOOL_SFT_ROWS = [
+    {"messages": [{"role": "user", "content": f"Weather in {city}?"},
+                  {"role": "assistant", "content": None, "tool_calls": [weather_call(city)]},
+                  {"role": "tool", "tool_call_id": f"call-{city}", "content": "sunny"},
+                  {"role": "assistant", "content": "Maybe.", "weight": 0},
+                  {"role": "user", "content": "And?"},
+                  {"role": "assistant", "content": f"Sunny in {city}."}],
+     "tools": [WEATHER], "parallel_tool_calls": False}
+    for city in ("Paris", "Rome", "Oslo", "Lima")
+]  # fmt: skip
+
+
+def test_files_with_tools_train_every_method(ft):
+    """Issue 56: lines with tools, tool calls, tool messages and weight 0 are accepted, read back as
+    uploaded (null content as ""), and make supervised, reinforcement and DPO jobs."""
+    sft = upload(ft, TOOL_SFT_ROWS, "tools.jsonl")
+    rows = [r.data for r in TaskRow.objects.filter(task_set_id=int(sft.id[5:]))]
+    assert rows[0]["tools"] == [WEATHER] and rows[0]["parallel_tool_calls"] is False
+    assert rows[0]["completion"] == "Sunny in Paris." and rows[0]["messages"][3]["weight"] == 0
+    lines = [json.loads(line) for line in ft.files.content(sft.id).text.splitlines()]
+    expected = json.loads(json.dumps(TOOL_SFT_ROWS).replace('"content": null', '"content": ""'))
+    assert lines == expected
+    job = ft.fine_tuning.jobs.create(model="tiny", training_file=sft.id, method={"type": "supervised"})
+    assert Run.objects.get(pk=int(job.id[6:])).kind == RunKind.SFT
+
+    rl_rows = [{"messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": [WEATHER],
+                "parallel_tool_calls": False, "city": "Oslo"}] * 2  # fmt: skip
+    grader = {"type": "string_check", "name": "city", "input": "{{sample.output_tools.0.arguments.city}}",
+              "reference": "{{item.city}}", "operation": "eq"}  # fmt: skip
+    job = ft.fine_tuning.jobs.create(model="tiny", training_file=upload(ft, rl_rows).id,
+                                     method={"type": "reinforcement", "reinforcement": {"grader": grader}})  # fmt: skip
+    assert Run.objects.get(pk=int(job.id[6:])).task_set.rows.first().data["item"] == {"city": "Oslo"}
+
+    dpo_rows = [{"input": {"messages": [{"role": "user", "content": "Weather in Rome?"}], "tools": [WEATHER]},
+                 "preferred_output": [{"role": "assistant", "content": "", "tool_calls": [weather_call("Rome")]}],
+                 "non_preferred_output": [{"role": "assistant", "content": "No idea."}]}] * 2  # fmt: skip
+    dpo = upload(ft, dpo_rows)
+    assert [json.loads(line) for line in ft.files.content(dpo.id).text.splitlines()] == dpo_rows
+    job = ft.fine_tuning.jobs.create(model="tiny", training_file=dpo.id, method={"type": "dpo"})
+    assert Run.objects.get(pk=int(job.id[6:])).kind == RunKind.DPO
 
 
 def test_purpose_other_than_fine_tune_is_refused(ft):
