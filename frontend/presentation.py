@@ -232,6 +232,8 @@ class Message:
     tool_call_id: str = ""
     name: str = ""
     first_divergence: bool = False
+    # A tool endpoint's call behind this tool message (http_tools): status, latency_ms, error.
+    tool_request: dict[str, Any] | None = None
 
 
 @dataclass
@@ -291,9 +293,24 @@ def _divergence(a: Any, b: Any) -> tuple[int | None, int]:
     return None, 0
 
 
-def _messages(raw_messages: list[dict[str, Any]], split: tuple[int | None, int] | None) -> list[Message]:
+def tool_requests(row: Any) -> dict[str, dict[str, Any]]:
+    """A trajectory's or sample's tool endpoint calls by call id (the http_tools environment's
+    ``outcome.tool_requests``, stored in its metrics); {} for other environments."""
+    outcome = (getattr(row, "metrics", None) or {}).get("outcome")
+    listed = outcome.get("tool_requests") if isinstance(outcome, dict) else None
+    if not isinstance(listed, list):
+        return {}
+    return {str(r["call_id"]): r for r in listed if isinstance(r, dict) and "call_id" in r}
+
+
+def _messages(
+    raw_messages: list[dict[str, Any]],
+    split: tuple[int | None, int] | None,
+    requests: dict[str, dict[str, Any]] | None = None,
+) -> list[Message]:
     """Messages for the template; with ``split`` (from ``_divergence``), the text from there on is
-    marked ``diverged`` and the first differing message gets ``first_divergence``."""
+    marked ``diverged`` and the first differing message gets ``first_divergence``; a tool message
+    gets its endpoint call from ``requests`` (``tool_requests``)."""
     split_message, split_char = split if split is not None else (None, 0)
     messages = []
     for index, raw in enumerate(raw_messages):
@@ -312,6 +329,9 @@ def _messages(raw_messages: list[dict[str, Any]], split: tuple[int | None, int] 
                 tool_call_id=str(raw.get("tool_call_id", "")),
                 name=str(raw.get("name", "")),
                 first_divergence=split_message is not None and index == split_message,
+                tool_request=(requests or {}).get(str(raw.get("tool_call_id", "")))
+                if raw.get("role") == "tool"
+                else None,
             )
         )
     return messages
@@ -337,7 +357,7 @@ def transcript_columns(trajectories: Sequence[Any], summary: GroupSummary | None
         columns.append(
             Column(
                 trajectory,
-                _messages(trajectory.messages, split if marked else None),
+                _messages(trajectory.messages, split if marked else None, tool_requests(trajectory)),
                 rank if len(trajectories) > 1 else "",
                 advantage=summary.advantages.get(trajectory.pk) if summary is not None else None,
                 signal=summary.signals.get(trajectory.pk) if summary is not None else None,
@@ -404,7 +424,11 @@ def evaluation_sample_rows(samples: Sequence[Any]) -> list[SampleRow]:
                 [
                     Column(
                         sample,
-                        _messages(sample.messages, split if sample in (subject, reference) else None),
+                        _messages(
+                            sample.messages,
+                            split if sample in (subject, reference) else None,
+                            tool_requests(sample),
+                        ),
                         "",
                         side=sample.side,
                     )

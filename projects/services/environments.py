@@ -1,6 +1,6 @@
 """Environments: the registry's per-kind rules (``training.environments``) checked on every write,
-and the one place an environment is built for use, with its MCP header values decrypted
-(``projects.environment_config``)."""
+and the one place an environment is built for use, with its MCP and http_tools header values
+decrypted (``projects.environment_config``)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,15 @@ def _environment_fields(
         secrets.url_credentials_refused(config["url"], field="config.url")
         # Before the stored headers are matched to it: the URL in the form it is stored and called.
         config = {**config, "url": outbound_url_checked(config["url"], field="config.url")}
+    if (
+        kind == EnvironmentKind.HTTP_TOOLS
+        and isinstance(config, dict)
+        and isinstance(config.get("tools"), list)
+    ):
+        config = {
+            **config,
+            "tools": [_endpoint_checked(tool, index) for index, tool in enumerate(config["tools"])],
+        }
     config = environment_config.config_with_kept_headers(config, stored=stored_config or {})
     try:
         checked = validate_environment(
@@ -88,6 +97,15 @@ def _environment_fields(
         "tool_timeout_s": float(tool_timeout_s),
         "sampling": sampling,
     }
+
+
+def _endpoint_checked(tool: Any, index: int) -> Any:
+    """An http_tools tool with its `server_url` as stored and called, refused like `config.url`."""
+    if not isinstance(tool, dict) or not isinstance(tool.get("server_url"), str):
+        return tool  # the registry names what is wrong with it
+    where = f"config.tools[{index}].server_url"
+    secrets.url_credentials_refused(tool["server_url"], field=where)
+    return {**tool, "server_url": outbound_url_checked(tool["server_url"], field=where)}
 
 
 def environment_create(

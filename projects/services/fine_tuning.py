@@ -38,7 +38,7 @@ from projects.models import (
     Team,
     TrainableModel,
 )
-from projects.services import task_sets
+from projects.services import agent_rft, task_sets
 from projects.services.environments import environment_create
 from projects.services.fine_tuning_rows import file_create as file_create  # the API and tests call these here
 from projects.services.fine_tuning_rows import openai_line as openai_line
@@ -166,7 +166,9 @@ def _method(method: Any, legacy: Any) -> tuple[str, dict[str, Any], dict[str, An
     body = method.get(kind) or {}
     if not isinstance(body, dict):
         raise ValidationFailed("must be an object", field=f"method.{kind}")
-    allowed = {"hyperparameters"} | ({"grader", "response_format"} if kind == "reinforcement" else set())
+    allowed = {"hyperparameters"} | (
+        {"grader", "response_format", *agent_rft.FIELDS} if kind == "reinforcement" else set()
+    )
     unknown = set(body) - allowed
     if unknown:
         raise ValidationFailed("unknown field", field=f"method.{kind}.{sorted(unknown)[0]}")
@@ -273,7 +275,11 @@ def _job_rows(project: Project, training: TaskSet, validation: TaskSet | None) -
     return combined
 
 
-def _environment(project: Project) -> Environment:
+def _environment(
+    project: Project, agent: agent_rft.AgentSettings | None = None, token: str = ""
+) -> Environment:
+    if agent is not None:  # Agent RFT: an environment of the job's own tool endpoints
+        return agent_rft.job_environment(project=project, settings=agent, name=f"ft-tools-{token}")
     found = Environment.objects.filter(project=project, name=ENVIRONMENT).first()
     if found is not None:
         return found
@@ -300,6 +306,7 @@ def job_create(*, project: Project, body: dict[str, Any], created_by: Any = None
             "not supported: runs report to artweb's dashboard and webhooks", field="integrations"
         )
     kind, hyper, grader = _method(body.get("method"), body.get("hyperparameters"))
+    agent = agent_rft.agent_settings(body.get("method"))
     model_name = body.get("model")
     if not isinstance(model_name, str) or not model_name:
         raise ValidationFailed("must name a base model or a fine-tuned checkpoint", field="model")
@@ -338,7 +345,7 @@ def job_create(*, project: Project, body: dict[str, Any], created_by: Any = None
     with transaction.atomic():
         data = _job_rows(project, training, validation)
         reward = reward_definition_create(project=project, name=f"ft-grader-{token}", spec=grader_spec)
-        environment, name = _environment(project), f"ft-{label + '-' if label else ''}{token}"
+        environment, name = _environment(project, agent, token), f"ft-{label + '-' if label else ''}{token}"
 
         def start(model: TrainableModel) -> Run:
             try:
@@ -365,7 +372,8 @@ def job_create(*, project: Project, body: dict[str, Any], created_by: Any = None
             "suffix": suffix,
             "seed": config.get("seed", DEFAULTS.seed),
             "metadata": metadata,
-            "method": {"type": kind, kind: {"hyperparameters": reported, **({"grader": grader_public(grader_spec)} if grader else {})}},
+            "method": {"type": kind, kind: {"hyperparameters": reported, **({"grader": grader_public(grader_spec)} if grader else {}),
+                                      **(agent_rft.method_echo(environment) if agent else {})}},
         }  # fmt: skip
         run.save(update_fields=["fine_tuning"])
     return run

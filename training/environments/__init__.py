@@ -1,6 +1,6 @@
 """Environments: what the model sees around a task row and what answers its turns.
 
-One module per kind (`chat`, `python_tools`, `tic_tac_toe`, `game_2048`, `mcp`), each a subclass of
+One module per kind (`chat`, `python_tools`, `tic_tac_toe`, `game_2048`, `mcp`, `http_tools`), each a subclass of
 `base.Environment`, listed in `registry.ENVIRONMENT_KINDS`; `EnvironmentSpec` builds a tool
 environment in Python (tests, benchmarks, scripts). No Django here.
 

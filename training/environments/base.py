@@ -186,16 +186,16 @@ class Environment:
     ) -> list[Reply]:
         """Tool behaviour: run every episode's calls together (one deadline for all of them)."""
         replies: list[Reply | None] = [None] * len(states)
-        batches: list[tuple[int, list[ToolCall], list[Tool]]] = []
+        batches: list[tuple[int, list[ToolCall]]] = []
         for index, (state, episode_calls) in enumerate(zip(states, calls, strict=True)):
             if not episode_calls:
                 replies[index] = Reply([], done=True)
             elif state.turn >= self.max_turns:  # no turn is left to read their results: not run
                 replies[index] = Reply([], done=True, finish_reason="max_turns")
             else:
-                batches.append((index, episode_calls, state.tools))
-        results = run_tool_call_batches([(c, t) for _, c, t in batches], self.tool_timeout_s)
-        for (index, episode_calls, _), episode_results in zip(batches, results, strict=True):
+                batches.append((index, episode_calls))
+        results = self.run_calls([(states[index], episode_calls) for index, episode_calls in batches])
+        for (index, episode_calls), episode_results in zip(batches, results, strict=True):
             count_tool_results(states[index], episode_results)
             replies[index] = Reply(
                 [
@@ -204,6 +204,11 @@ class Environment:
                 ]
             )
         return [reply for reply in replies if reply is not None]
+
+    def run_calls(self, batches: list[tuple[EpisodeState, list[ToolCall]]]) -> list[list[ToolResult]]:
+        """One result per call of each episode: all start at once and share one deadline. A kind
+        whose calls need their episode and call id (http_tools: the rollout id) overrides it."""
+        return run_tool_call_batches([(calls, state.tools) for state, calls in batches], self.tool_timeout_s)
 
     def outcome(self, state: EpisodeState) -> dict[str, Any]:
         """What the episode achieved, for graders (`sample.outcome`) and the viewer."""

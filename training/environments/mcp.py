@@ -231,6 +231,22 @@ def check_environment_variables(env: Any, policy: StdioPolicy) -> None:
             raise ConfigError(where, f"must be one line of at most {MAX_ENV_VALUE_CHARS} characters")
 
 
+def check_headers(headers: Any, where: str) -> None:
+    """ConfigError naming ``where`` (or ``where.<name>``) unless ``headers`` is an object of
+    one-line strings under HTTP header names (also the http_tools kind's per-tool headers)."""
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise ConfigError(where, "must be an object of strings")
+    for name, value in headers.items():
+        if not HEADER_NAME.fullmatch(name):
+            raise ConfigError(where, f"{name!r} is not a header name")
+        if len(value) > MAX_HEADER_VALUE_CHARS or any(c in value for c in "\0\r\n"):
+            raise ConfigError(
+                f"{where}.{name}", f"must be one line of at most {MAX_HEADER_VALUE_CHARS} characters"
+            )
+
+
 class MCPToolError(RuntimeError):
     """The server answered a call with an error (the model reads the message)."""
 
@@ -296,19 +312,7 @@ class MCPEnvironment(Environment):
             parsed = urlparse(url) if isinstance(url, str) else None
             if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
                 raise ConfigError("config.url", "must be an http:// or https:// URL")
-        headers = config.get("headers", {})
-        if not isinstance(headers, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-        ):
-            raise ConfigError("config.headers", "must be an object of strings")
-        for name, value in headers.items():
-            if not HEADER_NAME.fullmatch(name):
-                raise ConfigError("config.headers", f"{name!r} is not a header name")
-            if len(value) > MAX_HEADER_VALUE_CHARS or any(c in value for c in "\0\r\n"):
-                raise ConfigError(
-                    f"config.headers.{name}",
-                    f"must be one line of at most {MAX_HEADER_VALUE_CHARS} characters",
-                )
+        check_headers(config.get("headers", {}), "config.headers")
         if "env" in config and "command" not in config:
             raise ConfigError("config.env", "only for a stdio server (config.command)")
         if "headers" in config and "url" not in config:

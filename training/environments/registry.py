@@ -13,6 +13,7 @@ from training.config import ConfigError
 from training.environments.base import Environment
 from training.environments.chat import ChatEnvironment
 from training.environments.game_2048 import Game2048Environment
+from training.environments.http_tools import HttpToolsEnvironment
 from training.environments.mcp import MCPEnvironment, StdioPolicy
 from training.environments.python_tools import PythonToolsEnvironment
 from training.environments.tic_tac_toe import TicTacToeEnvironment
@@ -24,6 +25,7 @@ ENVIRONMENT_KINDS: dict[str, type[Environment]] = {
     TicTacToeEnvironment.kind: TicTacToeEnvironment,
     Game2048Environment.kind: Game2048Environment,
     MCPEnvironment.kind: MCPEnvironment,
+    HttpToolsEnvironment.kind: HttpToolsEnvironment,
 }
 
 
@@ -69,7 +71,7 @@ def build_environment(
     outbound: OutboundPolicy = PUBLIC_ONLY,
 ) -> Environment:
     """A ready environment of `kind` (validated first). Close it when done (`with` works).
-    `outbound`: which hosts an MCP server URL may reach (``training.safety.outbound``); `stdio`: how an
+    `outbound`: which hosts an MCP server URL or an http_tools endpoint may reach (``training.safety.outbound``); `stdio`: how an
     MCP stdio server is allowed and confined."""
     settings = validate_environment(
         kind,
@@ -86,6 +88,7 @@ def build_environment(
         max_turns=settings["max_turns"],
         tool_timeout_s=float(tool_timeout_s),
         **({"outbound": outbound, "stdio": stdio} if kind == MCPEnvironment.kind else {}),
+        **({"outbound": outbound} if kind == HttpToolsEnvironment.kind else {}),
     )
 
 

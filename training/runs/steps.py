@@ -275,6 +275,7 @@ def record_step(
             **device_usage(spec.device, step_seconds),
         }
     )
+    metrics.update(tool_endpoint_metrics([t for group in drawn.groups for t in group]))
     flat = [
         (group_index, row["index"], trajectory)
         for group_index, (group, row) in enumerate(zip(drawn.groups, drawn.rows, strict=True))
@@ -285,3 +286,18 @@ def record_step(
     for warning in watch.observe(step=drawn.step, groups=drawn.groups, metrics=metrics):
         hooks.event(warning.message, level="warn", data=warning.data)
     return True
+
+
+def tool_endpoint_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """What tool endpoints (the http_tools environment) added to a step: the calls sent, their mean
+    latency, and the longest any rollout waited for them (a step's rollouts run in lockstep, so about
+    the time they added to its rollout phase); {} when no rollout called one."""
+    timed = [t.metrics for t in trajectories if "tool_endpoint_calls" in t.metrics]
+    if not timed:
+        return {}
+    calls = sum(m["tool_endpoint_calls"] for m in timed)
+    return {
+        "tool_endpoint_calls": float(calls),
+        "tool_latency_mean_s": sum(m["tool_latency_s"] for m in timed) / max(calls, 1),
+        "tool_wait_s": max(m["tool_wait_s"] for m in timed),
+    }

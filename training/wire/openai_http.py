@@ -114,6 +114,7 @@ def post_json(
     label: str = "endpoint",
     outbound: OutboundPolicy = PUBLIC_ONLY,
     max_response_bytes: int = MAX_RESPONSE_BYTES,
+    accept_text: bool = False,
 ) -> Any:
     """POST ``body`` as JSON to ``url`` with ``headers`` (secrets: never in a message) and return
     the decoded JSON reply. Shared by the chat-completions callers and the endpoint grader
@@ -133,7 +134,7 @@ def post_json(
         try:
             return _post_once(
                 url, data, headers, timeout=timeout, label=label, outbound=outbound, secret_values=secret_values,
-                max_response_bytes=max_response_bytes,
+                max_response_bytes=max_response_bytes, accept_text=accept_text,
             )  # fmt: skip
         except _Retryable as error:
             if attempt >= retries:
@@ -158,6 +159,7 @@ def _post_once(
     outbound: OutboundPolicy,
     secret_values: tuple[str, ...],
     max_response_bytes: int,
+    accept_text: bool = False,
 ) -> Any:
     request = urllib.request.Request(url, data=data, headers=headers, method="POST")
     try:
@@ -188,6 +190,8 @@ def _post_once(
     try:
         return json.loads(raw)
     except ValueError:  # the body is not shown: an unknown server's answer is never echoed
+        if accept_text:  # unless the caller reads text replies (an http_tools tool endpoint's)
+            return raw.decode("utf-8", "replace")
         raise ChatCompletionError(f"{label} response is not JSON ({len(raw)} bytes)") from None
 
 

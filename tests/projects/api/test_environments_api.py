@@ -92,7 +92,7 @@ def test_environment_kinds_lists_every_kind_with_its_help(alpha_setup, alice_cli
     response = alice_client.get("/api/v1/environment-kinds")
     assert response.status_code == 200
     kinds = {entry["kind"]: entry for entry in response.json()["data"]}
-    assert list(kinds) == ["chat", "python_tools", "tic_tac_toe", "2048", "mcp"]
+    assert list(kinds) == ["chat", "python_tools", "tic_tac_toe", "2048", "mcp", "http_tools"]
     assert [tool["name"] for tool in kinds["python_tools"]["available_tools"]] == [
         "calculator", "convert_units", "lookup", "current_time"
     ]  # fmt: skip
