@@ -22,7 +22,8 @@ earlier call), and ``"weight": 0`` on an assistant message (context: SFT does no
 keeps its targets in ``messages`` and has no ``completion``; a preference output with tool calls is
 stored as the assistant message, not its text. A reinforcement prompt cannot hold earlier tool
 calls: the grader's ``output_tools`` lists every call of the transcript, and would count them as
-the model's. The deprecated ``functions``/``function_call`` format is refused (give ``tools``).
+the model's. A chat line in the deprecated ``functions``/``function_call`` format is read as
+its ``tools`` equivalent (``_without_functions``) and written back in that format.
 """
 
 from __future__ import annotations
@@ -63,8 +64,6 @@ ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 def _tools(line: dict[str, Any], where: str) -> dict[str, Any]:
     """A row's ``tools`` and ``parallel_tool_calls`` as stored (absent ones stay absent)."""
-    if "functions" in line:
-        raise _RowError(f"{where}functions", "the deprecated functions format is not supported: give tools")
     found: dict[str, Any] = {}
     if "tools" in line:
         tools = line["tools"]
@@ -151,7 +150,7 @@ def _messages(value: Any, where: str, tools: dict[str, Any] | None = None) -> li
         if not isinstance(message, dict):
             raise _RowError(at, "must be an object")
         if message.get("function_call") or message.get("role") == "function":
-            raise _RowError(at, "the deprecated function_call format is not supported: give tool_calls")
+            raise _RowError(at, "function_call is taken in a chat row only: give tool_calls")
         if message.get("weight", 1) not in (0, 1) or isinstance(message.get("weight"), bool):
             raise _RowError(f"{at}.weight", "must be 0 or 1")
         if message.get("role") not in ROLES:
@@ -196,6 +195,55 @@ def _reply_text(reply: str | dict[str, Any]) -> str:
     return reply if isinstance(reply, str) else str(reply["content"])
 
 
+def _without_functions(line: dict[str, Any]) -> dict[str, Any]:
+    """A line in OpenAI's deprecated function-calling format in today's: ``functions`` as
+    ``tools``, an assistant's ``function_call`` as its one tool call (id ``call_<message index>``),
+    a ``function`` message as the tool message answering the call before it. (Written back, such a
+    row is in today's format.)"""
+    messages = line.get("messages")
+    legacy = isinstance(messages, list) and any(
+        isinstance(m, dict) and ("function_call" in m or m.get("role") == "function") for m in messages
+    )
+    if "functions" not in line and not legacy:
+        return line
+    if "tools" in line:
+        raise _RowError("functions", "give tools or the deprecated functions, not both")
+    line = dict(line)
+    if "functions" in line:
+        functions = line.pop("functions")
+        if not isinstance(functions, list) or not functions:
+            raise _RowError("functions", "must be a non-empty list of function definitions")
+        for i, function in enumerate(functions):
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise _RowError(
+                    f"functions[{i}]", "must be a function definition {name, description, parameters}"
+                )
+        line["tools"] = [{"type": "function", "function": function} for function in functions]
+    if legacy:
+        converted: list[Any] = []
+        call_id = None
+        for i, message in enumerate(messages):
+            if isinstance(message, dict) and "function_call" in message:
+                call = message["function_call"]
+                if message.get("role") != "assistant" or not isinstance(call, dict):
+                    raise _RowError(
+                        f"messages[{i}].function_call", "must be an assistant's {name, arguments}"
+                    )
+                call_id = f"call_{i}"
+                function = {"name": call.get("name"), "arguments": call.get("arguments")}
+                rest = {key: value for key, value in message.items() if key != "function_call"}
+                message = {**rest, "tool_calls": [{"id": call_id, "type": "function", "function": function}]}
+            elif isinstance(message, dict) and message.get("role") == "function":
+                if call_id is None:
+                    raise _RowError(
+                        f"messages[{i}].role", "a function message answers an earlier function_call"
+                    )
+                message = {"role": "tool", "tool_call_id": call_id, "content": message.get("content")}
+            converted.append(message)
+        line["messages"] = converted
+    return line
+
+
 def task_row(line: dict[str, Any]) -> dict[str, Any]:
     """One line of an OpenAI fine-tuning file as an artweb task row (the module docstring)."""
     if "input" in line or "preferred_output" in line or "non_preferred_output" in line:
@@ -221,6 +269,7 @@ def task_row(line: dict[str, Any]) -> dict[str, Any]:
         raise _RowError(
             "messages", "a row needs messages (or input with preferred_output and non_preferred_output)"
         )
+    line = _without_functions(line)
     tools = _tools(line, "")
     messages = _messages(line["messages"], "messages", tools)
     item = {

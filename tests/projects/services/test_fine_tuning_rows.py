@@ -138,6 +138,29 @@ def test_openai_line_writes_a_row_back_as_its_line(line):
     assert task_row(written) == task_row(line)
 
 
+def test_a_line_in_the_deprecated_functions_format_is_read_as_tools():
+    line = {
+        "messages": [
+            {"role": "user", "content": "Paris?"},
+            {"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"role": "function", "name": "get_weather", "content": "sunny"},
+            {"role": "assistant", "content": "Sunny."},
+        ],
+        "functions": [WEATHER["function"]],
+    }  # fmt: skip
+    modern = {
+        "messages": [
+            {"role": "user", "content": "Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [call("call_1", "Paris")]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            {"role": "assistant", "content": "Sunny."},
+        ],
+        "tools": [WEATHER],
+    }
+    assert task_row(line) == task_row(modern)
+    assert task_row(openai_line(task_row(line))) == task_row(line)  # written back as tools
+
+
 TOOLS = {"tools": [WEATHER]}
 USER = {"role": "user", "content": "Paris?"}
 
@@ -153,7 +176,10 @@ def calling(*calls: dict) -> dict:
         ({"messages": [USER], "tools": [{"type": "retrieval"}]}, "tools[0]", "function"),
         ({"messages": [USER], "tools": [WEATHER, WEATHER]}, "tools[1].function.name", "unique"),
         ({"messages": [USER], **TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
-        ({"messages": [USER], "functions": [WEATHER["function"]]}, "functions", "give tools"),
+        ({"messages": [USER], "functions": [WEATHER["function"]], **TOOLS}, "functions", "not both"),
+        ({"messages": [USER], "functions": [{"description": "x"}]}, "functions[0]", "function definition"),
+        ({"messages": [USER, {"role": "function", "name": "get_weather", "content": "x"}]}, "messages[1].role",
+         "earlier function_call"),
         ({"messages": [USER, calling(call("a", "Rome"))]}, "messages[1].tool_calls", "offers no tools"),
         ({"messages": [USER, {**calling(call("a", "Rome")), "tool_calls": [{**call("a", "R"), "id": ""}]}], **TOOLS},
          "messages[1].tool_calls[0].id", "non-empty"),
@@ -169,7 +195,10 @@ def calling(*calls: dict) -> dict:
         ({"messages": [USER, {"role": "user", "content": "x", "tool_calls": []}]}, "messages[1].tool_calls", "only an assistant"),
         ({"messages": [USER, {"role": "assistant", "content": "x", "weight": 2}]}, "messages[1].weight", "0 or 1"),
         ({"messages": [USER, {"role": "assistant", "content": "x", "weight": 0}]}, "messages", "weight 0"),
-        ({"messages": [USER, {"role": "assistant", "function_call": {"name": "get_weather"}}]}, "messages[1]", "function_call"),
+        ({"messages": [USER, {"role": "assistant", "function_call": {"name": "get_weather"}}], "functions": [WEATHER["function"]]},
+         "messages[1].tool_calls[0].function.arguments", "JSON object"),
+        ({"input": {"messages": [USER]}, "preferred_output": [{"role": "assistant", "function_call": {"name": "f"}}],
+          "non_preferred_output": [{"role": "assistant", "content": "b"}]}, "preferred_output[0]", "chat row only"),
         ({"messages": [USER, calling(call("a", "Rome")), {"role": "tool", "tool_call_id": "a", "content": "x"}], **TOOLS},
          "messages[1]", "reinforcement row's prompt"),
         ({"input": {"messages": [USER], "tools": "all"}, "preferred_output": [{"role": "assistant", "content": "a"}],
