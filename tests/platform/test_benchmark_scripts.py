@@ -121,3 +121,12 @@ def test_trainer_fairness_benchmark_runs_its_three_sides_on_a_tiny_model(tmp_pat
     assert all(report[f"{side}_median_s"] > 0 for side in ("alone", "before", "after"))
     assert report["before_median_ratio"] > 0 and report["after_median_ratio"] > 0
     assert "lock per slice" in capsys.readouterr().out
+
+
+def test_endpoint_grader_benchmark_grades_a_step_against_its_loopback_endpoint(tmp_path, capsys):
+    from benchmarks import endpoint_grader
+
+    report = endpoint_grader.main(["--steps", "1", "--latency-ms", "0", "--json", str(tmp_path / "e.json")])
+    assert report == json.loads((tmp_path / "e.json").read_text())
+    assert report["rollouts_per_step"] == 16 and len(report["sides"]) == 3
+    assert "concurrent endpoint vs this" in capsys.readouterr().out
