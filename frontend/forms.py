@@ -279,8 +279,8 @@ class EnvironmentForm(forms.Form):
     config = forms.CharField(
         required=False,
         widget=forms.Textarea({"rows": 2, "spellcheck": "false"}),
-        help_text="JSON object of kind-specific settings; MCP header values (config.headers) are "
-        "stored encrypted and never shown again",
+        help_text="JSON object of kind-specific settings; header values (MCP's config.headers, each "
+        "http_tools tool's config.tools[i].headers) are stored encrypted and never shown again",
     )
 
     def clean_tools(self) -> Any:
