@@ -219,7 +219,7 @@ def _without_functions(line: dict[str, Any]) -> dict[str, Any]:
                     f"functions[{i}]", "must be a function definition {name, description, parameters}"
                 )
         line["tools"] = [{"type": "function", "function": function} for function in functions]
-    if legacy:
+    if legacy and isinstance(messages, list):
         converted: list[Any] = []
         call_id = None
         for i, message in enumerate(messages):

@@ -12,13 +12,15 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
+from tests.openai_stub import LOOPBACK, openai_stub, tool_call
 from tests.training.test_agent import ScriptedEngine
 from tests.training.test_supervised import run
 from training.engines.base import SamplingParams
 from training.environments import EnvironmentSpec, build_environment
 from training.recipes.supervised import RowError, dpo_pair, prompt_row, row_problem, sft_sample
 from training.rollouts.agent import rollout_group, rollout_groups, template_supports_tools
-from training.rollouts.tools import tools_prompt
+from training.rollouts.remote import ChatEndpoint, RemotePolicy
+from training.rollouts.tools import Tool, tools_prompt
 
 WEATHER = {
     "type": "function",
@@ -186,6 +188,23 @@ def test_an_sft_run_on_tool_rows_lowers_its_loss(tiny_model_dir, tmp_path):
     assert prompt_row(validation[0]) == {**validation[0], "messages": validation[0]["messages"][:2]}
 
 
+def test_a_dpo_run_on_tool_rows_learns_to_prefer_the_call(tiny_model_dir, tmp_path):
+    rows = []
+    for city in ("Paris", "Rome", "Oslo", "Lima"):
+        chosen = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [json.loads(json.dumps(CALL_PARIS).replace("Paris", city))],
+        }
+        rows.append({"messages": [{"role": "user", "content": f"Weather in {city}?"}], "tools": [WEATHER],
+                     "chosen": chosen, "rejected": "I cannot know.", "item": {"word": city}})  # fmt: skip
+    hooks = run(tmp_path, tiny_model_dir, "dpo", rows, rows[:2], dpo_beta=0.5, learning_rate=5e-3, steps=4)
+    before = next(e for e in hooks.events if e["message"].startswith("Held-out before training"))["data"]
+    assert before["heldout_loss"] == pytest.approx(math.log(2), abs=1e-6)  # the policy is the reference
+    assert all(math.isfinite(m["loss"]) for m in hooks.metrics)
+    assert hooks.metrics[-1]["heldout_loss"] < before["heldout_loss"]
+
+
 # ------------------------------------------------------------------ rollouts
 SAMPLING = SamplingParams(max_new_tokens=64)
 
@@ -228,3 +247,26 @@ def test_parallel_tool_calls_false_keeps_only_a_turns_first_call(tokenizer):
     engine = ScriptedEngine(tokenizer, {"Weather": [turn, "Cold."]})
     (both,) = rollout_group(engine, {**row, "parallel_tool_calls": True}, env, SAMPLING, 1)
     assert [c["name"] for c in both.output_tools] == ["get_weather", "get_weather"]
+
+
+def test_a_rows_tool_named_as_an_environment_tool_is_offered_once(tokenizer):
+    own = Tool("get_weather", "The environment's.", {"type": "object", "properties": {}}, lambda: "rain")
+    engine = ScriptedEngine(tokenizer, {"Weather": ["Rain."]})
+    row = {"messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER]}
+    (trajectory,) = rollout_group(engine, row, EnvironmentSpec(max_turns=2, tools=[own]), SAMPLING, 1)
+    assert trajectory.messages[0]["content"].count('"name": "get_weather"') == 1
+    assert "The environment's." in trajectory.messages[0]["content"]
+
+
+def test_a_remote_policy_is_offered_the_rows_tools_and_keeps_one_call_without_parallel_calls():
+    calls = [tool_call("get_weather", {"city": "Oslo"}, "a"), tool_call("get_weather", {"city": "Rome"}, "b")]
+    with openai_stub([{"content": "", "tool_calls": calls}]) as stub:
+        policy = RemotePolicy(ChatEndpoint(stub.url, outbound=LOOPBACK), model="m", max_concurrency=1)
+        row = {
+            "messages": [{"role": "user", "content": "Weather?"}],
+            "tools": [WEATHER],
+            "parallel_tool_calls": False,
+        }
+        trajectory = policy.episode(row, build_environment("chat"))
+    assert stub.requests[0]["tools"] == [WEATHER]
+    assert trajectory.output_tools == [{"name": "get_weather", "arguments": {"city": "Oslo"}}]

@@ -262,7 +262,9 @@ class ChatFormat:
     ) -> None:
         self.tokenizer = engine.tokenizer
         self.tools = tools
-        self.definitions = [tool.schema() for tool in tools] + list(definitions or [])
+        own = {tool.name for tool in tools}  # a row's tool of the same name is the environment's
+        rows = [d for d in definitions or [] if d.get("function", {}).get("name") not in own]
+        self.definitions = [tool.schema() for tool in tools] + rows
         self.offers_tools = bool(self.definitions)
         self.native_tools = self.offers_tools and template_supports_tools(self.tokenizer)
         self.tool_schemas = self.definitions if self.native_tools else None

@@ -146,7 +146,9 @@ class RemotePolicy:
             messages = list(state.messages)
             tools = list(state.tools)
             # A task row's own tools are offered too (training.rollouts.agent.rollout_groups).
-            schemas = [tool.schema() for tool in tools] + list(row.get("tools") or []) or None
+            own = {tool.name for tool in tools}
+            offered = [d for d in row.get("tools") or [] if d.get("function", {}).get("name") not in own]
+            schemas = [tool.schema() for tool in tools] + offered or None
             for turn in range(1, env.max_turns + 1):
                 reply = self.endpoint.chat(
                     model=self.model,
