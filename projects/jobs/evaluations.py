@@ -44,7 +44,11 @@ def _evaluate(claimed: Claimed[Evaluation]) -> str:
         seed=int(config.get("seed", 0)),
     )
     team = evaluation.project.team
-    grading = {"judge": services.judge_client(team=team), "sandbox": services.sandbox_config(team_id=team.pk)}
+    grading = {
+        "judge": services.judge_client(team=team),
+        "sandbox": services.sandbox_config(team_id=team.pk),
+        "outbound": outbound_policy(),  # an endpoint grader's host, as a run's
+    }
     environment = services.environment_build(environment=evaluation.environment)
     common: dict[str, Any] = {
         "samples_per_row": evaluation.samples_per_row,

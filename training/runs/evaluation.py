@@ -175,10 +175,13 @@ def grade_episodes(
     side: str,
     judge: Any = None,
     sandbox: Any = None,
+    outbound: Any = None,
 ) -> list[EvalSample]:
     """Grade every episode with the run's grader (errors are data: nothing here raises for a bad
     sample) and flatten to EvalSamples. A failed rollout gets reward 0 and its error, ungraded."""
-    grade_trajectories(grader_spec, groups, rows, max_error_fraction=1.0, judge=judge, sandbox=sandbox)
+    grade_trajectories(
+        grader_spec, groups, rows, max_error_fraction=1.0, judge=judge, sandbox=sandbox, outbound=outbound
+    )
     return episode_samples(groups, rows, side=side)
 
 
@@ -222,6 +225,7 @@ def evaluate(
     side: str = SUBJECT,
     judge: Any = None,
     sandbox: Any = None,
+    outbound: Any = None,  # training.safety.outbound.OutboundPolicy for endpoint graders
 ) -> EvalResult:
     """Roll ``policy`` out on ``rows`` (each ``{"index": int, "data": task row}``), grade, aggregate."""
     if not rows:
@@ -230,7 +234,7 @@ def evaluate(
     groups = policy.rollout(rows, env, samples_per_row)
     rollout_seconds = time.monotonic() - started
     grading = grade_trajectories(
-        grader_spec, groups, rows, max_error_fraction=1.0, judge=judge, sandbox=sandbox
+        grader_spec, groups, rows, max_error_fraction=1.0, judge=judge, sandbox=sandbox, outbound=outbound
     )
     samples = episode_samples(groups, rows, side=side)
     results = aggregate(samples, pass_threshold=pass_threshold)
@@ -379,6 +383,7 @@ def evaluate_during_run(spec: Any, engine: Any, adapter: str | None, step: int, 
             pass_threshold=config.eval_pass_threshold,
             judge=spec.judge,
             sandbox=spec.sandbox,
+            outbound=spec.outbound,
         )
     except Exception as exc:  # a measurement failing must not fail the training run
         logger.exception("evaluation at step %d failed", step)

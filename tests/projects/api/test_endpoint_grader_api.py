@@ -67,6 +67,23 @@ def test_header_values_are_encrypted_at_rest_and_masked_on_read(alice_client, ca
     )
 
 
+def test_the_dashboard_reward_page_shows_the_mask_and_saving_it_keeps_the_value(alice_client, cast, endpoint):
+    project = ProjectFactory(team=cast.alpha, name="p")
+    definition = services.reward_definition_create(
+        project=project, name="r", spec=endpoint_spec(endpoint.url)
+    )
+    page = alice_client.get(f"/rewards/{definition.pk}/").content.decode()
+    assert "team-grader-secret" not in page and "********" in page
+    shown = services.grader_problems(
+        {**endpoint_spec(endpoint.url), "headers": {"Authorization": "********"}}, field="spec"
+    )
+    saved = alice_client.post(f"/rewards/{definition.pk}/", {"name": "r", "spec": json.dumps(shown)})
+    assert saved.status_code == 302, saved.content
+    newest = RewardDefinition.objects.filter(project=project, name="r").order_by("-version").first()
+    assert newest.version == 2
+    assert grader_for_build(newest.spec)["headers"] == {"Authorization": SECRET}
+
+
 def test_a_grader_url_the_outbound_policy_refuses_is_a_400_naming_the_field(alice_client, cast, settings):
     settings.OUTBOUND_ALLOW = ()
     project = ProjectFactory(team=cast.alpha, name="p")

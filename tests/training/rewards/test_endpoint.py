@@ -200,3 +200,23 @@ def test_defaults_are_filled_in():
         "type": "endpoint", "name": "endpoint", "error_reward": 0.0, "url": "https://grader.example.com/grade",
         "headers": {}, "timeout_s": 10.0, "retries": 2, "max_concurrency": 16,
     }  # fmt: skip
+
+
+class _ScriptedPolicy:
+    """A policy whose rollouts are fixed traces: what an evaluation grades, without a model."""
+
+    name = "scripted"
+
+    def rollout(self, rows, env, samples_per_row):
+        return [[trajectory(TOOL_TRACE) for _ in range(samples_per_row)] for _ in rows]
+
+
+def test_an_evaluation_grades_through_the_endpoint_with_the_policy_it_is_given(endpoint):
+    from training.runs.evaluation import evaluate
+
+    endpoint.answer = lambda body: {"reward": 0.25}
+    rows = [{"index": 0, "data": {"item": {"city": "Paris"}}}]
+    result = evaluate(_ScriptedPolicy(), rows, None, spec_for(endpoint), samples_per_row=2, outbound=LOOPBACK)
+    assert [sample.reward for sample in result.samples] == [0.25, 0.25]
+    refused = evaluate(_ScriptedPolicy(), rows, None, spec_for(endpoint), samples_per_row=1)
+    assert refused.samples[0].errors[0]["code"] == "endpoint_grader_server_error"
