@@ -48,9 +48,21 @@ def _row_problems(row: Any) -> list[tuple[str, str]]:
                                            and isinstance(value.get("content"), str))):  # fmt: skip
             problems.append((key, "must be a string or an assistant message {role: assistant, content}"))
     if "tools" in row and (
-        not isinstance(row["tools"], list) or not all(isinstance(tool, dict) for tool in row["tools"])
+        not isinstance(row["tools"], list)
+        or not all(
+            isinstance(tool, dict)
+            and tool.get("type") == "function"
+            and isinstance(tool.get("function"), dict)
+            and isinstance(tool["function"].get("name"), str)
+            for tool in row["tools"]
+        )
     ):
-        problems.append(("tools", "must be a list of OpenAI function definitions"))
+        problems.append(
+            (
+                "tools",
+                'must be a list of OpenAI function definitions {"type": "function", "function": {"name", ...}}',
+            )
+        )
     if "parallel_tool_calls" in row and not isinstance(row["parallel_tool_calls"], bool):
         problems.append(("parallel_tool_calls", "must be true or false"))
     has_messages, has_prompt = "messages" in row, "prompt" in row

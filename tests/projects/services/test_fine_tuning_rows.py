@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from projects.errors import ValidationFailed
+from projects.services import task_sets
 from projects.services.fine_tuning_rows import _RowError, openai_line, task_row
 
 WEATHER = {
@@ -217,4 +219,18 @@ def test_a_bad_tools_line_names_its_field(line, field, says):
     assert caught.value.field == field and says in caught.value.message, (
         caught.value.field,
         caught.value.message,
+    )
+
+
+@pytest.mark.parametrize(
+    "tools", [{"get_weather": {}}, [{"type": "function", "function": "get_weather"}], [{"type": "function"}]]
+)
+def test_a_task_set_row_offers_only_function_definitions(tools):
+    """A task set uploaded outside the fine-tuning API may carry tools too: a rollout reads each
+    one's function name, so a malformed one is refused at upload."""
+    with pytest.raises(ValidationFailed) as caught:
+        task_sets.parse_rows(rows=[{"prompt": "Weather?", "tools": tools}])
+    assert caught.value.field == "rows" and "tools" in str(caught.value)
+    assert task_sets.parse_rows(
+        rows=[{"prompt": "Weather?", "tools": [WEATHER], "parallel_tool_calls": False}]
     )
