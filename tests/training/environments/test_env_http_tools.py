@@ -21,6 +21,8 @@ LOOPBACK = OutboundPolicy(allow=("127.0.0.1",))  # the operator's allow-list, fo
 
 
 class _QuietServer(ThreadingHTTPServer):
+    request_queue_size = 128  # http.server's backlog of 5 drops SYNs of many calls at once (1 s retransmit)
+
     def handle_error(self, request: object, client_address: object) -> None:
         pass  # a client that gave up on /hang closed its socket: not this test's concern
 
