@@ -6,6 +6,7 @@ turn where the row says ``parallel_tool_calls: false``."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 
@@ -14,6 +15,8 @@ from transformers import AutoTokenizer
 
 from tests.openai_stub import LOOPBACK, openai_stub, tool_call
 from tests.training.test_agent import ScriptedEngine
+from tests.training.test_cost_loop import MeteredHooks
+from tests.training.test_overlap import spec as overlap_spec
 from tests.training.test_supervised import run
 from training.engines.base import SamplingParams
 from training.environments import EnvironmentSpec, build_environment
@@ -21,6 +24,7 @@ from training.recipes.supervised import RowError, dpo_pair, prompt_row, row_prob
 from training.rollouts.agent import rollout_group, rollout_groups, template_supports_tools
 from training.rollouts.remote import ChatEndpoint, RemotePolicy
 from training.rollouts.tools import Tool, tools_prompt
+from training.runs.loop import run_training
 
 WEATHER = {
     "type": "function",
@@ -270,3 +274,17 @@ def test_a_remote_policy_is_offered_the_rows_tools_and_keeps_one_call_without_pa
         trajectory = policy.episode(row, build_environment("chat"))
     assert stub.requests[0]["tools"] == [WEATHER]
     assert trajectory.output_tools == [{"name": "get_weather", "arguments": {"city": "Oslo"}}]
+
+
+def test_a_grpo_run_on_rows_with_tools_offers_them_in_every_rollout(tiny_model_dir, tmp_path):
+    rows = [{"index": i, "data": {"messages": [{"role": "user", "content": f"Weather in {city}?"}],
+                                  "tools": [WEATHER], "parallel_tool_calls": False, "item": {"city": city}}}
+            for i, city in enumerate(("Paris", "Rome"))]  # fmt: skip
+    spec = overlap_spec(tiny_model_dir, tmp_path, steps=1)
+    spec = dataclasses.replace(spec, train_rows=rows, validation_rows=rows[:1])
+    hooks = MeteredHooks()
+    assert run_training(spec, hooks) == "succeeded"
+    (step,) = hooks.metrics
+    assert step["trajectories"] and all(
+        t.messages[0]["content"].startswith("You can call tools.") for t in step["trajectories"]
+    )
