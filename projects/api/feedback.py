@@ -1,8 +1,8 @@
 """Rewards on stored completions after the fact, and training on them: ``/api/v1/feedback`` (a
 value on a completion or a conversation), ``/api/v1/completion-gradings`` (a reward definition over
 stored completions, in the background) and ``/api/v1/stored-completions/train`` (a training step of
-a model on its rated stored completions). Rows through projects.selectors, writes through
-projects.services.completions."""
+a model on its rated stored completions, or a schedule of steps). Rows through projects.selectors,
+writes through projects.services.completions and projects.services.completion_training."""
 
 from __future__ import annotations
 
@@ -186,12 +186,23 @@ class TrainOnCompletionsIn(InputSerializer):
     filters = serializers.DictField(required=False, help_text="{model, metadata: {k: v}}: rated completions")
     limit = serializers.IntegerField(required=False, default=1000, min_value=1, max_value=MAX_LIMIT * 10)
     experimental_config = serializers.JSONField(required=False, help_text="ART's: learning_rate, loss_fn …")
+    schedule = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        help_text="several steps: {steps, groups_per_step, epochs, learning_rate, lr_schedule "
+        "(constant | linear | cosine), warmup_steps, min_lr_ratio, seed}",
+    )
 
 
 class TrainOnCompletionsView(TeamViewSet):
     """``/api/v1/stored-completions/train``: one off-policy training step of a model on stored
-    completions and their rewards (projects.services.completions.training_job_from_completions);
-    the answer is the training job, which ``/v1/preview/training-jobs/{id}`` follows."""
+    completions and their rewards (projects.services.completion_training.training_job_from_completions);
+    the answer is the training job, which ``/v1/preview/training-jobs/{id}`` follows.
+
+    With ``schedule``, several steps on the same groups (training_schedule_from_completions), one
+    training job each, run in order: the answer is ``{"object": "training_schedule", "model",
+    "steps", "jobs": [job ids in step order], "learning_rates": [one per step], "groups_per_step":
+    [one per step], "counts"}``."""
 
     serializer_class = TrainOnCompletionsIn
 
@@ -221,6 +232,17 @@ class TrainOnCompletionsView(TeamViewSet):
             rows = list(selectors.stored_completions(team=self.team, model=filters.get("model") or None,
                                                      metadata=metadata, rated=True, descending=True)[: data["limit"]])  # fmt: skip
         user = request.user
+        if data.get("schedule") is not None:
+            steps, counts = services.training_schedule_from_completions(
+                model=model, completions=rows, schedule=data["schedule"],
+                experimental_config=data.get("experimental_config"),
+                created_by=user if isinstance(user, User) else None,
+            )  # fmt: skip
+            return Response({
+                "object": "training_schedule", "model": model.pk, "steps": len(steps),
+                "jobs": [step.job.pk for step in steps], "learning_rates": [step.learning_rate for step in steps],
+                "groups_per_step": [step.groups for step in steps], "counts": counts,
+            }, status=status.HTTP_201_CREATED)  # fmt: skip
         job, counts = services.training_job_from_completions(
             model=model, completions=rows, experimental_config=data.get("experimental_config"),
             created_by=user if isinstance(user, User) else None,

@@ -14,6 +14,7 @@ module per subject; this package re-exports them all, so callers write ``service
   ``checkpoint_fork``, which a fine-tuning job continuing a checkpoint shares)
 - ``aliases``: model aliases (``project/model:prod``), canaries, promotion and rollback
 - ``completions``: stored completions (the gateway's captures), the team's storage settings, retention
+- ``completion_training``: training a model on its rated stored completions, one step or a schedule
 - ``fine_tuning``: OpenAI's fine-tuning API on these objects (a file is a task set, a job a run)
 - ``fine_tuning_rows``: the fine-tuning files' rows (OpenAI's three formats) as task rows and back
 - ``adapters``: a LoRA adapter trained elsewhere imported as a model's step 0
@@ -62,6 +63,10 @@ from projects.services.client_models import (
     platform_run_active,
     training_job_active,
 )
+from projects.services.completion_training import (
+    training_job_from_completions,
+    training_schedule_from_completions,
+)
 from projects.services.completions import (
     api_key_storage_set,
     completion_grading_create,
@@ -73,7 +78,6 @@ from projects.services.completions import (
     stored_completions_expire,
     stored_completions_purge,
     task_set_from_completions,
-    training_job_from_completions,
 )
 from projects.services.conversations import conversation_tokens
 from projects.services.environments import (
@@ -232,6 +236,7 @@ from projects.services.training_jobs import (
 
 __all__ = [
     "training_job_from_completions",
+    "training_schedule_from_completions",
     "completion_grading_create",
     "stored_completions_purge",
     "alias_canary",

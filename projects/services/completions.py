@@ -31,15 +31,10 @@ from projects.models import (
     TaskSet,
     Team,
     TrainableModel,
-    TrainingJob,
 )
 from projects.selectors.completions import stored_completions
-from projects.services import conversations
 from projects.services._common import jsonb_safe
-from projects.services.runs import run_event_add
 from projects.services.task_sets import task_set_create
-from projects.services.training_jobs import training_job_create
-from training.runs.art_tokens import sampled_step
 
 log = logging.getLogger(__name__)
 
@@ -367,68 +362,3 @@ def _enqueue_grading(grading_id: int) -> None:
     from projects.jobs.tasks import grade_stored_completions
 
     transaction.on_commit(lambda: grade_stored_completions.delay(grading_id))
-
-
-def training_job_from_completions(
-    *,
-    model: TrainableModel,
-    completions: list[StoredCompletion],
-    experimental_config: Any = None,
-    created_by: Any = None,
-) -> tuple[TrainingJob, dict[str, int]]:
-    """One training step of ``model`` on what its users saw: the stored completions as ART
-    trajectory groups, trained off-policy on the exact ids the sampler gave and sampled and its
-    logprobs, importance-weighted by ART's loss against the policy now
-    (projects.services.training_jobs, training.runs.art_tokens). A conversation's turns among
-    ``completions`` are one multi-turn trajectory (projects.services.conversations: joined on the
-    sampler's ids, exact boundaries) with the reward of its newest turn; trajectories whose first
-    prompt is the same are one group. Each choice names the checkpoint that served it, so the job
-    measures how many steps stale each is (its ``off_policy_steps`` metrics); the run's event lists
-    every completion used with the step that served it (lineage from the checkpoint this step
-    makes back to the traffic).
-
-    Used: completions of the model's team served by one of its checkpoints (or by its base model),
-    rated (a conversation: its newest turn among them), with their ids and logprobs (a row stored
-    without logprobs is left out). At least one
-    group needs two trajectories with different rewards, or GRPO has nothing to learn from.
-    ``experimental_config`` is ART's (learning rate, loss, clipping …), as for a client's job."""
-    prefix = f"{model.project.name}/{model.name}:"
-    counts = {"given": len(completions), "unrated": 0, "other_model": 0, "without_tokens": 0}
-    kept: dict[str, list[StoredCompletion]] = {}  # by conversation (a row alone: by its own id)
-    for row in completions:
-        if row.team_id != model.project.team_id:
-            raise NotFound("No chat completion found with that id.")
-        if not (row.served_by.startswith(prefix) or row.served_by == model.base_model.name):
-            counts["other_model"] += 1
-        elif conversations.sampled(row) is None:
-            counts["without_tokens"] += 1
-        else:
-            kept.setdefault(row.conversation_id or f"\x00{row.completion_id}", []).append(row)
-    groups: dict[tuple[int, ...], list[dict[str, Any]]] = {}
-    rewards: dict[tuple[int, ...], set[float]] = {}
-    for conversation, rows in list(kept.items()):
-        rows.sort(key=lambda row: (row.created_at, row.pk))
-        if rows[-1].reward is None:  # a conversation's reward is its newest turn's
-            counts["unrated"] += len(rows)
-            del kept[conversation]
-            continue
-        reward = float(rows[-1].reward)
-        key = tuple(rows[0].prompt_token_ids or ())  # sampled() checked it is there
-        groups.setdefault(key, []).append(conversations.conversation_trajectory(rows, reward))
-        rewards.setdefault(key, set()).add(reward)
-    if not any(len(values) > 1 for values in rewards.values()):
-        raise ValidationFailed(
-            f"no prompt has two usable completions with different rewards (of {counts['given']}: "
-            f"{counts['unrated']} unrated, {counts['other_model']} served by another model, "
-            f"{counts['without_tokens']} stored without ids or logprobs)",
-            field="completions",
-        )
-    trajectory_groups = [{"trajectories": members} for members in groups.values()]
-    job = training_job_create(model=model, trajectory_groups=trajectory_groups,
-                              experimental_config=experimental_config, created_by=created_by)  # fmt: skip
-    used = [row for rows in kept.values() for row in rows]
-    counts.update(used=len(used), groups=len(trajectory_groups), trajectories=len(kept))
-    served = {row.completion_id: sampled_step(row.served_by) or 0 for row in used}
-    run_event_add(run=job.run, message=f"Training job {job.pk} trains on {len(used)} stored completions",
-                  data={"training_job": job.pk, "stored_completions": list(served), "served_steps": served})  # fmt: skip
-    return job, counts

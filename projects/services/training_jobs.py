@@ -49,8 +49,8 @@ from projects.services.runs import run_event_add
 from projects.services.steps import TrajectoryRecord, step_rows_write
 from projects.services.transitions import Machine, work_transition
 from projects.storage import StoredObject
-from training.config import ConfigError
-from training.recipes.art_config import art_job_config
+from training.config import ConfigError, TrainConfig
+from training.recipes.art_config import ArtOptions, art_job_config
 from training.runs.art_groups import GroupError, parse_groups
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,21 @@ TRAINING_JOB_TRANSITIONS: dict[str, set[str]] = {
 # ----------------------------------------------------------------------------- training jobs
 
 
+def training_job_config(experimental_config: Any) -> tuple[TrainConfig, ArtOptions]:
+    """A job's settings from ART's ``experimental_config`` (training.recipes.art_config, the one
+    place an empty learning rate is filled in); a bad key is a 400 naming
+    ``experimental_config.<key>``."""
+    try:
+        return art_job_config(experimental_config)
+    except ConfigError as exc:
+        field = (
+            "experimental_config"
+            if exc.field == "experimental_config"
+            else f"experimental_config.{exc.field}"
+        )
+        raise ValidationFailed(exc.message, field=field) from exc
+
+
 def training_job_create(
     *,
     model: TrainableModel,
@@ -89,15 +104,7 @@ def training_job_create(
 ) -> TrainingJob:
     """Queue one step on ``trajectory_groups`` (checked here: a bad upload is a 400 naming its
     place); 409 while a platform run trains the model."""
-    try:
-        config, options = art_job_config(experimental_config)
-    except ConfigError as exc:
-        field = (
-            "experimental_config"
-            if exc.field == "experimental_config"
-            else f"experimental_config.{exc.field}"
-        )
-        raise ValidationFailed(exc.message, field=field) from exc
+    config, options = training_job_config(experimental_config)
     try:
         groups = parse_groups(
             trajectory_groups, allow_without_logprobs=options.allow_training_without_logprobs

@@ -330,7 +330,7 @@ def stored_completion(
 
 
 def test_a_step_on_stored_completions_trains_on_their_exact_tokens_and_records_them(world, cast):
-    """What users saw, back to training (projects.services.completions.training_job_from_completions):
+    """What users saw, back to training (projects.services.completion_training.training_job_from_completions):
     stored completions served by the model, with the sampler's ids and logprobs and their feedback,
     become one step's groups (one per prompt), trained as ART's are, the completions named."""
 
