@@ -1,8 +1,9 @@
 """From production back to training, on a live stack (issue 55's proof): the real ``openai`` client
 stores completions through the gateway, a program attaches rewards over REST, a training step runs on
 the captured traffic on a real Celery worker, and the gateway serves the new checkpoint through the
-model's alias at a canary share, sticky per conversation. Web and gateway under uvicorn, an inference
-server, a worker, the tiny model, PostgreSQL and Redis."""
+model's alias at a canary share, sticky per conversation, and a schedule of two more steps trains in
+order at its rates. Web and gateway under uvicorn, an inference server, a worker, the tiny model,
+PostgreSQL and Redis."""
 
 from __future__ import annotations
 
@@ -111,4 +112,24 @@ def test_captured_traffic_trains_a_checkpoint_served_at_a_canary_share(
     assert {served("c0") for _ in range(3)} == {split["c0"]}
     arms = rest(gateway.url, key, "GET", f"/api/v1/aliases/{alias['id']}")["arms"]
     assert [(arm["role"], arm["step"]) for arm in arms] == [("checkpoint", 0), ("candidate", 1)]
+
+    # A schedule on the same traffic: two more steps, one job each, trained in order at the
+    # schedule's rates, each step's event naming the completions it used.
+    plan = rest(gateway.url, key, "POST", "/api/v1/stored-completions/train", {
+        "model": model.pk, "filters": {"model": "support/agent:prod"},
+        "schedule": {"steps": 2, "learning_rate": 1e-4, "lr_schedule": "linear", "seed": 1},
+    })  # fmt: skip
+    assert plan["object"] == "training_schedule" and plan["learning_rates"] == pytest.approx([1e-4, 1e-5])
+    deadline = time.monotonic() + 120
+    for job_id in plan["jobs"]:
+        while (status := rest(gateway.url, key, "GET", f"/v1/preview/training-jobs/{job_id}")["status"]) not in (
+            "succeeded", "failed",
+        ):  # fmt: skip
+            assert time.monotonic() < deadline, f"job {job_id} is still {status}:\n{worker.output()[-3000:]}"
+            time.sleep(0.5)
+        assert status == "succeeded", worker.output()[-3000:]
+    steps = RunEvent.objects.filter(run__model=model, data__has_key="schedule").order_by("id")
+    assert [event.data["schedule"]["step"] for event in steps] == [1, 2]
+    assert sorted(name for event in steps for name in event.data["stored_completions"]) == sorted(ids)
+    assert set(model.checkpoints.values_list("step", flat=True)) >= {2, 3}
     assert "Traceback" not in worker.output()
