@@ -16,12 +16,13 @@ Request: `POST url` with a JSON body
     {"grader": "checker",
      "sample": {"output_text", "output_json", "output_tools", "messages", "outcome"},
      "item": {...the task row's item...},
-     "ids": {"step": 3, "group": 0, "rollout": 1, "row_index": 12, ...}}
+     "ids": {"step": 3, "draw": 0, "group": 0, "rollout": 1, "row_index": 12}}
 
 `sample` is the python grader's `sample` (OpenAI's shape): `messages` is the whole transcript with
 the assistant's `tool_calls` and the `tool` messages' outputs, `output_tools` the calls. `ids` holds
-what the caller knows (a run's step, the group and rollout within it, the row's index; `{}` for a
-one-off `graders/run`).
+what the caller knows (in a run: the step being trained, starting at 1, dynamic sampling's `draw`
+within it, the group and the rollout within the group, the task row's index; `{}` for a one-off
+`graders/run`).
 
 Reply: `{"reward": x}` or a bare number `x`, with `0 <= x <= 1` (a boolean is not a number). A reply
 read beyond 64 KiB is refused. Anything else is an error entry on that sample (its `error_reward`,

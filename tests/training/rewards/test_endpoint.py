@@ -220,3 +220,30 @@ def test_an_evaluation_grades_through_the_endpoint_with_the_policy_it_is_given(e
     assert [sample.reward for sample in result.samples] == [0.25, 0.25]
     refused = evaluate(_ScriptedPolicy(), rows, None, spec_for(endpoint), samples_per_row=1)
     assert refused.samples[0].errors[0]["code"] == "endpoint_grader_server_error"
+
+
+def test_a_real_run_sends_each_steps_trajectories_with_their_ids(endpoint, tiny_model_dir, tmp_path):
+    from tests.training.test_learning_signal import ROWS, Hooks
+    from training.config import LoraSpec, TrainConfig
+    from training.environments import build_environment
+    from training.runs.loop import run_training
+    from training.runs.spec import RunSpec
+
+    endpoint.answer = lambda body: {"reward": 1.0 if body["ids"].get("rollout") == 0 else 0.0}
+    spec = RunSpec.resolving(
+        base_model_source=str(tiny_model_dir),
+        model_cache_dir=tiny_model_dir.parent,
+        checkpoint_root=tmp_path,
+        config=TrainConfig(steps=1, group_size=2, groups_per_step=2, max_new_tokens=3),
+        lora=LoraSpec(rank=2, alpha=4),
+        environment=build_environment("chat"),
+        grader_spec=spec_for(endpoint),
+        train_rows=ROWS,
+        start_step=0,
+        resume_step=None,
+        outbound=LOOPBACK,
+    )
+    assert run_training(spec, Hooks()) == "succeeded"
+    ids = [body["ids"] for body in endpoint.requests]
+    assert len(ids) == 4 and {i["step"] for i in ids} == {1} and {i["rollout"] for i in ids} == {0, 1}
+    assert {i["row_index"] for i in ids} <= {row["index"] for row in ROWS}
