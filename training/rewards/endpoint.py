@@ -127,9 +127,8 @@ class EndpointGrader(Grader):
                 outbound=self.runtime.outbound, max_response_bytes=MAX_REPLY_BYTES,
             )  # fmt: skip
         except ChatCompletionError as error:
-            if "response is not JSON" in str(error):
-                raise GradingError(PARSE_ERROR, str(error)) from None
-            raise GradingError(TIMEOUT if error.timed_out else SERVER_ERROR, str(error)) from None
+            code = PARSE_ERROR if error.not_json else TIMEOUT if error.timed_out else SERVER_ERROR
+            raise GradingError(code, str(error)) from None
         reward: Any = reply.get("reward") if isinstance(reply, dict) else reply
         if not is_number(reward):
             raise GradingError(

@@ -34,11 +34,13 @@ USER_AGENT = "artweb"
 
 class ChatCompletionError(RuntimeError):
     """The endpoint failed, or answered with something that is not JSON. The message is meant for
-    people and holds no secret. ``timed_out``: the last attempt got no answer in time."""
+    people and holds no secret. ``timed_out``: the last attempt got no answer in time; ``not_json``:
+    the endpoint answered 2xx with a body that is not JSON."""
 
-    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+    def __init__(self, message: str, *, timed_out: bool = False, not_json: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+        self.not_json = not_json
 
 
 @dataclass(frozen=True)
@@ -115,13 +117,15 @@ def post_json(
     outbound: OutboundPolicy = PUBLIC_ONLY,
     max_response_bytes: int = MAX_RESPONSE_BYTES,
     accept_text: bool = False,
+    retry_timeouts: bool = True,
 ) -> Any:
     """POST ``body`` as JSON to ``url`` with ``headers`` (secrets: never in a message) and return
     the decoded JSON reply. Shared by the chat-completions callers and the endpoint grader
     (``training.rewards.endpoint``).
 
     A timeout, a connection error or a status in RETRY_STATUSES is retried ``retries`` more times,
-    after ``retry_backoff`` seconds, doubled each time. Any other failure is final, a host the
+    after ``retry_backoff`` seconds, doubled each time (a timeout only with ``retry_timeouts``: a
+    caller whose own deadline is the timeout has moved on). Any other failure is final, a host the
     ``outbound`` policy refuses included. Every failure raises ChatCompletionError whose message
     starts with ``label`` ("judge endpoint", "endpoint")."""
     data = json.dumps(body).encode()
@@ -137,7 +141,7 @@ def post_json(
                 max_response_bytes=max_response_bytes, accept_text=accept_text,
             )  # fmt: skip
         except _Retryable as error:
-            if attempt >= retries:
+            if attempt >= retries or (error.timed_out and not retry_timeouts):
                 raise ChatCompletionError(str(error), timed_out=error.timed_out) from None
             time.sleep(retry_backoff * (2**attempt))
             attempt += 1
@@ -192,7 +196,7 @@ def _post_once(
     except ValueError:  # the body is not shown: an unknown server's answer is never echoed
         if accept_text:  # unless the caller reads text replies (an http_tools tool endpoint's)
             return raw.decode("utf-8", "replace")
-        raise ChatCompletionError(f"{label} response is not JSON ({len(raw)} bytes)") from None
+        raise ChatCompletionError(f"{label} response is not JSON ({len(raw)} bytes)", not_json=True) from None
 
 
 def _size(count: int) -> str:
