@@ -22,7 +22,8 @@ The reply becomes the tool message the model reads: a JSON object's `output` (a 
 anything else as JSON); a JSON object with `error` and no `output` is a tool error; other JSON is
 shown as JSON, a body that is not JSON as its text. A failure is a tool message `{"error": ...}`,
 never an exception in the loop: a host the outbound policy refuses, a non-2xx answer (connection
-errors, 408/409/429 and 5xx are retried `config.max_retries` times, 0.25 s then doubled), a reply
+errors, 408/409/429 and 5xx are retried `config.max_retries` times, 0.25 s then doubled, with the
+same call id, so an endpoint can tell a retry from a new call; a timed-out call is not sent again), a reply
 over `config.max_response_bytes`, no answer within the environment's `tool_timeout_s` (counted in
 `tool_timeouts`, all else in `tool_errors`), or a spent budget: `config.max_tool_calls` calls per
 environment instance (a run, a job, an evaluation), across all its episodes; a call over it is not
@@ -225,7 +226,7 @@ class HttpToolsEnvironment(Environment):
                 reply = post_json(
                     endpoint["server_url"], body, headers=headers, timeout=self.tool_timeout_s,
                     retries=self.max_retries, retry_backoff=RETRY_BACKOFF_S, label=f"tool {call.name!r}",
-                    outbound=self.outbound, max_response_bytes=self.max_response_bytes, accept_text=True,
+                    outbound=self.outbound, max_response_bytes=self.max_response_bytes, accept_text=True, retry_timeouts=False,
                 )  # fmt: skip
                 request.result = _reply_result(reply)
                 request.status = "ok" if request.result.error is None else "error"

@@ -196,6 +196,8 @@ def test_a_hung_endpoint_times_out_within_the_tool_timeout(server):
     assert state.metrics["tool_timeouts"] == 1 and state.metrics["tool_errors"] == 0
     (record,) = env.outcome(state)["tool_requests"]
     assert record["status"] == "timeout" and record["latency_ms"] == 500.0
+    time.sleep(1.0)  # past a retry's backoff: the episode moved on, so the call is not sent again
+    assert server.hits["/hang"] == 1
 
 
 def test_the_budget_stops_calls_across_episodes(server):
