@@ -128,7 +128,9 @@ class JobIn(InputSerializer):
     seed = serializers.IntegerField(required=False, allow_null=True)
     metadata = serializers.DictField(child=serializers.CharField(), required=False, allow_null=True)
     method = serializers.JSONField(
-        required=False, help_text="{type: reinforcement|supervised|dpo, <type>: {...}}"
+        required=False,
+        help_text="{type: reinforcement|supervised|dpo, <type>: {...}}; reinforcement may add tools, "
+        "max_episode_steps and max_tool_calls (Agent RFT: projects.services.agent_rft)",
     )
     hyperparameters = serializers.JSONField(
         required=False, help_text="deprecated: supervised hyperparameters"

@@ -12,7 +12,8 @@ episode's rollout id and the call id), instead of the one-turn ``fine-tuning-cha
 
 A tool may also be given in OpenAI's function-tool shape, ``{"type": "function", "function": {name,
 description, parameters}, "server_url", "headers"}``; both are stored in the flat shape above, and
-the job echoes its method in that shape. Header values are stored encrypted and never echoed
+the job echoes its method in that shape (``strict: true`` is refused: calls are parsed from the
+model's text, not constrained to the schema). Header values are stored encrypted and never echoed
 (``projects.environment_config``: the job's method shows ``********``), and a ``server_url`` is checked
 by the operator's outbound policy when the job is created; bad input is a 400 naming the field
 (``method.reinforcement.tools[0].server_url``, ``....tools[1].function.name``).
@@ -93,11 +94,17 @@ def _flat(tool: Any, where: str) -> Any:
                 "unknown key (allowed: type, function, server_url, headers)", field=f"{where}.{key}"
             )
     for key in function:
-        if key not in FUNCTION_KEYS:
+        if key == "strict" and function[key]:
+            raise ValidationFailed("not supported: calls are parsed from the model's text, not constrained "
+                                   "to the schema", field=f"{where}.function.strict")  # fmt: skip
+        if key not in FUNCTION_KEYS and key != "strict":
             raise ValidationFailed(
                 f"unknown key (allowed: {', '.join(FUNCTION_KEYS)})", field=f"{where}.function.{key}"
             )
-    return {**function, **{key: tool[key] for key in ("server_url", "headers") if key in tool}}
+    described = {
+        key: value for key, value in function.items() if key != "strict"
+    }  # strict: false changes nothing
+    return {**described, **{key: tool[key] for key in ("server_url", "headers") if key in tool}}
 
 
 def job_environment(*, project: Project, settings: AgentSettings, name: str) -> Environment:

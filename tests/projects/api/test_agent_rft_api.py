@@ -51,7 +51,7 @@ def test_a_job_with_tools_trains_in_its_own_http_tools_environment(ft, server):
         {"name": "lookup", "description": "Stock of an item.", "server_url": server.url + "/echo",
          "parameters": {"type": "object", "properties": {"sku": {"type": "string"}}},
          "headers": {"Authorization": SECRET}},
-        {"type": "function", "function": {"name": "read", "description": "Read a page."},
+        {"type": "function", "function": {"name": "read", "description": "Read a page.", "strict": False},
          "server_url": server.url + "/text"},
     ]  # fmt: skip
     train = upload(ft, RL_ROWS)
@@ -116,6 +116,9 @@ def test_bad_tools_are_a_400_naming_the_field(ft, server, settings):
             [{"type": "function", "function": {"name": "a b"}, "server_url": server.url}]
         ),  # fmt: skip
         f"{where}.tools[0].type": agent_method([{"type": "retrieval", "server_url": server.url}]),
+        f"{where}.tools[0].function.strict": agent_method(
+            [{"type": "function", "server_url": server.url, "function": {"name": "a", "strict": True}}]
+        ),  # fmt: skip
         f"{where}.tools[0].headers.X-Rollout-Id": agent_method(
             [{**good, "headers": {"X-Rollout-Id": "mine"}}]
         ),
