@@ -5,7 +5,8 @@ grader"). Usable alone or inside `multi`.
      "headers": {"Authorization": "Bearer …"}, "timeout_s": 10, "retries": 2, "max_concurrency": 16}
 
 Fields: `url` (http or https; checked by the operator's outbound policy when written and again at
-every connection), `headers` (string values sent with every call; values are secrets, see below),
+every connection), `headers` (sent with every call: one-line string values of at most 8192 characters, not Host,
+Content-Length, Transfer-Encoding or Connection; values are secrets, see below),
 `timeout_s` (seconds per attempt, default 10, at most 120), `retries` (extra attempts after a
 timeout, a connection error or a 408/409/429/5xx answer; default 2, at most 5; backoff 0.5 s
 doubled), `max_concurrency` (calls in flight when a step's samples are graded, default 16, at
@@ -66,6 +67,9 @@ MAX_TIMEOUT_S = 120.0
 MAX_RETRIES = 5
 MAX_CONCURRENCY = 64
 RETRY_BACKOFF_S = 0.5
+MAX_HEADER_CHARS = 8192
+# Headers that frame the request: a spec's value would corrupt it (the body's length, the connection).
+FRAMING_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 
 
 class EndpointGrader(Grader):
@@ -93,13 +97,11 @@ class EndpointGrader(Grader):
         for name, value in (spec.get("headers") or {}).items():
             if not isinstance(value, str):
                 problems.append({"path": f"{path}.headers.{name}", "message": "must be a string"})
+            elif name.lower() in FRAMING_HEADERS:
+                problems.append({"path": f"{path}.headers.{name}", "message": "is set by the HTTP client"})
             elif not _header_ok(name, value):
-                problems.append(
-                    {
-                        "path": f"{path}.headers.{name}",
-                        "message": "must be a header name and a one-line value",
-                    }
-                )
+                message = f"must be a header name and one line of at most {MAX_HEADER_CHARS} characters"
+                problems.append({"path": f"{path}.headers.{name}", "message": message})
         if "timeout_s" in spec and not 0 < spec["timeout_s"] <= MAX_TIMEOUT_S:
             problems.append(
                 {"path": f"{path}.timeout_s", "message": f"must be more than 0 and at most {MAX_TIMEOUT_S:g}"}
@@ -150,4 +152,4 @@ class EndpointGrader(Grader):
 def _header_ok(name: str, value: str) -> bool:
     # http.client refuses these at send time with a ValueError; say so when the spec is written.
     token = bool(name) and all(33 <= ord(c) < 127 and c not in '()<>@,;:\\"/[]?={}' for c in name)
-    return token and "\r" not in value and "\n" not in value
+    return token and len(value) <= MAX_HEADER_CHARS and not any(c in value for c in "\0\r\n")

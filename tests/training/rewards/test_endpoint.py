@@ -186,6 +186,8 @@ def test_too_many_failures_fail_the_step_naming_the_code(endpoint):
         ({"headers": {"X-Key": 3}}, "grader.headers.X-Key"),
         ({"headers": {"X-Key": "a\r\nHost: evil"}}, "grader.headers.X-Key"),
         ({"headers": {"Bad Name": "v"}}, "grader.headers.Bad Name"),
+        ({"headers": {"Content-Length": "1"}}, "grader.headers.Content-Length"),
+        ({"headers": {"X-Key": "k" * 8193}}, "grader.headers.X-Key"),
     ],
 )
 def test_a_bad_spec_names_the_field(fields, path):
