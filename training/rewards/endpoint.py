@@ -5,12 +5,12 @@ grader"). Usable alone or inside `multi`.
      "headers": {"Authorization": "Bearer …"}, "timeout_s": 10, "retries": 2, "max_concurrency": 16}
 
 Fields: `url` (http or https; checked by the operator's outbound policy when written and again at
-every connection), `headers` (sent with every call: one-line string values of at most 8192 characters, not Host,
-Content-Length, Transfer-Encoding or Connection; values are secrets, see below),
-`timeout_s` (seconds per attempt, default 10, at most 120), `retries` (extra attempts after a
-timeout, a connection error or a 408/409/429/5xx answer; default 2, at most 5; backoff 0.5 s
-doubled), `max_concurrency` (calls in flight when a step's samples are graded, default 16, at
-most 64), plus every grader's `name` and `error_reward`.
+every connection), `headers` (sent with every call: one-line string values of at most 8192
+characters, not Host, Content-Length, Transfer-Encoding or Connection; values are secrets, see
+below), `timeout_s` (seconds per attempt, default 10, at most 120), `retries` (extra attempts
+after a timeout, a connection error or a 408/409/429/5xx answer; default 2, at most 5; backoff
+0.5 s doubled), `max_concurrency` (calls in flight when a step's samples are graded, default 16,
+at most 64), plus every grader's `name` and `error_reward`.
 
 Request: `POST url` with a JSON body
 
