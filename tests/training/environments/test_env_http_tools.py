@@ -192,10 +192,13 @@ def test_a_hung_endpoint_times_out_within_the_tool_timeout(server):
     started = time.monotonic()
     reply = env.respond(state, "", [call("lookup")])
     assert time.monotonic() - started < 2.0
-    assert "did not finish within 0.5 s" in json.loads(reply.messages[0]["content"])["error"]
+    # Whichever gives up first at 0.5 s, the runner ("did not finish") or the HTTP client's socket
+    # timeout ("did not answer"; first when the machine is busy), it is one timeout, not an error.
+    error = json.loads(reply.messages[0]["content"])["error"]
+    assert "did not finish within 0.5 s" in error or "did not answer within 0.5 s" in error, error
     assert state.metrics["tool_timeouts"] == 1 and state.metrics["tool_errors"] == 0
     (record,) = env.outcome(state)["tool_requests"]
-    assert record["status"] == "timeout" and record["latency_ms"] == 500.0
+    assert record["status"] == "timeout" and 500.0 <= record["latency_ms"] < 2000.0
     time.sleep(1.0)  # past a retry's backoff: the episode moved on, so the call is not sent again
     assert server.hits["/hang"] == 1
 
