@@ -52,12 +52,11 @@ import io
 import json
 import os
 import random
-import threading
 import time
 from collections import Counter, defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from benchmarks._loopback import json_endpoint
 from benchmarks._model import add_model_arguments, prepared_model
 from benchmarks.fine_tuning_job import _manage, api, held_out, live_stack
 
@@ -129,40 +128,23 @@ class TeamServices:
         self.gradings: list[dict[str, Any]] = []
         services = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
+        def answer(path: str, body: Any) -> dict[str, Any]:
+            if path == "/lookup":
+                word = str((body.get("arguments") or {}).get("word", "")).strip().lower()
+                services.tool_calls.append({"word": word, "item": body["item"].get("word")})
+                return (
+                    {"output": f"The secret number of {word} is {secrets[word]}."}
+                    if word in secrets else {"error": f"no secret number for {word!r}"}
+                )  # fmt: skip
+            reward = grade(body["sample"], body["item"], other_call_credit)
+            services.gradings.append({"ids": body.get("ids") or {}, "word": body["item"]["word"],
+                                      "reward": reward, "called": bool(lookup_calls(body["sample"])),
+                                      "words": [str((_arguments(c) or {}).get("word")) for c in lookup_calls(body["sample"])
+                                                if isinstance(_arguments(c), dict)]})  # fmt: skip
+            return {"reward": reward}
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if self.path == "/lookup":
-                    word = str((body.get("arguments") or {}).get("word", "")).strip().lower()
-                    services.tool_calls.append({"word": word, "item": body["item"].get("word")})
-                    answer: dict[str, Any] = (
-                        {"output": f"The secret number of {word} is {secrets[word]}."}
-                        if word in secrets else {"error": f"no secret number for {word!r}"}
-                    )  # fmt: skip
-                else:
-                    reward = grade(body["sample"], body["item"], other_call_credit)
-                    services.gradings.append({"ids": body.get("ids") or {}, "word": body["item"]["word"],
-                                              "reward": reward, "called": bool(lookup_calls(body["sample"])),
-                                              "words": [str((_arguments(c) or {}).get("word")) for c in lookup_calls(body["sample"])
-                                                        if isinstance(_arguments(c), dict)]})  # fmt: skip
-                    answer = {"reward": reward}
-                data = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        class Server(ThreadingHTTPServer):
-            request_queue_size = 128  # a step's calls arrive at once (endpoint_grader.py's finding)
-            daemon_threads = True
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.host = f"127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd = json_endpoint(answer)
+        self.host = self.httpd.host
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

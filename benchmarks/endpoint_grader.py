@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from benchmarks._loopback import LoopbackServer, json_endpoint
 from training.rewards import grade_trajectories
 from training.rollouts.trajectory import Trajectory
 from training.safety.outbound import OutboundPolicy
@@ -35,30 +34,12 @@ STRING_CHECK = {"type": "string_check", "input": "{{sample.output_text}}", "refe
                 "operation": "like"}  # fmt: skip
 
 
-def _server(latency_s: float) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            time.sleep(latency_s)  # the team's grader doing its work
-            answer = json.dumps({"reward": 1.0 if "21" in body["sample"]["output_text"] else 0.0}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    class Server(ThreadingHTTPServer):
-        # http.server listens with a backlog of 5: 16 connections at once would see dropped SYNs and
-        # the kernel's 1 s retransmit, the stub's limit and not the grader's.
-        request_queue_size = 128
-        daemon_threads = True
-
-    server = Server(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+def _server(latency_s: float) -> LoopbackServer:
+    """The team's grader: 1.0 when the reply says 21 degrees."""
+    return json_endpoint(
+        lambda _path, body: {"reward": 1.0 if "21" in body["sample"]["output_text"] else 0.0},
+        latency_s=latency_s,
+    )
 
 
 def _step(groups: int, group_size: int) -> tuple[list[list[Trajectory]], list[dict[str, Any]]]:

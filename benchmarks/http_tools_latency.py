@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from benchmarks._loopback import LoopbackServer, json_endpoint
 from training.environments import EnvironmentSpec, build_environment
 from training.rollouts.tools import Tool, ToolCall
 from training.safety.outbound import OutboundPolicy
@@ -30,28 +29,11 @@ from training.safety.outbound import OutboundPolicy
 PARAMETERS = {"type": "object", "properties": {"sku": {"type": "string"}}}
 
 
-def _server(latency_s: float) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            time.sleep(latency_s)  # the team's tool doing its work
-            answer = json.dumps({"output": {"sku": body["arguments"].get("sku"), "stock": 3}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    class Server(ThreadingHTTPServer):
-        request_queue_size = 256  # http.server's backlog of 5 would drop SYNs of 64 calls at once
-        daemon_threads = True
-
-    server = Server(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+def _server(latency_s: float) -> LoopbackServer:
+    """The team's tool: a stock lookup."""
+    return json_endpoint(
+        lambda _path, body: {"output": {"sku": body["arguments"].get("sku"), "stock": 3}}, latency_s=latency_s
+    )
 
 
 def _step(environment: Any, episodes: int, turns: int) -> tuple[float, list[float]]:
