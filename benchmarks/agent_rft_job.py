@@ -48,7 +48,6 @@ Nothing else may train on this machine meanwhile (2 cores).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import random
@@ -58,7 +57,7 @@ from typing import Any
 
 from benchmarks._loopback import json_endpoint
 from benchmarks._model import add_model_arguments, prepared_model
-from benchmarks.fine_tuning_job import _manage, api, held_out, live_stack
+from benchmarks.fine_tuning_job import api, held_out, live_stack, stack_client, upload
 
 WORDS = ("kiwi", "tiger", "piano", "river", "candle", "forest", "rocket", "mirror", "garden", "pepper",
     "violin", "island", "lemon", "castle", "thunder", "marble", "pencil", "dragon", "window", "saddle",
@@ -163,8 +162,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     cache, source = prepared_model(args)
 
-    from openai import OpenAI
-
     train, validation, secrets = rows(args.seed)
     held_out_words = {row["word"] for row in validation}
     team = TeamServices(secrets, args.other_call_credit)
@@ -172,16 +169,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ["OUTBOUND_ALLOW"] = ",".join(filter(None, [os.environ.get("OUTBOUND_ALLOW", ""), team.host]))
     load_before = os.getloadavg()
     with live_stack(cache, source, args.broker) as (url, env):
-        base_name = _manage(env, "from projects.models import BaseModel; print(BaseModel.objects.get().name)")
-        key = _manage(env, "from projects import services; from projects.models import Team; "
-                      "team, _ = Team.objects.get_or_create(name='bench'); "
-                      "print(services.api_key_create(team=team, name='bench').plaintext)")  # fmt: skip
-        client = OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300)
-        files = [
-            client.files.create(file=(name, io.BytesIO("\n".join(map(json.dumps, lines)).encode())),
-                                purpose="fine-tune").id
-            for name, lines in (("train.jsonl", train), ("valid.jsonl", validation))
-        ]  # fmt: skip
+        base_name, key, client = stack_client(url, env)
+        files = upload(client, train, validation)
         hyper = {"n_epochs": args.epochs, "batch_size": args.batch}
         started = time.monotonic()
         # artweb's Agent RFT fields and grader type are not in the openai package's types.

@@ -66,6 +66,26 @@ def method_rows(rows: list[dict[str, Any]], method: str) -> list[dict[str, Any]]
     return rows
 
 
+def stack_client(url: str, env: dict[str, str]) -> tuple[str, str, Any]:
+    """On a ``live_stack``: its base model's name, a new team key and an ``openai`` client with it."""
+    from openai import OpenAI
+
+    base_name = _manage(env, "from projects.models import BaseModel; print(BaseModel.objects.get().name)")
+    key = _manage(env, "from projects import services; from projects.models import Team; "
+                  "team, _ = Team.objects.get_or_create(name='bench'); "
+                  "print(services.api_key_create(team=team, name='bench').plaintext)")  # fmt: skip
+    return base_name, key, OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300)
+
+
+def upload(client: Any, train: list[dict[str, Any]], validation: list[dict[str, Any]]) -> list[str]:
+    """The ids of ``train`` and ``validation`` uploaded as fine-tuning files."""
+    return [
+        client.files.create(file=(name, io.BytesIO("\n".join(map(json.dumps, rows)).encode())),
+                            purpose="fine-tune").id
+        for name, rows in (("train.jsonl", train), ("valid.jsonl", validation))
+    ]  # fmt: skip
+
+
 def api(url: str, key: str, method: str, path: str, body: Any = None) -> Any:
     request = urllib.request.Request(f"{url}{path}", method=method,
                                      data=json.dumps(body).encode() if body is not None else None)  # fmt: skip
@@ -94,20 +114,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     cache, source = prepared_model(args)
 
-    from openai import OpenAI
-
     train, validation = (method_rows(rows, args.method) for rows in openai_rows())
     with live_stack(cache, source, args.broker) as (url, env):
-        base_name = _manage(env, "from projects.models import BaseModel; print(BaseModel.objects.get().name)")
-        key = _manage(env, "from projects import services; from projects.models import Team; "
-                      "team, _ = Team.objects.get_or_create(name='bench'); "
-                      "print(services.api_key_create(team=team, name='bench').plaintext)")  # fmt: skip
-        client = OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300)
-        files = [
-            client.files.create(file=(name, io.BytesIO("\n".join(map(json.dumps, rows)).encode())),
-                                purpose="fine-tune").id
-            for name, rows in (("train.jsonl", train), ("valid.jsonl", validation))
-        ]  # fmt: skip
+        base_name, key, client = stack_client(url, env)
+        files = upload(client, train, validation)
         hyper = {"n_epochs": args.epochs, "batch_size": args.batch}
         started = time.monotonic()
         job = client.fine_tuning.jobs.create(
