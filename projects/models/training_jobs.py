@@ -37,6 +37,16 @@ class TrainingJob(ClaimedWork):
     metrics = models.JSONField(default=dict, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text="how many times a worker claimed it")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # A schedule of steps over stored completions (projects.services.completion_training) is its
+    # jobs, named by the first one: every step's job points at it, the first at itself.
+    schedule = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="schedule_jobs",
+        help_text="the first job of the training schedule it is a step of (the schedule's id); null alone",
+    )
 
     class Meta(ClaimedWork.Meta):
         indexes = [

@@ -8,6 +8,9 @@ step order, so their ids ascend with the step. projects.services.training_jobs c
 in id order only (a job waits while an earlier one of its model is unfinished; each that ends
 enqueues the next), so step k + 1 trains on the checkpoint step k made. No other job of the model
 falls between them: each creation locks the model row until the schedule's transaction commits.
+A schedule is named by its first job (``TrainingJob.schedule``, on every step's job): a step that
+fails or is cancelled cancels the later ones (projects.services.training_jobs.training_job_fail),
+and ``training_schedule_cancel`` there cancels what is left of one.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from typing import Any
 from django.db import transaction
 
 from projects.errors import NotFound, ValidationFailed
-from projects.models import StoredCompletion, TrainableModel, TrainingJob
+from projects.models import StoredCompletion, TrainableModel, TrainingJob, TrainingJobStatus
 from projects.services import conversations
+from projects.services.client_models import UNFINISHED
 from projects.services.runs import run_event_add
-from projects.services.training_jobs import training_job_config, training_job_create
+from projects.services.training_jobs import CANCELLED, training_job_config, training_job_create
 from training.config import SEED_MAX, ConfigError
 from training.recipes.schedules import learning_rate_at
 from training.runs.art_tokens import sampled_step
@@ -269,8 +273,8 @@ def training_schedule_from_completions(
     step queued as one training job in step order (see the module's order invariant) with its
     learning rate from the schedule merged into ``experimental_config``. Each step's run event names
     the completions it trains on, its step in the schedule and its rate. All steps or none: one
-    refused job refuses the schedule. A failed step does not stop the later ones (each trains on the
-    model's newest checkpoint, as a client's next job does)."""
+    refused job refuses the schedule. The jobs name the first one as their schedule; a failed step
+    cancels the later ones (they would train on a checkpoint the schedule did not plan)."""
     checked = training_schedule_check(schedule, experimental_config=experimental_config)
     built = completion_groups(model=model, completions=completions)
     available = checked.epochs * len(built.groups)
@@ -304,6 +308,10 @@ def training_schedule_from_completions(
                 {"step": step, "steps": checked.steps, "learning_rate": rate, "groups": len(groups)},
             )
             scheduled.append(ScheduledStep(step, job, rate, len(groups), len(used)))
+        first = scheduled[0].job
+        TrainingJob.objects.filter(pk__in=[each.job.pk for each in scheduled]).update(schedule=first)
+        for each in scheduled:
+            each.job.schedule_id = first.pk
     counts = {
         **built.counts,
         "epochs": checked.epochs,
@@ -314,3 +322,19 @@ def training_schedule_from_completions(
         ),
     }
     return scheduled, counts
+
+
+def training_schedule_status(jobs: list[TrainingJob]) -> str:
+    """A schedule's status from its jobs in step order: ``queued`` before its first step starts,
+    ``running`` while a step is unfinished, then ``succeeded``, or ``cancelled`` when its first step
+    that did not succeed was cancelled (not trained), else ``failed``."""
+    if any(job.status in UNFINISHED for job in jobs):
+        return (
+            TrainingJobStatus.QUEUED
+            if jobs[0].status == TrainingJobStatus.QUEUED
+            else TrainingJobStatus.RUNNING
+        )
+    unsuccessful = [job for job in jobs if job.status != TrainingJobStatus.SUCCEEDED]
+    if not unsuccessful:
+        return TrainingJobStatus.SUCCEEDED
+    return "cancelled" if unsuccessful[0].error.startswith(CANCELLED) else TrainingJobStatus.FAILED

@@ -12,6 +12,8 @@ Concurrency invariants:
   the gateway can serve the new checkpoint, and a step is never counted twice.
 - A job changes status only in ``training_job_transition`` under ``select_for_update``, following
   ``TRAINING_JOB_TRANSITIONS``; work is enqueued with ``transaction.on_commit``.
+- A job of a schedule (``TrainingJob.schedule``) that fails cancels the schedule's later unfinished
+  jobs in the same transaction: they would train on a checkpoint the schedule did not plan.
 """
 
 from __future__ import annotations
@@ -299,25 +301,63 @@ def training_job_finish(
     return True
 
 
+# A job ended before it trained (its schedule cancelled, or an earlier step of it failed): failed,
+# with an error that starts so, since ART's client knows no other end than training_failed.
+CANCELLED = "cancelled: "
+
+
+def _training_job_end(*, job_id: int, message: str) -> TrainingJob:
+    """Fail the (unfinished, locked) job with ``message``: the client's training_failed, the run's event.
+    A worker still on it loses its heartbeat and its step is never recorded (``training_job_finish``)."""
+    job = training_job_transition(job_id=job_id, to=TrainingJobStatus.FAILED, updates={"error": message})
+    training_job_event_add(
+        job=job,
+        type=TrainingJobEventType.TRAINING_FAILED,
+        message=f"Training failed: {message}",
+        level=EventLevel.ERROR,
+        data={"error_message": message},
+    )
+    run_event_add(run=job.run, message=f"Training job {job.pk} failed: {message}", level=EventLevel.ERROR)
+    return job
+
+
 def training_job_fail(*, job_id: int, error: str, worker: str | None = None) -> TrainingJob | None:
-    """End the job with ``training_failed`` (the client raises it); None if it already ended or
-    another worker took it over."""
+    """End the job with ``training_failed`` (the client raises it), and with it its schedule's later
+    unfinished steps; None if it already ended or another worker took it over."""
     message = error_text(error)
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
         if job is None or job.status not in UNFINISHED or (worker is not None and job.worker != worker):
             return None
-        job = training_job_transition(job_id=job.pk, to=TrainingJobStatus.FAILED, updates={"error": message})
-        training_job_event_add(
-            job=job,
-            type=TrainingJobEventType.TRAINING_FAILED,
-            message=f"Training failed: {message}",
-            level=EventLevel.ERROR,
-            data={"error_message": message},
-        )
-        run_event_add(run=job.run, message=f"Training job {job.pk} failed: {message}", level=EventLevel.ERROR)
+        job = _training_job_end(job_id=job.pk, message=message)
+        if job.schedule_id is not None:
+            step = TrainingJob.objects.filter(schedule_id=job.schedule_id, pk__lte=job.pk).count()
+            ended = "was cancelled" if message.startswith(CANCELLED) else "failed"
+            _schedule_jobs_end(schedule_id=job.schedule_id, after=job.pk,
+                               message=error_text(f"{CANCELLED}step {step} of this schedule {ended}: {message}"))  # fmt: skip
         _enqueue_next(job.model_id)
     return job
+
+
+def _schedule_jobs_end(*, schedule_id: int, after: int, message: str) -> None:
+    """Fail the schedule's unfinished jobs after job ``after``, each locked in id order."""
+    later = TrainingJob.objects.filter(schedule_id=schedule_id, pk__gt=after, status__in=UNFINISHED)
+    for job_id in later.order_by("id").values_list("id", flat=True):
+        if TrainingJob.objects.select_for_update().get(pk=job_id).status in UNFINISHED:
+            _training_job_end(job_id=job_id, message=message)
+
+
+def training_schedule_cancel(*, schedule: TrainingJob) -> list[TrainingJob]:
+    """Cancel a schedule (named by its first job): its unfinished jobs end as cancelled, a running
+    one as ``training_job_fail`` ends it. Idempotent: a schedule with nothing left to run is left
+    as it is. Under the model's row, as ``services.run_control.client_run_end`` takes it. The
+    schedule's jobs in step order."""
+    with transaction.atomic():
+        TrainableModel.objects.select_for_update().get(pk=schedule.model_id)
+        _schedule_jobs_end(schedule_id=schedule.pk, after=0,
+                           message=f"{CANCELLED}training schedule {schedule.pk} was cancelled")  # fmt: skip
+        _enqueue_next(schedule.model_id)
+        return list(TrainingJob.objects.filter(schedule_id=schedule.pk).order_by("id"))
 
 
 def training_jobs_requeue_orphaned(*, stale_after_s: float | None = None) -> list[int]:
