@@ -1,15 +1,16 @@
 """Rewards on stored completions after the fact, and training on them: ``/api/v1/feedback`` (a
 value on a completion or a conversation), ``/api/v1/completion-gradings`` (a reward definition over
 stored completions, in the background) and ``/api/v1/stored-completions/train`` (a training step of
-a model on its rated stored completions, or a schedule of steps). Rows through projects.selectors,
-writes through projects.services.completions and projects.services.completion_training."""
+a model on its rated stored completions, or a schedule of steps, which ``.../train/{schedule_id}``
+follows and ``.../train/{schedule_id}/cancel`` cancels). Rows through projects.selectors, writes
+through projects.services.completions, completion_training and training_jobs."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -18,7 +19,7 @@ from rest_framework.response import Response
 from projects import selectors, services
 from projects.api.base import TeamViewSet
 from projects.api.pagination import list_body, page_of
-from projects.api.serializers import InputSerializer
+from projects.api.serializers import InputSerializer, NoBodyIn
 from projects.errors import NotFound, ValidationFailed
 from projects.gateway.capture import checked_metadata
 from projects.gateway.errors import GatewayError
@@ -27,8 +28,11 @@ from projects.models import (
     CompletionGrading,
     RewardDefinition,
     TrainableModel,
+    TrainingJob,
 )
+from projects.services.completion_training import training_schedule_status
 from projects.services.judges import judge_client as judge_client_check
+from projects.services.training_jobs import training_schedule_cancel
 
 MAX_LIMIT = 100  # as the stored completions list (projects.api.completions)
 
@@ -200,9 +204,8 @@ class TrainOnCompletionsView(TeamViewSet):
     the answer is the training job, which ``/v1/preview/training-jobs/{id}`` follows.
 
     With ``schedule``, several steps on the same groups (training_schedule_from_completions), one
-    training job each, run in order: the answer is ``{"object": "training_schedule", "model",
-    "steps", "jobs": [job ids in step order], "learning_rates": [one per step], "groups_per_step":
-    [one per step], "counts"}``."""
+    training job each, run in order: the answer is the schedule (``schedule_body``) with
+    ``"groups_per_step": [one per step]`` and ``"counts"``; ``TrainingScheduleView`` follows it."""
 
     serializer_class = TrainOnCompletionsIn
 
@@ -238,14 +241,51 @@ class TrainOnCompletionsView(TeamViewSet):
                 experimental_config=data.get("experimental_config"),
                 created_by=user if isinstance(user, User) else None,
             )  # fmt: skip
-            return Response({
-                "object": "training_schedule", "model": model.pk, "steps": len(steps),
-                "jobs": [step.job.pk for step in steps], "learning_rates": [step.learning_rate for step in steps],
-                "groups_per_step": [step.groups for step in steps], "counts": counts,
-            }, status=status.HTTP_201_CREATED)  # fmt: skip
+            body = schedule_body([step.job for step in steps])
+            body.update(groups_per_step=[step.groups for step in steps], counts=counts)
+            return Response(body, status=status.HTTP_201_CREATED)
         job, counts = services.training_job_from_completions(
             model=model, completions=rows, experimental_config=data.get("experimental_config"),
             created_by=user if isinstance(user, User) else None,
         )  # fmt: skip
         return Response({"object": "training_job", "id": job.pk, "status": job.status, "model": model.pk,
                          "counts": counts}, status=status.HTTP_201_CREATED)  # fmt: skip
+
+
+def schedule_body(jobs: list[TrainingJob]) -> dict[str, Any]:
+    """A schedule from its jobs in step order: its id (its first job's), its status (queued, running,
+    succeeded, failed or cancelled), and per step, in step order, the job, its status and its rate."""
+    return {
+        "id": jobs[0].pk,
+        "object": "training_schedule",
+        "model": jobs[0].model_id,
+        "status": training_schedule_status(jobs),
+        "steps": len(jobs),
+        "jobs": [job.pk for job in jobs],
+        "statuses": [job.status for job in jobs],
+        "learning_rates": [job.config.get("learning_rate") for job in jobs],
+        "created_at": int(jobs[0].created_at.timestamp()),
+    }
+
+
+class TrainingScheduleView(TeamViewSet):
+    """``/api/v1/stored-completions/train/{schedule_id}`` (the schedule, ``schedule_body``) and
+    ``.../cancel``, shaped like OpenAI's ``POST /fine_tuning/jobs/{id}/cancel``: its unfinished jobs
+    end as cancelled (failed, with an error that starts ``cancelled:``; a running one stops as a
+    failed job does) and the answer is the schedule. Cancelling again changes nothing and answers
+    the same. A schedule's id is its first job's; another job's id is not a schedule (404)."""
+
+    model = TrainingJob
+    lookup_url_kwarg = "schedule_id"
+
+    def base_queryset(self) -> QuerySet:
+        return TrainingJob.objects.filter(schedule_id=F("pk"))
+
+    @extend_schema(operation_id="training_schedules_retrieve", responses={200: dict})
+    def retrieve(self, request: Request, schedule_id: str) -> Response:
+        return Response(schedule_body(list(self.get_object().schedule_jobs.order_by("id"))))
+
+    @extend_schema(operation_id="training_schedules_cancel", request=None, responses={200: dict})
+    def cancel(self, request: Request, schedule_id: str) -> Response:
+        NoBodyIn(data=request.data).is_valid(raise_exception=True)
+        return Response(schedule_body(training_schedule_cancel(schedule=self.get_object())))

@@ -100,6 +100,18 @@ urlpatterns = [
         "stored-completions-train",
     ),
     *both_ways(
+        "stored-completions/train/<int:schedule_id>",
+        feedback.TrainingScheduleView,
+        {"get": "retrieve"},
+        "training-schedule",
+    ),
+    *both_ways(
+        "stored-completions/train/<int:schedule_id>/cancel",
+        feedback.TrainingScheduleView,
+        {"post": "cancel"},
+        "training-schedule-cancel",
+    ),
+    *both_ways(
         "models/<int:model_id>/checkpoint-feedback",
         aliases.CheckpointFeedbackView,
         {"get": "list"},

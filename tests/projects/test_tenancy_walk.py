@@ -127,6 +127,11 @@ def world(cast, alpha_setup, alice_client, settings, tmp_path):
                                "finish_reason": "stop", "logprobs": None}]},
         prompt_token_ids=[1], token_ids=[[2]], logprobs=[[-0.5]], latency_ms=3,
     )  # fmt: skip
+    client_model, client_run = services.client_model_register(
+        team=cast.alpha, entity=None, project="math", name="scheduled", base_model=alpha_setup.base.name
+    )
+    schedule = TrainingJob.objects.create(model=client_model, run=client_run)  # a one-step schedule
+    TrainingJob.objects.filter(pk=schedule.pk).update(schedule=schedule)
     objects = {
         "project": alpha_setup.project,
         "model": alpha_setup.model,
@@ -149,6 +154,7 @@ def world(cast, alpha_setup, alice_client, settings, tmp_path):
         "feedback": services.feedback_add(team=cast.alpha, value=1.0, completion=completion),
         "alias": services.alias_set(model=alpha_setup.model, name="prod", step=0),
         "grading": services.completion_grading_create(team=cast.alpha, reward=alpha_setup.reward),
+        "training_schedule": schedule,
     }
     return type("World", (), {**objects, "objects": objects, "setup": alpha_setup})
 
@@ -172,6 +178,7 @@ KWARGS = {
     "endpoint_id": "judge",  # the judge-endpoints pages
     "delivery_id": "delivery",
     "job_id": "scenario_job",  # a scenario generation job's page
+    "schedule_id": "training_schedule",  # a training schedule over stored completions: its first job
 }
 # A router's ``pk`` → the world's object, by the view's model.
 PK_OF_MODEL = {

@@ -1,8 +1,9 @@
 """A schedule of steps over stored completions ends as a whole (issue 55 follow-up,
 projects.services.training_jobs): a step that fails cancels the schedule's later steps in the same
 transaction (they would train on a checkpoint the schedule did not plan), leaving other schedules
-and other models alone; a schedule is cancelled as a whole, a running step included, idempotently.
-No step trains here: the failures and the claims are the services' own."""
+and other models alone; a schedule is cancelled as a whole, a running step included, idempotently;
+``/api/v1/stored-completions/train/{id}`` and ``.../cancel`` answer the schedule, team-scoped. No
+step trains here: the failures and the claims are the services' own."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from projects import services
 from projects.models import RunEvent, TrainingJob, TrainingJobEvent, TrainingJobStatus
 from projects.services.completion_training import training_schedule_status
 from projects.services.training_jobs import training_schedule_cancel
+from tests.projects.jobs.test_completion_schedule import URL
 from tests.projects.jobs.test_training_jobs import (  # noqa: F401  (fixtures)
     enqueued,
     stored_completion,
@@ -150,3 +152,45 @@ def test_cancelling_a_finished_schedule_changes_nothing(world, cast):  # noqa: F
     TrainingJob.objects.filter(pk__in=[job.pk for job in jobs]).update(status=TrainingJobStatus.SUCCEEDED)
     assert training_schedule_status(training_schedule_cancel(schedule=jobs[0])) == "succeeded"
     assert not TrainingJobEvent.objects.filter(type="training_failed").exists()
+
+
+def test_the_schedule_endpoints_answer_the_schedule_for_its_team_only(
+    world,  # noqa: F811
+    cast,
+    key_client,
+    read_only_client,
+    bob_client,
+    charlie_client,
+):
+    ids = [row.completion_id for row in rated_prompts(world, cast, 3)]
+    reply = key_client.post(URL, {"model": world.model.pk, "completion_ids": ids, "schedule": {"steps": 3}},
+                            format="json")  # fmt: skip
+    assert reply.status_code == 201, reply.content
+    created = reply.json()
+    schedule_id = created["id"]
+    assert created["object"] == "training_schedule" and created["jobs"][0] == schedule_id
+    assert created["status"] == "queued" and created["statuses"] == ["queued"] * 3
+    assert created["groups_per_step"] == [1, 1, 1] and created["counts"]["used"] == 6
+    followed = key_client.get(f"{URL}/{schedule_id}").json()
+    assert followed == {
+        key: value for key, value in created.items() if key not in ("groups_per_step", "counts")
+    }
+
+    # Tenancy: another team's caller gets 404, a viewer or a read-only key cannot cancel, and a
+    # later step's job id is no schedule's.
+    cancel = f"{URL}/{schedule_id}/cancel"
+    assert charlie_client.get(f"{URL}/{schedule_id}").status_code == 404
+    assert charlie_client.post(cancel, {}, format="json").status_code == 404
+    assert bob_client.post(cancel, {}, format="json").status_code == 403
+    assert read_only_client.post(cancel, {}, format="json").status_code == 403
+    assert key_client.post(f"{URL}/{created['jobs'][1]}/cancel", {}, format="json").status_code == 404
+    assert key_client.post(cancel, {"now": True}, format="json").status_code == 400  # no body to give
+    assert set(TrainingJob.objects.values_list("status", flat=True)) == {TrainingJobStatus.QUEUED}
+
+    reply = key_client.post(cancel, {}, format="json")
+    assert reply.status_code == 200, reply.content
+    body = reply.json()
+    assert body["id"] == schedule_id and body["status"] == "cancelled" and body["statuses"] == ["failed"] * 3
+    assert body["learning_rates"] == created["learning_rates"]
+    assert key_client.post(cancel, format="json").json() == body  # again: the same answer
+    assert key_client.get(f"{URL}/{schedule_id}/").json() == body
