@@ -121,9 +121,9 @@ def demo_run(*, steps: int, seed: int, cache_dir: Path, model: str = BUNDLED_MOD
         rollout_server=rollout_server,
     )
     if service is not None:
-        from training.hosting.service_run import ServiceTarget
+        from training.hosting.resident import ServiceSessions
 
-        spec.trainer_service = ServiceTarget(service, holder="demo-learning", session_id=f"run-{seed}")
+        spec.host, spec.session_id = ServiceSessions(service, holder="demo-learning"), f"run-{seed}"
     hooks = MemoryHooks(echo=echo)
     run_training(spec, hooks)
     return hooks

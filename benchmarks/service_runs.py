@@ -29,7 +29,7 @@ from benchmarks._model import add_model_arguments, prepared_model
 from benchmarks.resident_jobs import start_service
 from training.config import LoraSpec, TrainConfig
 from training.environments import build_environment
-from training.hosting.service_run import ServiceTarget
+from training.hosting.resident import ServiceSessions
 from training.runs.loop import run_training
 from training.runs.spec import RunSpec
 from training.runs.steps import checkpoint_path
@@ -86,7 +86,7 @@ def one_side(args: argparse.Namespace) -> None:
     process = None
     if args.side == "service":
         process, client = start_service(root, cache, args.threads)
-        run.trainer_service = ServiceTarget(client, holder="bench", session_id="run-bench")
+        run.host, run.session_id = ServiceSessions(client, holder="bench"), "run-bench"
     try:
         hooks = Hooks()
         assert run_training(run, hooks) == "succeeded"

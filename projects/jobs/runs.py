@@ -8,8 +8,6 @@ owning the run at that step).
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ from django.conf import settings
 from projects import selectors, services
 from projects.grader_secrets import grader_for_build
 from projects.jobs.claimed import Claimed, Heartbeat, Job, readable
+from projects.jobs.hosts import run_session_host
 from projects.models import Checkpoint, Run, RunStatus, Split
 from projects.outbound import outbound_policy
 from projects.selectors.serving import live_servers
@@ -155,25 +154,10 @@ def build_run_spec(run: Run) -> RunSpec:
         outbound=outbound_policy(),
         validation_rows=selectors.task_set_rows(task_set=task_set, split=Split.VALIDATION),
         objective=run.kind if run.kind in ("sft", "dpo") else "grpo",
-        trainer_service=run_trainer_service(run),
+        host=run_session_host(),
+        session_id=f"run-{run.pk}",
         rollout_server=run_rollout_server(run, config),
     )
-
-
-def run_trainer_service(run: Run) -> Any:
-    """Where ``run``'s session lives when the host has a trainer service (``TRAINER_SERVICE_URL``,
-    unless ``TRAINER_SERVICE_RUNS`` is off): a training.hosting.service_run.ServiceTarget held by this
-    worker process; None: it trains in this process."""
-    if not (settings.TRAINER_SERVICE_URL and settings.TRAINER_SERVICE_RUNS):
-        return None
-    from training.hosting.client import TrainerServiceClient
-    from training.hosting.service_run import ServiceTarget
-
-    # A step's rollouts are one call: on a CPU host a large batch may take many minutes.
-    client = TrainerServiceClient(
-        settings.TRAINER_SERVICE_URL, token=settings.TRAINER_SERVICE_TOKEN, timeout_s=3600
-    )
-    return ServiceTarget(client, holder=f"{socket.gethostname()}:{os.getpid()}", session_id=f"run-{run.pk}")
 
 
 def run_rollout_server(run: Run, config: TrainConfig) -> Any:

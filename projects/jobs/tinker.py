@@ -31,6 +31,7 @@ from django.conf import settings
 
 from projects import services
 from projects.errors import DomainError
+from projects.jobs.hosts import session_host
 from projects.models import Checkpoint, TinkerFuture, TinkerFutureStatus, TinkerModel, TinkerSampler
 from projects.selectors.serving import live_servers
 from projects.selectors.tinker_paths import checkpoint_for_path
@@ -105,9 +106,7 @@ def session_of(model: TinkerModel, *, state: Path | None = None, fresh: bool = F
     """The model's session, live for one request, on whichever host keeps this worker's sessions
     (training.hosting.resident). ``fresh``: open it (from ``state``, or a new adapter), replacing
     any it had; otherwise it must be resident (else it is rebuilt, or ``SessionLost``)."""
-    from projects.jobs.training_jobs import resident_sessions
-
-    host = resident_sessions()
+    host = session_host()
     session_id = _session_id(model)
     if fresh or not model.opened:  # the client's first request opens its session: a fresh adapter
         config, lora = _config(model)
@@ -332,8 +331,6 @@ def sample(future_pk: str) -> None:
 def _sample(future: TinkerFuture) -> tuple[bytes, int]:
     """The response and the tokens sampled (kept with the request: the cost of the next optim_step
     of the training client whose checkpoint it sampled counts them)."""
-    from projects.jobs.training_jobs import resident_sessions
-
     payload = future.payload
     sampler = TinkerSampler.objects.select_related("base_model", "checkpoint__model__project").get(
         pk=payload["sampler"]
@@ -360,7 +357,7 @@ def _sample(future: TinkerFuture) -> tuple[bytes, int]:
         top_k=max(0, int(params.get("top_k", -1))), max_new_tokens=int(params.get("max_tokens") or 64),
         seed=params.get("seed"), stop=stop_strings, stop_token_ids=stop_ids,
     )  # fmt: skip
-    keeper = resident_sessions()
+    keeper = session_host()
     session_id = f"tinker-sampler-{sampler.checkpoint_id or 'base-' + str(sampler.base_model_id)}"
     source = sampler.base_model.source
     if sampler.checkpoint is not None:

@@ -8,8 +8,6 @@ with the job's end), so it is made once.
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,18 +17,14 @@ from django.conf import settings
 from projects import selectors, services
 from projects.client_names import client_slug
 from projects.jobs.claimed import Claimed, Job, readable
+from projects.jobs.hosts import session_host
 from projects.models import Checkpoint, TrainableModel, TrainingJob
 from projects.storage import checkpoint_local_dir, checkpoint_upload
-from training.base_models import load_tokenizer
 from training.config import ConfigError, LoraSpec, TrainConfig
-from training.hosting.client import TrainerServiceClient
-from training.hosting.placement import SERVICE, place
-from training.hosting.resident import ResidentSessions, ServiceSessions, SessionKey
-from training.model_files import context_length as base_context_length
+from training.hosting.resident import SessionKey
 from training.recipes.art_config import ArtOptions
 from training.runs.art_groups import GroupError, parse_groups
 from training.runs.art_step import ClientStepSpec, ScoredTrajectory, off_policy_steps, train_client_step
-from training.session.policy import load_policy_model
 
 
 def accepts_model(model: TrainableModel) -> Callable[[str], bool]:
@@ -56,41 +50,6 @@ def accepts_model(model: TrainableModel) -> Callable[[str], bool]:
         )
 
     return accepts
-
-
-_resident: ResidentSessions | None = None
-_service: ServiceSessions | None = None
-
-
-def resident_sessions() -> ResidentSessions | ServiceSessions:
-    """Where client work (ART jobs, Tinker clients) keeps its sessions, by training.hosting.placement's
-    rule: the host's trainer service when ``TRAINER_SERVICE_URL`` names one, else this worker process
-    (``RESIDENT_SESSIONS`` of them; training.hosting.resident)."""
-    global _resident, _service
-    if place("client", service=bool(settings.TRAINER_SERVICE_URL)).host == SERVICE:
-        if _service is None or _service.client.url != settings.TRAINER_SERVICE_URL.rstrip("/"):
-            client = TrainerServiceClient(settings.TRAINER_SERVICE_URL, token=settings.TRAINER_SERVICE_TOKEN)
-
-            def tokenizer_of(source: str) -> tuple[object, int | None]:
-                cache = settings.MODEL_CACHE_DIR
-                return load_tokenizer(source, cache), base_context_length(source, cache)
-
-            holder = f"{socket.gethostname()}:{os.getpid()}"
-            _service = ServiceSessions(client, holder=holder, load_tokenizer=tokenizer_of)
-        return _service
-    if _resident is None:
-
-        def load(source: str) -> tuple[object, object]:
-            model, tokenizer, _ = load_policy_model(source, settings.MODEL_CACHE_DIR,
-                                                    device=settings.TRAINING_DEVICE, unsloth=settings.TRAINING_UNSLOTH)  # fmt: skip
-            return model, tokenizer
-
-        _resident = ResidentSessions(load, capacity=settings.RESIDENT_SESSIONS,
-                                     spill_dir=settings.DATA_DIR / "trainer-spill" / f"worker-{os.getpid()}",
-                                     device=settings.TRAINING_DEVICE, model_cache_dir=settings.MODEL_CACHE_DIR,
-                                     unsloth=settings.TRAINING_UNSLOTH)  # fmt: skip
-    _resident.capacity = settings.RESIDENT_SESSIONS
-    return _resident
 
 
 def session_key(model: TrainableModel, checkpoint: Checkpoint | None, config: TrainConfig) -> SessionKey:
@@ -209,7 +168,7 @@ def _train(claimed: Claimed[TrainingJob]) -> str:
     job = claimed.row
     latest = selectors.checkpoint_latest(model=job.model)
     spec = build_step_spec(job, latest)
-    sessions = resident_sessions()
+    sessions = session_host()
     key = session_key(job.model, latest, spec.config)
     kept = None
     try:

@@ -121,11 +121,11 @@ def test_rollouts_on_an_inference_server_on_cuda(tiny_model_dir, tmp_path):
 def test_a_run_on_a_trainer_service_on_cuda(tiny_model_dir, tmp_path):
     """The platform's default under ``manage.py up``: the run's session lives in the host's trainer
     service (here on the GPU), with a KL term and two minibatches x two epochs."""
-    from training.hosting.service_run import ServiceTarget
+    from training.hosting.resident import ServiceSessions
 
     with trainer_service(tmp_path, tiny_model_dir.parent, device="cuda") as service:
         run = run_spec(tmp_path / "run", tiny_model_dir, **RECIPE)
-        run.trainer_service = ServiceTarget(service, holder="worker-1", session_id="run-1")
+        run.host, run.session_id = ServiceSessions(service, holder="worker-1"), "run-1"
         hooks = MeteredHooks()
         assert run_training(run, hooks) == "succeeded", hooks.events
         stats = service.stats()

@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 from tests.conftest import trainer_service
 from tests.training.test_cost_loop import MeteredHooks
 from tests.training.test_overlap import spec
-from training.hosting.service_run import ServiceTarget, service_refusal
+from training.hosting.resident import ServiceSessions
+from training.hosting.service_run import service_refusal
 from training.runs.loop import run_training
 from training.runs.steps import checkpoint_path
 from training.session.checkpoint_files import ADAPTER_WEIGHTS
@@ -43,7 +44,7 @@ def test_a_run_on_the_trainer_service_trains_what_a_run_in_the_worker_trains(
     assert run_training(spec(tiny_model_dir, tmp_path / "local", steps=3, **RECIPE), local) == "succeeded"
     with trainer_service(tmp_path, tiny_model_dir.parent) as service:
         run = spec(tiny_model_dir, tmp_path / "service", steps=3, **RECIPE)
-        run.trainer_service = ServiceTarget(service, holder="worker-1", session_id="run-1")
+        run.host, run.session_id = ServiceSessions(service, holder="worker-1"), "run-1"
         assert service_refusal(run) is None
         hooks = MeteredHooks()
         assert run_training(run, hooks) == "succeeded"
@@ -99,7 +100,7 @@ def test_a_run_whose_trainer_service_restarts_continues_from_its_last_checkpoint
     with contextlib.ExitStack() as stack:
         first = stack.enter_context(start())
         run = spec(tiny_model_dir, tmp_path / "service", steps=4)
-        run.trainer_service = ServiceTarget(first, holder="worker-1", session_id="run-7")
+        run.host, run.session_id = ServiceSessions(first, holder="worker-1"), "run-7"
         hooks = RestartsService(stack, first, start, at=2)
         assert run_training(run, hooks) == "succeeded"
     assert hooks.steps == [1, 2, 3, 4]  # every step once: step 3 was not recorded before the loss
@@ -112,14 +113,14 @@ def test_a_run_whose_trainer_service_restarts_continues_from_its_last_checkpoint
 def test_runs_the_service_does_not_take_train_in_the_worker_and_say_why(tiny_model_dir, tmp_path):
     run = spec(tiny_model_dir, tmp_path, steps=1)
     assert service_refusal(run) == "no trainer service on this host"
-    run.trainer_service = ServiceTarget(object(), holder="w", session_id="run-1")
+    run.host, run.session_id = ServiceSessions(object(), holder="w"), "run-1"
     assert service_refusal(run) is None
     for config, reason in (({"max_off_policy_steps": 1}, "overlap"), ({"devices": 2}, "data-parallel")):
         other = spec(tiny_model_dir, tmp_path, steps=1, **config)
-        other.trainer_service = run.trainer_service
+        other.host = run.host
         assert reason in (service_refusal(other) or "")
     other = spec(tiny_model_dir, tmp_path, steps=1)
-    other.trainer_service, other.objective = run.trainer_service, "dpo"
+    other.host, other.objective = run.host, "dpo"
     assert service_refusal(other) is None
     # Without a service the engine is not chosen here: a vLLM run whose vLLM lives in another
     # virtualenv (VLLM_PYTHON, which the sampler is given) is not refused for lacking it in this one.
@@ -132,7 +133,7 @@ def test_a_service_that_does_not_answer_leaves_the_run_in_the_worker_with_a_warn
     from training.hosting.client import TrainerServiceClient
 
     run = spec(tiny_model_dir, tmp_path, steps=1)
-    run.trainer_service = ServiceTarget(TrainerServiceClient(f"http://127.0.0.1:{free_port()}"), "w", "run-1")
+    run.host = ServiceSessions(TrainerServiceClient(f"http://127.0.0.1:{free_port()}"), holder="w")
     hooks = MeteredHooks()
     assert run_training(run, hooks) == "succeeded" and hooks.steps == [1]
     warned = [event["message"] for event in hooks.events if event["level"] == "warn"]
@@ -155,7 +156,7 @@ def test_sft_and_dpo_runs_on_the_trainer_service_train_what_they_train_in_the_wo
                         local) == "succeeded"  # fmt: skip
     with trainer_service(tmp_path, tiny_model_dir.parent) as service:
         run = supervised_spec(tmp_path / "service", tiny_model_dir, objective, rows, rows[:2], **config)
-        run.trainer_service = ServiceTarget(service, holder="worker-1", session_id="run-2")
+        run.host, run.session_id = ServiceSessions(service, holder="worker-1"), "run-2"
         hooks = Hooks()
         assert run_training(run, hooks) == "succeeded"
     assert any("on the trainer service" in event["message"] for event in hooks.events)

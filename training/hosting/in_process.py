@@ -11,17 +11,24 @@ update is data-parallel (training.hosting.ranks), and a run's followers mirror e
 
 from __future__ import annotations
 
+import random
+import shutil
+import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from training.engines.base import Engine
 from training.hosting.followers import Followers, MirroredSession
 from training.recipes.grpo_update import grpo_train_step
 from training.rollouts.trajectory import TrainGroup
+from training.runs.progress import phase
+from training.runs.steps import checkpoint_path
 from training.session.adapter_check import SamplerCheck, verify_sampler
 from training.session.contract import Session
 from training.session.local import TrainingSession
-from training.session.policy import Policy
+from training.session.policy import Policy, load_policy_model
 
 
 class InProcessRun(Policy):
@@ -63,3 +70,53 @@ class InProcessRun(Policy):
 
     def close(self) -> None:
         """Nothing to give back: the policy lives in this process."""
+
+
+def start_in_worker(spec: Any, hooks: Any) -> tuple[InProcessRun, Any, Any, int]:
+    """training.runs.loop.start_run with the run's session in this process: the base model loaded
+    here, then a fresh adapter saved and recorded as the start step's checkpoint, or the
+    checkpoint ``spec.resume_step`` restored. The worker host's ``start_run``
+    (training.hosting.resident.ResidentSessions), and where a run the service refuses trains."""
+    config = spec.config
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    started = time.monotonic()
+    phase(hooks, "loading", f"Loading base model {spec.base_model_source}")
+    base_model, tokenizer, dtype = load_policy_model(spec.base_model_source, spec.model_cache_dir,
+                                                     device=spec.device, unsloth=spec.unsloth,
+                                                     fsdp=config.fsdp)  # fmt: skip
+    hooks.event(f"Loaded base model {spec.base_model_source} in {time.monotonic() - started:.1f}s")
+
+    if spec.resume_step is None:
+        run = InProcessRun(base_model, tokenizer, config, spec.lora, device=spec.device)
+        current = spec.start_step
+        path = checkpoint_path(spec.checkpoint_root, current)
+        if path.exists():  # left by a worker that died before recording it
+            shutil.rmtree(path)
+        run.save_checkpoint(path, step=current, metrics={})
+        hooks.record_checkpoint(step=current, path=path, metrics={})
+    else:
+        current = spec.resume_step
+        run = InProcessRun.resume(
+            base_model, tokenizer, checkpoint_path(spec.checkpoint_root, current), config, spec.lora,
+            device=spec.device,
+        )  # fmt: skip
+        # The run's own first start continues the model; any later start picks the run up again.
+        if current == spec.start_step:
+            hooks.event(f"Loaded checkpoint step {current}: training continues from it")
+        else:
+            hooks.event(f"Resumed from checkpoint step {current}")
+    return run, tokenizer, dtype, current
+
+
+class InProcessHost:
+    """The host of a run built with no SessionHost (a benchmark's, a test's, a worker's without a
+    trainer service): this process. Its one call is the SessionHost's ``start_run``."""
+
+    kind = "worker"
+
+    def start_run(self, spec: Any, hooks: Any) -> tuple[InProcessRun, Any, Any, int]:
+        return start_in_worker(spec, hooks)
+
+
+IN_PROCESS = InProcessHost()

@@ -12,10 +12,13 @@ checkpoint, so resuming from it and from disk train the same.
 A job *attaches* its spec to a session (``spec.session`` and the tokenizer), trains, then
 *settles*: kept under the step it recorded, or closed.
 
-Both keepers are also a ``SessionHost`` for work that names its session itself (a Tinker client's
-training session, a sampler's): ``open`` (replacing any session of that id) and ``use`` (the session,
-claimed for the block; ``SessionGone`` when the host no longer has it). The caller never asks which
-keeper it has.
+Both keepers are the worker's one ``SessionHost`` (``kind``: training.hosting.placement's WORKER or
+SERVICE), which every kind of work opens its sessions through: client jobs ``attach`` and
+``settle``; work that names its session itself (a Tinker client's training session, a sampler's)
+``open``s it (replacing any session of that id) and ``use``s it (claimed for the block;
+``SessionGone`` when the host no longer has it); a platform run ``start_run``s (its session opened,
+or restored from its checkpoint, under ``spec.session_id``). The caller never asks which keeper it
+has; the placement rule, which reads ``kind``, says which work may go where.
 """
 
 from __future__ import annotations
@@ -29,9 +32,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from training.config import LoraSpec, TrainConfig
 from training.hosting.client import TrainerServiceError
+from training.hosting.in_process import start_in_worker
+from training.hosting.placement import SERVICE, WORKER
 from training.hosting.pool import SessionPool
+from training.hosting.service_run import HostUnavailable, start_on_service
 from training.runs.art_step import ClientStepSpec, context_length
 from training.session.contract import Session
+
+if TYPE_CHECKING:
+    from training.runs.spec import RunHooks, RunSpec
 
 
 class SessionGone(LookupError):
@@ -39,6 +48,8 @@ class SessionGone(LookupError):
 
 
 class SessionHost(Protocol):
+    kind: str  # training.hosting.placement.WORKER or SERVICE: where the sessions live
+
     def open(
         self,
         session_id: str,
@@ -52,6 +63,16 @@ class SessionHost(Protocol):
 
     def use(self, session_id: str) -> AbstractContextManager[Session]:
         """The session for the block, claimed by this process; SessionGone if the host has none."""
+
+    def attach(self, spec: ClientStepSpec, key: SessionKey) -> None:
+        """Give a client job's ``spec`` the session of ``key.model`` at exactly ``key``."""
+
+    def settle(self, model: str, kept: SessionKey | None) -> None:
+        """A client job is over: keep its session under ``kept``, or close it (None)."""
+
+    def start_run(self, spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
+        """A platform run's session (training.runs.loop.start_run): the run's handle, tokenizer,
+        dtype and the step it is at."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +93,11 @@ class SessionKey:
 
 class ResidentSessions:
     """This process's kept sessions: ``capacity`` models' adapters on a SessionPool, the least
-    recently used closed first (0: none kept; every job loads its checkpoint)."""
+    recently used closed first (0: none kept; every job loads its checkpoint). A platform run's
+    session here is a policy of its own (its base model loaded for it: its device, loader, sharding,
+    data-parallel followers and sampler read it directly), not one of the pool's adapters."""
+
+    kind = WORKER
 
     def __init__(self, load_base: Callable[[str], tuple[Any, Any]], *, capacity: int, spill_dir: Any,
                  **pool_options: Any) -> None:  # fmt: skip
@@ -132,6 +157,9 @@ class ResidentSessions:
     def __len__(self) -> int:
         return len(self.pool.sessions())
 
+    def start_run(self, spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
+        return start_in_worker(spec, hooks)
+
     # ------------------------------------------------------------------ SessionHost
     def open(
         self,
@@ -159,12 +187,17 @@ class ServiceSessions:
     only the tokenizer; checkpoints are written by the service, so they must lie under its folder
     (the host's data folder)."""
 
-    def __init__(self, client: Any, *, holder: str, load_tokenizer: Callable[[str], tuple[Any, int | None]],
+    kind = SERVICE
+
+    def __init__(self, client: Any, *, holder: str,
+                 load_tokenizer: Callable[[str], tuple[Any, int | None]] | None = None,
                  lease_s: float = 60.0) -> None:  # fmt: skip
         self.client = client  # a training.hosting.client.TrainerServiceClient
         self.holder = holder  # this worker (a job's claim on a session is this worker's)
         self.lease_s = lease_s
-        self._load_tokenizer = load_tokenizer  # base model source -> (tokenizer, context length)
+        # base model source -> (tokenizer, context length), for client jobs (a host that only
+        # starts runs needs none: a run's spec names its tokenizer's cache)
+        self._load_tokenizer = load_tokenizer
         self._tokenizers: dict[str, tuple[Any, int | None]] = {}
         self._held: dict[str, tuple[Any, Any]] = {}  # model -> (RemoteSession, its keep_alive)
         self.hits = 0
@@ -191,6 +224,10 @@ class ServiceSessions:
         alive.__enter__()
         self._held[key.model] = (session, alive)
         if key.base_model_source not in self._tokenizers:
+            if self._load_tokenizer is None:
+                raise ValueError(
+                    "this trainer-service host was built without a tokenizer loader for client jobs"
+                )
             self._tokenizers[key.base_model_source] = self._load_tokenizer(key.base_model_source)
         spec.session = session
         spec.tokenizer, spec.model_max = self._tokenizers[key.base_model_source]
@@ -207,6 +244,16 @@ class ServiceSessions:
         else:
             session.set_tag(kept.tag)
             session.release()
+
+    def start_run(self, spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
+        """The run's session opened on the service under ``spec.session_id``, held by this worker
+        (training.hosting.service_run); HostUnavailable when the service does not answer."""
+        try:
+            return start_on_service(self.client, self.holder, spec, hooks, lease_s=self.lease_s)
+        except HostUnavailable:
+            raise
+        except OSError as exc:
+            raise HostUnavailable(str(exc)) from exc
 
     # ------------------------------------------------------------------ SessionHost
     def open(

@@ -1,6 +1,6 @@
 """A platform run whose training session lives in the host's trainer service (training.hosting.service).
 
-With a service on the worker's host (``RunSpec.trainer_service``), a run holds no model in the
+With a service on the worker's host (``RunSpec.host`` is its SessionHost), a run holds no model in the
 worker: its session (adapter, AdamW's state, RNG) lives in the service beside the other sessions on
 the same base model (multi-tenant LoRA: ART jobs, Tinker clients, other runs), and the loop drives it
 through the primitives: ``sample`` for rollouts and evaluations (``SessionEngine``), the GRPO update
@@ -21,10 +21,14 @@ the checkpoint holds everything the next step needs, so the resumed run is the u
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from training.base_models import load_tokenizer
 from training.engines.base import (
     Choice,
     Engine,
@@ -36,34 +40,32 @@ from training.engines.base import (
 )
 from training.engines.vllm_engine import render_prompt
 from training.hosting.client import LeaseLost, RemoteSession, TrainerServiceError
-from training.hosting.placement import SERVICE, place
+from training.hosting.placement import SERVICE, WORKER, place
 from training.recipes.grpo_update import grpo_step
 from training.rollouts.trajectory import TrainGroup
+from training.runs.progress import phase
+from training.runs.steps import checkpoint_path
 from training.session.adapter_check import AdapterMismatchError, SamplerCheck, saved_adapter_fingerprint
 from training.session.contract import Datum, Session
+
+
+class HostUnavailable(OSError):
+    """The trainer service did not answer when the run's session was opened on it."""
 
 
 class SessionLost(RuntimeError):
     """The trainer service no longer holds the run's session (or does not answer)."""
 
 
-@dataclass(frozen=True)
-class ServiceTarget:
-    """Where a run's session goes: the host's service (a TrainerServiceClient), this worker as its
-    holder, and the session's id (one per run: ``run-<id>``)."""
-
-    client: Any
-    holder: str
-    session_id: str
-    lease_s: float = 60.0
-
-
 def service_refusal(spec: Any) -> str | None:
-    """Why ``spec``'s run trains in the worker rather than on the trainer service; None when it
-    trains there (training.hosting.placement's rule)."""
+    """Why ``spec``'s run trains in the worker rather than on its host's trainer service; None when
+    it trains there (training.hosting.placement's rule over ``spec.host``, the SessionHost the
+    worker's sessions open on)."""
     from training.engines import select_engine_kind
 
-    if spec.trainer_service is None:  # the engine is chosen (and vLLM looked for) only where it matters
+    if (
+        getattr(spec.host, "kind", WORKER) != SERVICE
+    ):  # the engine is chosen (and vLLM looked for) only where it matters
         return place("run", service=False).reason
     sampler = select_engine_kind(spec.device, spec.engine, spec.vllm_python)
     placement = place("run", service=True, config=spec.config, sampler=sampler)
@@ -94,20 +96,59 @@ class _RunSession(RemoteSession):
         return {int(i) for i in out["stop_token_ids"]}
 
 
-def open_session(target: ServiceTarget, spec: Any, state: Path | None) -> _RunSession:
+def open_session(client: Any, holder: str, session_id: str, spec: Any, state: Path | None, *,
+                 lease_s: float) -> _RunSession:  # fmt: skip
     """The run's session, opened on the service from ``state`` (a checkpoint folder; None: a fresh
     adapter seeded by the config). One an earlier attempt left there is taken and closed first,
     even under a lease that still runs: this worker holds the run (its claim in the database), so
     the holder of that lease is a worker that lost the run."""
-    client = target.client
     try:
-        client.claim(target.session_id, holder=target.holder, lease_s=target.lease_s, take=True).close()
+        client.claim(session_id, holder=holder, lease_s=lease_s, take=True).close()
     except TrainerServiceError as exc:
         if exc.status != 404:
             raise
-    client.open(target.session_id, holder=target.holder, base_model=spec.base_model_source, config=spec.config,
-                lora=spec.lora, state=str(state) if state is not None else None, lease_s=target.lease_s)  # fmt: skip
-    return _RunSession(client, target.session_id, target.holder, target.lease_s)
+    client.open(session_id, holder=holder, base_model=spec.base_model_source, config=spec.config,
+                lora=spec.lora, state=str(state) if state is not None else None, lease_s=lease_s)  # fmt: skip
+    return _RunSession(client, session_id, holder, lease_s)
+
+
+def start_on_service(
+    client: Any, holder: str, spec: Any, hooks: Any, *, lease_s: float
+) -> tuple[Any, Any, Any, int]:
+    """training.runs.loop.start_run with the run's session (``spec.session_id``) opened on the
+    trainer service ``client`` talks to, held by ``holder`` (this worker): the worker loads the
+    tokenizer only. The service host's ``start_run`` (training.hosting.resident.ServiceSessions)."""
+    started = time.monotonic()
+    phase(hooks, "loading", f"Opening the run's session on the trainer service ({spec.base_model_source})")
+    current = spec.start_step if spec.resume_step is None else spec.resume_step
+    state = None if spec.resume_step is None else checkpoint_path(spec.checkpoint_root, current)
+    session = open_session(client, holder, spec.session_id, spec, state, lease_s=lease_s)
+    try:  # the tokenizer after the session: the service converts the bundled model on first use
+        tokenizer = load_tokenizer(spec.base_model_source, spec.model_cache_dir)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            session.close()
+        raise
+    run = ServiceRun(session, tokenizer, spec.config, spec.lora, step=0 if state is None else current)
+    hooks.event(
+        f"Opened session {spec.session_id} on the trainer service in {time.monotonic() - started:.1f}s"
+    )
+    if state is None:
+        path = checkpoint_path(spec.checkpoint_root, current)
+        if path.exists():  # left by a worker that died before recording it
+            shutil.rmtree(path)
+        try:
+            run.save_checkpoint(path, step=current, metrics={})
+        except BaseException:
+            run.close()
+            raise
+        hooks.record_checkpoint(step=current, path=path, metrics={})
+    elif current == spec.start_step:
+        hooks.event(f"Loaded checkpoint step {current}: training continues from it")
+    else:
+        hooks.event(f"Resumed from checkpoint step {current}")
+    dtype = torch.float32 if spec.device == "cpu" else torch.bfloat16
+    return run, tokenizer, dtype, current
 
 
 class ServiceRun:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import random
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,15 +19,9 @@ from typing import Any
 
 import torch
 
-from training.base_models import load_tokenizer
 from training.hosting.followers import Followers, FollowerSpec
-from training.hosting.in_process import InProcessRun
-from training.hosting.service_run import (
-    ServiceRun,
-    SessionLost,
-    open_session,
-    service_refusal,
-)
+from training.hosting.in_process import IN_PROCESS
+from training.hosting.service_run import HostUnavailable, SessionLost, service_refusal
 from training.recipes.supervised import run_supervised
 from training.runs.evaluation import evaluate_during_run, is_evaluation_step
 from training.runs.learning_signal import SignalWatch
@@ -38,14 +30,8 @@ from training.runs.progress import phase, step_label
 from training.runs.sampler import PolicySampler, evaluate_start
 from training.runs.spec import RunHooks, RunSpec, StepTrajectories
 from training.runs.steps import checkpoint_path, draw_step, record_step, update_step
-from training.session.policy import load_policy_model
 
 logger = logging.getLogger(__name__)
-
-
-def _load_policy_model(spec: RunSpec) -> tuple[Any, Any, Any]:
-    return load_policy_model(spec.base_model_source, spec.model_cache_dir, device=spec.device,
-                             unsloth=spec.unsloth, fsdp=spec.config.fsdp)  # fmt: skip
 
 
 def run_training(spec: RunSpec, hooks: RunHooks) -> str:
@@ -61,86 +47,17 @@ def run_training(spec: RunSpec, hooks: RunHooks) -> str:
 def start_run(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
     """The run's session holder (``InProcessRun`` or ``ServiceRun``: the loop never asks which), its
     tokenizer and dtype, and the step it is at: a fresh adapter saved and recorded as the start
-    step's checkpoint, or the checkpoint ``spec.resume_step`` restored. On the host's trainer service
-    when the run may train there (training.hosting.service_run), else here."""
-
-    if service_refusal(spec) is None:
-        try:
-            return start_service_run(spec, hooks)
-        except OSError as exc:  # no answer: a run is not held up by a service that is down
-            hooks.event(
-                f"The trainer service did not answer ({exc}): this run trains in the worker", level="warn"
-            )
-    config = spec.config
-    torch.manual_seed(config.seed)
-    random.seed(config.seed)
-    started = time.monotonic()
-    phase(hooks, "loading", f"Loading base model {spec.base_model_source}")
-    base_model, tokenizer, dtype = _load_policy_model(spec)
-    hooks.event(f"Loaded base model {spec.base_model_source} in {time.monotonic() - started:.1f}s")
-
-    if spec.resume_step is None:
-        run = InProcessRun(base_model, tokenizer, config, spec.lora, device=spec.device)
-        current = spec.start_step
-        path = checkpoint_path(spec.checkpoint_root, current)
-        if path.exists():  # left by a worker that died before recording it
-            shutil.rmtree(path)
-        run.save_checkpoint(path, step=current, metrics={})
-        hooks.record_checkpoint(step=current, path=path, metrics={})
-    else:
-        current = spec.resume_step
-        run = InProcessRun.resume(
-            base_model,
-            tokenizer,
-            checkpoint_path(spec.checkpoint_root, current),
-            config,
-            spec.lora,
-            device=spec.device,
+    step's checkpoint, or the checkpoint ``spec.resume_step`` restored. Opened through the run's
+    SessionHost (``spec.host``, the one this worker's client work uses too) when the placement
+    rule lets the run train there (``service_refusal``), else in this process."""
+    host = spec.host if spec.host is not None and service_refusal(spec) is None else IN_PROCESS
+    try:
+        return host.start_run(spec, hooks)
+    except HostUnavailable as exc:  # no answer: a run is not held up by a service that is down
+        hooks.event(
+            f"The trainer service did not answer ({exc}): this run trains in the worker", level="warn"
         )
-        # The run's own first start continues the model; any later start picks the run up again.
-        if current == spec.start_step:
-            hooks.event(f"Loaded checkpoint step {current}: training continues from it")
-        else:
-            hooks.event(f"Resumed from checkpoint step {current}")
-    return run, tokenizer, dtype, current
-
-
-def start_service_run(spec: RunSpec, hooks: RunHooks) -> tuple[Any, Any, Any, int]:
-    """``start_run`` with the run's session on the host's trainer service: the worker loads
-    the tokenizer only."""
-
-    target = spec.trainer_service
-    started = time.monotonic()
-    phase(hooks, "loading", f"Opening the run's session on the trainer service ({spec.base_model_source})")
-    current = spec.start_step if spec.resume_step is None else spec.resume_step
-    state = None if spec.resume_step is None else checkpoint_path(spec.checkpoint_root, current)
-    session = open_session(target, spec, state)
-    try:  # the tokenizer after the session: the service converts the bundled model on first use
-        tokenizer = load_tokenizer(spec.base_model_source, spec.model_cache_dir)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            session.close()
-        raise
-    run = ServiceRun(session, tokenizer, spec.config, spec.lora, step=0 if state is None else current)
-    hooks.event(
-        f"Opened session {target.session_id} on the trainer service in {time.monotonic() - started:.1f}s"
-    )
-    if state is None:
-        path = checkpoint_path(spec.checkpoint_root, current)
-        if path.exists():  # left by a worker that died before recording it
-            shutil.rmtree(path)
-        try:
-            run.save_checkpoint(path, step=current, metrics={})
-        except BaseException:
-            run.close()
-            raise
-        hooks.record_checkpoint(step=current, path=path, metrics={})
-    elif current == spec.start_step:
-        hooks.event(f"Loaded checkpoint step {current}: training continues from it")
-    else:
-        hooks.event(f"Resumed from checkpoint step {current}")
-    dtype = torch.float32 if spec.device == "cpu" else torch.bfloat16
-    return run, tokenizer, dtype, current
+    return IN_PROCESS.start_run(spec, hooks)
 
 
 class _Recorded:

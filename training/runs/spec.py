@@ -41,9 +41,11 @@ class RunSpec:
     objective: str = (
         "grpo"  # grpo (rollouts and rewards) | sft | dpo (training.recipes.supervised: rows carry targets)
     )
-    # The host's trainer service (training.hosting.service_run.ServiceTarget): the run's session lives
-    # there when it may (service_refusal); None: it trains in this process.
-    trainer_service: Any = None
+    # The worker's SessionHost (training.hosting.resident: its trainer service's sessions, or this
+    # process's), which its client work opens sessions through too: the run's session opens there
+    # under ``session_id`` when the placement rule lets it (service_refusal); None: in this process.
+    host: Any = None
+    session_id: str = "run"  # the run's session on its host: "run-<id>", one per run
     # ``rollouts_on: inference_servers``: the inference server an overlapped run's rollouts are
     # sampled on (training.engines.remote_engine.RolloutServer); None: a sampler in this process.
     rollout_server: Any = None

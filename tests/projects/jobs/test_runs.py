@@ -11,7 +11,9 @@ from django.conf import settings
 from django.test import override_settings
 
 from projects import services
+from projects.jobs.hosts import session_host
 from projects.jobs.runs import build_run_spec
+from training.hosting.service_run import service_refusal
 
 
 def _run(alpha_setup):
@@ -54,14 +56,19 @@ def test_a_first_attempt_starts_from_and_resumes_the_models_latest_checkpoint(al
 def test_with_a_trainer_service_on_the_host_the_runs_session_goes_there(alpha_setup, settings):
     settings.TRAINER_SERVICE_URL, settings.TRAINER_SERVICE_TOKEN = "http://127.0.0.1:8299/", "t-1"
     run = _run(alpha_setup)
-    target = build_run_spec(run).trainer_service
-    assert target.session_id == f"run-{run.pk}" and target.client.url == "http://127.0.0.1:8299"
+    spec = build_run_spec(run)
+    target = spec.host
+    assert spec.session_id == f"run-{run.pk}" and target.client.url == "http://127.0.0.1:8299"
     assert target.client.token == "t-1" and target.holder.endswith(f":{os.getpid()}")
     assert target.client.timeout_s == 3600  # a step's rollouts are one call
+    # One host per worker: the run opens its session through the object ART jobs and Tinker use.
+    assert target is session_host() and target.kind == "service"
     settings.TRAINER_SERVICE_RUNS = False
-    assert build_run_spec(run).trainer_service is None
+    assert build_run_spec(run).host is None
     settings.TRAINER_SERVICE_RUNS, settings.TRAINER_SERVICE_URL = True, ""
-    assert build_run_spec(run).trainer_service is None
+    spec = build_run_spec(run)
+    assert spec.host is session_host() and spec.host.kind == "worker"
+    assert service_refusal(spec) == "no trainer service on this host"
 
 
 def test_rollouts_on_the_inference_servers_go_to_a_live_server_of_the_base_model(alpha_setup, settings):

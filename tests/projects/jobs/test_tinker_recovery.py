@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
+from projects.jobs import hosts
 from projects.jobs import tinker as tinker_jobs
-from projects.jobs import training_jobs
 from projects.models import Checkpoint, RunEvent, TinkerFuture, TinkerFutureStatus, TinkerModel
 from projects.storage import checkpoint_local_dir
 from tests.projects.api.test_tinker_api import _model, call
@@ -84,7 +84,7 @@ def train(client: Client, *, restart_after: int | None) -> list[TinkerFuture]:
     for index, request in enumerate(plan, start=1):
         futures.append(request())
         if index == restart_after:
-            training_jobs._resident = None  # a new worker process: every session it held is gone
+            hosts._resident = None  # a new worker process: every session it held is gone
     return futures
 
 
@@ -122,7 +122,7 @@ def test_a_session_whose_requests_do_not_give_the_same_answers_again_is_lost(tin
     TinkerFuture.objects.filter(pk=step.pk).update(
         result={"type": "optim_step", "metrics": {"grad_norm:mean": 1.0}}
     )
-    training_jobs._resident = None
+    hosts._resident = None
     failed = client.forward_backward(TOKENS[1])
     assert failed.status == TinkerFutureStatus.FAILED
     assert "could not be rebuilt: running request 2 (optim_step) again gave other metrics" in failed.error
@@ -144,7 +144,7 @@ def test_too_many_requests_to_run_again_leave_the_session_lost(tinker, settings)
     client = Client(tinker["alpha"])
     client.forward_backward(TOKENS[0])
     client.optim_step()
-    training_jobs._resident = None
+    hosts._resident = None
     failed = client.forward_backward(TOKENS[1])
     assert failed.status == TinkerFutureStatus.FAILED
     assert "2 requests since a fresh adapter would have to run again (more than 1)" in failed.error

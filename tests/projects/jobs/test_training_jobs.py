@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 from projects import services
 from projects.errors import ValidationFailed
 from projects.jobs import claimed
+from projects.jobs.hosts import session_host
 from projects.jobs.training_jobs import TRAINING_JOB, accepts_model
 from projects.models import (
     Checkpoint,
@@ -146,10 +147,8 @@ def test_a_job_whose_worker_died_is_redone_once(world):
 
 
 def test_the_next_job_starts_from_the_session_the_last_one_kept(world, settings):
-    from projects.jobs.training_jobs import resident_sessions
-
     settings.RESIDENT_SESSIONS = 1
-    sessions = resident_sessions()
+    sessions = session_host()
     before = (sessions.hits, sessions.misses)
 
     def counts() -> tuple[int, int]:
@@ -172,12 +171,12 @@ def test_the_next_job_starts_from_the_session_the_last_one_kept(world, settings)
 def test_the_workers_own_sessions_are_put_on_the_workers_training_device(settings, monkeypatch):
     """Without a trainer service the worker keeps sessions itself: on TRAINING_DEVICE (the pool
     put every session's policy on the CPU before, even on a GPU worker), able to start ranks."""
-    from projects.jobs import training_jobs
+    from projects.jobs import hosts
 
-    monkeypatch.setattr(training_jobs, "_resident", None)
+    monkeypatch.setattr(hosts, "_resident", None)
     settings.TRAINER_SERVICE_URL = ""
     settings.TRAINING_DEVICE = "cuda:3"  # nothing is opened: only where the pool would train
-    pool = training_jobs.resident_sessions().pool
+    pool = session_host().pool
     assert (pool.device, pool.model_cache_dir, pool.unsloth) == (
         "cuda:3",
         settings.MODEL_CACHE_DIR,
@@ -188,13 +187,13 @@ def test_the_workers_own_sessions_are_put_on_the_workers_training_device(setting
 def test_a_models_devices_train_its_jobs_data_parallel_and_a_change_opens_a_new_session(
     world, settings, monkeypatch
 ):
-    from projects.jobs import training_jobs
+    from projects.jobs import hosts
     from training.hosting.followers import follower_pids
 
-    monkeypatch.setattr(training_jobs, "_resident", None)
+    monkeypatch.setattr(hosts, "_resident", None)
     settings.TRAINER_SERVICE_URL = ""
     services.trainable_model_update(model=world.model, devices=2)
-    sessions = training_jobs.resident_sessions()
+    sessions = session_host()
     try:
         first = submit(world, 1.0, 0.0)
         assert claimed.work_on(TRAINING_JOB, first.pk) == "succeeded"
@@ -215,14 +214,14 @@ def test_a_job_trains_on_the_devices_stored_when_it_was_queued(world, settings, 
     """A job's config is resolved when it is queued (the model's devices then) and the worker reads
     it as stored (issue 53, must-have 3): a change of the model's devices reaches the jobs queued
     after it, not one already waiting."""
-    from projects.jobs import training_jobs
+    from projects.jobs import hosts
 
-    monkeypatch.setattr(training_jobs, "_resident", None)
+    monkeypatch.setattr(hosts, "_resident", None)
     settings.TRAINER_SERVICE_URL = ""
     job = submit(world, 1.0, 0.0)
     assert (job.config["devices"], job.config["fsdp"]) == (1, False)
     services.trainable_model_update(model=world.model, devices=2)
-    sessions = training_jobs.resident_sessions()
+    sessions = session_host()
     try:
         assert claimed.work_on(TRAINING_JOB, job.pk) == "succeeded"
         assert StepMetrics.objects.get(run=world.run, step=1).metrics["update_devices"] == 1
@@ -243,8 +242,6 @@ def test_a_choice_may_come_from_any_step_of_the_model_or_its_base():
 def test_jobs_through_the_trainer_service_train_exactly_as_in_the_worker(world, settings, live_service, cast):
     from safetensors.torch import load_file
 
-    from projects.jobs.training_jobs import resident_sessions
-
     def two_jobs(model_name: str, devices: int = 1) -> dict:
         model = world.model if model_name == "agent" else services.client_model_register(
             team=cast.alpha, entity=None, project="math", name=model_name, base_model="tiny"
@@ -264,7 +261,7 @@ def test_jobs_through_the_trainer_service_train_exactly_as_in_the_worker(world, 
     settings.TRAINER_SERVICE_URL = ""
     in_worker = two_jobs("agent")
     settings.TRAINER_SERVICE_URL, settings.TRAINER_SERVICE_TOKEN = live_service.url, "secret-token"
-    sessions = resident_sessions()
+    sessions = session_host()
     through_service = two_jobs("twin")
     assert (sessions.hits, sessions.misses) == (1, 1)  # the second job found its session on the service
     stats = live_service.stats()
