@@ -76,10 +76,9 @@ TOOL_KEYS = ("name", "description", "parameters", "server_url", "headers")
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 MAX_TOOLS = 64
 MAX_DESCRIPTION_CHARS = 4096
-# Set by the environment on every request; a tool's headers may not replace them.
-RESERVED_HEADERS = frozenset(
-    {"x-rollout-id", "x-call-id", "content-type", "content-length", "host", "transfer-encoding", "connection"}
-)
+# Set by the environment on every request, besides the framing headers (training.wire.headers); a
+# tool's headers may not replace them.
+RESERVED_HEADERS = frozenset({"x-rollout-id", "x-call-id", "content-type"})
 RETRY_BACKOFF_S = 0.25
 DEFAULT_MAX_TOOL_CALLS = 100_000
 
@@ -307,9 +306,11 @@ def _tool_config(tool: Any, where: str) -> dict[str, Any]:
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ConfigError(f"{where}.server_url", "must be an http:// or https:// URL")
     headers = tool.get("headers", {})
-    check_headers(headers, f"{where}.headers")
-    for header in headers:
-        if header.lower() in RESERVED_HEADERS:
-            raise ConfigError(f"{where}.headers.{header}", "is set by artweb on every call")
+    check_headers(
+        headers,
+        f"{where}.headers",
+        reserved=RESERVED_HEADERS,
+        reserved_message="is set by artweb on every call",
+    )
     checked = {"name": name, "description": description, "parameters": parameters, "server_url": url}
     return checked | ({"headers": dict(headers)} if headers else {})

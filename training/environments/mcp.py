@@ -47,6 +47,7 @@ import shutil
 import sys
 import tempfile
 import threading
+from collections.abc import Set
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -66,6 +67,7 @@ from training.environments.base import (
 from training.rollouts.tools import Tool
 from training.safety.outbound import PUBLIC_ONLY, OutboundPolicy, OutboundRefused, ascii_url
 from training.safety.slots import SlotHolder, SlotPolicy
+from training.wire.headers import MAX_HEADER_VALUE_CHARS, header_problem
 
 DEMO_MODULE = "training.environments.mcp_demo.server"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -155,8 +157,6 @@ STEERING_PREFIXES = (
 )
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_ENV_VARIABLES = 32
-HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")  # an HTTP token (RFC 9110)
-MAX_HEADER_VALUE_CHARS = 8192
 MAX_ENV_VALUE_CHARS = 4096
 FIXED_ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 # What a stdio server sees of the host besides the interpreter and `training/` (read-only).
@@ -231,17 +231,28 @@ def check_environment_variables(env: Any, policy: StdioPolicy) -> None:
             raise ConfigError(where, f"must be one line of at most {MAX_ENV_VALUE_CHARS} characters")
 
 
-def check_headers(headers: Any, where: str) -> None:
-    """ConfigError naming ``where`` (or ``where.<name>``) unless ``headers`` is an object of
-    one-line strings under HTTP header names (also the http_tools kind's per-tool headers)."""
+def check_headers(
+    headers: Any,
+    where: str,
+    *,
+    reserved: Set[str] = frozenset(),
+    reserved_message: str = "is set by the HTTP client",
+) -> None:
+    """ConfigError naming ``where`` (or ``where.<name>``) unless ``headers`` is an object of strings
+    that ``training.wire.headers`` lets through (the endpoint grader's rule too); ``reserved``: the
+    caller's own lower-case names besides the framing ones, refused with ``reserved_message`` (the
+    http_tools kind's per-tool headers)."""
     if not isinstance(headers, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
     ):
         raise ConfigError(where, "must be an object of strings")
     for name, value in headers.items():
-        if not HEADER_NAME.fullmatch(name):
+        problem = header_problem(name, value, reserved=reserved)
+        if problem == "reserved":
+            raise ConfigError(f"{where}.{name}", reserved_message)
+        if problem == "name":
             raise ConfigError(where, f"{name!r} is not a header name")
-        if len(value) > MAX_HEADER_VALUE_CHARS or any(c in value for c in "\0\r\n"):
+        if problem == "value":
             raise ConfigError(
                 f"{where}.{name}", f"must be one line of at most {MAX_HEADER_VALUE_CHARS} characters"
             )

@@ -5,9 +5,9 @@ grader"). Usable alone or inside `multi`.
      "headers": {"Authorization": "Bearer …"}, "timeout_s": 10, "retries": 2, "max_concurrency": 16}
 
 Fields: `url` (http or https; checked by the operator's outbound policy when written and again at
-every connection), `headers` (sent with every call: one-line string values of at most 8192
-characters, not Host, Content-Length, Transfer-Encoding or Connection; values are secrets, see
-below), `timeout_s` (seconds per attempt, default 10, at most 120), `retries` (extra attempts
+every connection), `headers` (sent with every call: HTTP header names and one-line string values of
+at most 8192 characters, not Host, Content-Length, Transfer-Encoding or Connection, the rule of MCP
+servers' and http tools' headers too, ``training.wire.headers``; values are secrets, see below), `timeout_s` (seconds per attempt, default 10, at most 120), `retries` (extra attempts
 after a timeout, a connection error or a 408/409/429/5xx answer; default 2, at most 5; backoff
 0.5 s doubled), `max_concurrency` (calls in flight when a step's samples are graded, default 16,
 at most 64), plus every grader's `name` and `error_reward`.
@@ -57,6 +57,7 @@ from urllib.parse import urlsplit
 from training.rewards.base import Field, Grader, GradeResult, Sample, is_number
 from training.rewards.errors import GradingError
 from training.safety.outbound import OutboundRefused, ascii_url
+from training.wire.headers import MAX_HEADER_VALUE_CHARS, HeaderProblem, header_problem
 from training.wire.openai_http import ChatCompletionError, post_json
 
 TIMEOUT = "endpoint_grader_timeout"
@@ -67,9 +68,12 @@ MAX_TIMEOUT_S = 120.0
 MAX_RETRIES = 5
 MAX_CONCURRENCY = 64
 RETRY_BACKOFF_S = 0.5
-MAX_HEADER_CHARS = 8192
-# Headers that frame the request: a spec's value would corrupt it (the body's length, the connection).
-FRAMING_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+HEADER_MESSAGES: dict[HeaderProblem, str] = {
+    "not_string": "must be a string",
+    "reserved": "is set by the HTTP client",
+    "name": f"must be a header name and one line of at most {MAX_HEADER_VALUE_CHARS} characters",
+    "value": f"must be a header name and one line of at most {MAX_HEADER_VALUE_CHARS} characters",
+}
 
 
 class EndpointGrader(Grader):
@@ -94,14 +98,10 @@ class EndpointGrader(Grader):
                     raise OutboundRefused("must be an http:// or https:// URL")
             except (OutboundRefused, ValueError) as error:
                 problems.append({"path": f"{path}.url", "message": str(error)})
-        for name, value in (spec.get("headers") or {}).items():
-            if not isinstance(value, str):
-                problems.append({"path": f"{path}.headers.{name}", "message": "must be a string"})
-            elif name.lower() in FRAMING_HEADERS:
-                problems.append({"path": f"{path}.headers.{name}", "message": "is set by the HTTP client"})
-            elif not _header_ok(name, value):
-                message = f"must be a header name and one line of at most {MAX_HEADER_CHARS} characters"
-                problems.append({"path": f"{path}.headers.{name}", "message": message})
+        for name, value in (spec.get("headers") or {}).items():  # the MCP and http_tools kinds' rule
+            problem = header_problem(name, value)
+            if problem is not None:
+                problems.append({"path": f"{path}.headers.{name}", "message": HEADER_MESSAGES[problem]})
         if "timeout_s" in spec and not 0 < spec["timeout_s"] <= MAX_TIMEOUT_S:
             problems.append(
                 {"path": f"{path}.timeout_s", "message": f"must be more than 0 and at most {MAX_TIMEOUT_S:g}"}
@@ -147,9 +147,3 @@ class EndpointGrader(Grader):
             return super().grade_batch(samples, items)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(self.grade, samples, items))
-
-
-def _header_ok(name: str, value: str) -> bool:
-    # http.client refuses these at send time with a ValueError; say so when the spec is written.
-    token = bool(name) and all(33 <= ord(c) < 127 and c not in '()<>@,;:\\"/[]?={}' for c in name)
-    return token and len(value) <= MAX_HEADER_CHARS and not any(c in value for c in "\0\r\n")
