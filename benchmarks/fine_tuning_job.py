@@ -77,12 +77,14 @@ def stack_client(url: str, env: dict[str, str]) -> tuple[str, str, Any]:
     return base_name, key, OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300)
 
 
-def upload(client: Any, train: list[dict[str, Any]], validation: list[dict[str, Any]]) -> list[str]:
-    """The ids of ``train`` and ``validation`` uploaded as fine-tuning files."""
+def upload(
+    client: Any, train: list[dict[str, Any]], validation: list[dict[str, Any]] | None = None
+) -> list[str]:
+    """The ids of ``train`` and ``validation`` (when given) uploaded as fine-tuning files."""
     return [
         client.files.create(file=(name, io.BytesIO("\n".join(map(json.dumps, rows)).encode())),
                             purpose="fine-tune").id
-        for name, rows in (("train.jsonl", train), ("valid.jsonl", validation))
+        for name, rows in (("train.jsonl", train), ("valid.jsonl", validation)) if rows is not None
     ]  # fmt: skip
 
 
