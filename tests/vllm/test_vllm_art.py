@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from projects.models import InferenceServer, Run, RunKind, StepMetrics, TrainingJob, Trajectory
-from tests.integration.conftest import start_worker  # noqa: F401 (a fixture)
+from tests.integration.conftest import _worker_pool, start_worker  # noqa: F401 (fixtures)
 from tests.integration.test_art_client import ART23_PYTHON, SCRIPT23, _python, run_client, team_keys
 from tests.vllm.conftest import VLLM_MODEL
 
