@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import training.runs.loop as loop
+import training.hosting.in_process as in_process
 import training.runs.sampler as policy_sampler
 from tests.training.test_cost_loop import MeteredHooks
 from tests.training.test_overlap import spec
@@ -68,13 +68,13 @@ def server(tiny_model_dir, tmp_path) -> Iterator[tuple[str, subprocess.Popen[str
 def counted_loads(monkeypatch) -> list[str]:
     """Base models this process loads from now on (the trainer's, and a sampler's copy)."""
     loads: list[str] = []
-    real = loop.load_policy_model
+    real = in_process.load_policy_model
 
     def counting(source, cache, **kwargs):
         loads.append(source)
         return real(source, cache, **kwargs)
 
-    monkeypatch.setattr(loop, "load_policy_model", counting)  # the trainer's
+    monkeypatch.setattr(in_process, "load_policy_model", counting)  # the trainer's (a run in the worker)
     monkeypatch.setattr(policy_sampler, "load_policy_model", counting)  # a detached sampler's
     return loads
 
