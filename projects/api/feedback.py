@@ -283,7 +283,7 @@ class TrainingScheduleView(TeamViewSet):
 
     @extend_schema(operation_id="training_schedules_retrieve", responses={200: dict})
     def retrieve(self, request: Request, schedule_id: str) -> Response:
-        return Response(schedule_body(list(self.get_object().schedule_jobs.order_by("id"))))
+        return Response(schedule_body(selectors.training_schedule_jobs(schedule=self.get_object())))
 
     @extend_schema(operation_id="training_schedules_cancel", request=None, responses={200: dict})
     def cancel(self, request: Request, schedule_id: str) -> Response:

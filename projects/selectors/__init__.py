@@ -150,6 +150,7 @@ from projects.selectors.training_jobs import (
     client_run,
     model_checkpoints,
     training_job_events,
+    training_schedule_jobs,
 )
 
 __all__ = [
@@ -234,6 +235,7 @@ __all__ = [
     "client_run",
     "model_checkpoints",
     "training_job_events",
+    "training_schedule_jobs",
     "Prices",
     "cost_rows",
     "rows_total",

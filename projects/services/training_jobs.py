@@ -29,6 +29,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from projects import selectors
 from projects.errors import Conflict, ValidationFailed
 from projects.formatting import format_number
 from projects.models import (
@@ -357,7 +358,7 @@ def training_schedule_cancel(*, schedule: TrainingJob) -> list[TrainingJob]:
         _schedule_jobs_end(schedule_id=schedule.pk, after=0,
                            message=f"{CANCELLED}training schedule {schedule.pk} was cancelled")  # fmt: skip
         _enqueue_next(schedule.model_id)
-        return list(TrainingJob.objects.filter(schedule_id=schedule.pk).order_by("id"))
+        return selectors.training_schedule_jobs(schedule=schedule)
 
 
 def training_jobs_requeue_orphaned(*, stale_after_s: float | None = None) -> list[int]:

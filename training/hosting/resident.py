@@ -250,8 +250,6 @@ class ServiceSessions:
         (training.hosting.service_run); HostUnavailable when the service does not answer."""
         try:
             return start_on_service(self.client, self.holder, spec, hooks, lease_s=self.lease_s)
-        except HostUnavailable:
-            raise
         except OSError as exc:
             raise HostUnavailable(str(exc)) from exc
 
